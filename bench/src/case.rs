@@ -1,0 +1,83 @@
+//! What an op registers with the harness: workloads, and for each a prepared case that can
+//! launch our kernel, verify it against the f64 CPU reference, and export its inputs and
+//! reference outputs for the PyTorch alternatives.
+use rand::rngs::StdRng;
+use rgk::Gpu;
+use safetensors::Dtype;
+
+/// A tensor for the safetensors exchange file (row-major, little-endian bytes).
+pub struct Tensor {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub data: Vec<u8>,
+}
+
+impl Tensor {
+    pub fn bf16(shape: &[usize], v: &[half::bf16]) -> Self {
+        Self { dtype: Dtype::BF16, shape: shape.to_vec(), data: v.iter().flat_map(|x| x.to_le_bytes()).collect() }
+    }
+    pub fn f16(shape: &[usize], v: &[half::f16]) -> Self {
+        Self { dtype: Dtype::F16, shape: shape.to_vec(), data: v.iter().flat_map(|x| x.to_le_bytes()).collect() }
+    }
+    pub fn f32(shape: &[usize], v: &[f32]) -> Self {
+        Self { dtype: Dtype::F32, shape: shape.to_vec(), data: v.iter().flat_map(|x| x.to_le_bytes()).collect() }
+    }
+    pub fn f64(shape: &[usize], v: &[f64]) -> Self {
+        Self { dtype: Dtype::F64, shape: shape.to_vec(), data: v.iter().flat_map(|x| x.to_le_bytes()).collect() }
+    }
+}
+
+impl safetensors::View for &Tensor {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// Our result on one workload against the f64 reference.
+#[derive(Clone, Debug)]
+pub struct Verification {
+    pub verified: bool,
+    pub max_abs_err: f64,
+    pub rel_l2_err: f64,
+    /// One line per output: its check report.
+    pub detail: String,
+}
+
+/// A workload prepared on the GPU: inputs uploaded, outputs allocated.
+pub trait Case {
+    /// Launches our implementation once on the harness's stream (asynchronous).
+    fn launch(&mut self, gpu: &Gpu) -> rgk::Result<()>;
+    /// Poisons the outputs, launches, reads back, and checks every element.
+    fn verify(&mut self, gpu: &Gpu) -> rgk::Result<Verification>;
+    /// The inputs under SPEC's names and the f64 references as `ref.<output>`.
+    fn tensors(&self) -> Vec<(String, Tensor)>;
+    /// Scalar parameters for the alternatives (n, c, eps, ...).
+    fn params(&self) -> serde_json::Value;
+}
+
+/// The CPU-side description of a workload (no GPU needed).
+pub struct Workload {
+    pub op: &'static str,
+    pub name: &'static str,
+    /// c64, c128, f16 or bf16.
+    pub dtype: &'static str,
+    /// Human-readable shapes, as in SPEC's table.
+    pub shapes: String,
+    /// Analytic FLOP count of one call.
+    pub flops: f64,
+    /// Fewest bytes one call must move (inputs read once, outputs written once).
+    pub bytes: f64,
+    /// Arithmetic peak the FLOPs run on (FLOP/s), for SOL.
+    pub peak_flops: f64,
+    /// Generates seeded inputs and the CPU reference (no GPU), then uploads them.
+    pub prepare: Box<dyn Fn(&Gpu, &mut StdRng) -> rgk::Result<Box<dyn Case>>>,
+}

@@ -1,0 +1,247 @@
+//! `rgk-bench`: the main job. For each registered workload (SPEC.md's table): generate seeded
+//! inputs, run our kernel and verify it against the f64 CPU reference, time it with CUPTI
+//! (L2 flushed before every call, warm-up, median/p10/p90), time the PyTorch alternatives on
+//! the same inputs in the same run (`bench/torch_alternatives.py`), print the table and write
+//! `bench/results/h200.json`.
+//!
+//! Order: ours (pass 1), the alternatives (forward then reverse, inside the script), ours
+//! (pass 2); our samples from both passes are pooled, so drift favours no one.
+mod case;
+mod cupti;
+mod ops;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use cudarc::driver::CudaSlice;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use rgk::Gpu;
+
+use case::{Case, Verification, Workload};
+use report::{Alternative, Row, Stats};
+
+#[derive(Parser, Debug)]
+#[command(about = "Benchmark our kernels against the PyTorch alternatives (CUPTI device time)")]
+struct Args {
+    /// Only this op (e.g. MHCPostFwd); repeatable.
+    #[arg(long)]
+    op: Vec<String>,
+    /// Only workloads whose name contains this (e.g. hidden-1280); repeatable.
+    #[arg(long)]
+    workload: Vec<String>,
+    /// Timed calls per pass (two passes of ours; the alternatives take as many in all).
+    #[arg(long, default_value_t = 50)]
+    min_calls: usize,
+    /// Timed calls at most per pass.
+    #[arg(long, default_value_t = 200)]
+    max_calls: usize,
+    /// Time budget per workload and pass, seconds (calls stop at max_calls or here, after min_calls).
+    #[arg(long, default_value_t = 1.0)]
+    budget_s: f64,
+    /// The results file: rows of this run replace rows of the same op and workload.
+    #[arg(long, default_value = "bench/results/h200.json")]
+    out: PathBuf,
+    /// Where inputs for the alternatives go.
+    #[arg(long, default_value = "target/bench-work")]
+    work_dir: PathBuf,
+    /// The alternatives script; `--no-alternatives` skips it.
+    #[arg(long, default_value = "bench/torch_alternatives.py")]
+    alternatives: PathBuf,
+    #[arg(long)]
+    no_alternatives: bool,
+    /// Python interpreter with torch.
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// Seed of the input generator.
+    #[arg(long, default_value_t = 20261129)]
+    seed: u64,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(2),
+        Err(e) => {
+            eprintln!("rgk-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn selected(args: &Args) -> Vec<Workload> {
+    ops::registry()
+        .into_iter()
+        .filter(|w| args.op.is_empty() || args.op.iter().any(|o| o.eq_ignore_ascii_case(w.op)))
+        .filter(|w| args.workload.is_empty() || args.workload.iter().any(|s| w.name.contains(s.as_str())))
+        .collect()
+}
+
+/// Returns Ok(false) when a workload failed verification.
+fn run(args: &Args) -> Result<bool, String> {
+    let workloads = selected(args);
+    if workloads.is_empty() {
+        return Err("no workload matches --op/--workload".into());
+    }
+    if !rgk::cuda_available() {
+        println!(
+            "no CUDA device: the benchmark needs an NVIDIA GPU (sm_90); {} workload(s) selected, built and ready, nothing timed",
+            workloads.len()
+        );
+        return Err("no CUDA device".into());
+    }
+    if !cupti::available() {
+        return Err("libcupti not found: add /usr/local/cuda/lib64 (or your CUDA's lib64) to LD_LIBRARY_PATH".into());
+    }
+    cupti::start()?;
+    let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
+    let gpu_name = gpu.context().name().unwrap_or_default();
+    let st = gpu.stream().clone();
+    // A buffer well over the 60 MB L2, written before every timed call.
+    let mut flush: CudaSlice<u8> = st.alloc_zeros(256 << 20).map_err(|e| e.to_string())?;
+
+    std::fs::create_dir_all(&args.work_dir).map_err(|e| e.to_string())?;
+    let mut cases: Vec<Box<dyn Case>> = Vec::new();
+    let mut verifications: Vec<Verification> = Vec::new();
+    let mut manifest = Vec::new();
+    for (i, w) in workloads.iter().enumerate() {
+        let mut rng = StdRng::seed_from_u64(args.seed.wrapping_add(i as u64));
+        let mut case = (w.prepare)(&gpu, &mut rng).map_err(|e| format!("{} {}: {e}", w.op, w.name))?;
+        let v = case.verify(&gpu).map_err(|e| format!("{} {}: {e}", w.op, w.name))?;
+        println!("{} {}: verified={} ({})", w.op, w.name, v.verified, v.detail);
+        let file = format!("{}__{}.safetensors", w.op, w.name);
+        let tensors = case.tensors();
+        safetensors::serialize_to_file(tensors.iter().map(|(k, t)| (k.clone(), t)), None, &args.work_dir.join(&file))
+            .map_err(|e| e.to_string())?;
+        manifest.push(serde_json::json!({
+            "op": w.op, "workload": w.name, "dtype": w.dtype, "file": file, "params": case.params(),
+        }));
+        cases.push(case);
+        verifications.push(v);
+    }
+    let manifest_path = args.work_dir.join("manifest.json");
+    std::fs::write(&manifest_path, serde_json::to_string_pretty(&serde_json::json!({ "entries": manifest })).unwrap())
+        .map_err(|e| e.to_string())?;
+
+    // Pass 1 of ours, the alternatives, pass 2 of ours.
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    let mut kernels: Vec<Vec<String>> = vec![Vec::new(); cases.len()];
+    time_ours(args, &gpu, &mut flush, &mut cases, &mut samples, &mut kernels)?;
+    let alternatives = if args.no_alternatives {
+        Vec::new()
+    } else {
+        run_alternatives(args, &manifest_path)
+    };
+    time_ours(args, &gpu, &mut flush, &mut cases, &mut samples, &mut kernels)?;
+
+    let rows: Vec<Row> = workloads
+        .iter()
+        .zip(&verifications)
+        .zip(samples.iter().zip(&kernels))
+        .map(|((w, v), (s, k))| {
+            let alts = alternatives.iter().filter(|a| a.op == w.op && a.workload == w.name).cloned().collect();
+            Row::new(w, v, Stats::of(s), k.clone(), alts)
+        })
+        .collect();
+    report::print_table(&rows);
+    let commit = std::env::var("RGK_COMMIT").ok().or_else(git_commit).unwrap_or_else(|| "unknown".into());
+    report::write_json(&args.out, &gpu_name, &commit, &rows)?;
+    println!("wrote {}", args.out.display());
+    let all_ok = verifications.iter().all(|v| v.verified);
+    if !all_ok {
+        eprintln!("rgk-bench: a workload FAILED verification (see above)");
+    }
+    Ok(all_ok)
+}
+
+/// Times every case: per call, flush L2, sync, launch, sync, and read that call's kernel records.
+fn time_ours(
+    args: &Args,
+    gpu: &Gpu,
+    flush: &mut CudaSlice<u8>,
+    cases: &mut [Box<dyn Case>],
+    samples: &mut [Vec<f64>],
+    kernels: &mut [Vec<String>],
+) -> Result<(), String> {
+    let st = gpu.stream().clone();
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    for (i, case) in cases.iter_mut().enumerate() {
+        // Warm-up: first launches, caches of the driver.
+        for _ in 0..5 {
+            case.launch(gpu).map_err(|x| e(&x))?;
+        }
+        st.synchronize().map_err(|x| e(&x))?;
+        cupti::drain()?;
+        let t0 = Instant::now();
+        let mut n = 0;
+        while n < args.min_calls
+            || (n < args.max_calls && t0.elapsed() < Duration::from_secs_f64(args.budget_s))
+        {
+            flush_l2(gpu, flush, n as u8)?;
+            st.synchronize().map_err(|x| e(&x))?;
+            cupti::drain()?;
+            case.launch(gpu).map_err(|x| e(&x))?;
+            st.synchronize().map_err(|x| e(&x))?;
+            let recs = cupti::drain()?;
+            if recs.is_empty() {
+                return Err("CUPTI delivered no kernel record for a timed call".into());
+            }
+            kernels[i] = recs.iter().map(|r| r.name.clone()).collect();
+            samples[i].push(cupti::union_ns(&recs) as f64 * 1e-6);
+            n += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the whole flush buffer (a memset: no kernel record) so no input stays in L2.
+fn flush_l2(gpu: &Gpu, flush: &mut CudaSlice<u8>, value: u8) -> Result<(), String> {
+    use cudarc::driver::DevicePtrMut;
+    let st = gpu.stream();
+    let n = flush.len();
+    let (p, _g) = flush.device_ptr_mut(st);
+    unsafe { cudarc::driver::result::memset_d8_async(p, value, n, st.cu_stream()) }.map_err(|e| e.to_string())
+}
+
+/// Runs the PyTorch alternatives on the manifest; a failure there is reported, not fatal.
+fn run_alternatives(args: &Args, manifest: &Path) -> Vec<Alternative> {
+    let out = args.work_dir.join("alternatives.json");
+    let _ = std::fs::remove_file(&out);
+    let status = Command::new(&args.python)
+        .arg(&args.alternatives)
+        .arg("--manifest")
+        .arg(manifest)
+        .arg("--out")
+        .arg(&out)
+        .arg("--min-calls")
+        .arg(args.min_calls.to_string())
+        .arg("--max-calls")
+        .arg(args.max_calls.to_string())
+        .arg("--budget-s")
+        .arg(args.budget_s.to_string())
+        .status();
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => eprintln!("rgk-bench: the alternatives script exited with {s}"),
+        Err(e) => eprintln!("rgk-bench: could not run {} {}: {e}", args.python, args.alternatives.display()),
+    }
+    match std::fs::read_to_string(&out) {
+        Ok(text) => report::parse_alternatives(&text).unwrap_or_else(|e| {
+            eprintln!("rgk-bench: {}: {e}", out.display());
+            Vec::new()
+        }),
+        Err(_) => {
+            eprintln!("rgk-bench: no alternatives timed (no {})", out.display());
+            Vec::new()
+        }
+    }
+}
+
+fn git_commit() -> Option<String> {
+    let out = Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}

@@ -1,0 +1,244 @@
+//! The table and `bench/results/h200.json`.
+use std::path::Path;
+
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::case::{Verification, Workload};
+
+/// Copy bandwidth measured on the H200 (bytes read + written per second), SPEC.md.
+pub const HBM_BYTES_PER_S: f64 = 4.26e12;
+
+/// Median and spread of a sample, in ms.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    pub median: f64,
+    pub p10: f64,
+    pub p90: f64,
+    pub calls: usize,
+}
+
+impl Stats {
+    pub fn of(samples: &[f64]) -> Self {
+        let mut s = samples.to_vec();
+        s.sort_by(|a, b| a.total_cmp(b));
+        if s.is_empty() {
+            return Self::default();
+        }
+        let q = |p: f64| {
+            let x = p * (s.len() - 1) as f64;
+            let (lo, hi) = (x.floor() as usize, x.ceil() as usize);
+            s[lo] + (s[hi] - s[lo]) * (x - lo as f64)
+        };
+        Self { median: q(0.5), p10: q(0.1), p90: q(0.9), calls: s.len() }
+    }
+}
+
+/// One alternative's result on one workload, as the script reports it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Alternative {
+    pub op: String,
+    pub workload: String,
+    #[serde(rename = "impl")]
+    pub name: String,
+    pub ms: Option<f64>,
+    #[serde(default)]
+    pub p10_ms: Option<f64>,
+    #[serde(default)]
+    pub p90_ms: Option<f64>,
+    #[serde(default)]
+    pub calls: Option<usize>,
+    #[serde(default)]
+    pub kernels_per_call: Option<f64>,
+    #[serde(default)]
+    pub rel_l2_err: Option<f64>,
+    #[serde(default)]
+    pub max_abs_err: Option<f64>,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+pub fn parse_alternatives(text: &str) -> Result<Vec<Alternative>, String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let rows = v.get("rows").cloned().unwrap_or(Value::Array(vec![]));
+    serde_json::from_value(rows).map_err(|e| e.to_string())
+}
+
+/// One row of the table and of the JSON file.
+pub struct Row {
+    pub op: &'static str,
+    pub workload: &'static str,
+    pub dtype: &'static str,
+    pub shapes: String,
+    pub ours: Stats,
+    /// Names of the kernels one call launched.
+    pub kernels: Vec<String>,
+    pub verification: Verification,
+    pub alternatives: Vec<Alternative>,
+    pub flops: f64,
+    pub bytes: f64,
+    pub peak_flops: f64,
+}
+
+impl Row {
+    pub fn new(w: &Workload, v: &Verification, ours: Stats, kernels: Vec<String>, alternatives: Vec<Alternative>) -> Self {
+        Self {
+            op: w.op,
+            workload: w.name,
+            dtype: w.dtype,
+            shapes: w.shapes.clone(),
+            ours,
+            kernels,
+            verification: v.clone(),
+            alternatives,
+            flops: w.flops,
+            bytes: w.bytes,
+            peak_flops: w.peak_flops,
+        }
+    }
+
+    /// The fastest alternative that produced a time: (name, ms).
+    pub fn fastest_alternative(&self) -> Option<(&str, f64)> {
+        self.alternatives
+            .iter()
+            .filter_map(|a| a.ms.map(|ms| (a.name.as_str(), ms)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
+    /// Fastest alternative / ours (> 1: we are faster).
+    pub fn ratio(&self) -> Option<f64> {
+        self.fastest_alternative().map(|(_, ms)| ms / self.ours.median)
+    }
+
+    pub fn tflops(&self) -> f64 {
+        self.flops / (self.ours.median * 1e-3) / 1e12
+    }
+
+    /// (SOL fraction, bound) per SPEC: SOL = max(FLOP/s ÷ peak, bytes/s ÷ 4.26 TB/s); "mem" where
+    /// the byte term dominates, "lat" where neither reaches 10 %, else "compute".
+    pub fn sol(&self) -> (f64, &'static str) {
+        let t = self.ours.median * 1e-3;
+        let f = self.flops / t / self.peak_flops;
+        let b = self.bytes / t / HBM_BYTES_PER_S;
+        let bound = if f.max(b) < 0.1 {
+            "lat"
+        } else if b >= f {
+            "mem"
+        } else {
+            "compute"
+        };
+        (f.max(b), bound)
+    }
+}
+
+fn alt_names(rows: &[Row]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for r in rows {
+        for a in &r.alternatives {
+            if !names.contains(&a.name) {
+                names.push(a.name.clone());
+            }
+        }
+    }
+    names
+}
+
+pub fn print_table(rows: &[Row]) {
+    let names = alt_names(rows);
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    let mut header = vec!["op", "workload", "dtype", "ratio", "ours ms", "p10–p90 ms"];
+    let alt_headers: Vec<String> = names.iter().map(|n| format!("{n} ms")).collect();
+    header.extend(alt_headers.iter().map(|s| s.as_str()));
+    header.extend(["TFLOP/s", "SOL", "bound", "rel_l2 ours", "verified"]);
+    t.set_header(header);
+    for r in rows {
+        let (sol, bound) = r.sol();
+        let mut cells = vec![
+            Cell::new(r.op),
+            Cell::new(r.workload),
+            Cell::new(r.dtype),
+            Cell::new(r.ratio().map_or("—".into(), |x| format!("{x:.2}"))).set_alignment(CellAlignment::Right),
+            Cell::new(format!("{:.5}", r.ours.median)).set_alignment(CellAlignment::Right),
+            Cell::new(format!("{:.5}–{:.5}", r.ours.p10, r.ours.p90)),
+        ];
+        for n in &names {
+            let a = r.alternatives.iter().find(|a| &a.name == n);
+            let s = match a {
+                Some(Alternative { ms: Some(ms), .. }) => format!("{ms:.5}"),
+                Some(Alternative { error: Some(_), .. }) => "error".into(),
+                _ => "—".into(),
+            };
+            cells.push(Cell::new(s).set_alignment(CellAlignment::Right));
+        }
+        cells.extend([
+            Cell::new(format!("{:.3}", r.tflops())).set_alignment(CellAlignment::Right),
+            Cell::new(format!("{:.1}%", sol * 100.0)).set_alignment(CellAlignment::Right),
+            Cell::new(bound),
+            Cell::new(format!("{:.2e}", r.verification.rel_l2_err)),
+            Cell::new(if r.verification.verified { "yes" } else { "NO" }),
+        ]);
+        t.add_row(cells);
+    }
+    println!("{t}");
+    for r in rows {
+        for a in &r.alternatives {
+            if let Some(e) = &a.error {
+                println!("note: {} {} {}: {}", r.op, r.workload, a.name, e.lines().next().unwrap_or(""));
+            }
+        }
+    }
+}
+
+fn row_json(r: &Row) -> Value {
+    let mut alts = serde_json::Map::new();
+    for a in &r.alternatives {
+        alts.insert(
+            a.name.clone(),
+            serde_json::json!({
+                "ms": a.ms, "p10_ms": a.p10_ms, "p90_ms": a.p90_ms, "calls": a.calls,
+                "kernels_per_call": a.kernels_per_call, "rel_l2_err": a.rel_l2_err,
+                "max_abs_err": a.max_abs_err, "error": a.error,
+            }),
+        );
+    }
+    let (sol, bound) = r.sol();
+    serde_json::json!({
+        "op": r.op, "workload": r.workload, "dtype": r.dtype, "shapes": r.shapes,
+        "ours_ms": r.ours.median, "ours_p10_ms": r.ours.p10, "ours_p90_ms": r.ours.p90,
+        "calls": r.ours.calls, "kernels_per_call": r.kernels.len(), "kernels": r.kernels,
+        "verified": r.verification.verified, "max_abs_err": r.verification.max_abs_err,
+        "rel_l2_err": r.verification.rel_l2_err, "check": r.verification.detail,
+        "fastest_alternative": r.fastest_alternative().map(|(n, _)| n), "ratio": r.ratio(),
+        "tflops": r.tflops(), "sol": sol, "bound": bound,
+        "flops": r.flops, "bytes": r.bytes,
+        "alternatives": Value::Object(alts),
+    })
+}
+
+/// Writes the results file; rows of other ops/workloads already in it are kept.
+pub fn write_json(path: &Path, gpu: &str, commit: &str, rows: &[Row]) -> Result<(), String> {
+    let mut kept: Vec<Value> = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .and_then(|v| v.get("rows").and_then(|r| r.as_array().cloned()))
+        .unwrap_or_default();
+    kept.retain(|old| !rows.iter().any(|r| old["op"] == r.op && old["workload"] == r.workload && old["dtype"] == r.dtype));
+    kept.extend(rows.iter().map(row_json));
+    let date = std::process::Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let doc = serde_json::json!({
+        "gpu": gpu, "date": date, "commit": commit,
+        "method": "CUPTI kernel records, union of one call's kernel intervals; L2 flushed (256 MiB write) and device idle before each call; warm-up excluded; median, p10, p90",
+        "rows": kept,
+    });
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    }
+    std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap() + "\n").map_err(|e| format!("{}: {e}", path.display()))
+}

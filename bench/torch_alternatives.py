@@ -1,0 +1,683 @@
+#!/usr/bin/env python3
+"""Time the PyTorch "alternatives" of the project's six ops and report their error.
+
+Contract (see /work/shared/SPEC.md, sections 1-6, "Alternatives" and "How the
+numbers are taken"):
+
+Usage::
+
+    python3 bench/torch_alternatives.py --manifest DIR/manifest.json \
+        --out DIR/alternatives.json [--min-calls 50] [--max-calls 200] \
+        [--budget-s 2.0] [--only OP[,OP...]] [--device cuda|cpu] [--skip-compile]
+
+Input (written by the Rust bench):
+  manifest.json = {"entries": [{"op", "workload", "dtype", "file", "params"}]},
+  ``file`` relative to the manifest's folder.  Each safetensors file holds the
+  op's inputs under SPEC's names plus f64 reference outputs named
+  ``ref.<output>`` (any of them may be missing; errors are computed only for
+  outputs with a ref).  Complex tensors (FFT) are stored as their real view
+  ``[..., 2]`` (f32 for c64, f64 for c128).
+
+Alternatives (per op):
+  FFTC2CFwd           torch-cufft (torch.fft.fft(x, dim=-1)), torch-compile
+  EngramGateConvBwd   torch (autograd on the f32 forward, q = identity),
+                      torch-compile (same with the forward torch.compile'd)
+  every other op      torch-ref (eager composition of SPEC's formulas, f32
+                      math, rounding to the storage dtype where SPEC says q),
+                      torch-compile (torch.compile of the same function)
+
+Timing (CUDA only): device time from CUPTI kernel records via torch.profiler.
+Before every timed call a 256 MiB int32 buffer is rewritten with
+``bitwise_not_`` (flushes the 60 MB L2; its kernel name contains
+"bitwise_not", which no alternative uses) followed by a synchronize; then the
+call and another synchronize.  Kernels between consecutive flush kernels are
+one call; Memcpy/Memset (and other non-kernel) records are ignored; a call's
+device time is the length of the union of its kernels' [start, end)
+intervals.  Each implementation gets N calls, min-calls <= N <= max-calls,
+N limited by --budget-s of wall time; the implementations of an op are timed
+in forward then reverse order (half of the calls each pass), samples pooled.
+Warm-up (compilation, plan creation, allocation) is never timed.
+
+Errors: rel_l2 = ||out - ref||_2 / ||ref||_2 and max_abs, in float64 on the
+CPU (complex compared as the [..., 2] real view).  A row reports the worst
+(max) over its outputs and a per-output dict; non-finite values are written
+as null and listed under "nonfinite_outputs".
+
+Output alternatives.json =
+  {"torch", "gpu", "device", "rows": [{"op", "workload", "dtype", "impl",
+   "ms", "p10_ms", "p90_ms", "calls", "kernels_per_call", "rel_l2_err",
+   "max_abs_err", "errors": {output: {"rel_l2_err", "max_abs_err"}},
+   ["error"], ["nonfinite_outputs"]}]}
+(rewritten after every manifest entry, so a crash keeps what was done).  One
+failing alternative records "error" in its row and the run goes on.  With
+``--device cpu`` nothing is timed (ms = null): each alternative runs once and
+only its errors are reported.  Exit status is 0 unless the manifest cannot be
+read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+FLUSH_BYTES = 256 * 1024 * 1024
+FLUSH_KERNEL_MARK = "bitwise_not"  # substring of the flush kernel's name
+
+Outputs = Dict[str, torch.Tensor]
+
+
+# --------------------------------------------------------------------------
+# The ops, written from SPEC's formulas (f32 math; q = cast to storage dtype)
+# --------------------------------------------------------------------------
+
+
+def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """rmsnorm over the last axis, f32: returns (x*rrms*w, rrms squeezed)."""
+    rrms = torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps)
+    return x * rrms * w, rrms.squeeze(-1)
+
+
+def fft_c2c_fwd(x: torch.Tensor) -> torch.Tensor:
+    """SPEC 1: unnormalised forward FFT along the last axis."""
+    return torch.fft.fft(x, dim=-1)
+
+
+def make_mhc_pre_fwd(n: int, c: int, alpha_pre: float, alpha_post: float, alpha_res: float,
+                     sinkhorn_repeat: int, sinkhorn_eps: float) -> Callable:
+    """SPEC 2.  Returns fn(phi, x, b) -> (x_res, x_layer, h_post)."""
+
+    def mhc_pre_fwd(phi: torch.Tensor, x: torch.Tensor, b: torch.Tensor):
+        B = x.shape[0]
+        xf = x.float()                                                    # [B, n*c]
+        r = xf.square().sum(dim=-1, keepdim=True).sqrt() / math.sqrt(n * c) + 1e-4  # [B, 1]
+        h = xf @ phi                                                      # [B, n*n+2n]
+        h_pre = torch.sigmoid(alpha_pre * h[:, :n] / r + b[:n])           # [B, n]
+        h_post = 2.0 * torch.sigmoid(alpha_post * h[:, n:2 * n] / r + b[n:2 * n])
+        R = (alpha_res * h[:, 2 * n:] / r + b[2 * n:]).reshape(B, n, n)
+        R = R - R.amax(dim=-1, keepdim=True)
+        R = R.exp()
+        for _ in range(sinkhorn_repeat):
+            R = R / (R.sum(dim=-1, keepdim=True) + sinkhorn_eps)          # rows
+            R = R / (R.sum(dim=-2, keepdim=True) + sinkhorn_eps)          # columns
+        xv = xf.reshape(B, n, c)
+        x_res = (R @ xv).to(x.dtype).reshape(B, n * c)
+        x_layer = (h_pre.unsqueeze(1) @ xv).squeeze(1).to(x.dtype)
+        return x_res, x_layer, h_post
+
+    return mhc_pre_fwd
+
+
+def mhc_post_fwd(x_layer_out: torch.Tensor, h_post: torch.Tensor, x_res: torch.Tensor):
+    """SPEC 3: x_out[b, i*c+j] = q(h_post[b,i] * x_layer_out[b,j] + x_res[b,i*c+j])."""
+    B, n = h_post.shape
+    c = x_layer_out.shape[1]
+    out = h_post.unsqueeze(-1) * x_layer_out.float().unsqueeze(1) + x_res.float().reshape(B, n, c)
+    return out.to(x_res.dtype).reshape(B, n * c)
+
+
+def engram_gate_conv_fwd(H, k, v, rms_w_h, rms_w_v, conv_w, eps: float):
+    """SPEC 4.  Storage dtype = H.dtype; with f32 inputs every q is the identity
+    (that is the forward SPEC 5 differentiates).  Returns
+    (Y, vhat, alpha, rrms_h, rrms_k, rrms_v)."""
+    dt = H.dtype
+    d = H.shape[-1]
+    T = H.shape[-2]
+    wh = rms_w_h.float()
+    wv = rms_w_v.float()
+    cw = conv_w.float()
+    hn, rrms_h = _rmsnorm(H.float(), wh, eps)
+    kn, rrms_k = _rmsnorm(k.float(), wh, eps)
+    alpha = torch.sigmoid((hn * kn).sum(dim=-1) / math.sqrt(d))           # [M, T]
+    vh = alpha.unsqueeze(-1) * v.float()
+    vhat = vh.to(dt)
+    u, rrms_v = _rmsnorm(vhat.float(), wv, eps)
+    up = F.pad(u, (0, 0, 3, 0))                                           # u = 0 before t = 0
+    conv = cw[0] * up[..., 0:T, :]
+    for p in range(1, 4):
+        conv = conv + cw[p] * up[..., p:p + T, :]
+    Y = (F.silu(conv) + vh).to(dt)
+    return Y, vhat, alpha, rrms_h, rrms_k, rrms_v
+
+
+def make_engram_gate_conv_fwd(eps: float) -> Callable:
+    def fn(H, k, v, rms_w_h, rms_w_v, conv_w):
+        return engram_gate_conv_fwd(H, k, v, rms_w_h, rms_w_v, conv_w, eps)
+    return fn
+
+
+def make_engram_gate_conv_fwd_y(eps: float) -> Callable:
+    """Forward returning only Y, for autograd (SPEC 5)."""
+    def fn(H, k, v, rms_w_h, rms_w_v, conv_w):
+        return engram_gate_conv_fwd(H, k, v, rms_w_h, rms_w_v, conv_w, eps)[0]
+    return fn
+
+
+def make_engram_decode_fwd(L: int, dilation: int, K: int, eps: float) -> Callable:
+    """SPEC 6.  Returns fn(e_t, h_t, conv_state, W_K, W_V, rms_w_h, rms_w_v, conv_w)
+    -> (y_t, new_conv_state)."""
+
+    def engram_decode_fwd(e_t, h_t, conv_state, W_K, W_V, rms_w_h, rms_w_v, conv_w):
+        dt = h_t.dtype
+        d = h_t.shape[-1]
+        ef = e_t.float()
+        kk = ef @ W_K.float()
+        vv = ef @ W_V.float()
+        wh = rms_w_h.float()
+        wv = rms_w_v.float()
+        cw = conv_w.float()
+        hn, _ = _rmsnorm(h_t.float(), wh, eps)
+        kn, _ = _rmsnorm(kk.to(dt).float(), wh, eps)
+        alpha = torch.sigmoid((hn * kn).sum(dim=-1, keepdim=True) / math.sqrt(d))
+        vh = alpha * vv
+        u, _ = _rmsnorm(vh.to(dt).float(), wv, eps)
+        conv = cw[K - 1] * u
+        for p in range(K - 1):
+            conv = conv + cw[p] * conv_state[:, L - (K - 1 - p) * dilation, :].float()
+        y_t = (F.silu(conv) + vh).to(dt)
+        new_conv_state = torch.cat([conv_state[:, 1:, :], u.to(dt).unsqueeze(1)], dim=1)
+        return y_t, new_conv_state
+
+    return engram_decode_fwd
+
+
+# --------------------------------------------------------------------------
+# Alternatives: each builder returns [(impl_name, factory)], where factory()
+# sets up (outside any timing) and returns call() -> {output_name: tensor}.
+# --------------------------------------------------------------------------
+
+OUTPUTS = {
+    "FFTC2CFwd": ["y"],
+    "MHCPreFwd": ["x_res", "x_layer", "h_post"],
+    "MHCPostFwd": ["x_out"],
+    "EngramGateConvFwd": ["Y", "vhat", "alpha", "rrms_h", "rrms_k", "rrms_v"],
+    "EngramGateConvBwd": ["dH", "dk", "dv", "drms_w_h", "drms_w_v", "dconv_w"],
+    "EngramDecodeFwd": ["y_t", "new_conv_state"],
+}
+
+
+def _compile(fn: Callable) -> Callable:
+    # One static-shape compile per workload (dynamo is reset per entry).
+    return torch.compile(fn, dynamic=False)
+
+
+def _plain_alternatives(op: str, fn: Callable, args: Sequence[torch.Tensor],
+                        eager_name: str, skip_compile: bool):
+    names = OUTPUTS[op]
+
+    def factory(f):
+        def make():
+            def call() -> Outputs:
+                out = f(*args)
+                if isinstance(out, torch.Tensor):
+                    out = (out,)
+                return dict(zip(names, out))
+            return call
+        return make
+
+    alts = [(eager_name, factory(fn))]
+    if not skip_compile:
+        alts.append(("torch-compile", factory(_compile(fn))))
+    return alts
+
+
+def _bwd_alternatives(t: Dict[str, torch.Tensor], params: dict, skip_compile: bool):
+    eps = float(params.get("eps", 1e-6))
+    dt = t["H"].dtype
+
+    def factory(compiled: bool):
+        def make():
+            fwd = make_engram_gate_conv_fwd_y(eps)
+            if compiled:
+                fwd = _compile(fwd)
+            leaves = [t[name].float().detach().requires_grad_(True)
+                      for name in ("H", "k", "v", "rms_w_h", "rms_w_v", "conv_w")]
+            dY = t["dY"].float()
+            Y = fwd(*leaves)  # forward once, outside the timed region
+
+            def call() -> Outputs:
+                g = torch.autograd.grad(Y, leaves, dY, retain_graph=True)
+                return {"dH": g[0].to(dt), "dk": g[1].to(dt), "dv": g[2].to(dt),
+                        "drms_w_h": g[3].float(), "drms_w_v": g[4].float(),
+                        "dconv_w": g[5].float()}
+            return call
+        return make
+
+    alts = [("torch", factory(False))]
+    if not skip_compile:
+        alts.append(("torch-compile", factory(True)))
+    return alts
+
+
+def build_alternatives(op: str, t: Dict[str, torch.Tensor], params: dict, skip_compile: bool):
+    """t: the entry's input tensors, already on the target device."""
+    if op == "FFTC2CFwd":
+        x = torch.view_as_complex(t["x"].contiguous())
+        return _plain_alternatives(op, fft_c2c_fwd, [x], "torch-cufft", skip_compile)
+    if op == "MHCPreFwd":
+        phi, x, b = t["phi"], t["x"], t["b"]
+        n = int(params.get("n", 0)) or int(round(math.sqrt(phi.shape[1] + 1) - 1))
+        c = int(params.get("c", 0)) or x.shape[1] // n
+        fn = make_mhc_pre_fwd(n, c, float(params.get("alpha_pre", 1.0)),
+                              float(params.get("alpha_post", 1.0)),
+                              float(params.get("alpha_res", 1.0)),
+                              int(params.get("sinkhorn_repeat", 1)),
+                              float(params.get("sinkhorn_eps", 0.02)))
+        return _plain_alternatives(op, fn, [phi, x, b], "torch-ref", skip_compile)
+    if op == "MHCPostFwd":
+        return _plain_alternatives(op, mhc_post_fwd, [t["x_layer_out"], t["h_post"], t["x_res"]],
+                                   "torch-ref", skip_compile)
+    if op == "EngramGateConvFwd":
+        fn = make_engram_gate_conv_fwd(float(params.get("eps", 1e-6)))
+        args = [t[k] for k in ("H", "k", "v", "rms_w_h", "rms_w_v", "conv_w")]
+        return _plain_alternatives(op, fn, args, "torch-ref", skip_compile)
+    if op == "EngramGateConvBwd":
+        return _bwd_alternatives(t, params, skip_compile)
+    if op == "EngramDecodeFwd":
+        K = int(params.get("kernel_size", t["conv_w"].shape[0]))
+        L = int(params.get("max_conv_len", t["conv_state"].shape[1]))
+        fn = make_engram_decode_fwd(L, int(params.get("dilation", 1)), K,
+                                    float(params.get("eps", 1e-6)))
+        args = [t[k] for k in ("e_t", "h_t", "conv_state", "W_K", "W_V",
+                               "rms_w_h", "rms_w_v", "conv_w")]
+        return _plain_alternatives(op, fn, args, "torch-ref", skip_compile)
+    raise ValueError(f"unknown op {op!r}")
+
+
+# --------------------------------------------------------------------------
+# Errors against the f64 reference
+# --------------------------------------------------------------------------
+
+
+def _finite_or_none(v: float) -> Optional[float]:
+    return float(v) if math.isfinite(v) else None
+
+
+def output_errors(out: Outputs, refs: Dict[str, torch.Tensor]):
+    """Returns (per-output dict, worst rel_l2, worst max_abs, nonfinite names)."""
+    per: Dict[str, dict] = {}
+    nonfinite: List[str] = []
+    worst_rel: Optional[float] = 0.0
+    worst_abs: Optional[float] = 0.0
+    for name, ref in refs.items():
+        if name not in out:
+            continue
+        o = out[name].detach().to("cpu")
+        if o.is_complex():
+            o = torch.view_as_real(o)
+        o = o.to(torch.float64)
+        r = ref.to(torch.float64)
+        if o.shape != r.shape:
+            if o.numel() == r.numel():
+                o = o.reshape(r.shape)
+            else:
+                per[name] = {"rel_l2_err": None, "max_abs_err": None,
+                             "error": f"shape {list(o.shape)} != ref {list(r.shape)}"}
+                worst_rel = worst_abs = None
+                continue
+        diff = o - r
+        dn = float(torch.linalg.vector_norm(diff))
+        rn = float(torch.linalg.vector_norm(r))
+        rel = dn / rn if rn > 0 else (0.0 if dn == 0 else math.inf)
+        mab = float(diff.abs().max()) if diff.numel() else 0.0
+        if not bool(torch.isfinite(o).all()):
+            nonfinite.append(name)
+        per[name] = {"rel_l2_err": _finite_or_none(rel), "max_abs_err": _finite_or_none(mab)}
+        if worst_rel is not None:
+            worst_rel = None if not math.isfinite(rel) else max(worst_rel, rel)
+        if worst_abs is not None:
+            worst_abs = None if not math.isfinite(mab) else max(worst_abs, mab)
+    if not per:
+        worst_rel = worst_abs = None
+    return per, worst_rel, worst_abs, nonfinite
+
+
+# --------------------------------------------------------------------------
+# Device timing through CUPTI kernel records
+# --------------------------------------------------------------------------
+
+_NON_KERNEL_PREFIXES = ("memcpy", "memset", "context sync", "stream sync", "event sync",
+                        "stream wait", "device sync", "##")
+
+
+def _is_kernel_by_name(name: str) -> bool:
+    return not name.strip().lower().startswith(_NON_KERNEL_PREFIXES)
+
+
+def _records_from_kineto(prof) -> List[Tuple[int, int, str]]:
+    from torch.autograd import DeviceType
+    events = prof.profiler.kineto_results.events()
+    cuda_events = [e for e in events if e.device_type() == DeviceType.CUDA]
+    have_type = bool(cuda_events) and hasattr(cuda_events[0], "activity_type")
+    if have_type and not any(e.activity_type() == "kernel" for e in cuda_events):
+        have_type = False  # unexpected labels: fall back to names
+    recs = []
+    for e in cuda_events:
+        name = e.name()
+        if have_type:
+            if e.activity_type() != "kernel":
+                continue
+        elif not _is_kernel_by_name(name):
+            continue
+        start = int(e.start_ns())
+        end = int(e.end_ns()) if hasattr(e, "end_ns") else start + int(e.duration_ns())
+        recs.append((start, end, name))
+    return recs
+
+
+def _records_from_chrome_trace(prof) -> List[Tuple[int, int, str]]:
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    finally:
+        os.unlink(path)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    recs = []
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "kernel":
+            start = int(round(float(e["ts"]) * 1000))
+            recs.append((start, start + int(round(float(e["dur"]) * 1000)), e.get("name", "")))
+    return recs
+
+
+def _records_from_function_events(prof) -> List[Tuple[int, int, str]]:
+    from torch.autograd import DeviceType
+    recs = []
+    for e in prof.events():
+        if getattr(e, "device_type", None) != DeviceType.CUDA:
+            continue
+        at = getattr(e, "activity_type", None)
+        if at is not None and at != "kernel":
+            continue
+        if at is None and not _is_kernel_by_name(e.name):
+            continue
+        recs.append((int(round(e.time_range.start * 1000)), int(round(e.time_range.end * 1000)),
+                     e.name))
+    return recs
+
+
+def kernel_records(prof) -> List[Tuple[int, int, str]]:
+    """(start_ns, end_ns, name) of every kernel record, whatever the torch version offers."""
+    errors = []
+    for getter in (_records_from_kineto, _records_from_chrome_trace, _records_from_function_events):
+        try:
+            recs = getter(prof)
+            if recs:
+                return recs
+        except Exception as exc:  # API differences between torch versions
+            errors.append(f"{getter.__name__}: {exc!r}")
+    raise RuntimeError("no kernel records found in the profile" +
+                       (f" ({'; '.join(errors)})" if errors else ""))
+
+
+def union_length(intervals: Sequence[Tuple[int, int]]) -> int:
+    """Length of the union of [start, end) intervals."""
+    total = 0
+    cur_s = cur_e = None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def group_calls(records: Sequence[Tuple[int, int, str]],
+                mark: str = FLUSH_KERNEL_MARK) -> List[Tuple[int, int]]:
+    """Split kernel records (start, end, name) at the flush kernels (a run of
+    consecutive flush kernels counts as one flush).  Returns, for each stretch
+    between two flushes, (device time in ns = union of intervals, kernel count).
+    Kernels before the first or after the last flush are dropped."""
+    calls: List[Tuple[int, int]] = []
+    current: Optional[List[Tuple[int, int]]] = None  # None until the first flush
+    prev_was_flush = False
+    for s, e, name in sorted(records, key=lambda r: (r[0], r[1])):
+        if mark in name:
+            if current is not None and not prev_was_flush:
+                calls.append((union_length(current), len(current)))
+            if not prev_was_flush:
+                current = []
+            prev_was_flush = True
+        else:
+            prev_was_flush = False
+            if current is not None:
+                current.append((s, e))
+    return calls
+
+
+class CudaTimer:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.flush_buf = torch.zeros(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+        # First profiler session initialises CUPTI; keep that out of the real runs.
+        self.profile(lambda: torch.empty(1, device=device).fill_(1.0), 2)
+
+    def flush(self):
+        self.flush_buf.bitwise_not_()
+
+    def iteration_seconds(self, call: Callable, reps: int = 5) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            self.flush()
+            torch.cuda.synchronize()
+            call()
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / reps
+
+    def profile(self, call: Callable, ncalls: int) -> List[Tuple[int, int]]:
+        from torch.profiler import ProfilerActivity, profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(ncalls):
+                self.flush()
+                torch.cuda.synchronize()
+                call()
+                torch.cuda.synchronize()
+            self.flush()  # closes the last call
+            torch.cuda.synchronize()
+        calls = group_calls(kernel_records(prof))
+        if len(calls) != ncalls:
+            print(f"  warning: profiled {ncalls} calls but found {len(calls)} call groups",
+                  file=sys.stderr)
+        return calls
+
+
+# --------------------------------------------------------------------------
+# Driver
+# --------------------------------------------------------------------------
+
+
+def _short_error(exc: BaseException) -> str:
+    msg = f"{type(exc).__name__}: {exc}".strip()
+    lines = [ln for ln in msg.splitlines() if ln.strip()]
+    msg = " | ".join(lines[:3])
+    return msg[:500]
+
+
+def _sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _base_row(entry: dict, impl: Optional[str]) -> dict:
+    return {"op": entry.get("op"), "workload": entry.get("workload"), "dtype": entry.get("dtype"),
+            "impl": impl, "ms": None, "p10_ms": None, "p90_ms": None, "calls": 0,
+            "kernels_per_call": None, "rel_l2_err": None, "max_abs_err": None, "errors": {}}
+
+
+def run_entry(entry: dict, base_dir: str, device: torch.device, timer: Optional[CudaTimer],
+              args) -> List[dict]:
+    from safetensors.torch import load_file
+
+    op = entry.get("op")
+    params = entry.get("params") or {}
+    try:
+        tensors = load_file(os.path.join(base_dir, entry["file"]), device="cpu")
+        refs = {k[len("ref."):]: v for k, v in tensors.items() if k.startswith("ref.")}
+        inputs = {k: v.to(device) for k, v in tensors.items() if not k.startswith("ref.")}
+        torch._dynamo.reset()
+        alts = build_alternatives(op, inputs, params, args.skip_compile)
+    except Exception as exc:
+        row = _base_row(entry, None)
+        row["error"] = "setup: " + _short_error(exc)
+        traceback.print_exc(file=sys.stderr)
+        return [row]
+
+    rows = {name: _base_row(entry, name) for name, _ in alts}
+    calls: Dict[str, Callable] = {}
+    n_calls: Dict[str, int] = {}
+
+    # Set-up and warm-up (compilation happens here), then the errors.
+    for name, make in alts:
+        row = rows[name]
+        try:
+            t0 = time.perf_counter()
+            call = make()
+            out = call()
+            _sync(device)
+            row["warmup_first_s"] = round(time.perf_counter() - t0, 3)
+            if timer is not None:
+                for _ in range(2):
+                    out = call()
+                _sync(device)
+            per, worst_rel, worst_abs, nonfinite = output_errors(out, refs)
+            del out
+            row.update(errors=per, rel_l2_err=worst_rel, max_abs_err=worst_abs)
+            if nonfinite:
+                row["nonfinite_outputs"] = nonfinite
+            if timer is not None:
+                it = timer.iteration_seconds(call)
+                n = int(args.budget_s / max(it, 1e-9))
+                n_calls[name] = max(args.min_calls, min(args.max_calls, n))
+            calls[name] = call
+        except Exception as exc:
+            row["error"] = _short_error(exc)
+            traceback.print_exc(file=sys.stderr)
+
+    # Timing: forward then reverse order, half of the calls each pass.
+    if timer is not None:
+        samples: Dict[str, List[Tuple[int, int]]] = {name: [] for name in calls}
+        order = [name for name, _ in alts if name in calls]
+        for pass_idx, pass_order in enumerate((order, order[::-1])):
+            for name in pass_order:
+                if name not in calls:
+                    continue
+                total = n_calls[name]
+                n = total - total // 2 if pass_idx == 0 else total // 2
+                if n <= 0:
+                    continue
+                try:
+                    samples[name].extend(timer.profile(calls[name], n))
+                except Exception as exc:
+                    rows[name]["error"] = "timing: " + _short_error(exc)
+                    traceback.print_exc(file=sys.stderr)
+                    del calls[name]
+        for name, smp in samples.items():
+            if name not in calls or not smp:
+                continue
+            t_ms = np.array([s for s, _ in smp], dtype=np.float64) / 1e6
+            k = np.array([c for _, c in smp], dtype=np.float64)
+            kmed = float(np.median(k))
+            rows[name].update(ms=float(np.median(t_ms)), p10_ms=float(np.percentile(t_ms, 10)),
+                              p90_ms=float(np.percentile(t_ms, 90)), calls=len(smp),
+                              kernels_per_call=int(kmed) if kmed.is_integer() else kmed)
+    else:
+        for name in calls:
+            rows[name]["calls"] = 1  # ran once, untimed
+
+    calls.clear()
+    return [rows[name] for name, _ in alts]
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_row(row: dict):
+    line = (f"{row['op'] or '?':18s} {row['workload'] or '?':20s} {row['dtype'] or '':5s} "
+            f"{row['impl'] or '-':14s} ms {_fmt(row['ms'], '.4f')} "
+            f"[{_fmt(row['p10_ms'], '.4f')}..{_fmt(row['p90_ms'], '.4f')}] "
+            f"n={row['calls']} k={_fmt(row['kernels_per_call'], '')} "
+            f"rel_l2 {_fmt(row['rel_l2_err'], '.2e')} max_abs {_fmt(row['max_abs_err'], '.2e')}")
+    if row.get("error"):
+        line += f"  ERROR {row['error'][:160]}"
+    print(line, flush=True)
+
+
+def write_json(path: str, doc: dict):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--manifest", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--min-calls", type=int, default=50)
+    ap.add_argument("--max-calls", type=int, default=200)
+    ap.add_argument("--budget-s", type=float, default=2.0,
+                    help="wall-time budget for the timed calls of one implementation")
+    ap.add_argument("--only", default=None, help="comma-separated op names to run")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--skip-compile", action="store_true",
+                    help="leave out the torch-compile alternatives (testing aid)")
+    args = ap.parse_args(argv)
+    args.max_calls = max(args.max_calls, args.min_calls)
+
+    try:
+        with open(args.manifest) as f:
+            manifest = json.load(f)
+        entries = manifest["entries"]
+        assert isinstance(entries, list)
+    except Exception as exc:
+        print(f"cannot read manifest {args.manifest}: {exc}", file=sys.stderr)
+        return 2
+    base_dir = os.path.dirname(os.path.abspath(args.manifest))
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("warning: CUDA is not available; running on the CPU, untimed", file=sys.stderr)
+        args.device = "cpu"
+    device = torch.device(args.device)
+    only = set(args.only.split(",")) if args.only else None
+
+    timer = None
+    if device.type == "cuda":
+        gpu = torch.cuda.get_device_name(device)
+        timer = CudaTimer(device)
+    else:
+        gpu = None
+    doc = {"torch": torch.__version__, "gpu": gpu, "device": device.type, "rows": []}
+
+    for entry in entries:
+        if only is not None and entry.get("op") not in only:
+            continue
+        for row in run_entry(entry, base_dir, device, timer, args):
+            print_row(row)
+            doc["rows"].append(row)
+        write_json(args.out, doc)
+    write_json(args.out, doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+//! `rgk`: pure-Rust GPU kernels for NVIDIA GPUs (sm_90), launched from Rust through `cudarc`.
+//!
+//! Every kernel is written in Rust (the `#![no_std]` crate `kernels-gpu`, compiled to PTX by
+//! the build script and embedded here). This crate loads that module once per [`Gpu`],
+//! validates every call's shapes and buffer sizes before launching, and returns typed results.
+//!
+//! The operators and their formulas are defined in `shared/SPEC.md`:
+//! - [`mhc::post_fwd`] — MHCPostFwd (§3).
+//!
+//! Each op has a safe entry taking `cudarc` device buffers (slices or sub-views) and an
+//! `unsafe` `*_raw` entry taking raw device pointers and a `CUstream`, for use from PyTorch,
+//! candle or any CUDA code. The f64 CPU references that tests and the benchmark use are public
+//! in [`reference`]; tolerance checks in [`verify`].
+//!
+//! ```no_run
+//! use rgk::{Gpu, mhc::{self, MhcPostShape}};
+//! use half::bf16;
+//! # fn main() -> Result<(), rgk::Error> {
+//! let gpu = Gpu::new(0)?;
+//! let s = MhcPostShape { batch: 2, n: 4, c: 1920 };
+//! let stream = gpu.stream();
+//! let y = stream.clone_htod(&vec![bf16::from_f32(0.5); s.batch * s.c])?;
+//! let h = stream.clone_htod(&vec![1.5f32; s.batch * s.n])?;
+//! let r = stream.clone_htod(&vec![bf16::from_f32(0.25); s.batch * s.n * s.c])?;
+//! let mut out = stream.alloc_zeros::<bf16>(s.batch * s.n * s.c)?;
+//! mhc::post_fwd(&gpu, s, &y, &h, &r, &mut out)?;
+//! let host: Vec<bf16> = stream.clone_dtoh(&out)?;
+//! # Ok(()) }
+//! ```
+
+mod error;
+pub mod mhc;
+pub mod reference;
+mod runtime;
+pub mod verify;
+
+pub use error::{Error, Result};
+pub use runtime::{cuda_available, Gpu, KERNELS_PTX};
+
+/// The PTX entry names of every op family, looked up once by [`Gpu::new`].
+pub(crate) const ALL_KERNELS: &[&[&str]] = &[mhc::KERNELS];
+
+/// Re-exports of the `cudarc` and `half` types the API uses.
+pub use cudarc;
+pub use half::{bf16, f16};

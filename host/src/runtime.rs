@@ -1,0 +1,120 @@
+//! The runtime layer: one CUDA context, one stream, the PTX module loaded once, and the launch
+//! helper every op uses.
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use crate::{Error, Result};
+
+/// The PTX of every kernel, built from `kernels-gpu` by `build.rs` (self-contained, sm_90).
+pub const KERNELS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
+
+/// Whether a CUDA driver library and at least one device are present. Never panics.
+pub fn cuda_available() -> bool {
+    // cudarc's loader panics when libcuda is missing: look for the library first.
+    if !unsafe { sys::is_culib_present() } {
+        return false;
+    }
+    CudaContext::device_count().map(|n| n > 0).unwrap_or(false)
+}
+
+/// A device with the library's kernels loaded: owns the context, a stream and the module.
+///
+/// Create one per device and reuse it; creation loads the PTX (milliseconds), launches do not
+/// allocate on the host beyond the argument array.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    functions: HashMap<&'static str, CudaFunction>,
+}
+
+impl Gpu {
+    /// Opens device `ordinal`, creates a stream and loads the kernels.
+    ///
+    /// Errors: [`Error::NoDevice`] when no driver or no such device is present; a driver error
+    /// when the PTX fails to load.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::NoDevice("libcuda.so (the NVIDIA driver) was not found".into()));
+        }
+        let count = CudaContext::device_count().map_err(|e| Error::NoDevice(e.to_string()))?;
+        if ordinal as i64 >= count as i64 {
+            return Err(Error::NoDevice(format!("device {ordinal} requested, {count} present")));
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        let stream = ctx.new_stream()?;
+        let module = ctx.load_module(Ptx::from_src(KERNELS_PTX))?;
+        let mut functions = HashMap::new();
+        for &name in crate::ALL_KERNELS.iter().flat_map(|k| k.iter()) {
+            let f = module.load_function(name).map_err(|_| Error::MissingKernel(name.to_string()))?;
+            functions.insert(name, f);
+        }
+        Ok(Self { ctx, stream, module, functions })
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream the safe entries launch on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The loaded module.
+    pub fn module(&self) -> &Arc<CudaModule> {
+        &self.module
+    }
+
+    /// The kernel `name` (a PTX entry), looked up when the module was loaded.
+    pub(crate) fn function(&self, name: &'static str) -> Result<&CudaFunction> {
+        self.functions.get(name).ok_or_else(|| Error::MissingKernel(name.to_string()))
+    }
+}
+
+/// One launch configuration.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LaunchDims {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub shared_bytes: u32,
+}
+
+/// Kernel arguments, passed by pointer to `cuLaunchKernel`.
+pub(crate) trait KernelArg {
+    fn as_param(&mut self) -> *mut c_void;
+}
+macro_rules! impl_arg {
+    ($($t:ty),*) => {$(impl KernelArg for $t {
+        fn as_param(&mut self) -> *mut c_void { self as *mut $t as *mut c_void }
+    })*};
+}
+impl_arg!(u32, i32, u64, i64, f32, f64);
+
+/// Launches `f` on `stream` with `args` (each a local the caller owns until return).
+///
+/// # Safety
+/// The arguments must match the kernel's parameters in number, order and type, and every
+/// pointer must be valid for the accesses the kernel makes with these dims.
+pub(crate) unsafe fn launch(
+    f: &CudaFunction,
+    dims: LaunchDims,
+    stream: sys::CUstream,
+    args: &mut [&mut dyn KernelArg],
+) -> Result<()> {
+    let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a.as_param()).collect();
+    cudarc::driver::result::launch_kernel(
+        f.cu_function(),
+        dims.grid,
+        dims.block,
+        dims.shared_bytes,
+        stream,
+        &mut params,
+    )?;
+    Ok(())
+}

@@ -1,0 +1,2 @@
+//! Manifold-constrained hyper-connections (mHC): SPEC.md §2 (pre) and §3 (post).
+pub mod post;

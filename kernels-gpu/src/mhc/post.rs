@@ -1,0 +1,72 @@
+//! MHCPostFwd (SPEC.md §3):
+//! `x_out[β, i·c + j] = q(h_post[β, i] · x_layer_out[β, j] + x_res[β, i·c + j])`, bf16 out.
+//!
+//! Pure streaming: each output element reads one `x_res` element, one `x_layer_out` element
+//! (re-read n times, from L1/L2) and one `h_post` scalar. The arithmetic is one f32 FMA, then
+//! round-to-nearest-even to bf16.
+
+use crate::prim::*;
+
+/// Fast path: 8 elements per thread with 16-byte loads and stores.
+/// Requires `c % 8 == 0`, all pointers 16-byte aligned, and `b·n·c < 2^31`.
+/// Grid: `ceil(b·n·c / 8 / blockDim.x)` blocks in x.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn mhc_post_fwd_bf16_v8(
+    x_layer_out: *const u16,
+    h_post: *const f32,
+    x_res: *const u16,
+    out: *mut u16,
+    n: u32,
+    c: u32,
+    total: u32,
+) {
+    let v = block_idx_x() * block_dim_x() + thread_idx_x();
+    let e = v * 8;
+    if e >= total {
+        return;
+    }
+    let row = n * c;
+    let beta = e / row;
+    let r = e - beta * row;
+    let i = r / c;
+    let j = r - i * c;
+    let xr = ld_nc_v4(x_res.add(e as usize) as *const u32);
+    let y = ld_nc_v4(x_layer_out.add((beta * c + j) as usize) as *const u32);
+    let h = *h_post.add((beta * n + i) as usize);
+    let mut o = [0u32; 4];
+    let mut k = 0;
+    while k < 4 {
+        let (r0, r1) = bf16x2_to_f32(xr[k]);
+        let (y0, y1) = bf16x2_to_f32(y[k]);
+        o[k] = f32_to_bf16x2(fma(h, y0, r0), fma(h, y1, r1));
+        k += 1;
+    }
+    st_v4(out.add(e as usize) as *mut u32, o);
+}
+
+/// General path: any `n`, `c`, alignment and size; one element per thread, grid-stride loop.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn mhc_post_fwd_bf16(
+    x_layer_out: *const u16,
+    h_post: *const f32,
+    x_res: *const u16,
+    out: *mut u16,
+    n: u64,
+    c: u64,
+    total: u64,
+) {
+    let stride = (grid_dim_x() * block_dim_x()) as u64;
+    let mut e = (block_idx_x() * block_dim_x() + thread_idx_x()) as u64;
+    let row = n * c;
+    while e < total {
+        let beta = e / row;
+        let r = e - beta * row;
+        let i = r / c;
+        let j = r - i * c;
+        let xr = bf16_to_f32(*x_res.add(e as usize));
+        let y = bf16_to_f32(*x_layer_out.add((beta * c + j) as usize));
+        let h = *h_post.add((beta * n + i) as usize);
+        *out.add(e as usize) = f32_to_bf16(fma(h, y, xr));
+        e += stride;
+    }
+}

@@ -1,0 +1,170 @@
+//! The device layer: the only place with inline PTX and `core::arch::nvptx` calls.
+//!
+//! Thread and block indices, barriers, warp shuffles, f16/bf16 conversions, 16-byte vector
+//! loads and stores, dynamic shared memory. Kernels call these and contain no `asm!`.
+#![allow(clippy::missing_safety_doc)]
+
+use core::arch::asm;
+use core::arch::nvptx;
+
+// ---------------------------------------------------------------- indices
+
+#[inline(always)]
+pub fn thread_idx_x() -> u32 {
+    unsafe { nvptx::_thread_idx_x() as u32 }
+}
+#[inline(always)]
+pub fn block_idx_x() -> u32 {
+    unsafe { nvptx::_block_idx_x() as u32 }
+}
+#[inline(always)]
+pub fn block_idx_y() -> u32 {
+    unsafe { nvptx::_block_idx_y() as u32 }
+}
+#[inline(always)]
+pub fn block_dim_x() -> u32 {
+    unsafe { nvptx::_block_dim_x() as u32 }
+}
+#[inline(always)]
+pub fn grid_dim_x() -> u32 {
+    unsafe { nvptx::_grid_dim_x() as u32 }
+}
+/// Lane index within the warp (0..32).
+#[inline(always)]
+pub fn lane_id() -> u32 {
+    let r: u32;
+    unsafe { asm!("mov.u32 {}, %laneid;", out(reg32) r, options(pure, nomem, nostack)) };
+    r
+}
+
+// ---------------------------------------------------------------- control
+
+/// `bar.sync 0`: every thread of the block waits here.
+#[inline(always)]
+pub fn sync_threads() {
+    unsafe { nvptx::_syncthreads() }
+}
+
+/// Aborts the kernel (the launch then fails with an error on the host).
+#[inline(always)]
+pub fn trap() -> ! {
+    unsafe { nvptx::trap() }
+}
+
+/// `membar.gl` / `fence.acq_rel.gpu`: orders this thread's global writes before later ones,
+/// device-wide (for last-block-done patterns).
+#[inline(always)]
+pub fn fence_gpu() {
+    unsafe { asm!("fence.acq_rel.gpu;", options(nostack)) };
+}
+
+// ---------------------------------------------------------------- warp
+
+/// `shfl.sync.bfly.b32` with all 32 lanes taking part.
+#[inline(always)]
+pub fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
+    let r: f32;
+    unsafe {
+        asm!("shfl.sync.bfly.b32 {r}, {v}, {m}, 0x1f, 0xffffffff;",
+             r = out(reg32) r, v = in(reg32) v, m = in(reg32) lane_mask,
+             options(nomem, nostack, pure))
+    };
+    r
+}
+
+/// Sum over the 32 lanes of a warp; every lane receives the total (fixed butterfly order, so
+/// the result is bitwise reproducible).
+#[inline(always)]
+pub fn warp_sum_f32(mut v: f32) -> f32 {
+    let mut m = 16;
+    while m > 0 {
+        v += shfl_xor_f32(v, m);
+        m >>= 1;
+    }
+    v
+}
+
+// ---------------------------------------------------------------- conversions
+
+/// bf16 bits → f32 (exact).
+#[inline(always)]
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// f32 → bf16 bits, round to nearest even (`cvt.rn.bf16.f32`, sm_80+).
+#[inline(always)]
+pub fn f32_to_bf16(v: f32) -> u16 {
+    let r: u16;
+    unsafe { asm!("cvt.rn.bf16.f32 {}, {};", out(reg16) r, in(reg32) v, options(pure, nomem, nostack)) };
+    r
+}
+
+/// f16 bits → f32 (exact).
+#[inline(always)]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let r: f32;
+    unsafe { asm!("cvt.f32.f16 {}, {};", out(reg32) r, in(reg16) h, options(pure, nomem, nostack)) };
+    r
+}
+
+/// f32 → f16 bits, round to nearest even.
+#[inline(always)]
+pub fn f32_to_f16(v: f32) -> u16 {
+    let r: u16;
+    unsafe { asm!("cvt.rn.f16.f32 {}, {};", out(reg16) r, in(reg32) v, options(pure, nomem, nostack)) };
+    r
+}
+
+/// Two bf16 packed in a u32 (low half first in memory) → two f32.
+#[inline(always)]
+pub fn bf16x2_to_f32(w: u32) -> (f32, f32) {
+    (f32::from_bits(w << 16), f32::from_bits(w & 0xffff_0000))
+}
+
+/// Two f32 → two bf16 packed in a u32 (`a` in the low half), round to nearest even.
+#[inline(always)]
+pub fn f32_to_bf16x2(a: f32, b: f32) -> u32 {
+    let r: u32;
+    unsafe { asm!("cvt.rn.bf16x2.f32 {}, {}, {};", out(reg32) r, in(reg32) b, in(reg32) a, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `fma.rn.f32`: a·b + c with one rounding.
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("fma.rn.f32 {}, {}, {}, {};", out(reg32) r, in(reg32) a, in(reg32) b, in(reg32) c, options(pure, nomem, nostack)) };
+    r
+}
+
+// ---------------------------------------------------------------- memory
+
+/// 16-byte load through the read-only (non-coherent) path. `p` must be 16-byte aligned and the
+/// data must not be written during the kernel.
+#[inline(always)]
+pub unsafe fn ld_nc_v4(p: *const u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!("ld.global.nc.v4.u32 {{{}, {}, {}, {}}}, [{}];",
+         out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p,
+         options(readonly, nostack));
+    [a, b, c, d]
+}
+
+/// 16-byte store. `p` must be 16-byte aligned.
+#[inline(always)]
+pub unsafe fn st_v4(p: *mut u32, v: [u32; 4]) {
+    asm!("st.global.v4.u32 [{}], {{{}, {}, {}, {}}};",
+         in(reg64) p, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
+         options(nostack));
+}
+
+/// Start of the block's dynamic (launch-sized) shared memory, 16-byte aligned.
+#[inline(always)]
+pub fn dyn_smem<T>() -> *mut T {
+    let p: u64;
+    unsafe { asm!("cvta.shared.u64 {}, rgk_dyn_smem;", out(reg64) p, options(pure, nomem, nostack)) };
+    p as *mut T
+}
+
+core::arch::global_asm!(".extern .shared .align 16 .b8 rgk_dyn_smem[];");

@@ -1,0 +1,51 @@
+//! The embedded PTX is self-contained and every kernel assembles for sm_90 without spills.
+use std::collections::BTreeSet;
+
+#[test]
+fn ptx_is_self_contained() {
+    let ptx = rgk::KERNELS_PTX;
+    assert!(ptx.contains(".target sm_90"), "PTX does not target sm_90");
+    let mut declared = BTreeSet::new();
+    let mut defined = BTreeSet::new();
+    let lines: Vec<&str> = ptx.lines().collect();
+    for (i, l) in lines.iter().enumerate() {
+        let t = l.trim_start();
+        assert!(!t.starts_with(".extern .func"), "external function: {t}");
+        for kw in [".func ", ".visible .func ", ".weak .func "] {
+            if let Some(rest) = t.strip_prefix(kw) {
+                // `.func (ret) name(` or `.func name(`; a definition is followed by `{`.
+                let rest = rest.trim_start();
+                let rest = if rest.starts_with('(') { rest.split_once(')').unwrap().1.trim_start() } else { rest };
+                let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '$').collect();
+                let body = lines[i..].iter().take(40).find(|l| l.trim() == "{" || l.trim().ends_with(';'));
+                if body.is_some_and(|l| l.trim() == "{") {
+                    defined.insert(name);
+                } else {
+                    declared.insert(name);
+                }
+            }
+        }
+    }
+    let missing: Vec<_> = declared.difference(&defined).collect();
+    assert!(missing.is_empty(), "declared but not defined in the PTX: {missing:?}");
+}
+
+#[test]
+fn every_kernel_assembles_for_sm90() {
+    let Some(ptxas) = ptx_build::find_ptxas() else {
+        println!("every_kernel_assembles_for_sm90: skipped: ptxas not found (pip install nvidia-cuda-nvcc)");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("rgk-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ptx = dir.join("kernels.ptx");
+    std::fs::write(&ptx, rgk::KERNELS_PTX).unwrap();
+    let report = ptx_build::ptxas_report(&ptxas, &ptx, &dir.join("kernels.cubin")).unwrap_or_else(|e| panic!("{e}"));
+    let entries = rgk::KERNELS_PTX.matches(".entry ").count();
+    let compiled = report.matches("Compiling entry function").count();
+    assert_eq!(entries, compiled, "ptxas compiled {compiled} of {entries} entries:\n{report}");
+    for line in report.lines().filter(|l| l.contains("spill")) {
+        assert!(line.contains("0 bytes spill stores, 0 bytes spill loads"), "spills: {line}\n{report}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -1,0 +1,171 @@
+//! `cargo xtask <command>` — project automation, no product logic.
+//!
+//! - `build`: builds the kernels to `target/ptx/kernels.ptx` and prints each kernel's registers,
+//!   stack and spills from `ptxas -v` (when ptxas is found: `$PTXAS`, PATH, /usr/local/cuda,
+//!   or the `nvidia-cuda-nvcc` wheel).
+//! - `test [ARGS]`: `cargo test --workspace [ARGS]` (GPU tests print `skipped: no CUDA device`
+//!   without a GPU).
+//! - `bench [ARGS]`: builds `rgk-bench` (release) and runs it with ARGS (`--op`, `--workload`, ...;
+//!   `--help` lists them), with `/usr/local/cuda/lib64` on `LD_LIBRARY_PATH`.
+//! - `device-pack`: builds every test executable and the bench into `.device/` (git-ignored)
+//!   with `.device/run.sh`, which runs on a GPU machine without Rust: the GPU tests, the same
+//!   tests under compute-sanitizer (memcheck, racecheck), then the bench.
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{exit, Command, Stdio};
+
+fn main() {
+    let args: Vec<String> = env::args().skip(1).collect();
+    let root = ptx_build::workspace_root();
+    env::set_current_dir(&root).expect("cd to the workspace root");
+    let result = match args.first().map(String::as_str) {
+        Some("build") => build(&root),
+        Some("test") => cargo(&[&["test", "--workspace"], &strs(&args[1..])[..]].concat()),
+        Some("bench") => bench(&root, &args[1..]),
+        Some("device-pack") => device_pack(&root),
+        _ => {
+            eprintln!("usage: cargo xtask build | test [ARGS] | bench [ARGS] | device-pack");
+            exit(2);
+        }
+    };
+    if let Err(e) = result {
+        eprintln!("xtask: {e}");
+        exit(1);
+    }
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn cargo(args: &[&str]) -> Result<(), String> {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo).args(args).status().map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("cargo {} failed", args.join(" ")));
+    }
+    Ok(())
+}
+
+fn build(root: &Path) -> Result<(), String> {
+    let ptx = ptx_build::build(&root.join("target/ptx-build"))?;
+    let dest = root.join("target/ptx/kernels.ptx");
+    fs::create_dir_all(dest.parent().unwrap()).map_err(|e| e.to_string())?;
+    fs::copy(&ptx, &dest).map_err(|e| e.to_string())?;
+    println!("PTX: {}", dest.display());
+    match ptx_build::find_ptxas() {
+        None => println!("ptxas not found (pip install nvidia-cuda-nvcc, or set PTXAS): no register report"),
+        Some(ptxas) => {
+            let report = ptx_build::ptxas_report(&ptxas, &dest, &root.join("target/ptx/kernels.cubin"))?;
+            print_resources(&report);
+        }
+    }
+    Ok(())
+}
+
+/// One line per kernel entry: registers, stack frame, spills, shared memory.
+fn print_resources(report: &str) {
+    let mut current: Option<String> = None;
+    let mut props = String::new();
+    for line in report.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            current = Some(rest.split('\'').next().unwrap_or("").to_string());
+            props.clear();
+        } else if current.is_some() && line.contains("bytes stack frame") {
+            props = line.trim().to_string();
+        } else if let (Some(name), true) = (&current, line.contains("Used ")) {
+            let used = line.split("Used ").nth(1).unwrap_or("").trim();
+            println!("{name:32} {used}; {props}");
+            current = None;
+        }
+    }
+}
+
+fn bench(root: &Path, args: &[String]) -> Result<(), String> {
+    cargo(&["build", "--release", "--quiet", "-p", "rgk-bench"])?;
+    let bin = root.join("target/release/rgk-bench");
+    let status = Command::new(bin).args(args).env("LD_LIBRARY_PATH", ld_path()).status().map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("rgk-bench exited with {status}"));
+    }
+    Ok(())
+}
+
+fn ld_path() -> String {
+    let mut p = String::from("/usr/local/cuda/lib64");
+    if let Ok(old) = env::var("LD_LIBRARY_PATH") {
+        p = format!("{p}:{old}");
+    }
+    p
+}
+
+/// `cargo test --no-run` JSON messages → the test executables.
+fn test_executables() -> Result<Vec<PathBuf>, String> {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["test", "--workspace", "--no-run", "--message-format=json"])
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err("building the tests failed".into());
+    }
+    let mut exes = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if v["reason"] == "compiler-artifact" && v["profile"]["test"] == true {
+            if let Some(exe) = v["executable"].as_str() {
+                exes.push(PathBuf::from(exe));
+            }
+        }
+    }
+    Ok(exes)
+}
+
+fn device_pack(root: &Path) -> Result<(), String> {
+    let dir = root.join(".device");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(dir.join("tests")).map_err(|e| e.to_string())?;
+    for exe in test_executables()? {
+        // target/debug/deps/mhc_post-0123abcd → .device/tests/mhc_post
+        let name = exe.file_name().unwrap().to_string_lossy().to_string();
+        let short = name.rsplit_once('-').map_or(name.as_str(), |(a, _)| a).to_string();
+        let dest = dir.join("tests").join(short);
+        fs::copy(&exe, &dest).map_err(|e| e.to_string())?;
+        // Debug info makes each test executable ~50 MB; the device tool carries 64 MiB in all.
+        let _ = Command::new("strip").arg("--strip-debug").arg(&dest).status();
+    }
+    cargo(&["build", "--release", "--quiet", "-p", "rgk-bench"])?;
+    fs::copy(root.join("target/release/rgk-bench"), dir.join("rgk-bench")).map_err(|e| e.to_string())?;
+    let _ = Command::new("strip").arg("--strip-debug").arg(dir.join("rgk-bench")).status();
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let dirty = Command::new("git").args(["status", "--porcelain", "--untracked-files=no"]).output().ok();
+    let dirty = dirty.is_some_and(|o| !o.stdout.is_empty());
+    fs::write(dir.join("COMMIT"), format!("{commit}{}\n", if dirty { "-dirty" } else { "" })).map_err(|e| e.to_string())?;
+    fs::copy(root.join("xtask/run-device.sh"), dir.join("run.sh")).map_err(|e| e.to_string())?;
+    let size: u64 = walk(&dir).iter().map(|p| fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum();
+    println!("packed {} ({:.1} MiB): run it on the GPU machine with `bash .device/run.sh [tests|sanitize|bench|all] [BENCH ARGS]`", dir.display(), size as f64 / (1 << 20) as f64);
+    Ok(())
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
