@@ -9,8 +9,11 @@ the script with ``--device cpu`` and checks each eager alternative's errors:
 rel_l2 <= 1e-2 for f16/bf16 outputs and <= 1e-4 for f32/f64 outputs; for the
 backward (autograd vs numpy analytic gradients from SPEC 5's identities)
 <= 1e-3, except bf16 gradients whose storage rounding alone is ~1e-3 (1e-2).
+torch-compile rows (with --with-compile) get 1e-3 for f32 outputs: inductor
+by default skips SPEC's internal f32 -> 16-bit -> f32 roundings.
 The numpy analytic backward is itself checked against finite differences.
-It also unit-tests the kernel-record grouping used for GPU timing, and checks
+It also unit-tests the kernel-record grouping used for GPU timing and the
+timing bookkeeping (with a fake timer), and checks
 that a broken entry gets an error row without stopping the run.
 
 Run:  python3 bench/test_torch_alternatives.py [--with-compile]
@@ -322,10 +325,15 @@ def build_cases(rng):
     return cases
 
 
-def tolerance(op, out_dtype):
+def tolerance(op, impl, out_dtype):
     if op == "EngramGateConvBwd":
         return 1e-2 if out_dtype == "bf16" else 1e-3
-    return 1e-2 if out_dtype in ("f16", "bf16") else 1e-4
+    if out_dtype in ("f16", "bf16"):
+        return 1e-2
+    # Inductor (default config) drops the f32 -> 16-bit -> f32 round trips that
+    # SPEC's internal q(...) asks for, so f32 outputs downstream of them (rrms_v)
+    # move by ~one 16-bit rounding.
+    return 1e-3 if impl == "torch-compile" else 1e-4
 
 
 # ---------------------------------------------------------------- tests
@@ -351,6 +359,58 @@ def test_group_calls():
     random.Random(0).shuffle(recs)
     assert ta.group_calls(recs) == [(30, 2), (15, 2), (50, 1)], ta.group_calls(recs)
     print("group_calls / union_length ok")
+
+
+def test_timing_flow():
+    """run_entry's timing bookkeeping with a fake timer (no GPU here): call
+    counts within [min, max] from the budget, forward-then-reverse order with
+    half of the calls per pass, pooled statistics."""
+    sys.path.insert(0, HERE)
+    import argparse
+    import torch_alternatives as ta
+
+    class FakeTimer:
+        def __init__(self):
+            self.log = []
+
+        def iteration_seconds(self, call, reps=5):
+            return 0.01
+
+        def profile(self, call, ncalls):
+            call()
+            self.log.append((call, ncalls))
+            return [(1_000_000 * (len(self.log) * 1000 + i), 3) for i in range(ncalls)]
+
+    rng = np.random.default_rng(5)
+    B, n, c = 2, 4, 8
+    with tempfile.TemporaryDirectory() as tmp:
+        save_file({"x_layer_out": store(rng.standard_normal((B, c)), "bf16"),
+                   "h_post": store(rng.standard_normal((B, n)), "f32"),
+                   "x_res": store(rng.standard_normal((B, n * c)), "bf16")},
+                  os.path.join(tmp, "post.safetensors"))
+        entry = {"op": "MHCPostFwd", "workload": "w", "dtype": "bf16", "file": "post.safetensors",
+                 "params": {"n": n, "c": c}}
+        args = argparse.Namespace(skip_compile=False, min_calls=10, max_calls=100, budget_s=0.37)
+        timer = FakeTimer()
+        saved = ta._compile
+        ta._compile = lambda fn: fn  # keep inductor out of this bookkeeping test
+        try:
+            rows = ta.run_entry(entry, tmp, torch.device("cpu"), timer, args)
+        finally:
+            ta._compile = saved
+    assert [r["impl"] for r in rows] == ["torch-ref", "torch-compile"], rows
+    (c_a, n_a), (c_b, n_b), (c_c, n_c), (c_d, n_d) = timer.log
+    assert c_a is c_d and c_b is c_c and c_a is not c_b, "order must be a, b, b, a"
+    assert (n_a, n_b, n_c, n_d) == (19, 19, 18, 18), timer.log
+    for r in rows:
+        assert "error" not in r, r
+        assert r["calls"] == 37 and r["kernels_per_call"] == 3, r
+        assert r["p10_ms"] <= r["ms"] <= r["p90_ms"], r
+        assert r["errors"] == {} and r["rel_l2_err"] is None  # the file holds no ref.*
+    # torch-ref: pass-1 samples (1000 + i) ms, i < 19, and pass-2 (4000 + i) ms, i < 18.
+    want = float(np.median([1000 + i for i in range(19)] + [4000 + i for i in range(18)]))
+    assert rows[0]["ms"] == want, (rows[0]["ms"], want)
+    print("timing bookkeeping ok")
 
 
 def test_script(with_compile):
@@ -413,7 +473,7 @@ def test_script(with_compile):
             if set(r["errors"]) != refs:
                 failures.append(f"{tag}: error outputs {set(r['errors'])} != refs {refs}")
             for name, e in r["errors"].items():
-                tol = tolerance(r["op"], out_dtypes[name])
+                tol = tolerance(r["op"], r["impl"], out_dtypes[name])
                 checked += 1
                 if e["rel_l2_err"] is None or e["rel_l2_err"] > tol:
                     failures.append(f"{tag} {name}: rel_l2 {e['rel_l2_err']} > {tol}")
@@ -430,9 +490,10 @@ def main():
     with_compile = "--with-compile" in sys.argv[1:]
     torch.manual_seed(0)
     test_group_calls()
+    test_timing_flow()
     check_bwd_np_by_finite_differences()
     test_script(with_compile)
-    print("3 passed, 0 failed")
+    print("4 passed, 0 failed")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,10 @@ Alternatives (per op):
   every other op      torch-ref (eager composition of SPEC's formulas, f32
                       math, rounding to the storage dtype where SPEC says q),
                       torch-compile (torch.compile of the same function)
+  torch.compile runs with its default config (dynamic=False, dynamo reset per
+  entry).  Note inductor's default elides f32 -> 16-bit -> f32 round trips
+  (emulate_precision_casts=False), so the compiled rows may skip SPEC's
+  internal q(...); that shows in their error columns.
 
 Timing (CUDA only): device time from CUPTI kernel records via torch.profiler.
 Before every timed call a 256 MiB int32 buffer is rewritten with
@@ -47,9 +51,11 @@ Output alternatives.json =
   {"torch", "gpu", "device", "rows": [{"op", "workload", "dtype", "impl",
    "ms", "p10_ms", "p90_ms", "calls", "kernels_per_call", "rel_l2_err",
    "max_abs_err", "errors": {output: {"rel_l2_err", "max_abs_err"}},
+   "warmup_first_s" (wall time of set-up + first call, i.e. compile),
    ["error"], ["nonfinite_outputs"]}]}
-(rewritten after every manifest entry, so a crash keeps what was done).  One
-failing alternative records "error" in its row and the run goes on.  With
+"dtype" is the manifest entry's; it tells apart workloads that share a name
+(FFT throughput-4k exists in c64 and c128).  The file is rewritten after every
+manifest entry, so a crash keeps what was done.  One failing alternative records "error" in its row and the run goes on.  With
 ``--device cpu`` nothing is timed (ms = null): each alternative runs once and
 only its errors are reported.  Exit status is 0 unless the manifest cannot be
 read.
@@ -262,7 +268,9 @@ def _bwd_alternatives(t: Dict[str, torch.Tensor], params: dict, skip_compile: bo
 def build_alternatives(op: str, t: Dict[str, torch.Tensor], params: dict, skip_compile: bool):
     """t: the entry's input tensors, already on the target device."""
     if op == "FFTC2CFwd":
-        x = torch.view_as_complex(t["x"].contiguous())
+        # clone: a fresh complex tensor, not a view (dynamo fails to replay the
+        # view_as_complex of a safetensors-loaded tensor)
+        x = torch.view_as_complex(t["x"].contiguous()).clone()
         return _plain_alternatives(op, fft_c2c_fwd, [x], "torch-cufft", skip_compile)
     if op == "MHCPreFwd":
         phi, x, b = t["phi"], t["x"], t["b"]
@@ -661,17 +669,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     only = set(args.only.split(",")) if args.only else None
 
     timer = None
+    gpu = None
+    timing_error = None
     if device.type == "cuda":
         gpu = torch.cuda.get_device_name(device)
-        timer = CudaTimer(device)
-    else:
-        gpu = None
+        try:
+            timer = CudaTimer(device)
+        except Exception as exc:  # no usable kernel records: report errors only
+            timing_error = "timing unavailable: " + _short_error(exc)
+            traceback.print_exc(file=sys.stderr)
     doc = {"torch": torch.__version__, "gpu": gpu, "device": device.type, "rows": []}
 
     for entry in entries:
         if only is not None and entry.get("op") not in only:
             continue
         for row in run_entry(entry, base_dir, device, timer, args):
+            if timing_error and not row.get("error"):
+                row["error"] = timing_error
             print_row(row)
             doc["rows"].append(row)
         write_json(args.out, doc)

@@ -64,6 +64,9 @@ pub trait Case {
     fn params(&self) -> serde_json::Value;
 }
 
+/// Builds a workload's case: seeded inputs and the CPU reference, uploaded to the GPU.
+pub type Prepare = Box<dyn Fn(&Gpu, &mut StdRng) -> rgk::Result<Box<dyn Case>>>;
+
 /// The CPU-side description of a workload (no GPU needed).
 pub struct Workload {
     pub op: &'static str,
@@ -79,5 +82,5 @@ pub struct Workload {
     /// Arithmetic peak the FLOPs run on (FLOP/s), for SOL.
     pub peak_flops: f64,
     /// Generates seeded inputs and the CPU reference (no GPU), then uploads them.
-    pub prepare: Box<dyn Fn(&Gpu, &mut StdRng) -> rgk::Result<Box<dyn Case>>>,
+    pub prepare: Prepare,
 }

@@ -53,6 +53,9 @@ struct Args {
     alternatives: PathBuf,
     #[arg(long)]
     no_alternatives: bool,
+    /// Also time every launch-configuration variant of each op (tuning; not for the results file).
+    #[arg(long)]
+    variants: bool,
     /// Python interpreter with torch.
     #[arg(long, default_value = "python3")]
     python: String,
@@ -74,7 +77,7 @@ fn main() -> ExitCode {
 }
 
 fn selected(args: &Args) -> Vec<Workload> {
-    ops::registry()
+    ops::registry(args.variants)
         .into_iter()
         .filter(|w| args.op.is_empty() || args.op.iter().any(|o| o.eq_ignore_ascii_case(w.op)))
         .filter(|w| args.workload.is_empty() || args.workload.iter().any(|s| w.name.contains(s.as_str())))
@@ -131,11 +134,7 @@ fn run(args: &Args) -> Result<bool, String> {
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     let mut kernels: Vec<Vec<String>> = vec![Vec::new(); cases.len()];
     time_ours(args, &gpu, &mut flush, &mut cases, &mut samples, &mut kernels)?;
-    let alternatives = if args.no_alternatives {
-        Vec::new()
-    } else {
-        run_alternatives(args, &manifest_path)
-    };
+    let alternatives = if args.no_alternatives { Vec::new() } else { run_alternatives(args, &manifest_path) };
     time_ours(args, &gpu, &mut flush, &mut cases, &mut samples, &mut kernels)?;
 
     let rows: Vec<Row> = workloads
@@ -178,9 +177,7 @@ fn time_ours(
         cupti::drain()?;
         let t0 = Instant::now();
         let mut n = 0;
-        while n < args.min_calls
-            || (n < args.max_calls && t0.elapsed() < Duration::from_secs_f64(args.budget_s))
-        {
+        while n < args.min_calls || (n < args.max_calls && t0.elapsed() < Duration::from_secs_f64(args.budget_s)) {
             flush_l2(gpu, flush, n as u8)?;
             st.synchronize().map_err(|x| e(&x))?;
             cupti::drain()?;

@@ -82,7 +82,13 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn new(w: &Workload, v: &Verification, ours: Stats, kernels: Vec<String>, alternatives: Vec<Alternative>) -> Self {
+    pub fn new(
+        w: &Workload,
+        v: &Verification,
+        ours: Stats,
+        kernels: Vec<String>,
+        alternatives: Vec<Alternative>,
+    ) -> Self {
         Self {
             op: w.op,
             workload: w.name,
@@ -100,10 +106,7 @@ impl Row {
 
     /// The fastest alternative that produced a time: (name, ms).
     pub fn fastest_alternative(&self) -> Option<(&str, f64)> {
-        self.alternatives
-            .iter()
-            .filter_map(|a| a.ms.map(|ms| (a.name.as_str(), ms)))
-            .min_by(|a, b| a.1.total_cmp(&b.1))
+        self.alternatives.iter().filter_map(|a| a.ms.map(|ms| (a.name.as_str(), ms))).min_by(|a, b| a.1.total_cmp(&b.1))
     }
 
     /// Fastest alternative / ours (> 1: we are faster).
@@ -224,7 +227,9 @@ pub fn write_json(path: &Path, gpu: &str, commit: &str, rows: &[Row]) -> Result<
         .and_then(|t| serde_json::from_str::<Value>(&t).ok())
         .and_then(|v| v.get("rows").and_then(|r| r.as_array().cloned()))
         .unwrap_or_default();
-    kept.retain(|old| !rows.iter().any(|r| old["op"] == r.op && old["workload"] == r.workload && old["dtype"] == r.dtype));
+    kept.retain(|old| {
+        !rows.iter().any(|r| old["op"] == r.op && old["workload"] == r.workload && old["dtype"] == r.dtype)
+    });
     kept.extend(rows.iter().map(row_json));
     let date = std::process::Command::new("date")
         .arg("-u")
@@ -240,5 +245,6 @@ pub fn write_json(path: &Path, gpu: &str, commit: &str, rows: &[Row]) -> Result<
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     }
-    std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap() + "\n").map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap() + "\n")
+        .map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -89,11 +89,7 @@ fn tool(bin: &Path, name: &str) -> Result<PathBuf, String> {
 fn sh(cmd: &mut Command) -> Result<(), String> {
     let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
     if !out.status.success() {
-        return Err(format!(
-            "{cmd:?} failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
+        return Err(format!("{cmd:?} failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr)));
     }
     Ok(())
 }
@@ -101,12 +97,8 @@ fn sh(cmd: &mut Command) -> Result<(), String> {
 fn run() -> Result<(), String> {
     let args = parse_args()?;
     let bin = llvm_bin()?;
-    let (ar, link, opt, llc) = (
-        tool(&bin, "llvm-ar")?,
-        tool(&bin, "llvm-link")?,
-        tool(&bin, "opt")?,
-        tool(&bin, "llc")?,
-    );
+    let (ar, link, opt, llc) =
+        (tool(&bin, "llvm-ar")?, tool(&bin, "llvm-link")?, tool(&bin, "opt")?, tool(&bin, "llc")?);
     let work = args.output.with_extension("nvptx-link.d");
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).map_err(|e| format!("creating {}: {e}", work.display()))?;

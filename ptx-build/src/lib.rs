@@ -47,10 +47,7 @@ fn capture(cmd: &mut Command) -> Result<String, String> {
 pub fn llvm_bin() -> Result<PathBuf, String> {
     let sysroot = capture(Command::new(rustc()).args(["--print", "sysroot"]))?;
     let vv = capture(Command::new(rustc()).arg("-vV"))?;
-    let host = vv
-        .lines()
-        .find_map(|l| l.strip_prefix("host: "))
-        .ok_or("rustc -vV printed no host triple")?;
+    let host = vv.lines().find_map(|l| l.strip_prefix("host: ")).ok_or("rustc -vV printed no host triple")?;
     let bin = Path::new(&sysroot).join("lib/rustlib").join(host).join("bin");
     if !bin.join("llc").exists() {
         return Err(format!(

@@ -132,3 +132,40 @@ fn bad_input_is_an_error_naming_the_argument() {
     mhc::post_fwd(&gpu, s, &ok_y, &ok_h, &ok_r, &mut ok_o).unwrap();
     st.synchronize().unwrap();
 }
+
+#[test]
+fn every_launch_config_matches_reference() {
+    use rgk::cudarc::driver::{DevicePtr, DevicePtrMut};
+    use rgk::mhc::{PostConfig, PostVariant};
+    let Some(gpu) = gpu_or_skip("mhc_post::every_launch_config") else { return };
+    let mut rng = fresh_rng("mhc_post::every_launch_config");
+    let st = gpu.stream();
+    for s in [
+        MhcPostShape { batch: 4, n: 4, c: 2560 },
+        MhcPostShape { batch: 3, n: 3, c: 8 },
+        MhcPostShape { batch: 2, n: 8, c: 1032 },
+    ] {
+        let (ly, lh, lr) = s.lens().unwrap();
+        let y: Vec<bf16> = randn_half(&mut rng, ly, 1.0);
+        let h = randn_f32(&mut rng, lh, 2.0);
+        let r: Vec<bf16> = randn_half(&mut rng, lr, 1.0);
+        let reference = rgk::reference::mhc_post_fwd(s, &y, &h, &r);
+        let (dy, dh, dr) = (st.clone_htod(&y).unwrap(), st.clone_htod(&h).unwrap(), st.clone_htod(&r).unwrap());
+        for variant in [PostVariant::Flat, PostVariant::Rows, PostVariant::Rows2, PostVariant::RowsL2] {
+            for block in [32, 64, 128, 256, 1024] {
+                let mut d = st.clone_htod(&poisoned::<bf16>(lr)).unwrap();
+                {
+                    let (py, _a) = dy.device_ptr(st);
+                    let (ph, _b) = dh.device_ptr(st);
+                    let (pr, _c) = dr.device_ptr(st);
+                    let (po, _d) = d.device_ptr_mut(st);
+                    let cfg = PostConfig { variant, block };
+                    unsafe { mhc::post_fwd_raw_with(&gpu, s, cfg, py, ph, pr, po, st.cu_stream()) }.unwrap();
+                }
+                let out: Vec<bf16> = st.clone_dtoh(&d).unwrap();
+                let rep = check_half(&out, &reference, 1.0);
+                assert!(rep.passed(), "{s:?} {variant:?} block {block}: {rep}");
+            }
+        }
+    }
+}

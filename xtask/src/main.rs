@@ -148,7 +148,8 @@ fn device_pack(root: &Path) -> Result<(), String> {
         .unwrap_or_else(|| "unknown".into());
     let dirty = Command::new("git").args(["status", "--porcelain", "--untracked-files=no"]).output().ok();
     let dirty = dirty.is_some_and(|o| !o.stdout.is_empty());
-    fs::write(dir.join("COMMIT"), format!("{commit}{}\n", if dirty { "-dirty" } else { "" })).map_err(|e| e.to_string())?;
+    fs::write(dir.join("COMMIT"), format!("{commit}{}\n", if dirty { "-dirty" } else { "" }))
+        .map_err(|e| e.to_string())?;
     fs::copy(root.join("xtask/run-device.sh"), dir.join("run.sh")).map_err(|e| e.to_string())?;
     let size: u64 = walk(&dir).iter().map(|p| fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum();
     println!("packed {} ({:.1} MiB): run it on the GPU machine with `bash .device/run.sh [tests|sanitize|bench|all] [BENCH ARGS]`", dir.display(), size as f64 / (1 << 20) as f64);

@@ -1,7 +1,7 @@
 //! MHCPostFwd workloads (SPEC.md §3 and the seed table).
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use rand::rngs::StdRng;
-use rgk::mhc::{self, MhcPostShape};
+use rgk::mhc::{self, MhcPostShape, PostConfig, PostVariant};
 use rgk::reference::RefOutput;
 use rgk::verify::{check_half, poisoned};
 use rgk::{bf16, Gpu};
@@ -12,10 +12,25 @@ use rgk_tests::{randn_f32, randn_half};
 /// FP32 non-tensor peak of the H200 (datasheet), FLOP/s.
 pub const FP32_PEAK: f64 = 67e12;
 
-pub fn workloads() -> Vec<Workload> {
+/// The seed's workloads; with `variants`, also every launch configuration of the vectorised
+/// kernel on each (rows named `WORKLOAD@variant-bBLOCK`, for tuning).
+pub fn workloads(variants: bool) -> Vec<Workload> {
+    let mut configs = vec![(None, PostConfig::default())];
+    if variants {
+        for variant in [PostVariant::Flat, PostVariant::Rows, PostVariant::Rows2, PostVariant::RowsL2] {
+            for block in [64, 128, 256] {
+                configs.push((Some(format!("{variant:?}-b{block}").to_lowercase()), PostConfig { variant, block }));
+            }
+        }
+    }
     [("hidden-1280", 1, 1280), ("hidden-1920", 2, 1920), ("hidden-2560", 4, 2560)]
         .into_iter()
-        .map(|(name, batch, c)| {
+        .flat_map(|w| configs.iter().map(move |c| (w, c.clone())))
+        .map(|((name, batch, c), (tag, config))| {
+            let name: &'static str = match tag {
+                None => name,
+                Some(t) => Box::leak(format!("{name}@{t}").into_boxed_str()),
+            };
             let s = MhcPostShape { batch, n: 4, c };
             let (b, n) = (batch, 4);
             Workload {
@@ -26,7 +41,7 @@ pub fn workloads() -> Vec<Workload> {
                 flops: 2.0 * (b * n * c) as f64,
                 bytes: (2 * b * c + 4 * b * n + 2 * 2 * b * n * c) as f64,
                 peak_flops: FP32_PEAK,
-                prepare: Box::new(move |gpu, rng| Ok(Box::new(PostCase::new(gpu, rng, s)?) as Box<dyn Case>)),
+                prepare: Box::new(move |gpu, rng| Ok(Box::new(PostCase::new(gpu, rng, s, config)?) as Box<dyn Case>)),
             }
         })
         .collect()
@@ -34,6 +49,7 @@ pub fn workloads() -> Vec<Workload> {
 
 struct PostCase {
     s: MhcPostShape,
+    config: PostConfig,
     y: Vec<bf16>,
     h: Vec<f32>,
     r: Vec<bf16>,
@@ -45,7 +61,7 @@ struct PostCase {
 }
 
 impl PostCase {
-    fn new(gpu: &Gpu, rng: &mut StdRng, s: MhcPostShape) -> rgk::Result<Self> {
+    fn new(gpu: &Gpu, rng: &mut StdRng, s: MhcPostShape, config: PostConfig) -> rgk::Result<Self> {
         let (ly, lh, lr) = s.lens()?;
         let y = randn_half(rng, ly, 1.0);
         // h_post = 2·σ(·) in the real layer: values in (0, 2).
@@ -59,6 +75,7 @@ impl PostCase {
             dr: st.clone_htod(&r)?,
             dout: st.clone_htod(&poisoned::<bf16>(lr))?,
             s,
+            config,
             y,
             h,
             r,
@@ -69,7 +86,13 @@ impl PostCase {
 
 impl Case for PostCase {
     fn launch(&mut self, gpu: &Gpu) -> rgk::Result<()> {
-        mhc::post_fwd(gpu, self.s, &self.dy, &self.dh, &self.dr, &mut self.dout)
+        let st = gpu.stream();
+        let (y, _g1) = self.dy.device_ptr(st);
+        let (h, _g2) = self.dh.device_ptr(st);
+        let (r, _g3) = self.dr.device_ptr(st);
+        let (o, _g4) = self.dout.device_ptr_mut(st);
+        // SAFETY: the buffers were allocated for exactly this shape.
+        unsafe { mhc::post_fwd_raw_with(gpu, self.s, self.config, y, h, r, o, st.cu_stream()) }
     }
 
     fn verify(&mut self, gpu: &Gpu) -> rgk::Result<Verification> {

@@ -3,9 +3,10 @@ use crate::case::Workload;
 
 pub mod mhc;
 
-/// Every registered workload, in SPEC's table order.
-pub fn registry() -> Vec<Workload> {
+/// Every registered workload, in SPEC's table order; `variants` adds each op's launch-config
+/// variants (tuning rows).
+pub fn registry(variants: bool) -> Vec<Workload> {
     let mut v = Vec::new();
-    v.extend(mhc::workloads());
+    v.extend(mhc::workloads(variants));
     v
 }

@@ -33,15 +33,7 @@ pub unsafe extern "ptx-kernel" fn mhc_post_fwd_bf16_v8(
     let xr = ld_nc_v4(x_res.add(e as usize) as *const u32);
     let y = ld_nc_v4(x_layer_out.add((beta * c + j) as usize) as *const u32);
     let h = *h_post.add((beta * n + i) as usize);
-    let mut o = [0u32; 4];
-    let mut k = 0;
-    while k < 4 {
-        let (r0, r1) = bf16x2_to_f32(xr[k]);
-        let (y0, y1) = bf16x2_to_f32(y[k]);
-        o[k] = f32_to_bf16x2(fma(h, y0, r0), fma(h, y1, r1));
-        k += 1;
-    }
-    st_v4(out.add(e as usize) as *mut u32, o);
+    st_v4(out.add(e as usize) as *mut u32, fma8(h, y, xr));
 }
 
 /// General path: any `n`, `c`, alignment and size; one element per thread, grid-stride loop.
@@ -69,4 +61,99 @@ pub unsafe extern "ptx-kernel" fn mhc_post_fwd_bf16(
         *out.add(e as usize) = f32_to_bf16(fma(h, y, xr));
         e += stride;
     }
+}
+
+/// 8 elements of one x_res row, with `h` and 8 elements of `x_layer_out`: one FMA each.
+#[inline(always)]
+unsafe fn fma8(h: f32, y: [u32; 4], xr: [u32; 4]) -> [u32; 4] {
+    let mut o = [0u32; 4];
+    let mut k = 0;
+    while k < 4 {
+        let (r0, r1) = bf16x2_to_f32(xr[k]);
+        let (y0, y1) = bf16x2_to_f32(y[k]);
+        o[k] = f32_to_bf16x2(fma(h, y0, r0), fma(h, y1, r1));
+        k += 1;
+    }
+    o
+}
+
+/// Division-free 3-D grid: `blockIdx.z = β`, `blockIdx.y = i`, x over the `c/8` chunks of one
+/// row. Requires `c % 8 == 0` and 16-byte aligned pointers.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn mhc_post_fwd_bf16_rows(
+    x_layer_out: *const u16,
+    h_post: *const f32,
+    x_res: *const u16,
+    out: *mut u16,
+    n: u32,
+    c: u32,
+) {
+    let j = (block_idx_x() * block_dim_x() + thread_idx_x()) * 8;
+    if j >= c {
+        return;
+    }
+    let (i, beta) = (block_idx_y(), block_idx_z());
+    let row = beta * n + i;
+    let e = (row * c + j) as usize;
+    let xr = ld_nc_v4(x_res.add(e) as *const u32);
+    let y = ld_nc_v4(x_layer_out.add((beta * c + j) as usize) as *const u32);
+    let h = *h_post.add(row as usize);
+    st_v4(out.add(e) as *mut u32, fma8(h, y, xr));
+}
+
+/// As [`mhc_post_fwd_bf16_rows`] with 16 elements per thread (two 16-byte chunks `blockDim·8`
+/// elements apart, all four loads issued before the first use). Requires `c % 8 == 0`.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn mhc_post_fwd_bf16_rows2(
+    x_layer_out: *const u16,
+    h_post: *const f32,
+    x_res: *const u16,
+    out: *mut u16,
+    n: u32,
+    c: u32,
+) {
+    let j0 = (block_idx_x() * 2 * block_dim_x() + thread_idx_x()) * 8;
+    let j1 = j0 + block_dim_x() * 8;
+    if j0 >= c {
+        return;
+    }
+    let (i, beta) = (block_idx_y(), block_idx_z());
+    let row = beta * n + i;
+    let (e0, e1) = ((row * c + j0) as usize, (row * c + j1) as usize);
+    let y_row = x_layer_out.add((beta * c) as usize);
+    let h = *h_post.add(row as usize);
+    let xr0 = ld_nc_v4(x_res.add(e0) as *const u32);
+    let y0 = ld_nc_v4(y_row.add(j0 as usize) as *const u32);
+    if j1 < c {
+        let xr1 = ld_nc_v4(x_res.add(e1) as *const u32);
+        let y1 = ld_nc_v4(y_row.add(j1 as usize) as *const u32);
+        st_v4(out.add(e0) as *mut u32, fma8(h, y0, xr0));
+        st_v4(out.add(e1) as *mut u32, fma8(h, y1, xr1));
+    } else {
+        st_v4(out.add(e0) as *mut u32, fma8(h, y0, xr0));
+    }
+}
+
+/// As [`mhc_post_fwd_bf16_rows`], with loads that ask L2 to fetch 256-byte blocks
+/// (`ld.global.nc.L2::256B`): half the DRAM requests for the same bytes.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn mhc_post_fwd_bf16_rows_l2(
+    x_layer_out: *const u16,
+    h_post: *const f32,
+    x_res: *const u16,
+    out: *mut u16,
+    n: u32,
+    c: u32,
+) {
+    let j = (block_idx_x() * block_dim_x() + thread_idx_x()) * 8;
+    if j >= c {
+        return;
+    }
+    let (i, beta) = (block_idx_y(), block_idx_z());
+    let row = beta * n + i;
+    let e = (row * c + j) as usize;
+    let xr = ld_nc_v4_l2_256(x_res.add(e) as *const u32);
+    let y = ld_nc_v4_l2_256(x_layer_out.add((beta * c + j) as usize) as *const u32);
+    let h = *h_post.add(row as usize);
+    st_v4(out.add(e) as *mut u32, fma8(h, y, xr));
 }

@@ -22,6 +22,10 @@ pub fn block_idx_y() -> u32 {
     unsafe { nvptx::_block_idx_y() as u32 }
 }
 #[inline(always)]
+pub fn block_idx_z() -> u32 {
+    unsafe { nvptx::_block_idx_z() as u32 }
+}
+#[inline(always)]
 pub fn block_dim_x() -> u32 {
     unsafe { nvptx::_block_dim_x() as u32 }
 }
@@ -126,7 +130,9 @@ pub fn bf16x2_to_f32(w: u32) -> (f32, f32) {
 #[inline(always)]
 pub fn f32_to_bf16x2(a: f32, b: f32) -> u32 {
     let r: u32;
-    unsafe { asm!("cvt.rn.bf16x2.f32 {}, {}, {};", out(reg32) r, in(reg32) b, in(reg32) a, options(pure, nomem, nostack)) };
+    unsafe {
+        asm!("cvt.rn.bf16x2.f32 {}, {}, {};", out(reg32) r, in(reg32) b, in(reg32) a, options(pure, nomem, nostack))
+    };
     r
 }
 
@@ -134,7 +140,9 @@ pub fn f32_to_bf16x2(a: f32, b: f32) -> u32 {
 #[inline(always)]
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     let r: f32;
-    unsafe { asm!("fma.rn.f32 {}, {}, {}, {};", out(reg32) r, in(reg32) a, in(reg32) b, in(reg32) c, options(pure, nomem, nostack)) };
+    unsafe {
+        asm!("fma.rn.f32 {}, {}, {}, {};", out(reg32) r, in(reg32) a, in(reg32) b, in(reg32) c, options(pure, nomem, nostack))
+    };
     r
 }
 
@@ -146,6 +154,16 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
 pub unsafe fn ld_nc_v4(p: *const u32) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
     asm!("ld.global.nc.v4.u32 {{{}, {}, {}, {}}}, [{}];",
+         out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p,
+         options(readonly, nostack));
+    [a, b, c, d]
+}
+
+/// As [`ld_nc_v4`], asking L2 to fetch the whole 256-byte block around the address.
+#[inline(always)]
+pub unsafe fn ld_nc_v4_l2_256(p: *const u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!("ld.global.nc.L2::256B.v4.u32 {{{}, {}, {}, {}}}, [{}];",
          out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p,
          options(readonly, nostack));
     [a, b, c, d]
