@@ -62,6 +62,20 @@ pub trait Case {
     fn tensors(&self) -> Vec<(String, Tensor)>;
     /// Scalar parameters for the alternatives (n, c, eps, ...).
     fn params(&self) -> serde_json::Value;
+    /// Alternatives callable from Rust (e.g. cuFFT through cudarc), timed by the harness
+    /// exactly like ours and reported beside the Python ones.
+    fn native_alternatives(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+    /// Launches native alternative `name` once (asynchronous, on the harness's stream).
+    fn launch_native(&mut self, _gpu: &Gpu, name: &str) -> rgk::Result<()> {
+        unreachable!("no native alternative {name}")
+    }
+    /// Runs native alternative `name` once and measures its error against the reference:
+    /// `(rel_l2_err, max_abs_err)`.
+    fn error_native(&mut self, _gpu: &Gpu, name: &str) -> rgk::Result<(f64, f64)> {
+        unreachable!("no native alternative {name}")
+    }
 }
 
 /// Builds a workload's case: seeded inputs and the CPU reference, uploaded to the GPU.

@@ -130,20 +130,44 @@ fn run(args: &Args) -> Result<bool, String> {
     std::fs::write(&manifest_path, serde_json::to_string_pretty(&serde_json::json!({ "entries": manifest })).unwrap())
         .map_err(|e| e.to_string())?;
 
-    // Pass 1 of ours, the alternatives, pass 2 of ours.
-    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
-    let mut kernels: Vec<Vec<String>> = vec![Vec::new(); cases.len()];
-    time_ours(args, &gpu, &mut flush, &mut cases, &mut samples, &mut kernels)?;
-    let alternatives = if args.no_alternatives { Vec::new() } else { run_alternatives(args, &manifest_path) };
-    time_ours(args, &gpu, &mut flush, &mut cases, &mut samples, &mut kernels)?;
+    // Pass 1 of ours (and the native alternatives, forward order), the Python alternatives,
+    // pass 2 (reverse order).
+    let mut timings: Vec<Vec<Timing>> = cases.iter().map(|c| impls(c.as_ref())).collect();
+    time_rust(args, &gpu, &mut flush, &mut cases, &mut timings, false)?;
+    let mut alternatives = if args.no_alternatives { Vec::new() } else { run_alternatives(args, &manifest_path) };
+    time_rust(args, &gpu, &mut flush, &mut cases, &mut timings, true)?;
+    for ((w, case), t) in workloads.iter().zip(cases.iter_mut()).zip(&timings) {
+        for native in t.iter().skip(1) {
+            let (rel, abs) = case.error_native(&gpu, native.name).map_err(|e| e.to_string())?;
+            let st = Stats::of(&native.samples);
+            alternatives.push(Alternative {
+                op: w.op.to_string(),
+                workload: w.name.to_string(),
+                name: native.name.to_string(),
+                dtype: Some(w.dtype.to_string()),
+                ms: Some(st.median),
+                p10_ms: Some(st.p10),
+                p90_ms: Some(st.p90),
+                calls: Some(st.calls),
+                kernels_per_call: Some(native.kernels.len() as f64),
+                rel_l2_err: Some(rel),
+                max_abs_err: Some(abs),
+                error: None,
+            });
+        }
+    }
 
     let rows: Vec<Row> = workloads
         .iter()
         .zip(&verifications)
-        .zip(samples.iter().zip(&kernels))
-        .map(|((w, v), (s, k))| {
-            let alts = alternatives.iter().filter(|a| a.op == w.op && a.workload == w.name).cloned().collect();
-            Row::new(w, v, Stats::of(s), k.clone(), alts)
+        .zip(&timings)
+        .map(|((w, v), t)| {
+            let alts = alternatives
+                .iter()
+                .filter(|a| a.op == w.op && a.workload == w.name && a.dtype.as_deref().is_none_or(|d| d == w.dtype))
+                .cloned()
+                .collect();
+            Row::new(w, v, Stats::of(&t[0].samples), t[0].kernels.clone(), alts)
         })
         .collect();
     report::print_table(&rows);
@@ -157,39 +181,68 @@ fn run(args: &Args) -> Result<bool, String> {
     Ok(all_ok)
 }
 
-/// Times every case: per call, flush L2, sync, launch, sync, and read that call's kernel records.
-fn time_ours(
+/// The samples of one implementation on one workload: ours (index 0) or a native alternative.
+struct Timing {
+    name: &'static str,
+    samples: Vec<f64>,
+    kernels: Vec<String>,
+}
+
+fn impls(case: &dyn Case) -> Vec<Timing> {
+    std::iter::once("ours")
+        .chain(case.native_alternatives())
+        .map(|name| Timing { name, samples: Vec::new(), kernels: Vec::new() })
+        .collect()
+}
+
+/// Times ours and the native alternatives of every case (in reverse order when `reverse`):
+/// per call, flush L2, sync, launch, sync, and read that call's kernel records.
+fn time_rust(
     args: &Args,
     gpu: &Gpu,
     flush: &mut CudaSlice<u8>,
     cases: &mut [Box<dyn Case>],
-    samples: &mut [Vec<f64>],
-    kernels: &mut [Vec<String>],
+    timings: &mut [Vec<Timing>],
+    reverse: bool,
 ) -> Result<(), String> {
     let st = gpu.stream().clone();
     let e = |e: &dyn std::fmt::Display| e.to_string();
-    for (i, case) in cases.iter_mut().enumerate() {
-        // Warm-up: first launches, caches of the driver.
-        for _ in 0..5 {
-            case.launch(gpu).map_err(|x| e(&x))?;
+    for (case, timing) in cases.iter_mut().zip(timings.iter_mut()) {
+        let mut order: Vec<usize> = (0..timing.len()).collect();
+        if reverse {
+            order.reverse();
         }
-        st.synchronize().map_err(|x| e(&x))?;
-        cupti::drain()?;
-        let t0 = Instant::now();
-        let mut n = 0;
-        while n < args.min_calls || (n < args.max_calls && t0.elapsed() < Duration::from_secs_f64(args.budget_s)) {
-            flush_l2(gpu, flush, n as u8)?;
+        for k in order {
+            let name = timing[k].name;
+            let launch = |case: &mut Box<dyn Case>| {
+                if k == 0 {
+                    case.launch(gpu)
+                } else {
+                    case.launch_native(gpu, name)
+                }
+            };
+            // Warm-up: first launches, plan caches of the driver.
+            for _ in 0..5 {
+                launch(case).map_err(|x| e(&x))?;
+            }
             st.synchronize().map_err(|x| e(&x))?;
             cupti::drain()?;
-            case.launch(gpu).map_err(|x| e(&x))?;
-            st.synchronize().map_err(|x| e(&x))?;
-            let recs = cupti::drain()?;
-            if recs.is_empty() {
-                return Err("CUPTI delivered no kernel record for a timed call".into());
+            let t0 = Instant::now();
+            let mut n = 0;
+            while n < args.min_calls || (n < args.max_calls && t0.elapsed() < Duration::from_secs_f64(args.budget_s)) {
+                flush_l2(gpu, flush, n as u8)?;
+                st.synchronize().map_err(|x| e(&x))?;
+                cupti::drain()?;
+                launch(case).map_err(|x| e(&x))?;
+                st.synchronize().map_err(|x| e(&x))?;
+                let recs = cupti::drain()?;
+                if recs.is_empty() {
+                    return Err(format!("CUPTI delivered no kernel record for a timed call of {name}"));
+                }
+                timing[k].kernels = recs.iter().map(|r| r.name.clone()).collect();
+                timing[k].samples.push(cupti::union_ns(&recs) as f64 * 1e-6);
+                n += 1;
             }
-            kernels[i] = recs.iter().map(|r| r.name.clone()).collect();
-            samples[i].push(cupti::union_ns(&recs) as f64 * 1e-6);
-            n += 1;
         }
     }
     Ok(())

@@ -42,6 +42,8 @@ pub struct Alternative {
     pub workload: String,
     #[serde(rename = "impl")]
     pub name: String,
+    #[serde(default)]
+    pub dtype: Option<String>,
     pub ms: Option<f64>,
     #[serde(default)]
     pub p10_ms: Option<f64>,

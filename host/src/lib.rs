@@ -28,7 +28,9 @@
 //! # Ok(()) }
 //! ```
 
+pub mod engram;
 mod error;
+pub mod fft;
 pub mod mhc;
 pub mod reference;
 mod runtime;
@@ -38,7 +40,8 @@ pub use error::{Error, Result};
 pub use runtime::{cuda_available, Gpu, KERNELS_PTX};
 
 /// The PTX entry names of every op family, looked up once by [`Gpu::new`].
-pub(crate) const ALL_KERNELS: &[&[&str]] = &[mhc::KERNELS];
+pub(crate) const ALL_KERNELS: &[&[&str]] =
+    &[mhc::POST_KERNELS, mhc::PRE_KERNELS, fft::KERNELS, engram::GATE_CONV_KERNELS, engram::DECODE_KERNELS];
 
 /// Re-exports of the `cudarc` and `half` types the API uses.
 pub use cudarc;

@@ -7,6 +7,8 @@
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)]
 #![allow(clippy::missing_safety_doc)]
 
+pub mod engram;
+pub mod fft;
 pub mod mhc;
 pub mod prim;
 

@@ -26,6 +26,18 @@ pub fn block_idx_z() -> u32 {
     unsafe { nvptx::_block_idx_z() as u32 }
 }
 #[inline(always)]
+pub fn thread_idx_y() -> u32 {
+    unsafe { nvptx::_thread_idx_y() as u32 }
+}
+#[inline(always)]
+pub fn block_dim_y() -> u32 {
+    unsafe { nvptx::_block_dim_y() as u32 }
+}
+#[inline(always)]
+pub fn grid_dim_y() -> u32 {
+    unsafe { nvptx::_grid_dim_y() as u32 }
+}
+#[inline(always)]
 pub fn block_dim_x() -> u32 {
     unsafe { nvptx::_block_dim_x() as u32 }
 }
@@ -86,6 +98,111 @@ pub fn warp_sum_f32(mut v: f32) -> f32 {
         m >>= 1;
     }
     v
+}
+
+/// `shfl.sync.bfly.b32` on raw bits.
+#[inline(always)]
+pub fn shfl_xor_u32(v: u32, lane_mask: u32) -> u32 {
+    f32::to_bits(shfl_xor_f32(f32::from_bits(v), lane_mask))
+}
+
+/// `shfl.sync.idx.b32`: the value of lane `src` (all 32 lanes taking part).
+#[inline(always)]
+pub fn shfl_idx_f32(v: f32, src: u32) -> f32 {
+    let r: f32;
+    unsafe {
+        asm!("shfl.sync.idx.b32 {r}, {v}, {s}, 0x1f, 0xffffffff;",
+             r = out(reg32) r, v = in(reg32) v, s = in(reg32) src,
+             options(nomem, nostack, pure))
+    };
+    r
+}
+
+/// Maximum over the 32 lanes of a warp; every lane receives it.
+#[inline(always)]
+pub fn warp_max_f32(mut v: f32) -> f32 {
+    let mut m = 16;
+    while m > 0 {
+        v = max_f32(v, shfl_xor_f32(v, m));
+        m >>= 1;
+    }
+    v
+}
+
+/// `bar.warp.sync` with all lanes.
+#[inline(always)]
+pub fn sync_warp() {
+    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) };
+}
+
+// ---------------------------------------------------------------- math (f32)
+
+/// `max.f32` (NaN-ignoring, as PTX defines it).
+#[inline(always)]
+pub fn max_f32(a: f32, b: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("max.f32 {}, {}, {};", out(reg32) r, in(reg32) a, in(reg32) b, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `sqrt.rn.f32`: correctly rounded square root.
+#[inline(always)]
+pub fn sqrt_rn(v: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("sqrt.rn.f32 {}, {};", out(reg32) r, in(reg32) v, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `div.rn.f32`: correctly rounded division.
+#[inline(always)]
+pub fn div_rn(a: f32, b: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("div.rn.f32 {}, {}, {};", out(reg32) r, in(reg32) a, in(reg32) b, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `rcp.rn.f32`: correctly rounded reciprocal.
+#[inline(always)]
+pub fn rcp_rn(v: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("rcp.rn.f32 {}, {};", out(reg32) r, in(reg32) v, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `rsqrt.approx.f32` (max relative error 2^-22.9).
+#[inline(always)]
+pub fn rsqrt_approx(v: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("rsqrt.approx.f32 {}, {};", out(reg32) r, in(reg32) v, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `ex2.approx.f32`: 2^x (max relative error 2^-22.5 over the full range, ftz off).
+#[inline(always)]
+pub fn ex2_approx(v: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("ex2.approx.f32 {}, {};", out(reg32) r, in(reg32) v, options(pure, nomem, nostack)) };
+    r
+}
+
+/// e^x through `ex2.approx` (a few ulp in f32).
+#[inline(always)]
+pub fn exp_f32(v: f32) -> f32 {
+    ex2_approx(v * core::f32::consts::LOG2_E)
+}
+
+/// σ(x) = 1/(1+e^-x), correctly rounded division of an `ex2.approx` exponential.
+#[inline(always)]
+pub fn sigmoid(v: f32) -> f32 {
+    div_rn(1.0, 1.0 + exp_f32(-v))
+}
+
+/// `fma.rn.f64`.
+#[inline(always)]
+pub fn fma_f64(a: f64, b: f64, c: f64) -> f64 {
+    let r: f64;
+    unsafe { asm!("fma.rn.f64 {}, {}, {}, {};", out(reg64) r, in(reg64) a, in(reg64) b, in(reg64) c, options(pure, nomem, nostack)) };
+    r
 }
 
 // ---------------------------------------------------------------- conversions
@@ -175,6 +292,28 @@ pub unsafe fn st_v4(p: *mut u32, v: [u32; 4]) {
     asm!("st.global.v4.u32 [{}], {{{}, {}, {}, {}}};",
          in(reg64) p, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
          options(nostack));
+}
+
+/// `atom.global.add.u32` (relaxed, gpu scope); returns the old value.
+#[inline(always)]
+pub unsafe fn atomic_add_u32(p: *mut u32, v: u32) -> u32 {
+    let r: u32;
+    asm!("atom.global.add.u32 {}, [{}], {};", out(reg32) r, in(reg64) p, in(reg32) v, options(nostack));
+    r
+}
+
+/// `ld.global.acquire.gpu.u32`.
+#[inline(always)]
+pub unsafe fn ld_acquire_u32(p: *const u32) -> u32 {
+    let r: u32;
+    asm!("ld.global.acquire.gpu.u32 {}, [{}];", out(reg32) r, in(reg64) p, options(nostack, readonly));
+    r
+}
+
+/// `st.global.release.gpu.u32`.
+#[inline(always)]
+pub unsafe fn st_release_u32(p: *mut u32, v: u32) {
+    asm!("st.global.release.gpu.u32 [{}], {};", in(reg64) p, in(reg32) v, options(nostack));
 }
 
 /// Start of the block's dynamic (launch-sized) shared memory, 16-byte aligned.

@@ -1,18 +1,8 @@
-//! f64 CPU references of every op, used by the tests and the benchmark.
-//!
-//! Each returns the exact-as-f64 value of the formula (before the final rounding `q` to the
-//! storage dtype) and, per element, the magnitude `Σ|terms|` of the sum that formed it: the
-//! `slack` of SPEC.md "Tolerances" is `2^-16 · magnitude`.
+//! mHC references (SPEC.md §2–§3).
 use half::bf16;
 
+use super::RefOutput;
 use crate::mhc::MhcPostShape;
-
-/// A reference output: the value of each element and the magnitude of its summed terms.
-#[derive(Clone, Debug, Default)]
-pub struct RefOutput {
-    pub value: Vec<f64>,
-    pub magnitude: Vec<f64>,
-}
 
 /// MHCPostFwd (SPEC.md §3): `h_post[β,i]·x_layer_out[β,j] + x_res[β,i·c+j]` in f64, for
 /// `x_out` `[batch, n·c]`. Panics if a slice is shorter than `shape` needs (test helper).

@@ -1,0 +1,3 @@
+//! EngramDecodeFwd (SPEC.md §6).
+
+pub(crate) const KERNELS: &[&str] = &[];

@@ -1,0 +1,9 @@
+//! Engram: gated causal depthwise conv, training forward/backward (SPEC.md §4–§5) and the fused
+//! one-token decode step (§6).
+mod decode;
+mod gate_conv;
+
+/// PTX entries of the gated conv (forward and backward).
+pub(crate) const GATE_CONV_KERNELS: &[&str] = gate_conv::KERNELS;
+/// PTX entries of the decode step.
+pub(crate) const DECODE_KERNELS: &[&str] = decode::KERNELS;

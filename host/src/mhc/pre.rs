@@ -1,0 +1,3 @@
+//! MHCPreFwd (SPEC.md §2).
+
+pub(crate) const KERNELS: &[&str] = &[];

@@ -1,0 +1,1 @@
+//! EngramDecodeFwd (SPEC.md §6) reference.

@@ -1,0 +1,1 @@
+//! EngramGateConvFwd / EngramGateConvBwd (SPEC.md §4–§5) reference.

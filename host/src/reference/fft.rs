@@ -1,0 +1,1 @@
+//! FFTC2CFwd (SPEC.md §1) reference.

@@ -1,0 +1,1 @@
+//! EngramDecodeFwd kernel (SPEC.md §6).

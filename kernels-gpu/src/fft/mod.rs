@@ -1,0 +1,1 @@
+//! FFTC2CFwd kernels (SPEC.md §1).

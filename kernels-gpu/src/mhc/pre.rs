@@ -1,0 +1,1 @@
+//! MHCPreFwd kernel (SPEC.md §2).
