@@ -7,6 +7,7 @@
 //!   without a GPU).
 //! - `bench [ARGS]`: builds `rgk-bench` (release) and runs it with ARGS (`--op`, `--workload`, ...;
 //!   `--help` lists them), with `/usr/local/cuda/lib64` on `LD_LIBRARY_PATH`.
+//! - `table [FILE]`: prints the README's results table (markdown) from `bench/results/h200.json`.
 //! - `device-pack`: builds every test executable and the bench into `.device/` (git-ignored)
 //!   with `.device/run.sh`, which runs on a GPU machine without Rust: the GPU tests, the same
 //!   tests under compute-sanitizer (memcheck, racecheck), then the bench.
@@ -24,8 +25,9 @@ fn main() {
         Some("test") => cargo(&[&["test", "--workspace"], &strs(&args[1..])[..]].concat()),
         Some("bench") => bench(&root, &args[1..]),
         Some("device-pack") => device_pack(&root),
+        Some("table") => table(&root, args.get(1).map(String::as_str)),
         _ => {
-            eprintln!("usage: cargo xtask build | test [ARGS] | bench [ARGS] | device-pack");
+            eprintln!("usage: cargo xtask build | test [ARGS] | bench [ARGS] | device-pack | table [RESULTS.json]");
             exit(2);
         }
     };
@@ -169,4 +171,39 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// Markdown table of a results file: workload, our µs, fastest alternative µs, ratio, errors.
+fn table(root: &Path, file: Option<&str>) -> Result<(), String> {
+    let path = file.map(PathBuf::from).unwrap_or_else(|| root.join("bench/results/h200.json"));
+    let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    println!(
+        "Measured {} on {} (commit {}).\n",
+        doc["date"].as_str().unwrap_or("?"),
+        doc["gpu"].as_str().unwrap_or("?"),
+        doc["commit"].as_str().unwrap_or("?")
+    );
+    println!("| op | workload | dtype | ours µs | fastest alternative | alt µs | ratio | rel_l2 ours | rel_l2 alt | verified |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for r in doc["rows"].as_array().into_iter().flatten() {
+        let us = |v: &serde_json::Value| v.as_f64().map_or("—".to_string(), |ms| format!("{:.2}", ms * 1e3));
+        let e = |v: &serde_json::Value| v.as_f64().map_or("—".to_string(), |x| format!("{x:.1e}"));
+        let fastest = r["fastest_alternative"].as_str().unwrap_or("—");
+        let alt = &r["alternatives"][fastest];
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r["op"].as_str().unwrap_or(""),
+            r["workload"].as_str().unwrap_or(""),
+            r["dtype"].as_str().unwrap_or(""),
+            us(&r["ours_ms"]),
+            fastest,
+            us(&alt["ms"]),
+            r["ratio"].as_f64().map_or("—".to_string(), |x| format!("{x:.2}")),
+            e(&r["rel_l2_err"]),
+            e(&alt["rel_l2_err"]),
+            if r["verified"] == true { "yes" } else { "NO" },
+        );
+    }
+    Ok(())
 }
