@@ -1,7 +1,7 @@
 //! MHCPostFwd workloads (SPEC.md §3 and the seed table).
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use rand::rngs::StdRng;
-use rgk::mhc::{self, MhcPostShape, PostConfig, PostVariant};
+use rgk::mhc::{self, MhcPostShape, PostConfig};
 use rgk::reference::RefOutput;
 use rgk::verify::{check_half, poisoned};
 use rgk::{bf16, Gpu};
@@ -13,14 +13,12 @@ use rgk_tests::{randn_f32, randn_half};
 pub const FP32_PEAK: f64 = 67e12;
 
 /// The seed's workloads; with `variants`, also every launch configuration of the vectorised
-/// kernel on each (rows named `WORKLOAD@variant-bBLOCK`, for tuning).
+/// kernel on each (rows named `WORKLOAD@bBLOCK`, for tuning).
 pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut configs = vec![(None, PostConfig::default())];
     if variants {
-        for variant in [PostVariant::Flat, PostVariant::Rows, PostVariant::Rows2, PostVariant::RowsL2] {
-            for block in [64, 128, 256] {
-                configs.push((Some(format!("{variant:?}-b{block}").to_lowercase()), PostConfig { variant, block }));
-            }
+        for block in [32, 64, 128, 256, 512] {
+            configs.push((Some(format!("b{block}")), PostConfig { block }));
         }
     }
     [("hidden-1280", 1, 1280), ("hidden-1920", 2, 1920), ("hidden-2560", 4, 2560)]

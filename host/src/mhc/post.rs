@@ -6,37 +6,24 @@ use crate::error::{check_len, check_positive, checked_product};
 use crate::runtime::{launch, LaunchDims};
 use crate::{Gpu, Result};
 
-pub(crate) const KERNEL_V8: &str = "mhc_post_fwd_bf16_v8";
 pub(crate) const KERNEL_ROWS: &str = "mhc_post_fwd_bf16_rows";
-pub(crate) const KERNEL_ROWS2: &str = "mhc_post_fwd_bf16_rows2";
-pub(crate) const KERNEL_ROWS_L2: &str = "mhc_post_fwd_bf16_rows_l2";
 pub(crate) const KERNEL_ANY: &str = "mhc_post_fwd_bf16";
 
-/// How the vectorised path maps threads to elements (all read each input once, write once).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PostVariant {
-    /// 1-D grid, 8 consecutive elements of `x_out` per thread (index divisions per thread).
-    Flat,
-    /// 3-D grid `(c/8 chunks, n, batch)`: no index division.
-    Rows,
-    /// As `Rows`, 16 elements per thread (two 16-byte chunks).
-    Rows2,
-    /// As `Rows`, loads hinted to fetch 256-byte blocks into L2.
-    RowsL2,
-}
-
-/// Launch configuration of the vectorised path (the general path ignores it).
+/// Launch configuration (for tuning; [`PostConfig::default`] is what [`post_fwd`] uses).
+///
+/// The vectorised kernel runs a division-free grid `(⌈c/8/block⌉, n, batch)`, one thread per
+/// 8 elements with 16-byte loads/stores; it applies when `c % 8 == 0` and `x_layer_out`,
+/// `x_res`, `x_out` are 16-byte aligned. Otherwise a general grid-stride kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PostConfig {
-    pub variant: PostVariant,
     /// Threads per block (a multiple of 32, at most 1024).
     pub block: u32,
 }
 
 impl Default for PostConfig {
-    /// The configuration measured fastest on the H200 (kernels-gpu/src/mhc/NOTES.md).
+    /// The block size measured fastest on the H200 (kernels-gpu/src/mhc/NOTES.md).
     fn default() -> Self {
-        Self { variant: PostVariant::Rows, block: 128 }
+        Self { block: 128 }
     }
 }
 
@@ -141,23 +128,9 @@ pub unsafe fn post_fwd_raw_with(
     let (mut y, mut h, mut r, mut o) = (x_layer_out, h_post, x_res, x_out);
     if aligned && shape.c.is_multiple_of(8) && total < (1 << 31) && shape.batch < 65536 && shape.n < 65536 {
         let (mut n, mut c) = (shape.n as u32, shape.c as u32);
-        let chunks = (shape.c / 8).div_ceil(block as usize) as u32;
-        let (name, grid) = match config.variant {
-            PostVariant::Flat => (KERNEL_V8, ((total / 8).div_ceil(block as usize) as u32, 1, 1)),
-            PostVariant::Rows => (KERNEL_ROWS, (chunks, n, shape.batch as u32)),
-            PostVariant::Rows2 => {
-                (KERNEL_ROWS2, ((shape.c / 8).div_ceil(2 * block as usize) as u32, n, shape.batch as u32))
-            }
-            PostVariant::RowsL2 => (KERNEL_ROWS_L2, (chunks, n, shape.batch as u32)),
-        };
-        let f = gpu.function(name)?;
+        let grid = ((shape.c / 8).div_ceil(block as usize) as u32, n, shape.batch as u32);
         let dims = LaunchDims { grid, block: (block, 1, 1), shared_bytes: 0 };
-        if config.variant == PostVariant::Flat {
-            let mut t = total as u32;
-            launch(f, dims, stream, &mut [&mut y, &mut h, &mut r, &mut o, &mut n, &mut c, &mut t])
-        } else {
-            launch(f, dims, stream, &mut [&mut y, &mut h, &mut r, &mut o, &mut n, &mut c])
-        }
+        launch(gpu.function(KERNEL_ROWS)?, dims, stream, &mut [&mut y, &mut h, &mut r, &mut o, &mut n, &mut c])
     } else {
         let f = gpu.function(KERNEL_ANY)?;
         let blocks = total.div_ceil(block as usize).min(132 * 16) as u32;

@@ -7,35 +7,6 @@
 
 use crate::prim::*;
 
-/// Fast path: 8 elements per thread with 16-byte loads and stores.
-/// Requires `c % 8 == 0`, all pointers 16-byte aligned, and `b·n·c < 2^31`.
-/// Grid: `ceil(b·n·c / 8 / blockDim.x)` blocks in x.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn mhc_post_fwd_bf16_v8(
-    x_layer_out: *const u16,
-    h_post: *const f32,
-    x_res: *const u16,
-    out: *mut u16,
-    n: u32,
-    c: u32,
-    total: u32,
-) {
-    let v = block_idx_x() * block_dim_x() + thread_idx_x();
-    let e = v * 8;
-    if e >= total {
-        return;
-    }
-    let row = n * c;
-    let beta = e / row;
-    let r = e - beta * row;
-    let i = r / c;
-    let j = r - i * c;
-    let xr = ld_nc_v4(x_res.add(e as usize) as *const u32);
-    let y = ld_nc_v4(x_layer_out.add((beta * c + j) as usize) as *const u32);
-    let h = *h_post.add((beta * n + i) as usize);
-    st_v4(out.add(e as usize) as *mut u32, fma8(h, y, xr));
-}
-
 /// General path: any `n`, `c`, alignment and size; one element per thread, grid-stride loop.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn mhc_post_fwd_bf16(
@@ -77,7 +48,7 @@ unsafe fn fma8(h: f32, y: [u32; 4], xr: [u32; 4]) -> [u32; 4] {
     o
 }
 
-/// Division-free 3-D grid: `blockIdx.z = β`, `blockIdx.y = i`, x over the `c/8` chunks of one
+/// Vectorised path, division-free 3-D grid: `blockIdx.z = β`, `blockIdx.y = i`, x over the `c/8` chunks of one
 /// row. Requires `c % 8 == 0` and 16-byte aligned pointers.
 #[no_mangle]
 pub unsafe extern "ptx-kernel" fn mhc_post_fwd_bf16_rows(
@@ -97,63 +68,6 @@ pub unsafe extern "ptx-kernel" fn mhc_post_fwd_bf16_rows(
     let e = (row * c + j) as usize;
     let xr = ld_nc_v4(x_res.add(e) as *const u32);
     let y = ld_nc_v4(x_layer_out.add((beta * c + j) as usize) as *const u32);
-    let h = *h_post.add(row as usize);
-    st_v4(out.add(e) as *mut u32, fma8(h, y, xr));
-}
-
-/// As [`mhc_post_fwd_bf16_rows`] with 16 elements per thread (two 16-byte chunks `blockDim·8`
-/// elements apart, all four loads issued before the first use). Requires `c % 8 == 0`.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn mhc_post_fwd_bf16_rows2(
-    x_layer_out: *const u16,
-    h_post: *const f32,
-    x_res: *const u16,
-    out: *mut u16,
-    n: u32,
-    c: u32,
-) {
-    let j0 = (block_idx_x() * 2 * block_dim_x() + thread_idx_x()) * 8;
-    let j1 = j0 + block_dim_x() * 8;
-    if j0 >= c {
-        return;
-    }
-    let (i, beta) = (block_idx_y(), block_idx_z());
-    let row = beta * n + i;
-    let (e0, e1) = ((row * c + j0) as usize, (row * c + j1) as usize);
-    let y_row = x_layer_out.add((beta * c) as usize);
-    let h = *h_post.add(row as usize);
-    let xr0 = ld_nc_v4(x_res.add(e0) as *const u32);
-    let y0 = ld_nc_v4(y_row.add(j0 as usize) as *const u32);
-    if j1 < c {
-        let xr1 = ld_nc_v4(x_res.add(e1) as *const u32);
-        let y1 = ld_nc_v4(y_row.add(j1 as usize) as *const u32);
-        st_v4(out.add(e0) as *mut u32, fma8(h, y0, xr0));
-        st_v4(out.add(e1) as *mut u32, fma8(h, y1, xr1));
-    } else {
-        st_v4(out.add(e0) as *mut u32, fma8(h, y0, xr0));
-    }
-}
-
-/// As [`mhc_post_fwd_bf16_rows`], with loads that ask L2 to fetch 256-byte blocks
-/// (`ld.global.nc.L2::256B`): half the DRAM requests for the same bytes.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn mhc_post_fwd_bf16_rows_l2(
-    x_layer_out: *const u16,
-    h_post: *const f32,
-    x_res: *const u16,
-    out: *mut u16,
-    n: u32,
-    c: u32,
-) {
-    let j = (block_idx_x() * block_dim_x() + thread_idx_x()) * 8;
-    if j >= c {
-        return;
-    }
-    let (i, beta) = (block_idx_y(), block_idx_z());
-    let row = beta * n + i;
-    let e = (row * c + j) as usize;
-    let xr = ld_nc_v4_l2_256(x_res.add(e) as *const u32);
-    let y = ld_nc_v4_l2_256(x_layer_out.add((beta * c + j) as usize) as *const u32);
     let h = *h_post.add(row as usize);
     st_v4(out.add(e) as *mut u32, fma8(h, y, xr));
 }

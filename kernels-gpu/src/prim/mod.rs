@@ -276,16 +276,6 @@ pub unsafe fn ld_nc_v4(p: *const u32) -> [u32; 4] {
     [a, b, c, d]
 }
 
-/// As [`ld_nc_v4`], asking L2 to fetch the whole 256-byte block around the address.
-#[inline(always)]
-pub unsafe fn ld_nc_v4_l2_256(p: *const u32) -> [u32; 4] {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    asm!("ld.global.nc.L2::256B.v4.u32 {{{}, {}, {}, {}}}, [{}];",
-         out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p,
-         options(readonly, nostack));
-    [a, b, c, d]
-}
-
 /// 16-byte store. `p` must be 16-byte aligned.
 #[inline(always)]
 pub unsafe fn st_v4(p: *mut u32, v: [u32; 4]) {
