@@ -155,6 +155,20 @@ unsafe fn st8<D: Dt, const FAST: bool>(row: *mut u16, c: u32, d: u32, v: F8) {
     }
 }
 
+/// Prefetches into L1 the lines of chunk `c` of `conv_w` (4 rows) and of `rms_w_v`, which the
+/// conv phase reads after the block barrier (their first touch after an L2 flush is a DRAM
+/// round trip that would otherwise sit on the critical path).
+#[inline(always)]
+unsafe fn prefetch_conv_weights(cw: *const u16, wv: *const u16, c: u32, d: u32) {
+    let j = (c * 8) as usize;
+    if j < d as usize {
+        prefetch_l1(wv.add(j) as *const u8);
+        for p in 0..4usize {
+            prefetch_l1(cw.add(p * d as usize + j) as *const u8);
+        }
+    }
+}
+
 /// `q(x)` as f32: round to the dtype and back.
 #[inline(always)]
 fn qf<D: Dt>(x: f32) -> f32 {
@@ -265,6 +279,14 @@ unsafe fn fwd<D: Dt, const FAST: bool, const NV: usize>(
                 *wres.get_unchecked_mut(n) = ld_raw(wh, c);
             }
         });
+        // the conv weights for phase 2 (one warp suffices: L1 is per SM)
+        if i == 3 {
+            let mut c = lane;
+            while c < nch {
+                prefetch_conv_weights(cw, wv, c, d);
+                c += 32;
+            }
+        }
         each_chunk!(NV, lane, nch, |n, c| {
             let (hh, kk, ww) = if NV > 0 {
                 (unpack8::<D>(res(&hres, n)), unpack8::<D>(res(&kres, n)), unpack8::<D>(res(&wres, n)))
@@ -405,7 +427,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
         scratch.add(blk * (r as usize + 3) * dpad)
     };
     let base = (m * t_len) as usize; // first row of sequence m
-    let rowp = |p: *const u16, t: u32| p.add((base + t as usize) * d as usize);
+    let rowp = |p: *const u16, t: u32| p.wrapping_add((base + t as usize) * d as usize);
 
     let t = (t0 + i) as i32 - 3;
     let valid = i < r + 6 && t >= 0 && (t as u32) < t_len;
@@ -438,6 +460,14 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
                 }
             }
         });
+        // the conv weights for stage 2 (one warp suffices: L1 is per SM)
+        if i == 3 {
+            let mut c = lane;
+            while c < nch {
+                prefetch_conv_weights(cw, wv, c, d);
+                c += 32;
+            }
+        }
         each_chunk!(NV, lane, nch, |n, c| {
             let vv = if NV > 0 { unpack8::<D>(res(&vres, n)) } else { ld8::<D, FAST>(vr, c, d) };
             for e in 0..8 {
