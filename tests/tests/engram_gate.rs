@@ -43,6 +43,19 @@ fn down_f32(gpu: &Gpu, b: &CudaSlice<f32>, len: usize, name: &str) -> Vec<f32> {
     all[..len].to_vec()
 }
 
+/// `Ok` → true; a configuration the kernel cannot run (too many threads for its registers) →
+/// false after printing it; any other error panics.
+fn config_ok(r: rgk::Result<()>) -> bool {
+    match r {
+        Ok(()) => true,
+        Err(Error::Shape { arg: "config.rows_per_block", msg }) => {
+            println!("configuration refused (expected for large blocks): {msg}");
+            false
+        }
+        Err(e) => panic!("launch failed: {e}"),
+    }
+}
+
 /// Runs the forward; `off` = element offset of every input inside its buffer (≠ 0 takes the
 /// scalar kernel); `cfg` = explicit configuration through the raw entry.
 fn run_fwd<T: Half + rgk::cudarc::driver::DeviceRepr>(
@@ -50,7 +63,7 @@ fn run_fwd<T: Half + rgk::cudarc::driver::DeviceRepr>(
     x: &GateInputs<T>,
     off: usize,
     cfg: Option<GateFwdConfig>,
-) -> FwdOut<T> {
+) -> Option<FwdOut<T>> {
     let (n, rows) = x.s.lens().unwrap();
     let (h, k, v) = (up(gpu, &x.h, off), up(gpu, &x.k, off), up(gpu, &x.v, off));
     let (wh, wv, cw) = (up(gpu, &x.wh, off), up(gpu, &x.wv, off), up(gpu, &x.cw, off));
@@ -80,7 +93,7 @@ fn run_fwd<T: Half + rgk::cudarc::driver::DeviceRepr>(
             let ins = [&h, &k, &v, &wh, &wv, &cw].map(|b| b.device_ptr(st).0 + (off * 2) as u64);
             let outs = [y.device_ptr_mut(st).0, vq.device_ptr_mut(st).0];
             let outs2 = [&mut a, &mut rh, &mut rk, &mut rv].map(|b| b.device_ptr_mut(st).0);
-            unsafe {
+            let r = unsafe {
                 engram::gate_conv_fwd_raw_with::<T>(
                     gpu,
                     x.s,
@@ -89,18 +102,20 @@ fn run_fwd<T: Half + rgk::cudarc::driver::DeviceRepr>(
                     [outs[0], outs[1], outs2[0], outs2[1], outs2[2], outs2[3]],
                     st.cu_stream(),
                 )
+            };
+            if !config_ok(r) {
+                return None;
             }
-            .unwrap();
         }
     }
-    FwdOut {
+    Some(FwdOut {
         y: down_half(gpu, &y, n, "Y"),
         vhat: down_half(gpu, &vq, n, "vhat"),
         alpha: down_f32(gpu, &a, rows, "alpha"),
         rrms_h: down_f32(gpu, &rh, rows, "rrms_h"),
         rrms_k: down_f32(gpu, &rk, rows, "rrms_k"),
         rrms_v: down_f32(gpu, &rv, rows, "rrms_v"),
-    }
+    })
 }
 
 /// Runs the backward on the forward's saved tensors `f`. The workspace is filled with
@@ -112,7 +127,7 @@ fn run_bwd<T: Half + rgk::cudarc::driver::DeviceRepr>(
     off: usize,
     cfg: Option<GateBwdConfig>,
     ws_fill: f32,
-) -> BwdOut<T> {
+) -> Option<BwdOut<T>> {
     let (n, _) = x.s.lens().unwrap();
     let d = x.s.d;
     let st = gpu.stream();
@@ -163,7 +178,7 @@ fn run_bwd<T: Half + rgk::cudarc::driver::DeviceRepr>(
             let o1 = [&mut dh, &mut dk, &mut dv].map(|b| b.device_ptr_mut(st).0);
             let o2 = [&mut dwh, &mut dwv, &mut dcw].map(|b| b.device_ptr_mut(st).0);
             let pws = ws.device_ptr_mut(st).0;
-            unsafe {
+            let r = unsafe {
                 engram::gate_conv_bwd_raw_with::<T>(
                     gpu,
                     x.s,
@@ -174,18 +189,20 @@ fn run_bwd<T: Half + rgk::cudarc::driver::DeviceRepr>(
                     [o1[0], o1[1], o1[2], o2[0], o2[1], o2[2]],
                     st.cu_stream(),
                 )
+            };
+            if !config_ok(r) {
+                return None;
             }
-            .unwrap();
         }
     }
-    BwdOut {
+    Some(BwdOut {
         dh: down_half(gpu, &dh, n, "dH"),
         dk: down_half(gpu, &dk, n, "dk"),
         dv: down_half(gpu, &dv, n, "dv"),
         drms_w_h: down_f32(gpu, &dwh, d, "drms_w_h"),
         drms_w_v: down_f32(gpu, &dwv, d, "drms_w_v"),
         dconv_w: down_f32(gpu, &dcw, 4 * d, "dconv_w"),
-    }
+    })
 }
 
 /// Forward and backward of one problem, both checked; returns the worst errors.
@@ -198,9 +215,9 @@ fn case<T: Half + rgk::cudarc::driver::DeviceRepr>(
 ) -> Worst {
     let x = gen::<T>(rng, s, scale, unit);
     let what = format!("{} {s:?} scale {scale} unit_w {unit}", T::NAME);
-    let f = run_fwd(gpu, &x, 0, None);
+    let f = run_fwd(gpu, &x, 0, None).unwrap();
     let mut w = check_fwd(&what, &x, &f);
-    let b = run_bwd(gpu, &x, &f, 0, None, 0.0);
+    let b = run_bwd(gpu, &x, &f, 0, None, 0.0).unwrap();
     w.merge(&check_bwd(&what, &x, &b));
     w
 }
@@ -277,9 +294,9 @@ fn misaligned_inputs_take_the_scalar_path() {
         for off in [1, 3] {
             let x = gen::<bf16>(&mut rng, s, 1.0, false);
             let what = format!("bf16 {s:?} offset {off}");
-            let f = run_fwd(&gpu, &x, off, None);
+            let f = run_fwd(&gpu, &x, off, None).unwrap();
             check_fwd(&what, &x, &f);
-            check_bwd(&what, &x, &run_bwd(&gpu, &x, &f, off, None, 0.0));
+            check_bwd(&what, &x, &run_bwd(&gpu, &x, &f, off, None, 0.0).unwrap());
         }
     }
 }
@@ -291,15 +308,15 @@ fn every_launch_config_matches_reference() {
     for (m, t, d) in [(3, 96, 768), (2, 13, 1000), (1, 9, 4096), (2, 7, 256)] {
         let s = EngramGateShape { m, t, d };
         let x = gen::<f16>(&mut rng, s, 1.0, false);
-        let f0 = run_fwd(&gpu, &x, 0, None);
+        let f0 = run_fwd(&gpu, &x, 0, None).unwrap();
         for r in [1, 2, 3, 5, 8, 13, 29] {
-            let f = run_fwd(&gpu, &x, 0, Some(GateFwdConfig { rows_per_block: r }));
+            let Some(f) = run_fwd(&gpu, &x, 0, Some(GateFwdConfig { rows_per_block: r })) else { continue };
             check_fwd(&format!("{s:?} fwd R {r}"), &x, &f);
         }
-        for r in [1, 2, 4, 6, 10, 26] {
+        for r in [1, 2, 4, 6, 10, 19, 26] {
             for sg in [1, 8, 32] {
                 let c = GateBwdConfig { rows_per_block: r, reduce_segments: sg };
-                let b = run_bwd(&gpu, &x, &f0, 0, Some(c), 0.0);
+                let Some(b) = run_bwd(&gpu, &x, &f0, 0, Some(c), 0.0) else { continue };
                 check_bwd(&format!("{s:?} bwd {c:?}"), &x, &b);
             }
         }
@@ -320,13 +337,13 @@ fn backward_is_bitwise_deterministic() {
     for (m, t, d) in [(3, 96, 768), (7, 257, 1000), (1, 33, 4096)] {
         let s = EngramGateShape { m, t, d };
         let x = gen::<bf16>(&mut rng, s, 1.0, false);
-        let f1 = run_fwd(&gpu, &x, 0, None);
-        let f2 = run_fwd(&gpu, &x, 0, None);
+        let f1 = run_fwd(&gpu, &x, 0, None).unwrap();
+        let f2 = run_fwd(&gpu, &x, 0, None).unwrap();
         assert_eq!(bits_h(&f1.y), bits_h(&f2.y), "{s:?}: Y differs between runs");
         assert_eq!(bits_h(&f1.vhat), bits_h(&f2.vhat), "{s:?}: vhat differs between runs");
         assert_eq!(bits_f(&f1.alpha), bits_f(&f2.alpha), "{s:?}: alpha differs between runs");
-        let b1 = run_bwd(&gpu, &x, &f1, 0, None, 0.0);
-        let b2 = run_bwd(&gpu, &x, &f1, 0, None, f32::NAN);
+        let b1 = run_bwd(&gpu, &x, &f1, 0, None, 0.0).unwrap();
+        let b2 = run_bwd(&gpu, &x, &f1, 0, None, f32::NAN).unwrap();
         assert_eq!(bits_h(&b1.dh), bits_h(&b2.dh), "{s:?}: dH differs between runs");
         assert_eq!(bits_h(&b1.dk), bits_h(&b2.dk), "{s:?}: dk differs between runs");
         assert_eq!(bits_h(&b1.dv), bits_h(&b2.dv), "{s:?}: dv differs between runs");

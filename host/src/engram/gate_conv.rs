@@ -93,7 +93,9 @@ impl EngramGateShape {
     }
 }
 
-/// Launch configuration of the forward.
+/// Launch configuration of the forward. Blocks above 512 threads may exceed what a kernel's
+/// register use allows: such a configuration is an [`Error::Shape`] naming
+/// `config.rows_per_block`, checked before the launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GateFwdConfig {
     /// Rows of one sequence per block (`R`); the block has `R+3` warps (3 halo rows).
@@ -124,6 +126,26 @@ impl Default for GateBwdConfig {
 fn check_rows(arg: &'static str, r: u32, halo: u32) -> Result<()> {
     if r == 0 || (r + halo) * 32 > 1024 {
         return Err(Error::Shape { arg, msg: format!("{r} rows per block: needs 1..={}", 32 - halo) });
+    }
+    Ok(())
+}
+
+/// Checks the kernel can run `threads` per block (its register use may allow fewer than 1024;
+/// every kernel here allows at least 512, so smaller blocks skip the driver query).
+fn check_block_fits(f: &cudarc::driver::CudaFunction, threads: u32, halo: u32) -> Result<()> {
+    if threads <= 512 {
+        return Ok(());
+    }
+    let max = f.max_threads_per_block()? as u32;
+    if threads > max {
+        return Err(Error::Shape {
+            arg: "config.rows_per_block",
+            msg: format!(
+                "{} rows per block need {threads} threads; this kernel allows {max} (at most {} rows)",
+                threads / 32 - halo,
+                max / 32 - halo
+            ),
+        });
     }
     Ok(())
 }
@@ -265,6 +287,7 @@ pub unsafe fn gate_conv_fwd_raw_with<T: Half>(
     let var =
         variant(shape.d, &[inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5], outputs[0], outputs[1]]);
     let f = gpu.function(FWD[dt][var])?;
+    check_block_fits(f, (r + 3) * 32, 3)?;
     let ntiles = shape.t.div_ceil(r as usize);
     let blocks = u32::try_from(shape.m * ntiles)
         .map_err(|_| Error::Overflow { arg: "m", msg: format!("{} blocks", shape.m * ntiles) })?;
@@ -484,6 +507,7 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
     let part = workspace;
     let scratch: CUdeviceptr = if in_smem { 0 } else { workspace + (nblocks * 6 * d * 4) as u64 };
     let f = gpu.function(BWD[dt][var])?;
+    check_block_fits(f, (r + 6) * 32, 6)?;
     let dims = LaunchDims {
         grid: (blocks, 1, 1),
         block: ((r + 6) * 32, 1, 1),

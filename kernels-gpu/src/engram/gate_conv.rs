@@ -442,8 +442,13 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
     let mut kres: [Raw; NV] = [[0; 4]; NV];
     let mut a = 0f32;
     let mut p_sum = 0f32;
+    // the forward's rrms of owned rows, loaded now so stage 3 does not wait on DRAM
+    let (mut rh, mut rk) = (0f32, 0f32);
     if valid {
         a = *alpha.add(base + tu as usize);
+        if owned {
+            (rh, rk) = (*rh_i.add(base + tu as usize), *rk_i.add(base + tu as usize));
+        }
         let (vr, gr, hr, kr) = (rowp(v, tu), rowp(g, tu), rowp(h, tu), rowp(k, tu));
         let mut svv = 0f32;
         let mut wres: [Raw; NV] = [[0; 4]; NV];
@@ -586,8 +591,6 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
         });
         let s2 = warp_sum_f32(s2);
         let dz = a * (1.0 - a) * s2;
-        let rix = base + tu as usize;
-        let (rh, rk) = (*rh_i.add(rix), *rk_i.add(rix));
         let aa = dz * s * rh * rk;
         let pd = div_rn(p_sum, df);
         let (ch, ck) = (rh * rh * pd, rk * rk * pd);
