@@ -6,6 +6,7 @@
 //!
 //! The operators and their formulas are defined in `shared/SPEC.md`:
 //! - [`mhc::post_fwd`] — MHCPostFwd (§3).
+//! - [`engram::gate_conv_fwd`], [`engram::gate_conv_bwd`] — EngramGateConvFwd / EngramGateConvBwd (§4–§5).
 //!
 //! Each op has a safe entry taking `cudarc` device buffers (slices or sub-views) and an
 //! `unsafe` `*_raw` entry taking raw device pointers and a `CUstream`, for use from PyTorch,

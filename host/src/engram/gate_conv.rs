@@ -1,3 +1,534 @@
-//! EngramGateConvFwd / EngramGateConvBwd (SPEC.md §4–§5).
+//! EngramGateConvFwd / EngramGateConvBwd (SPEC.md §4–§5): Engram context gating fused with
+//! the causal depthwise conv (kernel size 4), training forward and its backward.
+//!
+//! Kernels: `kernels-gpu/src/engram/gate_conv.rs`. The forward is one launch; the backward is
+//! two (row-parallel gradients with per-block partial weight gradients, then a fixed-order
+//! reduction of the partials: bitwise deterministic).
+use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, DevicePtr, DevicePtrMut};
 
-pub(crate) const KERNELS: &[&str] = &[];
+use crate::error::{check_len, check_positive, checked_product};
+use crate::runtime::{launch, LaunchDims};
+use crate::verify::Half;
+use crate::{Error, Gpu, Result};
+
+/// `eps` of the three rmsnorms (SPEC.md §4).
+pub const EPS: f32 = 1e-6;
+/// Causal conv kernel size (SPEC.md §4).
+pub const KERNEL_SIZE: usize = 4;
+
+/// Forward kernels, `[dtype][variant]`: dtype 0 = bf16, 1 = f16; variant 0..4 = resident
+/// (`NV` = variant + 1 chunks of 8 per lane), 4 = streaming vectorised, 5 = scalar (any d).
+const FWD: [[&str; 6]; 2] = [
+    [
+        "engram_gate_fwd_bf16_r1",
+        "engram_gate_fwd_bf16_r2",
+        "engram_gate_fwd_bf16_r3",
+        "engram_gate_fwd_bf16_r4",
+        "engram_gate_fwd_bf16_v8",
+        "engram_gate_fwd_bf16_any",
+    ],
+    [
+        "engram_gate_fwd_f16_r1",
+        "engram_gate_fwd_f16_r2",
+        "engram_gate_fwd_f16_r3",
+        "engram_gate_fwd_f16_r4",
+        "engram_gate_fwd_f16_v8",
+        "engram_gate_fwd_f16_any",
+    ],
+];
+/// Backward main kernels, laid out as [`FWD`].
+const BWD: [[&str; 6]; 2] = [
+    [
+        "engram_gate_bwd_bf16_r1",
+        "engram_gate_bwd_bf16_r2",
+        "engram_gate_bwd_bf16_r3",
+        "engram_gate_bwd_bf16_r4",
+        "engram_gate_bwd_bf16_v8",
+        "engram_gate_bwd_bf16_any",
+    ],
+    [
+        "engram_gate_bwd_f16_r1",
+        "engram_gate_bwd_f16_r2",
+        "engram_gate_bwd_f16_r3",
+        "engram_gate_bwd_f16_r4",
+        "engram_gate_bwd_f16_v8",
+        "engram_gate_bwd_f16_any",
+    ],
+];
+const BWD_REDUCE: &str = "engram_gate_bwd_reduce";
+
+pub(crate) const KERNELS: &[&str] = &[
+    FWD[0][0], FWD[0][1], FWD[0][2], FWD[0][3], FWD[0][4], FWD[0][5], FWD[1][0], FWD[1][1], FWD[1][2], FWD[1][3],
+    FWD[1][4], FWD[1][5], BWD[0][0], BWD[0][1], BWD[0][2], BWD[0][3], BWD[0][4], BWD[0][5], BWD[1][0], BWD[1][1],
+    BWD[1][2], BWD[1][3], BWD[1][4], BWD[1][5], BWD_REDUCE,
+];
+
+/// Largest dynamic shared memory used without opting in (bytes).
+const SMEM_DEFAULT: usize = 48 * 1024;
+
+/// Sizes of one EngramGateConv call: `m` sequences of `t` rows of `d` channels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngramGateShape {
+    pub m: usize,
+    pub t: usize,
+    pub d: usize,
+}
+
+impl EngramGateShape {
+    /// Checks every size is ≥ 1 and the index ranges of the kernels (`M·T < 2^31`,
+    /// `d < 2^28`); returns `(M·T·d, M·T)`: the element counts of a `[M,T,d]` tensor and of a
+    /// `[M,T]` per-row tensor.
+    pub fn lens(&self) -> Result<(usize, usize)> {
+        check_positive("m", self.m)?;
+        check_positive("t", self.t)?;
+        check_positive("d", self.d)?;
+        let rows = checked_product("t", &[self.m, self.t])?;
+        if rows >= 1 << 31 {
+            return Err(Error::Overflow { arg: "t", msg: format!("M·T = {rows} rows ≥ 2^31") });
+        }
+        if self.d >= 1 << 28 {
+            return Err(Error::Overflow { arg: "d", msg: format!("d = {} ≥ 2^28", self.d) });
+        }
+        Ok((checked_product("d", &[self.m, self.t, self.d])?, rows))
+    }
+}
+
+/// Launch configuration of the forward. Blocks above 512 threads may exceed what a kernel's
+/// register use allows: such a configuration is an [`Error::Shape`] naming
+/// `config.rows_per_block`, checked before the launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GateFwdConfig {
+    /// Rows of one sequence per block (`R`); the block has `R+3` warps (3 halo rows).
+    pub rows_per_block: u32,
+}
+
+impl Default for GateFwdConfig {
+    fn default() -> Self {
+        Self { rows_per_block: 5 }
+    }
+}
+
+/// Launch configuration of the backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GateBwdConfig {
+    /// Rows of one sequence per block (`R`); the block has `R+6` warps (3 halo rows each side).
+    pub rows_per_block: u32,
+    /// Warps per output column group in the partial reduction (`S`, 1..=32).
+    pub reduce_segments: u32,
+}
+
+impl Default for GateBwdConfig {
+    fn default() -> Self {
+        Self { rows_per_block: 4, reduce_segments: 8 }
+    }
+}
+
+fn check_rows(arg: &'static str, r: u32, halo: u32) -> Result<()> {
+    if r == 0 || (r + halo) * 32 > 1024 {
+        return Err(Error::Shape { arg, msg: format!("{r} rows per block: needs 1..={}", 32 - halo) });
+    }
+    Ok(())
+}
+
+/// Checks the kernel can run `threads` per block (its register use may allow fewer than 1024;
+/// every kernel here allows at least 512, so smaller blocks skip the driver query).
+fn check_block_fits(f: &cudarc::driver::CudaFunction, threads: u32, halo: u32) -> Result<()> {
+    if threads <= 512 {
+        return Ok(());
+    }
+    let max = f.max_threads_per_block()? as u32;
+    if threads > max {
+        return Err(Error::Shape {
+            arg: "config.rows_per_block",
+            msg: format!(
+                "{} rows per block need {threads} threads; this kernel allows {max} (at most {} rows)",
+                threads / 32 - halo,
+                max / 32 - halo
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn dtype_index<T: Half>() -> Result<usize> {
+    match T::NAME {
+        "bf16" => Ok(0),
+        "f16" => Ok(1),
+        other => Err(Error::Shape { arg: "dtype", msg: format!("{other} is not f16 or bf16") }),
+    }
+}
+
+/// Kernel variant: resident (NV−1) when `d ≤ 1024`, vectorised streaming (4) for larger `d`,
+/// both when `d % 8 == 0` and every 16-bit pointer is 16-byte aligned; scalar (5) otherwise.
+fn variant(d: usize, ptrs: &[CUdeviceptr]) -> usize {
+    if d.is_multiple_of(8) && ptrs.iter().all(|p| p % 16 == 0) {
+        let nv = d.div_ceil(256);
+        if nv <= 4 {
+            nv - 1
+        } else {
+            4
+        }
+    } else {
+        5
+    }
+}
+
+/// EngramGateConvFwd (SPEC.md §4), for `T` = [`crate::f16`] or [`crate::bf16`].
+///
+/// Inputs (row-major, contiguous, dtype `T`): `h, k, v` `[M,T,d]`; `rms_w_h, rms_w_v` `[d]`;
+/// `conv_w` `[4,d]`. Outputs: `y, vhat` `[M,T,d]` (`T`), `alpha, rrms_h, rrms_k, rrms_v`
+/// `[M,T]` f32. All arithmetic f32, `eps` = [`EPS`]; `y = q(silu(conv) + vh)` with the
+/// unrounded `vh`, `u` formed from the rounded `vhat`. Buffers may be larger than needed; a
+/// 16-byte-aligned layout with `d % 8 == 0` takes the vectorised kernels. One launch on
+/// [`Gpu::stream`]; asynchronous.
+///
+/// Errors: [`Error::Shape`] for a zero size, [`Error::BufferTooSmall`] naming the buffer,
+/// [`Error::Overflow`], or a driver error from the launch.
+#[allow(clippy::too_many_arguments)]
+pub fn gate_conv_fwd<T: Half>(
+    gpu: &Gpu,
+    shape: EngramGateShape,
+    h: &impl DevicePtr<T>,
+    k: &impl DevicePtr<T>,
+    v: &impl DevicePtr<T>,
+    rms_w_h: &impl DevicePtr<T>,
+    rms_w_v: &impl DevicePtr<T>,
+    conv_w: &impl DevicePtr<T>,
+    y: &mut impl DevicePtrMut<T>,
+    vhat: &mut impl DevicePtrMut<T>,
+    alpha: &mut impl DevicePtrMut<f32>,
+    rrms_h: &mut impl DevicePtrMut<f32>,
+    rrms_k: &mut impl DevicePtrMut<f32>,
+    rrms_v: &mut impl DevicePtrMut<f32>,
+) -> Result<()> {
+    let (n, rows) = shape.lens()?;
+    let d = shape.d;
+    check_len("h", n, h.len())?;
+    check_len("k", n, k.len())?;
+    check_len("v", n, v.len())?;
+    check_len("rms_w_h", d, rms_w_h.len())?;
+    check_len("rms_w_v", d, rms_w_v.len())?;
+    check_len("conv_w", KERNEL_SIZE * d, conv_w.len())?;
+    check_len("y", n, y.len())?;
+    check_len("vhat", n, vhat.len())?;
+    check_len("alpha", rows, alpha.len())?;
+    check_len("rrms_h", rows, rrms_h.len())?;
+    check_len("rrms_k", rows, rrms_k.len())?;
+    check_len("rrms_v", rows, rrms_v.len())?;
+    let st = gpu.stream();
+    let (ph, _g0) = h.device_ptr(st);
+    let (pk, _g1) = k.device_ptr(st);
+    let (pv, _g2) = v.device_ptr(st);
+    let (pwh, _g3) = rms_w_h.device_ptr(st);
+    let (pwv, _g4) = rms_w_v.device_ptr(st);
+    let (pcw, _g5) = conv_w.device_ptr(st);
+    let (py, _g6) = y.device_ptr_mut(st);
+    let (pq, _g7) = vhat.device_ptr_mut(st);
+    let (pa, _g8) = alpha.device_ptr_mut(st);
+    let (prh, _g9) = rrms_h.device_ptr_mut(st);
+    let (prk, _g10) = rrms_k.device_ptr_mut(st);
+    let (prv, _g11) = rrms_v.device_ptr_mut(st);
+    // SAFETY: every buffer was checked to hold the elements the shape addresses.
+    unsafe { gate_conv_fwd_raw::<T>(gpu, shape, ph, pk, pv, pwh, pwv, pcw, py, pq, pa, prh, prk, prv, st.cu_stream()) }
+}
+
+/// [`gate_conv_fwd`] on raw device pointers, launched on `stream`.
+///
+/// # Safety
+/// Each pointer must address device memory of `gpu`'s context holding at least the elements
+/// [`gate_conv_fwd`] lists for `shape`, valid until the kernel finishes; outputs must not
+/// overlap each other or the inputs. Shapes are still validated.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gate_conv_fwd_raw<T: Half>(
+    gpu: &Gpu,
+    shape: EngramGateShape,
+    h: CUdeviceptr,
+    k: CUdeviceptr,
+    v: CUdeviceptr,
+    rms_w_h: CUdeviceptr,
+    rms_w_v: CUdeviceptr,
+    conv_w: CUdeviceptr,
+    y: CUdeviceptr,
+    vhat: CUdeviceptr,
+    alpha: CUdeviceptr,
+    rrms_h: CUdeviceptr,
+    rrms_k: CUdeviceptr,
+    rrms_v: CUdeviceptr,
+    stream: CUstream,
+) -> Result<()> {
+    gate_conv_fwd_raw_with::<T>(
+        gpu,
+        shape,
+        GateFwdConfig::default(),
+        [h, k, v, rms_w_h, rms_w_v, conv_w],
+        [y, vhat, alpha, rrms_h, rrms_k, rrms_v],
+        stream,
+    )
+}
+
+/// [`gate_conv_fwd_raw`] with an explicit configuration; `inputs` = `[h, k, v, rms_w_h,
+/// rms_w_v, conv_w]`, `outputs` = `[y, vhat, alpha, rrms_h, rrms_k, rrms_v]`.
+///
+/// # Safety
+/// As [`gate_conv_fwd_raw`].
+#[doc(hidden)]
+pub unsafe fn gate_conv_fwd_raw_with<T: Half>(
+    gpu: &Gpu,
+    shape: EngramGateShape,
+    config: GateFwdConfig,
+    inputs: [CUdeviceptr; 6],
+    outputs: [CUdeviceptr; 6],
+    stream: CUstream,
+) -> Result<()> {
+    shape.lens()?;
+    let r = config.rows_per_block;
+    check_rows("config.rows_per_block", r, 3)?;
+    let dt = dtype_index::<T>()?;
+    let var =
+        variant(shape.d, &[inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5], outputs[0], outputs[1]]);
+    let f = gpu.function(FWD[dt][var])?;
+    check_block_fits(f, (r + 3) * 32, 3)?;
+    let ntiles = shape.t.div_ceil(r as usize);
+    let blocks = u32::try_from(shape.m * ntiles)
+        .map_err(|_| Error::Overflow { arg: "m", msg: format!("{} blocks", shape.m * ntiles) })?;
+    let dims = LaunchDims { grid: (blocks, 1, 1), block: ((r + 3) * 32, 1, 1), shared_bytes: 8 * (r + 3) };
+    let [mut a0, mut a1, mut a2, mut a3, mut a4, mut a5] = inputs;
+    let [mut o0, mut o1, mut o2, mut o3, mut o4, mut o5] = outputs;
+    let (mut tl, mut d, mut rr, mut nt, mut eps) = (shape.t as u32, shape.d as u32, r, ntiles as u32, EPS);
+    launch(
+        f,
+        dims,
+        stream,
+        &mut [
+            &mut a0, &mut a1, &mut a2, &mut a3, &mut a4, &mut a5, &mut o0, &mut o1, &mut o2, &mut o3, &mut o4, &mut o5,
+            &mut tl, &mut d, &mut rr, &mut nt, &mut eps,
+        ],
+    )
+}
+
+/// Where the backward keeps `dconv` of a block's tile: shared memory when it fits in 48 KiB.
+fn bwd_scratch_in_smem(d: usize, r: u32) -> bool {
+    bwd_smem_bytes(d, r, true) <= SMEM_DEFAULT
+}
+
+fn bwd_smem_bytes(d: usize, r: u32, with_scratch: bool) -> usize {
+    let scalars = (2 * r as usize + 6).div_ceil(4) * 4;
+    let scratch = if with_scratch { (r as usize + 3) * d.div_ceil(8) * 8 } else { 0 };
+    4 * (scalars + scratch)
+}
+
+/// f32 elements of the workspace [`gate_conv_bwd`] needs for `shape` (default configuration).
+pub fn bwd_workspace_len(shape: EngramGateShape) -> Result<usize> {
+    bwd_workspace_len_with(shape, GateBwdConfig::default())
+}
+
+/// f32 elements of the backward's workspace under `config`: per-block partial weight
+/// gradients `[blocks, 6, d]`, plus `[blocks, R+3, ceil(d/8)·8]` for `dconv` when it does not fit
+/// in shared memory (large `d`).
+pub fn bwd_workspace_len_with(shape: EngramGateShape, config: GateBwdConfig) -> Result<usize> {
+    shape.lens()?;
+    let r = config.rows_per_block;
+    check_rows("config.rows_per_block", r, 6)?;
+    let blocks = shape.m * shape.t.div_ceil(r as usize);
+    let mut len = checked_product("workspace", &[blocks, 6, shape.d])?;
+    if !bwd_scratch_in_smem(shape.d, r) {
+        len += checked_product("workspace", &[blocks, r as usize + 3, shape.d.div_ceil(8) * 8])?;
+    }
+    Ok(len)
+}
+
+/// EngramGateConvBwd (SPEC.md §5), for `T` = [`crate::f16`] or [`crate::bf16`]: the exact
+/// gradients of `L = Σ dY·Y` with `Y` the f32 forward, the rounding `q` taken as the identity.
+///
+/// Inputs (dtype `T` unless said): `dy, h, k, v, vhat` `[M,T,d]`; `rms_w_h, rms_w_v` `[d]`;
+/// `conv_w` `[4,d]`; `alpha, rrms_h, rrms_k, rrms_v` `[M,T]` f32 as the forward returned them.
+/// Because `q` is the identity here, `vh = alpha·v` and its rrms are recomputed in f32 from
+/// `v` and `alpha`: `vhat` and `rrms_v` (which carry the forward's rounding) are validated but
+/// not read. `workspace`: at least [`bwd_workspace_len`] f32 (contents ignored, overwritten).
+/// Outputs: `dh, dk, dv` `[M,T,d]` (`T`); `drms_w_h, drms_w_v` `[d]`, `dconv_w` `[4,d]` f32,
+/// sums over all M·T rows reduced in a fixed order (bitwise deterministic). Two launches on
+/// [`Gpu::stream`]; asynchronous.
+///
+/// Errors: as [`gate_conv_fwd`], and [`Error::BufferTooSmall`] for `workspace`.
+#[allow(clippy::too_many_arguments)]
+pub fn gate_conv_bwd<T: Half>(
+    gpu: &Gpu,
+    shape: EngramGateShape,
+    dy: &impl DevicePtr<T>,
+    h: &impl DevicePtr<T>,
+    k: &impl DevicePtr<T>,
+    v: &impl DevicePtr<T>,
+    vhat: &impl DevicePtr<T>,
+    rms_w_h: &impl DevicePtr<T>,
+    rms_w_v: &impl DevicePtr<T>,
+    conv_w: &impl DevicePtr<T>,
+    alpha: &impl DevicePtr<f32>,
+    rrms_h: &impl DevicePtr<f32>,
+    rrms_k: &impl DevicePtr<f32>,
+    rrms_v: &impl DevicePtr<f32>,
+    workspace: &mut impl DevicePtrMut<f32>,
+    dh: &mut impl DevicePtrMut<T>,
+    dk: &mut impl DevicePtrMut<T>,
+    dv: &mut impl DevicePtrMut<T>,
+    drms_w_h: &mut impl DevicePtrMut<f32>,
+    drms_w_v: &mut impl DevicePtrMut<f32>,
+    dconv_w: &mut impl DevicePtrMut<f32>,
+) -> Result<()> {
+    let (n, rows) = shape.lens()?;
+    let d = shape.d;
+    check_len("dy", n, dy.len())?;
+    check_len("h", n, h.len())?;
+    check_len("k", n, k.len())?;
+    check_len("v", n, v.len())?;
+    check_len("vhat", n, vhat.len())?;
+    check_len("rms_w_h", d, rms_w_h.len())?;
+    check_len("rms_w_v", d, rms_w_v.len())?;
+    check_len("conv_w", KERNEL_SIZE * d, conv_w.len())?;
+    check_len("alpha", rows, alpha.len())?;
+    check_len("rrms_h", rows, rrms_h.len())?;
+    check_len("rrms_k", rows, rrms_k.len())?;
+    check_len("rrms_v", rows, rrms_v.len())?;
+    check_len("workspace", bwd_workspace_len(shape)?, workspace.len())?;
+    check_len("dh", n, dh.len())?;
+    check_len("dk", n, dk.len())?;
+    check_len("dv", n, dv.len())?;
+    check_len("drms_w_h", d, drms_w_h.len())?;
+    check_len("drms_w_v", d, drms_w_v.len())?;
+    check_len("dconv_w", KERNEL_SIZE * d, dconv_w.len())?;
+    let st = gpu.stream();
+    let (pg, _g0) = dy.device_ptr(st);
+    let (ph, _g1) = h.device_ptr(st);
+    let (pk, _g2) = k.device_ptr(st);
+    let (pv, _g3) = v.device_ptr(st);
+    let (pwh, _g4) = rms_w_h.device_ptr(st);
+    let (pwv, _g5) = rms_w_v.device_ptr(st);
+    let (pcw, _g6) = conv_w.device_ptr(st);
+    let (pa, _g7) = alpha.device_ptr(st);
+    let (prh, _g8) = rrms_h.device_ptr(st);
+    let (prk, _g9) = rrms_k.device_ptr(st);
+    let (pws, _g10) = workspace.device_ptr_mut(st);
+    let (pdh, _g11) = dh.device_ptr_mut(st);
+    let (pdk, _g12) = dk.device_ptr_mut(st);
+    let (pdv, _g13) = dv.device_ptr_mut(st);
+    let (pdwh, _g14) = drms_w_h.device_ptr_mut(st);
+    let (pdwv, _g15) = drms_w_v.device_ptr_mut(st);
+    let (pdcw, _g16) = dconv_w.device_ptr_mut(st);
+    // SAFETY: every buffer was checked to hold the elements the shape addresses.
+    unsafe {
+        gate_conv_bwd_raw_with::<T>(
+            gpu,
+            shape,
+            GateBwdConfig::default(),
+            [pg, ph, pk, pv, pwh, pwv, pcw],
+            [pa, prh, prk],
+            pws,
+            [pdh, pdk, pdv, pdwh, pdwv, pdcw],
+            st.cu_stream(),
+        )
+    }
+}
+
+/// [`gate_conv_bwd`] on raw device pointers, launched on `stream`. `vhat` and `rrms_v` are not
+/// read (see [`gate_conv_bwd`]) and are not taken.
+///
+/// # Safety
+/// Each pointer must address device memory of `gpu`'s context holding at least the elements
+/// [`gate_conv_bwd`] lists for `shape` (`workspace`: [`bwd_workspace_len`] f32), valid until
+/// the kernels finish; outputs and workspace must not overlap each other or the inputs.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gate_conv_bwd_raw<T: Half>(
+    gpu: &Gpu,
+    shape: EngramGateShape,
+    dy: CUdeviceptr,
+    h: CUdeviceptr,
+    k: CUdeviceptr,
+    v: CUdeviceptr,
+    rms_w_h: CUdeviceptr,
+    rms_w_v: CUdeviceptr,
+    conv_w: CUdeviceptr,
+    alpha: CUdeviceptr,
+    rrms_h: CUdeviceptr,
+    rrms_k: CUdeviceptr,
+    workspace: CUdeviceptr,
+    dh: CUdeviceptr,
+    dk: CUdeviceptr,
+    dv: CUdeviceptr,
+    drms_w_h: CUdeviceptr,
+    drms_w_v: CUdeviceptr,
+    dconv_w: CUdeviceptr,
+    stream: CUstream,
+) -> Result<()> {
+    gate_conv_bwd_raw_with::<T>(
+        gpu,
+        shape,
+        GateBwdConfig::default(),
+        [dy, h, k, v, rms_w_h, rms_w_v, conv_w],
+        [alpha, rrms_h, rrms_k],
+        workspace,
+        [dh, dk, dv, drms_w_h, drms_w_v, dconv_w],
+        stream,
+    )
+}
+
+/// [`gate_conv_bwd_raw`] with an explicit configuration: `inputs` = `[dy, h, k, v, rms_w_h,
+/// rms_w_v, conv_w]`, `saved` = `[alpha, rrms_h, rrms_k]`, `outputs` = `[dh, dk, dv,
+/// drms_w_h, drms_w_v, dconv_w]`; `workspace` holds [`bwd_workspace_len_with`] f32.
+///
+/// # Safety
+/// As [`gate_conv_bwd_raw`].
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
+    gpu: &Gpu,
+    shape: EngramGateShape,
+    config: GateBwdConfig,
+    inputs: [CUdeviceptr; 7],
+    saved: [CUdeviceptr; 3],
+    workspace: CUdeviceptr,
+    outputs: [CUdeviceptr; 6],
+    stream: CUstream,
+) -> Result<()> {
+    shape.lens()?;
+    let r = config.rows_per_block;
+    check_rows("config.rows_per_block", r, 6)?;
+    let sg = config.reduce_segments;
+    if sg == 0 || sg > 32 {
+        return Err(Error::Shape { arg: "config.reduce_segments", msg: format!("{sg} is not in 1..=32") });
+    }
+    let dt = dtype_index::<T>()?;
+    let d = shape.d;
+    let mut ptrs = inputs.to_vec();
+    ptrs.extend_from_slice(&outputs[..3]);
+    let var = variant(d, &ptrs);
+    let ntiles = shape.t.div_ceil(r as usize);
+    let nblocks = shape.m * ntiles;
+    let blocks = u32::try_from(nblocks).map_err(|_| Error::Overflow { arg: "m", msg: format!("{nblocks} blocks") })?;
+    let in_smem = bwd_scratch_in_smem(d, r);
+    let part = workspace;
+    let scratch: CUdeviceptr = if in_smem { 0 } else { workspace + (nblocks * 6 * d * 4) as u64 };
+    let f = gpu.function(BWD[dt][var])?;
+    check_block_fits(f, (r + 6) * 32, 6)?;
+    let dims = LaunchDims {
+        grid: (blocks, 1, 1),
+        block: ((r + 6) * 32, 1, 1),
+        shared_bytes: bwd_smem_bytes(d, r, in_smem) as u32,
+    };
+    let [mut g, mut h, mut k, mut v, mut wh, mut wv, mut cw] = inputs;
+    let [mut a, mut rh, mut rk] = saved;
+    let [mut dh, mut dk, mut dv, mut dwh, mut dwv, mut dcw] = outputs;
+    let (mut pt, mut sc) = (part, scratch);
+    let (mut tl, mut dd, mut rr, mut nt, mut eps) = (shape.t as u32, d as u32, r, ntiles as u32, EPS);
+    launch(
+        f,
+        dims,
+        stream,
+        &mut [
+            &mut g, &mut h, &mut k, &mut v, &mut wh, &mut wv, &mut cw, &mut a, &mut rh, &mut rk, &mut dh, &mut dk,
+            &mut dv, &mut pt, &mut sc, &mut tl, &mut dd, &mut rr, &mut nt, &mut eps,
+        ],
+    )?;
+    let f2 = gpu.function(BWD_REDUCE)?;
+    let dims2 = LaunchDims { grid: ((6 * d).div_ceil(32) as u32, 1, 1), block: (32, sg, 1), shared_bytes: 4 * 32 * sg };
+    let (mut pt2, mut nb, mut d2) = (part, blocks, d as u32);
+    launch(f2, dims2, stream, &mut [&mut pt2, &mut dwh, &mut dwv, &mut dcw, &mut nb, &mut d2])
+}

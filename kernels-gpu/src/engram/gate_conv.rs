@@ -1,1 +1,811 @@
 //! EngramGateConvFwd / EngramGateConvBwd kernels (SPEC.md §4–§5).
+//!
+//! Both ops are row-local except the causal depthwise conv (kernel 4), which reads `u` of rows
+//! t−3..t (forward) and, in the backward, `dconv` of rows t..t+3. A block owns a tile of `R`
+//! consecutive rows of one sequence `m` and recomputes the halo rows' per-row scalars itself
+//! (3 rows before the tile in the forward; 3 before and 3 after in the backward), so one launch
+//! needs no exchange between blocks and nothing crosses the `m` boundary (a halo row with
+//! t < 0 or t ≥ T does not exist and contributes zero).
+//!
+//! Block layout: one warp per tile row including the halo (`R+3` warps forward, `R+6`
+//! backward); warp `i` owns row `t = t0 − 3 + i`. A lane owns 8-element chunks
+//! `c = lane + 32·n` of the row. With `NV > 0` ("resident") the row's inputs stay in
+//! registers between the phases (needs `ceil(d/8) ≤ 32·NV`, `d % 8 == 0`, 16-byte aligned
+//! rows); with `NV = 0` ("streaming") every phase reloads them (L1 hits), which works for any
+//! `d`. `FAST` selects 16-byte vector accesses (`d % 8 == 0`, aligned) or scalar ones (any `d`,
+//! any alignment). Row reductions are warp butterflies (fixed order).
+//!
+//! Halo rows recompute exactly what their owner computes (the same instructions on the same
+//! data), so `q(alpha·v)` of a halo row is bitwise the `vhat` its owner writes.
+use crate::prim::*;
+
+// ---------------------------------------------------------------- storage dtypes
+
+/// A 16-bit storage dtype: conversions to and from f32 (round to nearest even).
+pub trait Dt {
+    fn to_f32(h: u16) -> f32;
+    fn from_f32(v: f32) -> u16;
+    /// Two packed values (low half first in memory) → f32.
+    fn unpack2(w: u32) -> (f32, f32);
+    /// Two f32 → two packed values (`a` in the low half).
+    fn pack2(a: f32, b: f32) -> u32;
+}
+
+pub struct Bf16;
+pub struct F16;
+
+impl Dt for Bf16 {
+    #[inline(always)]
+    fn to_f32(h: u16) -> f32 {
+        bf16_to_f32(h)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> u16 {
+        f32_to_bf16(v)
+    }
+    #[inline(always)]
+    fn unpack2(w: u32) -> (f32, f32) {
+        bf16x2_to_f32(w)
+    }
+    #[inline(always)]
+    fn pack2(a: f32, b: f32) -> u32 {
+        f32_to_bf16x2(a, b)
+    }
+}
+
+impl Dt for F16 {
+    #[inline(always)]
+    fn to_f32(h: u16) -> f32 {
+        f16_to_f32(h)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> u16 {
+        f32_to_f16(v)
+    }
+    #[inline(always)]
+    fn unpack2(w: u32) -> (f32, f32) {
+        (f16_to_f32(w as u16), f16_to_f32((w >> 16) as u16))
+    }
+    #[inline(always)]
+    fn pack2(a: f32, b: f32) -> u32 {
+        (f32_to_f16(a) as u32) | ((f32_to_f16(b) as u32) << 16)
+    }
+}
+
+type Raw = [u32; 4];
+type F8 = [f32; 8];
+
+/// Loads the raw 16 bytes of chunk `c` (elements 8c..8c+8) of `row` (FAST layout only).
+#[inline(always)]
+unsafe fn ld_raw(row: *const u16, c: u32) -> Raw {
+    ld_nc_v4(row.add(c as usize * 8) as *const u32)
+}
+
+#[inline(always)]
+fn unpack8<D: Dt>(r: Raw) -> F8 {
+    let mut o = [0f32; 8];
+    let mut q = 0;
+    while q < 4 {
+        let (a, b) = D::unpack2(r[q]);
+        o[2 * q] = a;
+        o[2 * q + 1] = b;
+        q += 1;
+    }
+    o
+}
+
+/// Chunk `c` of `row` as f32; elements at or beyond `d` read as 0 (scalar path).
+#[inline(always)]
+unsafe fn ld8<D: Dt, const FAST: bool>(row: *const u16, c: u32, d: u32) -> F8 {
+    if FAST {
+        unpack8::<D>(ld_raw(row, c))
+    } else {
+        let mut o = [0f32; 8];
+        let j0 = c * 8;
+        let mut e = 0;
+        while e < 8 {
+            if j0 + e < d {
+                o[e as usize] = D::to_f32(*row.add((j0 + e) as usize));
+            }
+            e += 1;
+        }
+        o
+    }
+}
+
+/// Chunk `c` of an f32 row in scratch (generic address: shared or global); scratch rows are
+/// padded to a multiple of 8 elements, so the whole chunk is always addressable.
+#[inline(always)]
+unsafe fn ld8_f32(row: *const f32, c: u32) -> F8 {
+    let p = row.add(c as usize * 8);
+    let mut o = [0f32; 8];
+    let mut e = 0;
+    while e < 8 {
+        o[e] = *p.add(e);
+        e += 1;
+    }
+    o
+}
+
+#[inline(always)]
+unsafe fn st8_f32(row: *mut f32, c: u32, v: F8) {
+    let p = row.add(c as usize * 8);
+    let mut e = 0;
+    while e < 8 {
+        *p.add(e) = v[e];
+        e += 1;
+    }
+}
+
+/// Rounds 8 values to the dtype and stores chunk `c` of `row` (elements ≥ d are skipped).
+#[inline(always)]
+unsafe fn st8<D: Dt, const FAST: bool>(row: *mut u16, c: u32, d: u32, v: F8) {
+    if FAST {
+        let w = [D::pack2(v[0], v[1]), D::pack2(v[2], v[3]), D::pack2(v[4], v[5]), D::pack2(v[6], v[7])];
+        st_v4(row.add(c as usize * 8) as *mut u32, w);
+    } else {
+        let j0 = c * 8;
+        let mut e = 0;
+        while e < 8 {
+            if j0 + e < d {
+                *row.add((j0 + e) as usize) = D::from_f32(v[e as usize]);
+            }
+            e += 1;
+        }
+    }
+}
+
+/// Prefetches into L1 the lines of chunk `c` of `conv_w` (4 rows) and of `rms_w_v`, which the
+/// conv phase reads after the block barrier (their first touch after an L2 flush is a DRAM
+/// round trip that would otherwise sit on the critical path).
+#[inline(always)]
+unsafe fn prefetch_conv_weights(cw: *const u16, wv: *const u16, c: u32, d: u32) {
+    let j = (c * 8) as usize;
+    if j < d as usize {
+        prefetch_l1(wv.add(j) as *const u8);
+        for p in 0..4usize {
+            prefetch_l1(cw.add(p * d as usize + j) as *const u8);
+        }
+    }
+}
+
+/// `q(x)` as f32: round to the dtype and back.
+#[inline(always)]
+fn qf<D: Dt>(x: f32) -> f32 {
+    D::to_f32(D::from_f32(x))
+}
+
+/// `1/sqrt(sum/d + eps)` with correctly rounded steps.
+#[inline(always)]
+fn rrms(sum: f32, d: f32, eps: f32) -> f32 {
+    rcp_rn(sqrt_rn(div_rn(sum, d) + eps))
+}
+
+
+
+/// Runs `$body` for each chunk `$c` of this lane with its resident index `$n`: unrolled over
+/// `n < NV` (constant indices, so resident arrays stay in registers) when `NV > 0`, a loop
+/// over `c = lane + 32·n < nch` otherwise.
+macro_rules! each_chunk {
+    ($nv:expr, $lane:expr, $nch:expr, |$n:ident, $c:ident| $body:block) => {{
+        if $nv > 0 {
+            each_chunk!(@one $nv, $lane, $nch, 0, $n, $c, $body);
+            each_chunk!(@one $nv, $lane, $nch, 1, $n, $c, $body);
+            each_chunk!(@one $nv, $lane, $nch, 2, $n, $c, $body);
+            each_chunk!(@one $nv, $lane, $nch, 3, $n, $c, $body);
+        } else {
+            let mut $c = $lane;
+            #[allow(unused_variables)]
+            let $n = 0usize;
+            while $c < $nch {
+                $body
+                $c += 32;
+            }
+        }
+    }};
+    (@one $nv:expr, $lane:expr, $nch:expr, $k:expr, $n:ident, $c:ident, $body:block) => {
+        if $k < $nv {
+            #[allow(unused_variables)]
+            let $n: usize = $k;
+            let $c = $lane + 32 * $k as u32;
+            if $c < $nch $body
+        }
+    };
+}
+
+/// Resident chunk `n` (requires n < NV).
+#[inline(always)]
+unsafe fn res<const NV: usize>(a: &[Raw; NV], n: usize) -> Raw {
+    *a.get_unchecked(n)
+}
+
+// ---------------------------------------------------------------- forward
+
+/// Smem (f32): `alpha[R+3]`, `rrms_v[R+3]` of the tile's rows including the 3 halo rows.
+pub const fn fwd_smem_floats(r: u32) -> u32 {
+    2 * (r + 3)
+}
+
+/// EngramGateConvFwd. Grid `M·ntiles` (block b: m = b / ntiles, tile b % ntiles, ntiles = ceil(T/R)), block `(R+3)·32` threads, dynamic smem
+/// `fwd_smem_floats(R)·4` bytes. Pointers: `h, k, v, y, vhat` `[M,T,d]`; `wh, wv` `[d]`;
+/// `cw` `[4,d]`; `alpha, rh, rk, rv` `[M,T]` f32.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fwd<D: Dt, const FAST: bool, const NV: usize>(
+    h: *const u16,
+    k: *const u16,
+    v: *const u16,
+    wh: *const u16,
+    wv: *const u16,
+    cw: *const u16,
+    y: *mut u16,
+    vhat: *mut u16,
+    alpha_o: *mut f32,
+    rh_o: *mut f32,
+    rk_o: *mut f32,
+    rv_o: *mut f32,
+    t_len: u32,
+    d: u32,
+    r: u32,
+    ntiles: u32,
+    eps: f32,
+) {
+    let lane = lane_id();
+    let i = thread_idx_x() / 32;
+    let m = block_idx_x() / ntiles;
+    let t0 = (block_idx_x() - m * ntiles) * r;
+    let nch = d.div_ceil(8);
+    let df = d as f32;
+    let sm = dyn_smem::<f32>();
+    let (s_alpha, s_rv) = (sm, sm.add((r + 3) as usize));
+
+    // ---- phase 1: per-row scalars of every tile row (warp i ↔ t = t0 − 3 + i)
+    let t = (t0 + i) as i32 - 3;
+    if i < r + 3 && t >= 0 && (t as u32) < t_len {
+        let row = (m * t_len + t as u32) as usize * d as usize;
+        let (hr, kr, vr) = (h.add(row), k.add(row), v.add(row));
+        let owned = i >= 3;
+        let (mut shh, mut skk, mut shk) = (0f32, 0f32, 0f32);
+        let mut vres: [Raw; NV] = [[0; 4]; NV];
+        let mut hres: [Raw; NV] = [[0; 4]; NV];
+        let mut kres: [Raw; NV] = [[0; 4]; NV];
+        let mut wres: [Raw; NV] = [[0; 4]; NV];
+        // resident: issue every load of the row first
+        each_chunk!(NV, lane, nch, |n, c| {
+            if NV > 0 {
+                *hres.get_unchecked_mut(n) = ld_raw(hr, c);
+                *kres.get_unchecked_mut(n) = ld_raw(kr, c);
+                *vres.get_unchecked_mut(n) = ld_raw(vr, c);
+                *wres.get_unchecked_mut(n) = ld_raw(wh, c);
+            }
+        });
+        // the conv weights for phase 2 (one warp suffices: L1 is per SM)
+        if i == 3 {
+            let mut c = lane;
+            while c < nch {
+                prefetch_conv_weights(cw, wv, c, d);
+                c += 32;
+            }
+        }
+        each_chunk!(NV, lane, nch, |n, c| {
+            let (hh, kk, ww) = if NV > 0 {
+                (unpack8::<D>(res(&hres, n)), unpack8::<D>(res(&kres, n)), unpack8::<D>(res(&wres, n)))
+            } else {
+                (ld8::<D, FAST>(hr, c, d), ld8::<D, FAST>(kr, c, d), ld8::<D, FAST>(wh, c, d))
+            };
+            for e in 0..8 {
+                shh = fma(hh[e], hh[e], shh);
+                skk = fma(kk[e], kk[e], skk);
+                shk = fma(hh[e] * kk[e], ww[e] * ww[e], shk);
+            }
+        });
+        let (shh, skk, shk) = (warp_sum_f32(shh), warp_sum_f32(skk), warp_sum_f32(shk));
+        let rh = rrms(shh, df, eps);
+        let rk = rrms(skk, df, eps);
+        let alpha = sigmoid(div_rn(shk * rh * rk, sqrt_rn(df)));
+        let vq_out = vhat.add(row);
+        let mut svv = 0f32;
+        each_chunk!(NV, lane, nch, |n, c| {
+            let vv = if NV > 0 { unpack8::<D>(res(&vres, n)) } else { ld8::<D, FAST>(vr, c, d) };
+            let mut o = [0f32; 8];
+            for e in 0..8 {
+                o[e] = qf::<D>(alpha * vv[e]);
+                svv = fma(o[e], o[e], svv);
+            }
+            if owned {
+                st8::<D, FAST>(vq_out, c, d, o);
+            }
+        });
+        let rv = rrms(warp_sum_f32(svv), df, eps);
+        if lane == 0 {
+            *s_alpha.add(i as usize) = alpha;
+            *s_rv.add(i as usize) = rv;
+            if owned {
+                let rix = (m * t_len + t as u32) as usize;
+                *alpha_o.add(rix) = alpha;
+                *rh_o.add(rix) = rh;
+                *rk_o.add(rix) = rk;
+                *rv_o.add(rix) = rv;
+            }
+        }
+    }
+    sync_threads();
+
+    // ---- phase 2: conv and Y, element chunks of the R owned rows spread over the block
+    let total = r * nch;
+    let mut e = thread_idx_x();
+    while e < total {
+        let io = e / nch; // owned row index 0..R (tile row io + 3)
+        let c = e - io * nch;
+        let t = t0 + io;
+        if t < t_len {
+            let base = (m * t_len) as usize;
+            let wvv = ld8::<D, FAST>(wv, c, d);
+            let mut conv = [0f32; 8];
+            let mut vt = [0f32; 8];
+            for p in 0..4u32 {
+                // u of row t − 3 + p (tile row io + p)
+                if t + p >= 3 {
+                    let tp = t + p - 3;
+                    let ip = (io + p) as usize;
+                    let (a, rv) = (*s_alpha.add(ip), *s_rv.add(ip));
+                    let vv = ld8::<D, FAST>(v.add((base + tp as usize) * d as usize), c, d);
+                    let cwp = ld8::<D, FAST>(cw.add(p as usize * d as usize), c, d);
+                    for q in 0..8 {
+                        let u = qf::<D>(a * vv[q]) * rv * wvv[q];
+                        conv[q] = fma(cwp[q], u, conv[q]);
+                    }
+                    if p == 3 {
+                        for q in 0..8 {
+                            vt[q] = a * vv[q];
+                        }
+                    }
+                }
+            }
+            let mut out = [0f32; 8];
+            for q in 0..8 {
+                out[q] = conv[q] * sigmoid(conv[q]) + vt[q];
+            }
+            st8::<D, FAST>(y.add((base + t as usize) * d as usize), c, d, out);
+        }
+        e += block_dim_x();
+    }
+}
+
+// ---------------------------------------------------------------- backward
+
+/// Smem (f32) of the backward's main kernel: `rrms_v'[R+6]`, `2·dz·s·rh·rk [R]`, padded to 4,
+/// then (when no global scratch is given) `dconv[(R+3)][ceil(d/8)·8]`.
+pub const fn bwd_smem_scalar_floats(r: u32) -> u32 {
+    (2 * r + 6).div_ceil(4) * 4
+}
+
+/// EngramGateConvBwd, main kernel. Grid `M·ntiles` (block b: m = b / ntiles, tile b % ntiles, ntiles = ceil(T/R)), block `(R+6)·32` threads.
+/// `scratch`: null → `dconv` rows live in dynamic smem after the scalars; else a global
+/// buffer of `gridDim.x·(R+3)·ceil(d/8)·8` f32 (this block's slice is used).
+/// `part`: `[blocks, 6, d]` f32 per-block partial weight gradients
+/// (`drms_w_h, drms_w_v, dconv_w[0..4]`), reduced by [`engram_gate_bwd_reduce`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
+    g: *const u16,
+    h: *const u16,
+    k: *const u16,
+    v: *const u16,
+    wh: *const u16,
+    wv: *const u16,
+    cw: *const u16,
+    alpha: *const f32,
+    rh_i: *const f32,
+    rk_i: *const f32,
+    dh: *mut u16,
+    dk: *mut u16,
+    dv: *mut u16,
+    part: *mut f32,
+    scratch: *mut f32,
+    t_len: u32,
+    d: u32,
+    r: u32,
+    ntiles: u32,
+    eps: f32,
+) {
+    let lane = lane_id();
+    let i = thread_idx_x() / 32;
+    let m = block_idx_x() / ntiles;
+    let t0 = (block_idx_x() - m * ntiles) * r;
+    let blk = block_idx_x() as usize;
+    let nch = d.div_ceil(8);
+    let dpad = (nch * 8) as usize;
+    let df = d as f32;
+    let s = div_rn(1.0, sqrt_rn(df));
+    let sm = dyn_smem::<f32>();
+    let s_rv = sm;
+    let s_ch = sm.add((r + 6) as usize);
+    let scr = if scratch.is_null() {
+        sm.add(bwd_smem_scalar_floats(r) as usize)
+    } else {
+        scratch.add(blk * (r as usize + 3) * dpad)
+    };
+    let base = (m * t_len) as usize; // first row of sequence m
+    let rowp = |p: *const u16, t: u32| p.wrapping_add((base + t as usize) * d as usize);
+
+    let t = (t0 + i) as i32 - 3;
+    let valid = i < r + 6 && t >= 0 && (t as u32) < t_len;
+    let tu = t as u32;
+    let owned = valid && i >= 3 && i < r + 3;
+    let has_g = valid && i >= 3;
+
+    // ---- stage 1: rrms_v' of every tile row (from the unrounded vh = alpha·v); P = Σ H·k·wh²
+    let mut vres: [Raw; NV] = [[0; 4]; NV];
+    let mut gres: [Raw; NV] = [[0; 4]; NV];
+    let mut hres: [Raw; NV] = [[0; 4]; NV];
+    let mut kres: [Raw; NV] = [[0; 4]; NV];
+    let mut a = 0f32;
+    let mut p_sum = 0f32;
+    // the forward's rrms of owned rows, loaded now so stage 3 does not wait on DRAM
+    let (mut rh, mut rk) = (0f32, 0f32);
+    if valid {
+        a = *alpha.add(base + tu as usize);
+        if owned {
+            (rh, rk) = (*rh_i.add(base + tu as usize), *rk_i.add(base + tu as usize));
+        }
+        let (vr, gr, hr, kr) = (rowp(v, tu), rowp(g, tu), rowp(h, tu), rowp(k, tu));
+        let mut svv = 0f32;
+        let mut wres: [Raw; NV] = [[0; 4]; NV];
+        each_chunk!(NV, lane, nch, |n, c| {
+            if NV > 0 {
+                *vres.get_unchecked_mut(n) = ld_raw(vr, c);
+                if has_g {
+                    *gres.get_unchecked_mut(n) = ld_raw(gr, c);
+                }
+                if owned {
+                    *hres.get_unchecked_mut(n) = ld_raw(hr, c);
+                    *kres.get_unchecked_mut(n) = ld_raw(kr, c);
+                    *wres.get_unchecked_mut(n) = ld_raw(wh, c);
+                }
+            }
+        });
+        // the conv weights for stage 2 (one warp suffices: L1 is per SM)
+        if i == 3 {
+            let mut c = lane;
+            while c < nch {
+                prefetch_conv_weights(cw, wv, c, d);
+                c += 32;
+            }
+        }
+        each_chunk!(NV, lane, nch, |n, c| {
+            let vv = if NV > 0 { unpack8::<D>(res(&vres, n)) } else { ld8::<D, FAST>(vr, c, d) };
+            for e in 0..8 {
+                let vh = a * vv[e];
+                svv = fma(vh, vh, svv);
+            }
+            if owned {
+                let (hh, kk, ww) = if NV > 0 {
+                    (unpack8::<D>(res(&hres, n)), unpack8::<D>(res(&kres, n)), unpack8::<D>(res(&wres, n)))
+                } else {
+                    (ld8::<D, FAST>(hr, c, d), ld8::<D, FAST>(kr, c, d), ld8::<D, FAST>(wh, c, d))
+                };
+                for e in 0..8 {
+                    p_sum = fma(hh[e] * kk[e], ww[e] * ww[e], p_sum);
+                }
+            }
+        });
+        let rv = rrms(warp_sum_f32(svv), df, eps);
+        p_sum = warp_sum_f32(p_sum);
+        if lane == 0 {
+            *s_rv.add(i as usize) = rv;
+        }
+    }
+    sync_threads();
+
+    // u of tile row `ip` (t' = t0 − 3 + ip ≥ 0, < T), chunk c: (alpha·v)·rv'·wv
+    let u_of = |ip: u32, c: u32, wvv: &F8| -> F8 {
+        let tp = t0 + ip - 3;
+        let ap = *alpha.add(base + tp as usize);
+        let rvp = *s_rv.add(ip as usize);
+        let vv = ld8::<D, FAST>(rowp(v, tp), c, d);
+        let mut o = [0f32; 8];
+        for q in 0..8 {
+            o[q] = (ap * vv[q]) * rvp * wvv[q];
+        }
+        o
+    };
+
+    // ---- stage 2: dconv = g·silu'(conv) of tile rows 3..R+6 (t0..t0+R+2) into scratch row i−3
+    if i >= 3 && i < r + 6 {
+        let srow = scr.add((i - 3) as usize * dpad);
+        let gr = rowp(g, tu);
+        each_chunk!(NV, lane, nch, |n, c| {
+            let mut dc = [0f32; 8];
+            if has_g {
+                let wvv = ld8::<D, FAST>(wv, c, d);
+                let mut conv = [0f32; 8];
+                for p in 0..4u32 {
+                    if tu + p >= 3 {
+                        let uu = u_of(i - 3 + p, c, &wvv);
+                        let cwp = ld8::<D, FAST>(cw.add(p as usize * d as usize), c, d);
+                        for q in 0..8 {
+                            conv[q] = fma(cwp[q], uu[q], conv[q]);
+                        }
+                    }
+                }
+                let gg = if NV > 0 { unpack8::<D>(res(&gres, n)) } else { ld8::<D, FAST>(gr, c, d) };
+                for q in 0..8 {
+                    let sg = sigmoid(conv[q]);
+                    dc[q] = gg[q] * (sg * (1.0 + conv[q] * (1.0 - sg)));
+                }
+            }
+            st8_f32(srow, c, dc);
+        });
+    }
+    sync_threads();
+
+    // du of tile row i (scratch rows i−3..i hold dconv of t..t+3): Σ_p cw[p]·dconv[t+3−p]
+    let du_of = |ii: u32, c: u32| -> F8 {
+        let mut o = [0f32; 8];
+        for p in 0..4u32 {
+            let cwp = ld8::<D, FAST>(cw.add(p as usize * d as usize), c, d);
+            let dc = ld8_f32(scr.add((ii - p) as usize * dpad), c);
+            for q in 0..8 {
+                o[q] = fma(cwp[q], dc[q], o[q]);
+            }
+        }
+        o
+    };
+
+    // ---- stage 3: owned rows: u-norm backward, gate backward, the two rmsnorm backwards
+    if owned {
+        let rv = *s_rv.add(i as usize);
+        let (vr, gr, hr, kr) = (rowp(v, tu), rowp(g, tu), rowp(h, tu), rowp(k, tu));
+        let get = |ra: &[Raw; NV], p: *const u16, n: usize, c: u32| -> F8 {
+            if NV > 0 {
+                unpack8::<D>(res(ra, n))
+            } else {
+                ld8::<D, FAST>(p, c, d)
+            }
+        };
+        // s1 = Σ du·wv·vh
+        let mut s1 = 0f32;
+        each_chunk!(NV, lane, nch, |n, c| {
+            let du = du_of(i, c);
+            let (wvv, vv) = (ld8::<D, FAST>(wv, c, d), get(&vres, vr, n, c));
+            for q in 0..8 {
+                s1 = fma(du[q] * wvv[q], a * vv[q], s1);
+            }
+        });
+        let s1 = warp_sum_f32(s1);
+        let c1 = rv * rv * rv * div_rn(s1, df);
+        // dvh = g + rv·du·wv − vh·c1; dv = alpha·dvh; s2 = Σ dvh·v
+        let mut s2 = 0f32;
+        let dvr = rowp(dv, tu) as *mut u16;
+        each_chunk!(NV, lane, nch, |n, c| {
+            let du = du_of(i, c);
+            let (wvv, vv, gg) = (ld8::<D, FAST>(wv, c, d), get(&vres, vr, n, c), get(&gres, gr, n, c));
+            let mut o = [0f32; 8];
+            for q in 0..8 {
+                let dvh = gg[q] + (rv * (du[q] * wvv[q]) - (a * vv[q]) * c1);
+                o[q] = a * dvh;
+                s2 = fma(dvh, vv[q], s2);
+            }
+            st8::<D, FAST>(dvr, c, d, o);
+        });
+        let s2 = warp_sum_f32(s2);
+        let dz = a * (1.0 - a) * s2;
+        let aa = dz * s * rh * rk;
+        let pd = div_rn(p_sum, df);
+        let (ch, ck) = (rh * rh * pd, rk * rk * pd);
+        let (dhr, dkr) = (rowp(dh, tu) as *mut u16, rowp(dk, tu) as *mut u16);
+        each_chunk!(NV, lane, nch, |n, c| {
+            let (hh, kk, ww) = (get(&hres, hr, n, c), get(&kres, kr, n, c), ld8::<D, FAST>(wh, c, d));
+            let (mut oh, mut ok) = ([0f32; 8], [0f32; 8]);
+            for q in 0..8 {
+                let w2 = ww[q] * ww[q];
+                oh[q] = aa * (kk[q] * w2 - hh[q] * ch);
+                ok[q] = aa * (hh[q] * w2 - kk[q] * ck);
+            }
+            st8::<D, FAST>(dhr, c, d, oh);
+            st8::<D, FAST>(dkr, c, d, ok);
+        });
+        if lane == 0 {
+            *s_ch.add((i - 3) as usize) = 2.0 * aa;
+        }
+    }
+    sync_threads();
+
+    // ---- stage 4: this block's partial weight gradients, column chunks over the owned rows
+    // in increasing t (fixed order).
+    let nown = if t0 + r <= t_len { r } else { t_len - t0 };
+    let pb = part.add(blk * 6 * d as usize);
+    let ld1 = |p: *const u16, j: u32| D::to_f32(*p.add(j as usize));
+    let mut j = thread_idx_x();
+    while j < d {
+        let (wvj, whj) = (ld1(wv, j), ld1(wh, j));
+        let cwj = [ld1(cw, j), ld1(cw, d + j), ld1(cw, 2 * d + j), ld1(cw, 3 * d + j)];
+        // u of tile row ip (t' = t0 − 3 + ip, 0 ≤ t' < T), column j
+        let u1 = |ip: u32| -> f32 {
+            let tp = t0 + ip - 3;
+            let ap = *alpha.add(base + tp as usize);
+            ((ap * ld1(rowp(v, tp), j)) * *s_rv.add(ip as usize)) * wvj
+        };
+        let (mut a_h, mut a_v, mut a_c0, mut a_c1, mut a_c2, mut a_c3) = (0f32, 0f32, 0f32, 0f32, 0f32, 0f32);
+        // window of u over t−3..t and of dconv over t..t+3 (scratch rows io..io+3)
+        let (mut w0, mut w1, mut w2) = (0f32, 0f32, 0f32);
+        if t0 >= 3 {
+            w0 = u1(0);
+        }
+        if t0 >= 2 {
+            w1 = u1(1);
+        }
+        if t0 >= 1 {
+            w2 = u1(2);
+        }
+        let sc = |row: u32| *scr.add(row as usize * dpad + j as usize);
+        let (mut e0, mut e1, mut e2) = (sc(0), sc(1), sc(2));
+        let mut io = 0;
+        while io < nown {
+            let ii = io + 3;
+            let tt = t0 + io;
+            let w3 = u1(ii);
+            let e3 = sc(io + 3);
+            // du[t] = Σ_p cw[p]·dconv[t+3−p] (same order as du_of)
+            let mut du = 0f32;
+            du = fma(cwj[0], e3, du);
+            du = fma(cwj[1], e2, du);
+            du = fma(cwj[2], e1, du);
+            du = fma(cwj[3], e0, du);
+            let at = *alpha.add(base + tt as usize);
+            let rvt = *s_rv.add(ii as usize);
+            let cht = *s_ch.add(io as usize);
+            let (vv, hh, kk) = (ld1(rowp(v, tt), j), ld1(rowp(h, tt), j), ld1(rowp(k, tt), j));
+            a_h = fma(cht * whj, hh * kk, a_h);
+            a_v = fma(du, (at * vv) * rvt, a_v);
+            a_c0 = fma(e0, w0, a_c0);
+            a_c1 = fma(e0, w1, a_c1);
+            a_c2 = fma(e0, w2, a_c2);
+            a_c3 = fma(e0, w3, a_c3);
+            (w0, w1, w2) = (w1, w2, w3);
+            (e0, e1, e2) = (e1, e2, e3);
+            io += 1;
+        }
+        let dd = d as usize;
+        let pj = pb.add(j as usize);
+        *pj = a_h;
+        *pj.add(dd) = a_v;
+        *pj.add(2 * dd) = a_c0;
+        *pj.add(3 * dd) = a_c1;
+        *pj.add(4 * dd) = a_c2;
+        *pj.add(5 * dd) = a_c3;
+        j += block_dim_x();
+    }
+}
+
+/// Deterministic reduction of the per-block partials: `out[e] = Σ_b part[b, e]` over
+/// `e < 6·d`, written to `drms_w_h` (e < d), `drms_w_v` (d ≤ e < 2d), `dconv_w` (2d ≤ e).
+/// Block `(32, S)`: thread (x, y) sums blocks `b ≡ y (mod S)` in increasing b; then y = 0
+/// adds the S partial sums in order. Grid `ceil(6d/32)`. Smem: `32·S` f32.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn engram_gate_bwd_reduce(
+    part: *const f32,
+    drms_w_h: *mut f32,
+    drms_w_v: *mut f32,
+    dconv_w: *mut f32,
+    nblocks: u32,
+    d: u32,
+) {
+    let x = thread_idx_x();
+    let yy = thread_idx_y();
+    let sgs = block_dim_y();
+    let e = block_idx_x() * 32 + x;
+    let n6 = 6 * d;
+    let sm = dyn_smem::<f32>();
+    let mut acc = 0f32;
+    if e < n6 {
+        let mut b = yy;
+        while b < nblocks {
+            acc += *part.add(b as usize * n6 as usize + e as usize);
+            b += sgs;
+        }
+    }
+    *sm.add((yy * 32 + x) as usize) = acc;
+    sync_threads();
+    if yy == 0 && e < n6 {
+        let mut tot = 0f32;
+        for q in 0..sgs {
+            tot += *sm.add((q * 32 + x) as usize);
+        }
+        if e < d {
+            *drms_w_h.add(e as usize) = tot;
+        } else if e < 2 * d {
+            *drms_w_v.add((e - d) as usize) = tot;
+        } else {
+            *dconv_w.add((e - 2 * d) as usize) = tot;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- entries
+
+macro_rules! fwd_entry {
+    ($name:ident, $dt:ty, $fast:expr, $nv:expr) => {
+        /// EngramGateConvFwd entry (see [`fwd`] for the launch contract).
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(
+            h: *const u16,
+            k: *const u16,
+            v: *const u16,
+            wh: *const u16,
+            wv: *const u16,
+            cw: *const u16,
+            y: *mut u16,
+            vhat: *mut u16,
+            alpha: *mut f32,
+            rh: *mut f32,
+            rk: *mut f32,
+            rv: *mut f32,
+            t_len: u32,
+            d: u32,
+            r: u32,
+            ntiles: u32,
+            eps: f32,
+        ) {
+            fwd::<$dt, $fast, $nv>(h, k, v, wh, wv, cw, y, vhat, alpha, rh, rk, rv, t_len, d, r, ntiles, eps)
+        }
+    };
+}
+
+macro_rules! bwd_entry {
+    ($name:ident, $dt:ty, $fast:expr, $nv:expr) => {
+        /// EngramGateConvBwd main entry (see [`bwd`] for the launch contract).
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(
+            g: *const u16,
+            h: *const u16,
+            k: *const u16,
+            v: *const u16,
+            wh: *const u16,
+            wv: *const u16,
+            cw: *const u16,
+            alpha: *const f32,
+            rh: *const f32,
+            rk: *const f32,
+            dh: *mut u16,
+            dk: *mut u16,
+            dv: *mut u16,
+            part: *mut f32,
+            scratch: *mut f32,
+            t_len: u32,
+            d: u32,
+            r: u32,
+            ntiles: u32,
+            eps: f32,
+        ) {
+            bwd::<$dt, $fast, $nv>(g, h, k, v, wh, wv, cw, alpha, rh, rk, dh, dk, dv, part, scratch, t_len, d, r, ntiles, eps)
+        }
+    };
+}
+
+fwd_entry!(engram_gate_fwd_bf16_r1, Bf16, true, 1);
+fwd_entry!(engram_gate_fwd_bf16_r2, Bf16, true, 2);
+fwd_entry!(engram_gate_fwd_bf16_r3, Bf16, true, 3);
+fwd_entry!(engram_gate_fwd_bf16_r4, Bf16, true, 4);
+fwd_entry!(engram_gate_fwd_bf16_v8, Bf16, true, 0);
+fwd_entry!(engram_gate_fwd_bf16_any, Bf16, false, 0);
+fwd_entry!(engram_gate_fwd_f16_r1, F16, true, 1);
+fwd_entry!(engram_gate_fwd_f16_r2, F16, true, 2);
+fwd_entry!(engram_gate_fwd_f16_r3, F16, true, 3);
+fwd_entry!(engram_gate_fwd_f16_r4, F16, true, 4);
+fwd_entry!(engram_gate_fwd_f16_v8, F16, true, 0);
+fwd_entry!(engram_gate_fwd_f16_any, F16, false, 0);
+
+bwd_entry!(engram_gate_bwd_bf16_r1, Bf16, true, 1);
+bwd_entry!(engram_gate_bwd_bf16_r2, Bf16, true, 2);
+bwd_entry!(engram_gate_bwd_bf16_r3, Bf16, true, 3);
+bwd_entry!(engram_gate_bwd_bf16_r4, Bf16, true, 4);
+bwd_entry!(engram_gate_bwd_bf16_v8, Bf16, true, 0);
+bwd_entry!(engram_gate_bwd_bf16_any, Bf16, false, 0);
+bwd_entry!(engram_gate_bwd_f16_r1, F16, true, 1);
+bwd_entry!(engram_gate_bwd_f16_r2, F16, true, 2);
+bwd_entry!(engram_gate_bwd_f16_r3, F16, true, 3);
+bwd_entry!(engram_gate_bwd_f16_r4, F16, true, 4);
+bwd_entry!(engram_gate_bwd_f16_v8, F16, true, 0);
+bwd_entry!(engram_gate_bwd_f16_any, F16, false, 0);

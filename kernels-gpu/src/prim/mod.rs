@@ -315,3 +315,12 @@ pub fn dyn_smem<T>() -> *mut T {
 }
 
 core::arch::global_asm!(".extern .shared .align 16 .b8 rgk_dyn_smem[];");
+
+// ---------------------------------------------------------------- EngramGateConvFwd/Bwd
+
+/// `prefetch.global.L1 [p]`: brings the line holding `p` into this SM's L1 (no register
+/// written, nothing waits on it). `p` must be a global address.
+#[inline(always)]
+pub unsafe fn prefetch_l1(p: *const u8) {
+    asm!("prefetch.global.L1 [{}];", in(reg64) p, options(nostack, readonly));
+}
