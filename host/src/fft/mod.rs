@@ -24,8 +24,8 @@ use crate::{Error, Gpu, Result};
 mod model;
 mod plan;
 
-use plan::{decompose, split_log, Buf, Pass, MAX_SINGLE_LOG};
-pub use plan::{MAX_ELEMENTS, MAX_LOG_N};
+pub use plan::MAX_ELEMENTS;
+use plan::{decompose, max_log_n, max_single_log, split_log, Buf, Pass};
 
 const KERNELS_C64: [&str; 13] = [
     "fft_c64_l1",
@@ -42,7 +42,7 @@ const KERNELS_C64: [&str; 13] = [
     "fft_c64_l12",
     "fft_c64_l13",
 ];
-const KERNELS_C128: [&str; 13] = [
+const KERNELS_C128: [&str; 12] = [
     "fft_c128_l1",
     "fft_c128_l2",
     "fft_c128_l3",
@@ -55,7 +55,6 @@ const KERNELS_C128: [&str; 13] = [
     "fft_c128_l10",
     "fft_c128_l11",
     "fft_c128_l12",
-    "fft_c128_l13",
 ];
 
 /// PTX entries of the FFT.
@@ -85,7 +84,6 @@ pub(crate) const KERNELS: &[&str] = &[
     KERNELS_C128[9],
     KERNELS_C128[10],
     KERNELS_C128[11],
-    KERNELS_C128[12],
 ];
 
 /// The complex storage type of a transform.
@@ -98,6 +96,12 @@ pub enum Precision {
 }
 
 impl Precision {
+    /// Longest supported transform: 2^26 for c64, 2^24 for c128 (two passes of at most 2^13,
+    /// resp. 2^12).
+    pub fn max_len(self) -> usize {
+        1 << max_log_n(self.element_bytes())
+    }
+
     /// Bytes of one complex element.
     pub fn element_bytes(self) -> usize {
         match self {
@@ -133,7 +137,7 @@ pub struct FftPlan {
 }
 
 /// Checks `(n, batch)` and returns `log2 n`. Errors name `n` or `batch`.
-fn validate(n: usize, batch: usize) -> Result<u32> {
+fn validate(n: usize, batch: usize, precision: Precision) -> Result<u32> {
     if n == 0 {
         return Err(Error::Shape { arg: "n", msg: "must be at least 1".into() });
     }
@@ -141,8 +145,11 @@ fn validate(n: usize, batch: usize) -> Result<u32> {
         return Err(Error::Shape { arg: "n", msg: format!("{n} is not a power of two") });
     }
     let log_n = n.trailing_zeros();
-    if log_n > MAX_LOG_N {
-        return Err(Error::Shape { arg: "n", msg: format!("{n} exceeds the longest supported length 2^{MAX_LOG_N}") });
+    if n > precision.max_len() {
+        return Err(Error::Shape {
+            arg: "n",
+            msg: format!("{n} exceeds the longest supported {precision:?} length {}", precision.max_len()),
+        });
     }
     if batch == 0 {
         return Err(Error::Shape { arg: "batch", msg: "must be at least 1".into() });
@@ -177,13 +184,13 @@ fn raw_ptr(gpu: &Gpu, s: &Option<CudaSlice<u8>>) -> CUdeviceptr {
 impl FftPlan {
     /// Plans `batch` forward transforms of length `n` in `precision` on `gpu`.
     ///
-    /// Errors: [`Error::Shape`] naming `n` (0, not a power of two, above 2^[`MAX_LOG_N`]) or
+    /// Errors: [`Error::Shape`] naming `n` (0, not a power of two, above [`Precision::max_len`]) or
     /// `batch` (0); [`Error::Overflow`] naming `batch` when `n·batch` exceeds
     /// [`MAX_ELEMENTS`]; a driver error from the uploads or the allocation.
     pub fn new(gpu: &Gpu, n: usize, batch: usize, precision: Precision) -> Result<Self> {
-        let log_n = validate(n, batch)?;
+        let log_n = validate(n, batch, precision)?;
         let elem = precision.element_bytes();
-        let passes = if log_n == 0 { Vec::new() } else { decompose(log_n, batch, elem, MAX_SINGLE_LOG) };
+        let passes = if log_n == 0 { Vec::new() } else { decompose(log_n, batch, elem, max_single_log(elem)) };
         let log_lt = passes.iter().map(|p| p.log_l).max().unwrap_or(0);
         let log_split = split_log(log_n);
         let names = Self::kernel_names(precision);
@@ -226,7 +233,7 @@ impl FftPlan {
         Ok(Self { n, batch, precision, passes, tw, twlo, twhi, work, ptrs, log_lt, log_split })
     }
 
-    fn kernel_names(p: Precision) -> &'static [&'static str; 13] {
+    fn kernel_names(p: Precision) -> &'static [&'static str] {
         match p {
             Precision::C64 => &KERNELS_C64,
             Precision::C128 => &KERNELS_C128,
@@ -394,30 +401,34 @@ mod tests {
             Err(Error::Shape { arg, .. }) => arg,
             other => panic!("expected a shape error, got {other:?}"),
         };
-        assert_eq!(shape_arg(validate(0, 1)), "n");
-        assert_eq!(shape_arg(validate(3, 1)), "n");
-        assert_eq!(shape_arg(validate(1000, 4)), "n");
-        assert_eq!(shape_arg(validate(1 << 27, 1)), "n");
-        assert_eq!(shape_arg(validate(8, 0)), "batch");
-        assert!(matches!(validate(1 << 20, 1 << 12), Err(Error::Overflow { arg: "batch", .. })));
-        assert!(matches!(validate(1 << 26, usize::MAX / 2), Err(Error::Overflow { arg: "batch", .. })));
-        assert_eq!(validate(1, 1).unwrap(), 0);
-        assert_eq!(validate(1 << 22, 4).unwrap(), 22);
-        assert_eq!(validate(1 << 20, 1 << 11).unwrap(), 20);
+        let (c64, c128) = (Precision::C64, Precision::C128);
+        assert_eq!(shape_arg(validate(0, 1, c64)), "n");
+        assert_eq!(shape_arg(validate(3, 1, c64)), "n");
+        assert_eq!(shape_arg(validate(1000, 4, c128)), "n");
+        assert_eq!(shape_arg(validate(1 << 27, 1, c64)), "n");
+        assert_eq!(shape_arg(validate(1 << 25, 1, c128)), "n");
+        assert_eq!(shape_arg(validate(8, 0, c64)), "batch");
+        assert!(matches!(validate(1 << 20, 1 << 12, c64), Err(Error::Overflow { arg: "batch", .. })));
+        assert!(matches!(validate(1 << 24, usize::MAX / 2, c128), Err(Error::Overflow { arg: "batch", .. })));
+        assert_eq!(validate(1, 1, c64).unwrap(), 0);
+        assert_eq!(validate(1 << 22, 4, c128).unwrap(), 22);
+        assert_eq!(validate(1 << 26, 1, c64).unwrap(), 26);
+        assert_eq!(validate(1 << 24, 1, c128).unwrap(), 24);
+        assert_eq!(validate(1 << 20, 1 << 11, c64).unwrap(), 20);
     }
 
     #[test]
     fn every_pass_fits_a_block() {
-        for log_n in 1..=MAX_LOG_N {
-            for batch in [1, 3, 64, 300, 65536] {
-                if (batch << log_n) > MAX_ELEMENTS {
-                    continue;
-                }
-                for elem in [8, 16] {
-                    for p in decompose(log_n, batch, elem, MAX_SINGLE_LOG) {
-                        assert!(p.threads >= 1 && p.threads <= 512, "{p:?}");
+        for elem in [8, 16] {
+            for log_n in 1..=max_log_n(elem) {
+                for batch in [1, 3, 64, 300, 65536] {
+                    if (batch << log_n) > MAX_ELEMENTS {
+                        continue;
+                    }
+                    for p in decompose(log_n, batch, elem, max_single_log(elem)) {
+                        assert!(p.threads >= 1 && p.threads <= plan::max_threads(p.e, elem), "{p:?}");
                         assert!(p.smem_bytes as usize <= 227 * 1024, "{p:?}");
-                        assert!(p.log_l <= MAX_SINGLE_LOG && p.e <= 1 << p.log_l, "{p:?}");
+                        assert!(p.log_l <= max_single_log(elem) && p.e <= 1 << p.log_l, "{p:?}");
                         assert!((p.blocks as usize) << p.log_c >= p.count as usize, "{p:?}");
                         if p.log_min > 0 || p.log_mout > 0 {
                             // Column passes: a block's columns lie in one matrix.

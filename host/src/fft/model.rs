@@ -1,7 +1,7 @@
 //! A CPU model of the kernel passes (kernels-gpu/src/fft/stockham.rs), in f64, mirroring its
 //! index arithmetic thread by thread and barrier by barrier, so the plan's decomposition and
 //! the Stockham addressing are tested without a GPU.
-use super::plan::{elems_per_thread, Buf, Pass, COL_MAP, OUT_SMEM, TW4};
+use super::plan::{elems_per_thread, sidx, Buf, Pass, COL_MAP, OUT_SMEM, TW4};
 use crate::reference::twiddle;
 
 type C = (f64, f64);
@@ -27,7 +27,7 @@ fn base(t: u32, log_l: u32, log_m: u32) -> u32 {
 }
 
 /// Runs `passes` on `x` (interleaved f64 pairs) and returns `y`.
-pub(crate) fn run(passes: &[Pass], log_n: u32, batch: usize, x: &[f64]) -> Vec<f64> {
+pub(crate) fn run(passes: &[Pass], log_n: u32, batch: usize, elem: usize, x: &[f64]) -> Vec<f64> {
     let total = batch << log_n;
     let xs: Vec<C> = (0..total).map(|i| (x[2 * i], x[2 * i + 1])).collect();
     let mut work = vec![(f64::NAN, f64::NAN); total];
@@ -50,15 +50,15 @@ pub(crate) fn run(passes: &[Pass], log_n: u32, batch: usize, x: &[f64]) -> Vec<f
             Buf::Work => &mut work,
             _ => &mut y,
         };
-        run_pass(p, log_lt, split, &tw, &lo, &hi, &src, dst);
+        run_pass(p, elem, log_lt, split, &tw, &lo, &hi, &src, dst);
     }
     y.iter().flat_map(|c| [c.0, c.1]).collect()
 }
 
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-fn run_pass(p: &Pass, log_lt: u32, split: u32, tw: &[C], lo: &[C], hi: &[C], x: &[C], y: &mut [C]) {
+fn run_pass(p: &Pass, elem: usize, log_lt: u32, split: u32, tw: &[C], lo: &[C], hi: &[C], x: &[C], y: &mut [C]) {
     let e = p.e as usize;
-    assert_eq!(p.e, elems_per_thread(p.log_l));
+    assert_eq!(p.e, elems_per_thread(p.log_l, elem));
     let log_e = e.trailing_zeros();
     let log_l = p.log_l;
     let log_tpt = log_l - log_e;
@@ -103,7 +103,7 @@ fn run_pass(p: &Pass, log_lt: u32, split: u32, tw: &[C], lo: &[C], hi: &[C], x: 
                             (0.0, 0.0)
                         }
                     } else {
-                        sm[(ci * p.sm_stride + idx) as usize]
+                        sm[(ci * p.sm_stride + sidx(idx)) as usize]
                     };
                 }
             }
@@ -131,7 +131,7 @@ fn run_pass(p: &Pass, log_lt: u32, split: u32, tw: &[C], lo: &[C], hi: &[C], x: 
                             y[(base(t, log_l, p.log_mout) + (o << p.log_mout)) as usize] = val;
                         }
                     } else {
-                        sm[(ci * p.sm_stride + o) as usize] = val;
+                        sm[(ci * p.sm_stride + sidx(o)) as usize] = val;
                     }
                 }
             }
@@ -144,7 +144,7 @@ fn run_pass(p: &Pass, log_lt: u32, split: u32, tw: &[C], lo: &[C], hi: &[C], x: 
                     let k = el >> p.log_c;
                     let t2 = t0 + c2;
                     if t2 < p.count {
-                        let mut val = sm[(c2 * p.sm_stride + k) as usize];
+                        let mut val = sm[(c2 * p.sm_stride + sidx(k)) as usize];
                         if p.flags & TW4 != 0 {
                             val = tw4(val, t2 & min_mask, k);
                         }
@@ -158,7 +158,7 @@ fn run_pass(p: &Pass, log_lt: u32, split: u32, tw: &[C], lo: &[C], hi: &[C], x: 
 
 #[cfg(test)]
 mod tests {
-    use super::super::plan::{decompose, MAX_SINGLE_LOG};
+    use super::super::plan::{decompose, max_single_log};
     use super::*;
     use crate::reference::{fft_c2c_fwd, fft_error};
 
@@ -176,7 +176,7 @@ mod tests {
         let passes = if log_n == 0 { vec![] } else { decompose(log_n, batch, elem, max_single) };
         let n = 1usize << log_n;
         let x = input(n * batch, (log_n as u64) << 8 | batch as u64);
-        let ours = run(&passes, log_n, batch, &x);
+        let ours = run(&passes, log_n, batch, elem, &x);
         let (rel, _) = fft_error(&ours, &fft_c2c_fwd(n, batch, &x));
         assert!(rel < 1e-14, "n=2^{log_n} batch={batch} elem={elem} max_single={max_single}: rel {rel:e} {passes:?}");
     }
@@ -184,13 +184,14 @@ mod tests {
     /// One-pass plans, every length the plan uses one pass for (long ones at batch 1).
     #[test]
     fn single_pass_model_matches_reference() {
-        for log_n in 0..=MAX_SINGLE_LOG {
-            for batch in [1, 3, 5] {
-                if log_n > 10 && batch > 1 {
-                    continue;
+        for elem in [8, 16] {
+            for log_n in 0..=max_single_log(elem) {
+                for batch in [1, 3, 5] {
+                    if log_n > 10 && batch > 1 {
+                        continue;
+                    }
+                    check(log_n, batch, elem, max_single_log(elem));
                 }
-                check(log_n, batch, 8, MAX_SINGLE_LOG);
-                check(log_n, batch, 16, MAX_SINGLE_LOG);
             }
         }
     }
@@ -207,7 +208,9 @@ mod tests {
             }
         }
         // The plan's own four-step split at its smallest length.
-        check(MAX_SINGLE_LOG + 1, 1, 8, MAX_SINGLE_LOG);
+        for elem in [8, 16] {
+            check(max_single_log(elem) + 1, 1, elem, max_single_log(elem));
+        }
     }
 }
 

@@ -1,10 +1,20 @@
 //! How a plan splits a transform into kernel passes (no GPU needed: the CPU model in
 //! `model.rs` and the GPU plan both use it).
 
-/// Longest transform one block computes (`2^13`; c64 64 KiB, c128 128 KiB of shared memory).
-pub(crate) const MAX_SINGLE_LOG: u32 = 13;
-/// Longest transform a plan supports: two passes of at most `2^13` each.
-pub const MAX_LOG_N: u32 = 2 * MAX_SINGLE_LOG;
+/// Longest transform one block computes, log2, by element size: c64 `2^13` (68 KiB of shared
+/// memory, 512 threads), c128 `2^12` (68 KiB, 256 threads; its registers rule out 512).
+pub(crate) fn max_single_log(elem_bytes: usize) -> u32 {
+    if elem_bytes == 16 {
+        12
+    } else {
+        13
+    }
+}
+/// Longest transform a plan supports, log2: two passes of at most `2^max_single_log` each
+/// (c64 `2^26`, c128 `2^24`).
+pub(crate) fn max_log_n(elem_bytes: usize) -> u32 {
+    2 * max_single_log(elem_bytes)
+}
 /// Most elements (n·batch) one plan addresses (the kernels index with u32).
 pub const MAX_ELEMENTS: usize = 1 << 31;
 
@@ -16,6 +26,8 @@ pub(crate) const TW4: u32 = 4;
 /// Threads per block a pass aims for, and the most it may use.
 const TARGET_THREADS: u32 = 256;
 const MAX_THREADS: u32 = 512;
+/// Streaming multiprocessors of the H200.
+const SMS: usize = 132;
 /// Shared memory a multi-column pass may use per block (bytes).
 const COLUMN_SMEM: usize = 160 * 1024;
 
@@ -49,8 +61,37 @@ pub(crate) struct Pass {
 
 /// Elements per thread of the kernel for length `2^log_l` (must match the `entry!` table of
 /// kernels-gpu/src/fft/stockham.rs).
-pub(crate) fn elems_per_thread(log_l: u32) -> u32 {
-    (1u32 << log_l).min(16)
+pub(crate) fn elems_per_thread(log_l: u32, elem_bytes: usize) -> u32 {
+    match (log_l, elem_bytes) {
+        // c64: radix-8 stages where they take no more stages than radix 16: fewer registers,
+        // more blocks per SM for the short, memory-bound lengths (32 = 4·8, 64 = 8·8, 512 = 8³).
+        (5 | 6 | 9, 8) => 8,
+        // c128: 16 elements take ~150 registers (one 256-thread block per SM); 8 take ~80.
+        (3..=11, 16) => 8,
+        _ => (1u32 << log_l).min(16),
+    }
+}
+
+/// Shared-memory elements one transform of length `2^log_l` occupies: one pad element after
+/// every 16 (the kernel's `sidx`), so strided Stockham accesses avoid bank conflicts.
+pub(crate) fn smem_len(log_l: u32) -> u32 {
+    let l = 1u32 << log_l;
+    l + (l >> 4)
+}
+
+/// The kernel's shared-memory slot of element `i` of a transform.
+pub(crate) fn sidx(i: u32) -> u32 {
+    i + (i >> 4)
+}
+
+/// Most threads per block the kernel with `e` elements per thread may use: ≤ 128 registers
+/// per thread at 512 threads; the c128 kernel with 16 elements takes ~165 (so 256).
+pub(crate) fn max_threads(e: u32, elem_bytes: usize) -> u32 {
+    if elem_bytes == 16 && e == 16 {
+        256
+    } else {
+        MAX_THREADS
+    }
 }
 
 fn floor_pow2(v: usize) -> usize {
@@ -76,15 +117,23 @@ fn pass(
     dst: Buf,
 ) -> Pass {
     let l = 1usize << log_l;
-    let e = elems_per_thread(log_l);
+    let e = elems_per_thread(log_l, elem_bytes);
     let tpt = l / e as usize;
-    let by_threads = (TARGET_THREADS as usize / tpt).max(1);
-    let by_smem = floor_pow2((COLUMN_SMEM / ((l + pad as usize) * elem_bytes)).max(1));
-    let c = by_threads.min(max_c).min(by_smem).max(1);
-    let c = floor_pow2(c);
+    // Column passes take up to MAX_THREADS for more columns per block (longer coalesced runs).
+    let target = if flags & (COL_MAP | OUT_SMEM) != 0 { max_threads(e, elem_bytes) } else { TARGET_THREADS };
+    let by_threads = (target as usize / tpt).max(1);
+    let sm_stride = smem_len(log_l) + pad;
+    let by_smem = floor_pow2((COLUMN_SMEM / (sm_stride as usize * elem_bytes)).max(1));
+    let mut c = floor_pow2(by_threads.min(max_c).min(by_smem).max(1));
+    if flags & COL_MAP == 0 && flags & OUT_SMEM == 0 {
+        // Row passes: spread over at least two blocks per SM where the batch allows, down to
+        // 64 threads per block (short batches are latency-bound: more SMs, more loads in flight).
+        while c > 1 && count.div_ceil(c) < 2 * SMS && (c / 2) * tpt >= 64 {
+            c /= 2;
+        }
+    }
     let threads = (c * tpt) as u32;
-    debug_assert!(threads <= MAX_THREADS);
-    let sm_stride = (l as u32) + pad;
+    debug_assert!(threads <= max_threads(e, elem_bytes));
     Pass {
         log_l,
         e,

@@ -49,6 +49,13 @@ struct Ctx<T: Mem> {
     smc: *mut Cx<T>,
 }
 
+/// Shared-memory slot of element `i` of a transform: one pad element after every 16, so the
+/// stride-`R` accesses of a Stockham stage (R ≤ 16) fall in distinct banks.
+#[inline(always)]
+fn sidx(i: u32) -> u32 {
+    i + (i >> 4)
+}
+
 #[inline(always)]
 fn base(t: u32, log_l: u32, log_m: u32) -> u32 {
     ((t >> log_m) << (log_l + log_m)) + (t & ((1 << log_m) - 1))
@@ -61,6 +68,16 @@ unsafe fn tw4<T: Mem>(c: &Ctx<T>, v: Cx<T>, m: u32, k: u32) -> Cx<T> {
     let lo = T::ld_ro(c.twlo.add((p & ((1 << c.log_split) - 1)) as usize));
     let hi = T::ld_ro(c.twhi.add((p >> c.log_split) as usize));
     v.cmul(lo.cmul(hi))
+}
+
+/// Prefetches `bytes` from `p` into L2, one 128-byte line per thread and step.
+#[inline(always)]
+unsafe fn prefetch_table(p: *const u8, bytes: u32, tid: u32, nthreads: u32) {
+    let mut off = tid * 128;
+    while off < bytes {
+        prefetch_l2_evict_last(p.add(off as usize));
+        off += nthreads * 128;
+    }
 }
 
 /// One Stockham stage of radix `R` (a no-op unless `R ≤ E`); `ls = log2 Ns`.
@@ -89,7 +106,7 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
                 Cx::zero()
             }
         } else {
-            T::ld(c.smc.add(idx as usize))
+            T::ld(c.smc.add(sidx(idx) as usize))
         };
     });
     if !from_global && !to_global {
@@ -125,7 +142,7 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
                 T::st(c.y.add((c.base_out + (o << c.log_mout)) as usize), val);
             }
         } else {
-            T::st(c.smc.add(o as usize), v[e]);
+            T::st(c.smc.add(sidx(o) as usize), v[e]);
         }
     });
     if !to_global {
@@ -185,6 +202,15 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize>(
         log_min,
         smc: sm.add((ci * sm_stride) as usize),
     };
+    // Start the twiddle tables on their way into L2 while the data loads are in flight (after
+    // an L2 flush they would otherwise cost one DRAM round trip per stage).
+    let nthreads = block_dim_x();
+    let esz = core::mem::size_of::<Cx<T>>() as u32;
+    prefetch_table(tw as *const u8, esz << log_lt, tid, nthreads);
+    if flags & TW4 != 0 {
+        prefetch_table(twlo as *const u8, esz << log_split, tid, nthreads);
+        prefetch_table(twhi as *const u8, esz << (log_l + log_min).saturating_sub(log_split), tid, nthreads);
+    }
     let mut v = [Cx::<T>::zero(); E];
     let nst = (LOG_L as usize).div_ceil(log_e as usize);
     let first = log_l - log_e * (nst as u32 - 1);
@@ -205,7 +231,6 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize>(
     if out_smem {
         // The result is in shared memory (the last stage ended with a barrier): store it with
         // consecutive threads on consecutive columns.
-        let nthreads = 1u32 << (log_c + log_tpt);
         let mut q = 0;
         while q < E {
             let e = tid + q as u32 * nthreads;
@@ -213,7 +238,7 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize>(
             let k = e >> log_c;
             let t2 = t0 + c2;
             if t2 < count {
-                let mut val = T::ld(sm.add((c2 * sm_stride + k) as usize));
+                let mut val = T::ld(sm.add((c2 * sm_stride + sidx(k)) as usize));
                 if flags & TW4 != 0 {
                     val = tw4(&c, val, t2 & c.min_mask, k);
                 }
@@ -251,16 +276,16 @@ macro_rules! entry {
     };
 }
 
-// Length 2^LOG_L, E elements per thread (E = min(L, 16); the host's table must match).
+// Length 2^LOG_L, E elements per thread (the host's `elems_per_thread` must match).
 entry!(fft_c64_l1, f32, 1, 2);
 entry!(fft_c64_l2, f32, 2, 4);
 entry!(fft_c64_l3, f32, 3, 8);
 entry!(fft_c64_l4, f32, 4, 16);
-entry!(fft_c64_l5, f32, 5, 16);
-entry!(fft_c64_l6, f32, 6, 16);
+entry!(fft_c64_l5, f32, 5, 8);
+entry!(fft_c64_l6, f32, 6, 8);
 entry!(fft_c64_l7, f32, 7, 16);
 entry!(fft_c64_l8, f32, 8, 16);
-entry!(fft_c64_l9, f32, 9, 16);
+entry!(fft_c64_l9, f32, 9, 8);
 entry!(fft_c64_l10, f32, 10, 16);
 entry!(fft_c64_l11, f32, 11, 16);
 entry!(fft_c64_l12, f32, 12, 16);
@@ -268,13 +293,12 @@ entry!(fft_c64_l13, f32, 13, 16);
 entry!(fft_c128_l1, f64, 1, 2);
 entry!(fft_c128_l2, f64, 2, 4);
 entry!(fft_c128_l3, f64, 3, 8);
-entry!(fft_c128_l4, f64, 4, 16);
-entry!(fft_c128_l5, f64, 5, 16);
-entry!(fft_c128_l6, f64, 6, 16);
-entry!(fft_c128_l7, f64, 7, 16);
-entry!(fft_c128_l8, f64, 8, 16);
-entry!(fft_c128_l9, f64, 9, 16);
-entry!(fft_c128_l10, f64, 10, 16);
-entry!(fft_c128_l11, f64, 11, 16);
+entry!(fft_c128_l4, f64, 4, 8);
+entry!(fft_c128_l5, f64, 5, 8);
+entry!(fft_c128_l6, f64, 6, 8);
+entry!(fft_c128_l7, f64, 7, 8);
+entry!(fft_c128_l8, f64, 8, 8);
+entry!(fft_c128_l9, f64, 9, 8);
+entry!(fft_c128_l10, f64, 10, 8);
+entry!(fft_c128_l11, f64, 11, 8);
 entry!(fft_c128_l12, f64, 12, 16);
-entry!(fft_c128_l13, f64, 13, 16);

@@ -338,3 +338,9 @@ pub unsafe fn ld_nc_v2_u32(p: *const u32) -> (u32, u32) {
          options(readonly, nostack));
     (a, b)
 }
+
+/// `prefetch.global.L2::evict_last`: start bringing the line of `p` into L2 (no result, no wait).
+#[inline(always)]
+pub unsafe fn prefetch_l2_evict_last(p: *const u8) {
+    asm!("prefetch.global.L2::evict_last [{}];", in(reg64) p, options(nostack, readonly));
+}
