@@ -79,7 +79,8 @@ pub(crate) fn smem_len(log_l: u32) -> u32 {
     l + (l >> 4)
 }
 
-/// The kernel's shared-memory slot of element `i` of a transform.
+/// The kernel's shared-memory slot of element `i` of a transform (used by the CPU model).
+#[cfg(test)]
 pub(crate) fn sidx(i: u32) -> u32 {
     i + (i >> 4)
 }
