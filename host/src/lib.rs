@@ -5,6 +5,7 @@
 //! validates every call's shapes and buffer sizes before launching, and returns typed results.
 //!
 //! The operators and their formulas are defined in `shared/SPEC.md`:
+//! - [`fft::FftPlan`] — FFTC2CFwd (§1), batched power-of-two complex forward FFT, c64/c128.
 //! - [`mhc::post_fwd`] — MHCPostFwd (§3).
 //! - [`engram::gate_conv_fwd`], [`engram::gate_conv_bwd`] — EngramGateConvFwd / EngramGateConvBwd (§4–§5).
 //!

@@ -1,4 +1,442 @@
-//! FFTC2CFwd: batched 1-D complex-to-complex forward FFT (SPEC.md §1).
+//! FFTC2CFwd: batched 1-D complex-to-complex forward FFT (SPEC.md §1),
+//! `y[b, k] = Σ_{j<n} x[b, j] · exp(-2πi·j·k/n)`, for every power of two `n` from 1 to 2^26.
+//!
+//! A [`FftPlan`] is made once for `(n, batch, precision)`: it chooses the passes (one
+//! shared-memory Stockham kernel for `n ≤ 2^13`, a two-pass four-step scheme above), computes
+//! the twiddle tables on the host in f64 ([`crate::reference::twiddle`], rounded once to f32
+//! for c64), uploads them and allocates the workspace. [`FftPlan::execute_c64`] /
+//! [`FftPlan::execute_c128`] (and the in-place and raw variants) then launch on a stream with
+//! no host allocation beyond the launch arguments.
+//!
+//! Storage: interleaved complex, `x: [batch, n]` contiguous, element `j` of transform `b` at
+//! reals `2(b·n + j)` (re) and `2(b·n + j) + 1` (im); c64 buffers are `f32` slices of
+//! `2·n·batch`, c128 buffers `f64` slices of `2·n·batch` (a `[*B, n, 2]` real view, as
+//! `torch.view_as_real` gives).
+use cudarc::driver::sys::{CUdeviceptr, CUfunction_attribute_enum, CUstream};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+
+use crate::error::check_len;
+use crate::reference::twiddle;
+use crate::runtime::{launch, LaunchDims};
+use crate::{Error, Gpu, Result};
+
+#[cfg(test)]
+mod model;
+mod plan;
+
+pub use plan::MAX_ELEMENTS;
+use plan::{decompose, max_log_n, max_single_log, split_log, Buf, Pass};
+
+const KERNELS_C64: [&str; 13] = [
+    "fft_c64_l1",
+    "fft_c64_l2",
+    "fft_c64_l3",
+    "fft_c64_l4",
+    "fft_c64_l5",
+    "fft_c64_l6",
+    "fft_c64_l7",
+    "fft_c64_l8",
+    "fft_c64_l9",
+    "fft_c64_l10",
+    "fft_c64_l11",
+    "fft_c64_l12",
+    "fft_c64_l13",
+];
+const KERNELS_C128: [&str; 12] = [
+    "fft_c128_l1",
+    "fft_c128_l2",
+    "fft_c128_l3",
+    "fft_c128_l4",
+    "fft_c128_l5",
+    "fft_c128_l6",
+    "fft_c128_l7",
+    "fft_c128_l8",
+    "fft_c128_l9",
+    "fft_c128_l10",
+    "fft_c128_l11",
+    "fft_c128_l12",
+];
 
 /// PTX entries of the FFT.
-pub(crate) const KERNELS: &[&str] = &[];
+pub(crate) const KERNELS: &[&str] = &[
+    KERNELS_C64[0],
+    KERNELS_C64[1],
+    KERNELS_C64[2],
+    KERNELS_C64[3],
+    KERNELS_C64[4],
+    KERNELS_C64[5],
+    KERNELS_C64[6],
+    KERNELS_C64[7],
+    KERNELS_C64[8],
+    KERNELS_C64[9],
+    KERNELS_C64[10],
+    KERNELS_C64[11],
+    KERNELS_C64[12],
+    KERNELS_C128[0],
+    KERNELS_C128[1],
+    KERNELS_C128[2],
+    KERNELS_C128[3],
+    KERNELS_C128[4],
+    KERNELS_C128[5],
+    KERNELS_C128[6],
+    KERNELS_C128[7],
+    KERNELS_C128[8],
+    KERNELS_C128[9],
+    KERNELS_C128[10],
+    KERNELS_C128[11],
+];
+
+/// The complex storage type of a transform.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// complex64: interleaved `(f32 re, f32 im)`, 8 bytes per element.
+    C64,
+    /// complex128: interleaved `(f64 re, f64 im)`, 16 bytes per element.
+    C128,
+}
+
+impl Precision {
+    /// Longest supported transform: 2^26 for c64, 2^24 for c128 (two passes of at most 2^13,
+    /// resp. 2^12).
+    pub fn max_len(self) -> usize {
+        1 << max_log_n(self.element_bytes())
+    }
+
+    /// Bytes of one complex element.
+    pub fn element_bytes(self) -> usize {
+        match self {
+            Precision::C64 => 8,
+            Precision::C128 => 16,
+        }
+    }
+}
+
+/// A prepared batched forward FFT of `batch` transforms of length `n` (SPEC.md §1).
+///
+/// Holds the twiddle tables and the workspace (device memory of the [`Gpu`] it was made on).
+/// Executions of one plan must not overlap in time (they share the workspace): the safe
+/// entries take `&mut self`; the raw entry leaves this to the caller.
+pub struct FftPlan {
+    n: usize,
+    batch: usize,
+    precision: Precision,
+    passes: Vec<Pass>,
+    // The device buffers below are owned here and used through `ptrs`.
+    /// Twiddles `W_Lt^i`, `i < Lt` (Lt = the longest pass length), interleaved.
+    #[allow(dead_code)]
+    tw: Option<CudaSlice<u8>>,
+    /// Four-step twiddles `W_n^i` (`i < 2^s`) and `W_n^{i·2^s}` (`i < n/2^s`).
+    #[allow(dead_code)]
+    twlo: Option<CudaSlice<u8>>,
+    #[allow(dead_code)]
+    twhi: Option<CudaSlice<u8>>,
+    work: Option<CudaSlice<u8>>,
+    ptrs: [CUdeviceptr; 4],
+    log_lt: u32,
+    log_split: u32,
+}
+
+/// Checks `(n, batch)` and returns `log2 n`. Errors name `n` or `batch`.
+fn validate(n: usize, batch: usize, precision: Precision) -> Result<u32> {
+    if n == 0 {
+        return Err(Error::Shape { arg: "n", msg: "must be at least 1".into() });
+    }
+    if !n.is_power_of_two() {
+        return Err(Error::Shape { arg: "n", msg: format!("{n} is not a power of two") });
+    }
+    let log_n = n.trailing_zeros();
+    if n > precision.max_len() {
+        return Err(Error::Shape {
+            arg: "n",
+            msg: format!("{n} exceeds the longest supported {precision:?} length {}", precision.max_len()),
+        });
+    }
+    if batch == 0 {
+        return Err(Error::Shape { arg: "batch", msg: "must be at least 1".into() });
+    }
+    match n.checked_mul(batch) {
+        Some(t) if t <= MAX_ELEMENTS => Ok(log_n),
+        _ => Err(Error::Overflow {
+            arg: "batch",
+            msg: format!("n·batch = {n}·{batch} exceeds {MAX_ELEMENTS} elements (or usize)"),
+        }),
+    }
+}
+
+fn upload(gpu: &Gpu, prec: Precision, v: &[f64]) -> Result<CudaSlice<u8>> {
+    let bytes: Vec<u8> = match prec {
+        Precision::C64 => v.iter().flat_map(|&a| (a as f32).to_le_bytes()).collect(),
+        Precision::C128 => v.iter().flat_map(|&a| a.to_le_bytes()).collect(),
+    };
+    Ok(gpu.stream().clone_htod(&bytes)?)
+}
+
+fn raw_ptr(gpu: &Gpu, s: &Option<CudaSlice<u8>>) -> CUdeviceptr {
+    match s {
+        Some(s) => {
+            let (p, _guard) = s.device_ptr(gpu.stream());
+            p
+        }
+        None => 0,
+    }
+}
+
+impl FftPlan {
+    /// Plans `batch` forward transforms of length `n` in `precision` on `gpu`.
+    ///
+    /// Errors: [`Error::Shape`] naming `n` (0, not a power of two, above [`Precision::max_len`]) or
+    /// `batch` (0); [`Error::Overflow`] naming `batch` when `n·batch` exceeds
+    /// [`MAX_ELEMENTS`]; a driver error from the uploads or the allocation.
+    pub fn new(gpu: &Gpu, n: usize, batch: usize, precision: Precision) -> Result<Self> {
+        let log_n = validate(n, batch, precision)?;
+        let elem = precision.element_bytes();
+        let passes = if log_n == 0 { Vec::new() } else { decompose(log_n, batch, elem, max_single_log(elem)) };
+        let log_lt = passes.iter().map(|p| p.log_l).max().unwrap_or(0);
+        let log_split = split_log(log_n);
+        let names = Self::kernel_names(precision);
+        for p in &passes {
+            let f = gpu.function(names[p.log_l as usize - 1])?;
+            let max_threads = f.get_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
+            if (max_threads as u32) < p.threads {
+                return Err(Error::Shape {
+                    arg: "n",
+                    msg: format!(
+                        "the pass of length 2^{} needs {} threads per block, its kernel allows {max_threads}",
+                        p.log_l, p.threads
+                    ),
+                });
+            }
+            let attr = CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            if p.smem_bytes > 48 * 1024 && f.get_attribute(attr)? < p.smem_bytes as i32 {
+                f.set_attribute(attr, p.smem_bytes as i32)?;
+            }
+        }
+        let tw = if passes.is_empty() {
+            None
+        } else {
+            Some(upload(gpu, precision, &crate::reference::twiddle_table(1 << log_lt, 1 << log_lt))?)
+        };
+        let four_step = passes.len() > 1;
+        let (twlo, twhi) = if four_step {
+            let nn = 1u64 << log_n;
+            let lo: Vec<f64> = (0..1u64 << log_split).flat_map(|i| <[f64; 2]>::from(twiddle(i, nn))).collect();
+            let hi: Vec<f64> =
+                (0..1u64 << (log_n - log_split)).flat_map(|i| <[f64; 2]>::from(twiddle(i << log_split, nn))).collect();
+            (Some(upload(gpu, precision, &lo)?), Some(upload(gpu, precision, &hi)?))
+        } else {
+            (None, None)
+        };
+        let work = if four_step { Some(gpu.stream().alloc_zeros::<u8>(n * batch * elem)?) } else { None };
+        // The tables must be on the device before an execution on any other stream.
+        gpu.stream().synchronize()?;
+        let ptrs = [raw_ptr(gpu, &tw), raw_ptr(gpu, &twlo), raw_ptr(gpu, &twhi), raw_ptr(gpu, &work)];
+        Ok(Self { n, batch, precision, passes, tw, twlo, twhi, work, ptrs, log_lt, log_split })
+    }
+
+    fn kernel_names(p: Precision) -> &'static [&'static str] {
+        match p {
+            Precision::C64 => &KERNELS_C64,
+            Precision::C128 => &KERNELS_C128,
+        }
+    }
+
+    /// Transform length.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+    /// Number of transforms.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+    /// Storage precision.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+    /// Number of kernel launches one execution makes (0 for `n = 1`: a device copy).
+    pub fn launches(&self) -> usize {
+        self.passes.len()
+    }
+    /// Bytes of device workspace the plan holds (0 for one-pass plans).
+    pub fn workspace_bytes(&self) -> usize {
+        self.work.as_ref().map_or(0, |w| w.len())
+    }
+    /// Reals (f32 or f64) each of `x` and `y` must hold: `2·n·batch`.
+    pub fn buffer_len(&self) -> usize {
+        2 * self.n * self.batch
+    }
+
+    fn check_precision(&self, want: Precision) -> Result<()> {
+        if self.precision != want {
+            return Err(Error::Shape {
+                arg: "x",
+                msg: format!("the plan is {:?}, the buffers are {want:?}", self.precision),
+            });
+        }
+        Ok(())
+    }
+
+    /// Executes the plan out of place on [`Gpu::stream`]: `y = FFT(x)`, c64 (`f32` buffers of at
+    /// least `2·n·batch` reals, interleaved re/im). Asynchronous.
+    ///
+    /// Errors: [`Error::Shape`] (`x`) if the plan is c128, [`Error::BufferTooSmall`] naming `x`
+    /// or `y`, a driver error from the launch.
+    pub fn execute_c64(&mut self, gpu: &Gpu, x: &impl DevicePtr<f32>, y: &mut impl DevicePtrMut<f32>) -> Result<()> {
+        self.check_precision(Precision::C64)?;
+        check_len("x", self.buffer_len(), x.len())?;
+        check_len("y", self.buffer_len(), y.len())?;
+        let st = gpu.stream();
+        let (xp, _g1) = x.device_ptr(st);
+        let (yp, _g2) = y.device_ptr_mut(st);
+        // SAFETY: both buffers hold the elements the plan addresses; &mut self: no overlap.
+        unsafe { self.execute_raw(gpu, xp, yp, st.cu_stream()) }
+    }
+
+    /// In-place c64 execution: `xy = FFT(xy)` (otherwise as [`FftPlan::execute_c64`]).
+    pub fn execute_c64_inplace(&mut self, gpu: &Gpu, xy: &mut impl DevicePtrMut<f32>) -> Result<()> {
+        self.check_precision(Precision::C64)?;
+        check_len("x", self.buffer_len(), xy.len())?;
+        let st = gpu.stream();
+        let (p, _g) = xy.device_ptr_mut(st);
+        // SAFETY: as execute_c64; x == y is supported.
+        unsafe { self.execute_raw(gpu, p, p, st.cu_stream()) }
+    }
+
+    /// Executes the plan out of place on [`Gpu::stream`], c128 (`f64` buffers of at least
+    /// `2·n·batch` reals). Errors as [`FftPlan::execute_c64`].
+    pub fn execute_c128(&mut self, gpu: &Gpu, x: &impl DevicePtr<f64>, y: &mut impl DevicePtrMut<f64>) -> Result<()> {
+        self.check_precision(Precision::C128)?;
+        check_len("x", self.buffer_len(), x.len())?;
+        check_len("y", self.buffer_len(), y.len())?;
+        let st = gpu.stream();
+        let (xp, _g1) = x.device_ptr(st);
+        let (yp, _g2) = y.device_ptr_mut(st);
+        // SAFETY: as execute_c64.
+        unsafe { self.execute_raw(gpu, xp, yp, st.cu_stream()) }
+    }
+
+    /// In-place c128 execution.
+    pub fn execute_c128_inplace(&mut self, gpu: &Gpu, xy: &mut impl DevicePtrMut<f64>) -> Result<()> {
+        self.check_precision(Precision::C128)?;
+        check_len("x", self.buffer_len(), xy.len())?;
+        let st = gpu.stream();
+        let (p, _g) = xy.device_ptr_mut(st);
+        // SAFETY: as execute_c64.
+        unsafe { self.execute_raw(gpu, p, p, st.cu_stream()) }
+    }
+
+    /// Executes the plan on raw device pointers, launched on `stream`: `y = FFT(x)`, each a
+    /// `[batch, n]` interleaved complex array of the plan's precision. `x == y` (in place) is
+    /// supported; partially overlapping buffers are an error.
+    ///
+    /// Errors: [`Error::Shape`] naming `x` or `y` if a pointer is not aligned to the element
+    /// size, or naming `y` if the buffers overlap without being equal; a driver error.
+    ///
+    /// # Safety
+    /// `x` and `y` must address `n·batch` elements of device memory of `gpu`'s context, valid
+    /// until the launches finish; no other execution of this plan may run at the same time.
+    pub unsafe fn execute_raw(&self, gpu: &Gpu, x: CUdeviceptr, y: CUdeviceptr, stream: CUstream) -> Result<()> {
+        let elem = self.precision.element_bytes() as u64;
+        for (arg, p) in [("x", x), ("y", y)] {
+            if p % elem != 0 {
+                return Err(Error::Shape { arg, msg: format!("address {p:#x} is not aligned to {elem} bytes") });
+            }
+        }
+        let bytes = (self.n * self.batch) as u64 * elem;
+        if x != y && x < y + bytes && y < x + bytes {
+            return Err(Error::Shape { arg: "y", msg: "overlaps x without being the same buffer".into() });
+        }
+        if self.passes.is_empty() {
+            if x != y {
+                cudarc::driver::result::memcpy_dtod_async(y, x, bytes as usize, stream)?;
+            }
+            return Ok(());
+        }
+        let names = Self::kernel_names(self.precision);
+        let [tw, twlo, twhi, work] = self.ptrs;
+        for p in &self.passes {
+            let f = gpu.function(names[p.log_l as usize - 1])?;
+            let buf = |b: Buf| match b {
+                Buf::X => x,
+                Buf::Y => y,
+                Buf::Work => work,
+            };
+            let (mut src, mut dst) = (buf(p.src), buf(p.dst));
+            let (mut tw, mut lo, mut hi) = (tw, twlo.max(tw), twhi.max(tw));
+            let (mut log_c, mut log_min, mut log_mout, mut count) = (p.log_c, p.log_min, p.log_mout, p.count);
+            let (mut log_lt, mut log_split, mut flags, mut sm_stride) =
+                (self.log_lt, self.log_split, p.flags, p.sm_stride);
+            let dims = LaunchDims { grid: (p.blocks, 1, 1), block: (p.threads, 1, 1), shared_bytes: p.smem_bytes };
+            launch(
+                f,
+                dims,
+                stream,
+                &mut [
+                    &mut src,
+                    &mut dst,
+                    &mut tw,
+                    &mut lo,
+                    &mut hi,
+                    &mut log_c,
+                    &mut log_min,
+                    &mut log_mout,
+                    &mut count,
+                    &mut log_lt,
+                    &mut log_split,
+                    &mut flags,
+                    &mut sm_stride,
+                ],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_argument() {
+        let shape_arg = |r: Result<u32>| match r {
+            Err(Error::Shape { arg, .. }) => arg,
+            other => panic!("expected a shape error, got {other:?}"),
+        };
+        let (c64, c128) = (Precision::C64, Precision::C128);
+        assert_eq!(shape_arg(validate(0, 1, c64)), "n");
+        assert_eq!(shape_arg(validate(3, 1, c64)), "n");
+        assert_eq!(shape_arg(validate(1000, 4, c128)), "n");
+        assert_eq!(shape_arg(validate(1 << 27, 1, c64)), "n");
+        assert_eq!(shape_arg(validate(1 << 25, 1, c128)), "n");
+        assert_eq!(shape_arg(validate(8, 0, c64)), "batch");
+        assert!(matches!(validate(1 << 20, 1 << 12, c64), Err(Error::Overflow { arg: "batch", .. })));
+        assert!(matches!(validate(1 << 24, usize::MAX / 2, c128), Err(Error::Overflow { arg: "batch", .. })));
+        assert_eq!(validate(1, 1, c64).unwrap(), 0);
+        assert_eq!(validate(1 << 22, 4, c128).unwrap(), 22);
+        assert_eq!(validate(1 << 26, 1, c64).unwrap(), 26);
+        assert_eq!(validate(1 << 24, 1, c128).unwrap(), 24);
+        assert_eq!(validate(1 << 20, 1 << 11, c64).unwrap(), 20);
+    }
+
+    #[test]
+    fn every_pass_fits_a_block() {
+        for elem in [8, 16] {
+            for log_n in 1..=max_log_n(elem) {
+                for batch in [1, 3, 64, 300, 65536] {
+                    if (batch << log_n) > MAX_ELEMENTS {
+                        continue;
+                    }
+                    for p in decompose(log_n, batch, elem, max_single_log(elem)) {
+                        assert!(p.threads >= 1 && p.threads <= plan::max_threads(p.e, elem), "{p:?}");
+                        assert!(p.smem_bytes as usize <= 227 * 1024, "{p:?}");
+                        assert!(p.log_l <= max_single_log(elem) && p.e <= 1 << p.log_l, "{p:?}");
+                        assert!((p.blocks as usize) << p.log_c >= p.count as usize, "{p:?}");
+                        if p.log_min > 0 || p.log_mout > 0 {
+                            // Column passes: a block's columns lie in one matrix.
+                            assert!(p.log_c <= p.log_min.max(p.log_mout), "{p:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

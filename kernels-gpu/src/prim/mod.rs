@@ -324,3 +324,22 @@ core::arch::global_asm!(".extern .shared .align 16 .b8 rgk_dyn_smem[];");
 pub unsafe fn prefetch_l1(p: *const u8) {
     asm!("prefetch.global.L1 [{}];", in(reg64) p, options(nostack, readonly));
 }
+
+// ---------------------------------------------------------------- FFTC2CFwd (fft)
+
+/// 8-byte load through the read-only (non-coherent) path. `p` must be 8-byte aligned and the
+/// data must not be written during the kernel.
+#[inline(always)]
+pub unsafe fn ld_nc_v2_u32(p: *const u32) -> (u32, u32) {
+    let (a, b): (u32, u32);
+    asm!("ld.global.nc.v2.u32 {{{}, {}}}, [{}];",
+         out(reg32) a, out(reg32) b, in(reg64) p,
+         options(readonly, nostack));
+    (a, b)
+}
+
+/// `prefetch.global.L2::evict_last`: start bringing the line of `p` into L2 (no result, no wait).
+#[inline(always)]
+pub unsafe fn prefetch_l2_evict_last(p: *const u8) {
+    asm!("prefetch.global.L2::evict_last [{}];", in(reg64) p, options(nostack, readonly));
+}

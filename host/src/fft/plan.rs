@@ -1,0 +1,183 @@
+//! How a plan splits a transform into kernel passes (no GPU needed: the CPU model in
+//! `model.rs` and the GPU plan both use it).
+
+/// Longest transform one block computes, log2, by element size: c64 `2^13` (68 KiB of shared
+/// memory, 512 threads), c128 `2^12` (68 KiB, 256 threads; its registers rule out 512).
+pub(crate) fn max_single_log(elem_bytes: usize) -> u32 {
+    if elem_bytes == 16 {
+        12
+    } else {
+        13
+    }
+}
+/// Longest transform a plan supports, log2: two passes of at most `2^max_single_log` each
+/// (c64 `2^26`, c128 `2^24`).
+pub(crate) fn max_log_n(elem_bytes: usize) -> u32 {
+    2 * max_single_log(elem_bytes)
+}
+/// Most elements (n·batch) one plan addresses (the kernels index with u32).
+pub const MAX_ELEMENTS: usize = 1 << 31;
+
+/// Flags of a pass (the kernel's `flags` argument; kernels-gpu/src/fft/stockham.rs).
+pub(crate) const COL_MAP: u32 = 1;
+pub(crate) const OUT_SMEM: u32 = 2;
+pub(crate) const TW4: u32 = 4;
+
+/// Threads per block a pass aims for, and the most it may use.
+const TARGET_THREADS: u32 = 256;
+const MAX_THREADS: u32 = 512;
+/// Streaming multiprocessors of the H200.
+const SMS: usize = 132;
+/// Shared memory a multi-column pass may use per block (bytes).
+const COLUMN_SMEM: usize = 160 * 1024;
+
+/// Which buffer a pass reads or writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Buf {
+    X,
+    Y,
+    Work,
+}
+
+/// One kernel launch: `count` transforms of length `2^log_l`, `2^log_c` per block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Pass {
+    pub log_l: u32,
+    /// Elements per thread (the kernel's compile-time `E`).
+    pub e: u32,
+    pub log_c: u32,
+    pub log_min: u32,
+    pub log_mout: u32,
+    pub count: u32,
+    pub flags: u32,
+    /// Shared-memory elements between consecutive transforms of a block.
+    pub sm_stride: u32,
+    pub threads: u32,
+    pub blocks: u32,
+    pub smem_bytes: u32,
+    pub src: Buf,
+    pub dst: Buf,
+}
+
+/// Elements per thread of the kernel for length `2^log_l` (must match the `entry!` table of
+/// kernels-gpu/src/fft/stockham.rs).
+pub(crate) fn elems_per_thread(log_l: u32, elem_bytes: usize) -> u32 {
+    match (log_l, elem_bytes) {
+        // c64: radix-8 stages where they take no more stages than radix 16: fewer registers,
+        // more blocks per SM for the short, memory-bound lengths (32 = 4·8, 64 = 8·8, 512 = 8³).
+        (5 | 6 | 9, 8) => 8,
+        // c128: 16 elements take ~150 registers (one 256-thread block per SM); 8 take ~80.
+        (3..=11, 16) => 8,
+        _ => (1u32 << log_l).min(16),
+    }
+}
+
+/// Shared-memory elements one transform of length `2^log_l` occupies: one pad element after
+/// every 16 (the kernel's `sidx`), so strided Stockham accesses avoid bank conflicts.
+pub(crate) fn smem_len(log_l: u32) -> u32 {
+    let l = 1u32 << log_l;
+    l + (l >> 4)
+}
+
+/// The kernel's shared-memory slot of element `i` of a transform (used by the CPU model).
+#[cfg(test)]
+pub(crate) fn sidx(i: u32) -> u32 {
+    i + (i >> 4)
+}
+
+/// Most threads per block the kernel with `e` elements per thread may use: ≤ 128 registers
+/// per thread at 512 threads; the c128 kernel with 16 elements takes ~165 (so 256).
+pub(crate) fn max_threads(e: u32, elem_bytes: usize) -> u32 {
+    if elem_bytes == 16 && e == 16 {
+        256
+    } else {
+        MAX_THREADS
+    }
+}
+
+fn floor_pow2(v: usize) -> usize {
+    if v == 0 {
+        0
+    } else {
+        1 << (usize::BITS - 1 - v.leading_zeros())
+    }
+}
+
+/// A pass of `count` transforms of length `2^log_l`, at most `max_c` per block.
+#[allow(clippy::too_many_arguments)]
+fn pass(
+    log_l: u32,
+    count: usize,
+    max_c: usize,
+    elem_bytes: usize,
+    log_min: u32,
+    log_mout: u32,
+    flags: u32,
+    pad: u32,
+    src: Buf,
+    dst: Buf,
+) -> Pass {
+    let l = 1usize << log_l;
+    let e = elems_per_thread(log_l, elem_bytes);
+    let tpt = l / e as usize;
+    // Column passes take up to MAX_THREADS for more columns per block (longer coalesced runs).
+    let target = if flags & (COL_MAP | OUT_SMEM) != 0 { max_threads(e, elem_bytes) } else { TARGET_THREADS };
+    let by_threads = (target as usize / tpt).max(1);
+    let sm_stride = smem_len(log_l) + pad;
+    let by_smem = floor_pow2((COLUMN_SMEM / (sm_stride as usize * elem_bytes)).max(1));
+    let mut c = floor_pow2(by_threads.min(max_c).min(by_smem).max(1));
+    if flags & COL_MAP == 0 && flags & OUT_SMEM == 0 {
+        // Row passes: spread over at least two blocks per SM where the batch allows, down to
+        // 64 threads per block (short batches are latency-bound: more SMs, more loads in flight).
+        while c > 1 && count.div_ceil(c) < 2 * SMS && (c / 2) * tpt >= 64 {
+            c /= 2;
+        }
+    }
+    let threads = (c * tpt) as u32;
+    debug_assert!(threads <= max_threads(e, elem_bytes));
+    Pass {
+        log_l,
+        e,
+        log_c: c.trailing_zeros(),
+        log_min,
+        log_mout,
+        count: count as u32,
+        flags,
+        sm_stride,
+        threads,
+        blocks: count.div_ceil(c) as u32,
+        smem_bytes: (c * sm_stride as usize * elem_bytes) as u32,
+        src,
+        dst,
+    }
+}
+
+/// The passes of a plan for `n = 2^log_n` (`1 ≤ log_n ≤ MAX_LOG_N`), `batch` transforms,
+/// elements of `elem_bytes`; `max_single` is the longest one-pass length (log2; the plan uses
+/// [`MAX_SINGLE_LOG`], tests of the index logic use less).
+///
+/// - `n ≤ 2^max_single`: one pass, rows in and out.
+/// - otherwise four-step with `n = n1·n2` (`n1 = 2^⌊log_n/2⌋ ≤ n2`), element `j = j1·n2 + j2`:
+///   pass 1 transforms the `n2` columns (length `n1`, stride `n2`) and multiplies output `k1`
+///   of column `j2` by `W_n^{j2·k1}`, into the workspace in the same layout; pass 2 transforms
+///   the `n1` rows of the workspace (length `n2`) and stores output `k2` of row `k1` at
+///   `y[k1 + n1·k2]`.
+pub(crate) fn decompose(log_n: u32, batch: usize, elem_bytes: usize, max_single: u32) -> Vec<Pass> {
+    assert!(log_n >= 1 && log_n <= 2 * max_single);
+    if log_n <= max_single {
+        let max_c = batch.next_power_of_two();
+        return vec![pass(log_n, batch, max_c, elem_bytes, 0, 0, 0, 0, Buf::X, Buf::Y)];
+    }
+    let log_n1 = log_n / 2;
+    let log_n2 = log_n - log_n1;
+    let (n1, n2) = (1usize << log_n1, 1usize << log_n2);
+    vec![
+        pass(log_n1, batch * n2, n2.min(16), elem_bytes, log_n2, log_n2, COL_MAP | TW4, 1, Buf::X, Buf::Work),
+        pass(log_n2, batch * n1, n1.min(16), elem_bytes, 0, log_n1, OUT_SMEM, 1, Buf::Work, Buf::Y),
+    ]
+}
+
+/// `log2` of the lo table of the four-step twiddle `W_n^p = lo[p mod 2^s] · hi[p >> s]`.
+pub(crate) fn split_log(log_n: u32) -> u32 {
+    log_n.div_ceil(2)
+}

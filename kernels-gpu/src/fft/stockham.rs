@@ -1,0 +1,304 @@
+//! The general FFT pass: `C` transforms of length `L` (powers of two) per block, Stockham
+//! autosort in shared memory, `E` elements per thread held in registers.
+//!
+//! Stage `s` (radix `R = 2^lr`, `Ns` = product of the earlier radices) computes, for every
+//! butterfly `j < L/R` (with `k = j mod Ns`):
+//! `a_r = src[j + r·L/R] · W_{Ns·R}^{r·k}`, `b = DFT_R(a)`, `dst[(j − k)·R + k + r·Ns] = b_r`.
+//! After the last stage `dst` is in natural order (no bit reversal). The first stage reads
+//! global memory directly and the last writes it directly (both coalesced: consecutive
+//! threads take consecutive `j`); the stages between exchange through shared memory.
+//!
+//! Addressing (one launch = one pass of a plan): transform `t` of the launch reads element `j`
+//! at `base(t, M_in) + j·M_in` and writes output `k` at `base(t, M_out) + k·M_out`, with
+//! `base(t, M) = (t / M)·L·M + t mod M`. `M = 1` is a contiguous row; `M > 1` are the columns of
+//! an `[L, M]` matrix (the first pass of a four-step plan), or the transposed store of its
+//! second pass. With `TW4` the output `k` of transform `t` is multiplied by
+//! `W_n^{(t mod M_in)·k}` (the four-step twiddle, from a two-level table `lo[p mod S]·hi[p/S]`).
+
+use super::cx::{dft, unroll, Cx, Mem};
+use crate::prim::*;
+
+/// Thread mapping: the column (transform within the block) in the low thread-index bits, so a
+/// warp's global accesses run over consecutive columns (for `M > 1`).
+pub const COL_MAP: u32 = 1;
+/// The last stage writes shared memory; a final loop stores it with the column mapping (for a
+/// transposed output, `M_out > 1`, from a row-mapped pass).
+pub const OUT_SMEM: u32 = 2;
+/// Multiply output `k` of transform `t` by `W_n^{(t mod M_in)·k}`.
+pub const TW4: u32 = 4;
+
+struct Ctx<T: Mem> {
+    x: *const Cx<T>,
+    y: *mut Cx<T>,
+    tw: *const Cx<T>,
+    twlo: *const Cx<T>,
+    twhi: *const Cx<T>,
+    log_l: u32,
+    log_tpt: u32,
+    log_lt: u32,
+    log_split: u32,
+    log_mout: u32,
+    flags: u32,
+    jt: u32,
+    t: u32,
+    min_mask: u32,
+    valid: bool,
+    base_in: u32,
+    base_out: u32,
+    log_min: u32,
+    smc: *mut Cx<T>,
+}
+
+/// Shared-memory slot of element `i` of a transform: one pad element after every 16, so the
+/// stride-`R` accesses of a Stockham stage (R ≤ 16) fall in distinct banks.
+#[inline(always)]
+fn sidx(i: u32) -> u32 {
+    i + (i >> 4)
+}
+
+#[inline(always)]
+fn base(t: u32, log_l: u32, log_m: u32) -> u32 {
+    ((t >> log_m) << (log_l + log_m)) + (t & ((1 << log_m) - 1))
+}
+
+/// `v · W_n^{m·k}` from the two-level table.
+#[inline(always)]
+unsafe fn tw4<T: Mem>(c: &Ctx<T>, v: Cx<T>, m: u32, k: u32) -> Cx<T> {
+    let p = m * k;
+    let lo = T::ld_ro(c.twlo.add((p & ((1 << c.log_split) - 1)) as usize));
+    let hi = T::ld_ro(c.twhi.add((p >> c.log_split) as usize));
+    v.cmul(lo.cmul(hi))
+}
+
+/// Prefetches `bytes` from `p` into L2, one 128-byte line per thread and step.
+#[inline(always)]
+unsafe fn prefetch_table(p: *const u8, bytes: u32, tid: u32, nthreads: u32) {
+    let mut off = tid * 128;
+    while off < bytes {
+        prefetch_l2_evict_last(p.add(off as usize));
+        off += nthreads * 128;
+    }
+}
+
+/// One Stockham stage of radix `R` (a no-op unless `R ≤ E`); `ls = log2 Ns`.
+#[inline(always)]
+unsafe fn stage<T: Mem, const E: usize, const R: usize>(
+    c: &Ctx<T>,
+    v: &mut [Cx<T>; E],
+    ls: u32,
+    from_global: bool,
+    to_global: bool,
+) {
+    if R > E {
+        return;
+    }
+    let lr = R.trailing_zeros();
+    let tpt = 1u32 << c.log_tpt;
+    let quarter = 1u32 << (c.log_l - lr); // L/R
+    // Read: element e of the thread is input r = e mod R of its butterfly q = e / R.
+    unroll!(E, e, {
+        let j = c.jt + (e / R) as u32 * tpt;
+        let idx = j + (e % R) as u32 * quarter;
+        v[e] = if from_global {
+            if c.valid {
+                T::ld_ro(c.x.add((c.base_in + (idx << c.log_min)) as usize))
+            } else {
+                Cx::zero()
+            }
+        } else {
+            T::ld(c.smc.add(sidx(idx) as usize))
+        };
+    });
+    if !from_global && !to_global {
+        // Every thread has read this stage's inputs before any overwrites them.
+        sync_threads();
+    }
+    // Twiddle and butterfly.
+    let ns_mask = (1u32 << ls) - 1;
+    if ls > 0 {
+        let sh = c.log_lt - ls - lr;
+        unroll!(E, e, {
+            let r = (e % R) as u32;
+            if r != 0 {
+                let k = (c.jt + (e / R) as u32 * tpt) & ns_mask;
+                v[e] = v[e].cmul(T::ld_ro(c.tw.add(((r * k) << sh) as usize)));
+            }
+        });
+    }
+    unroll!(E / R, q, {
+        dft::<T, R>(&mut *(v.as_mut_ptr().add(q * R) as *mut [Cx<T>; R]));
+    });
+    // Write.
+    unroll!(E, e, {
+        let j = c.jt + (e / R) as u32 * tpt;
+        let k = j & ns_mask;
+        let o = ((j - k) << lr) + k + (((e % R) as u32) << ls);
+        if to_global {
+            if c.valid {
+                let mut val = v[e];
+                if c.flags & TW4 != 0 {
+                    val = tw4(c, val, c.t & c.min_mask, o);
+                }
+                T::st(c.y.add((c.base_out + (o << c.log_mout)) as usize), val);
+            }
+        } else {
+            T::st(c.smc.add(sidx(o) as usize), v[e]);
+        }
+    });
+    if !to_global {
+        sync_threads();
+    }
+}
+
+/// The whole pass for one block (see the module doc): `L = 2^LOG_L`, `E ≤ L` elements per
+/// thread, block size `C·L/E` threads.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize>(
+    x: *const Cx<T>,
+    y: *mut Cx<T>,
+    tw: *const Cx<T>,
+    twlo: *const Cx<T>,
+    twhi: *const Cx<T>,
+    log_c: u32,
+    log_min: u32,
+    log_mout: u32,
+    count: u32,
+    log_lt: u32,
+    log_split: u32,
+    flags: u32,
+    sm_stride: u32,
+) {
+    let log_l = LOG_L;
+    let tid = thread_idx_x();
+    let log_e = E.trailing_zeros();
+    let log_tpt = log_l - log_e;
+    let (ci, jt) = if flags & COL_MAP != 0 {
+        (tid & ((1 << log_c) - 1), tid >> log_c)
+    } else {
+        (tid >> log_tpt, tid & ((1 << log_tpt) - 1))
+    };
+    let t0 = block_idx_x() << log_c;
+    let t = t0 + ci;
+    let sm = dyn_smem::<Cx<T>>();
+    let c = Ctx {
+        x,
+        y,
+        tw,
+        twlo,
+        twhi,
+        log_l,
+        log_tpt,
+        log_lt,
+        log_split,
+        log_mout,
+        flags,
+        jt,
+        t,
+        min_mask: (1 << log_min) - 1,
+        valid: t < count,
+        base_in: base(t, log_l, log_min),
+        base_out: base(t, log_l, log_mout),
+        log_min,
+        smc: sm.add((ci * sm_stride) as usize),
+    };
+    // Start the twiddle tables on their way into L2 while the data loads are in flight (after
+    // an L2 flush they would otherwise cost one DRAM round trip per stage).
+    let nthreads = block_dim_x();
+    let esz = core::mem::size_of::<Cx<T>>() as u32;
+    prefetch_table(tw as *const u8, esz << log_lt, tid, nthreads);
+    if flags & TW4 != 0 {
+        prefetch_table(twlo as *const u8, esz << log_split, tid, nthreads);
+        prefetch_table(twhi as *const u8, esz << (log_l + log_min).saturating_sub(log_split), tid, nthreads);
+    }
+    let mut v = [Cx::<T>::zero(); E];
+    let nst = (LOG_L as usize).div_ceil(log_e as usize);
+    let first = log_l - log_e * (nst as u32 - 1);
+    let out_smem = flags & OUT_SMEM != 0;
+    unroll!(nst, s, {
+        let lr = if s == 0 { first } else { log_e };
+        let ls = if s == 0 { 0 } else { first + log_e * (s as u32 - 1) };
+        let from_global = s == 0;
+        let to_global = s == nst - 1 && !out_smem;
+        match lr {
+            1 => stage::<T, E, 2>(&c, &mut v, ls, from_global, to_global),
+            2 => stage::<T, E, 4>(&c, &mut v, ls, from_global, to_global),
+            3 => stage::<T, E, 8>(&c, &mut v, ls, from_global, to_global),
+            4 => stage::<T, E, 16>(&c, &mut v, ls, from_global, to_global),
+            _ => stage::<T, E, 32>(&c, &mut v, ls, from_global, to_global),
+        }
+    });
+    if out_smem {
+        // The result is in shared memory (the last stage ended with a barrier): store it with
+        // consecutive threads on consecutive columns.
+        let mut q = 0;
+        while q < E {
+            let e = tid + q as u32 * nthreads;
+            let c2 = e & ((1 << log_c) - 1);
+            let k = e >> log_c;
+            let t2 = t0 + c2;
+            if t2 < count {
+                let mut val = T::ld(sm.add((c2 * sm_stride + sidx(k)) as usize));
+                if flags & TW4 != 0 {
+                    val = tw4(&c, val, t2 & c.min_mask, k);
+                }
+                T::st(y.add((base(t2, log_l, log_mout) + (k << log_mout)) as usize), val);
+            }
+            q += 1;
+        }
+    }
+}
+
+macro_rules! entry {
+    ($name:ident, $t:ty, $log_l:literal, $e:literal) => {
+        /// One FFT pass (module doc) of length `2^LOG_L`, `E` elements per thread.
+        #[no_mangle]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            x: *const Cx<$t>,
+            y: *mut Cx<$t>,
+            tw: *const Cx<$t>,
+            twlo: *const Cx<$t>,
+            twhi: *const Cx<$t>,
+            log_c: u32,
+            log_min: u32,
+            log_mout: u32,
+            count: u32,
+            log_lt: u32,
+            log_split: u32,
+            flags: u32,
+            sm_stride: u32,
+        ) {
+            fft_block::<$t, $log_l, $e>(
+                x, y, tw, twlo, twhi, log_c, log_min, log_mout, count, log_lt, log_split, flags, sm_stride,
+            )
+        }
+    };
+}
+
+// Length 2^LOG_L, E elements per thread (the host's `elems_per_thread` must match).
+entry!(fft_c64_l1, f32, 1, 2);
+entry!(fft_c64_l2, f32, 2, 4);
+entry!(fft_c64_l3, f32, 3, 8);
+entry!(fft_c64_l4, f32, 4, 16);
+entry!(fft_c64_l5, f32, 5, 8);
+entry!(fft_c64_l6, f32, 6, 8);
+entry!(fft_c64_l7, f32, 7, 16);
+entry!(fft_c64_l8, f32, 8, 16);
+entry!(fft_c64_l9, f32, 9, 8);
+entry!(fft_c64_l10, f32, 10, 16);
+entry!(fft_c64_l11, f32, 11, 16);
+entry!(fft_c64_l12, f32, 12, 16);
+entry!(fft_c64_l13, f32, 13, 16);
+entry!(fft_c128_l1, f64, 1, 2);
+entry!(fft_c128_l2, f64, 2, 4);
+entry!(fft_c128_l3, f64, 3, 8);
+entry!(fft_c128_l4, f64, 4, 8);
+entry!(fft_c128_l5, f64, 5, 8);
+entry!(fft_c128_l6, f64, 6, 8);
+entry!(fft_c128_l7, f64, 7, 8);
+entry!(fft_c128_l8, f64, 8, 8);
+entry!(fft_c128_l9, f64, 9, 8);
+entry!(fft_c128_l10, f64, 10, 8);
+entry!(fft_c128_l11, f64, 11, 8);
+entry!(fft_c128_l12, f64, 12, 16);

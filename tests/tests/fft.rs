@@ -1,0 +1,209 @@
+//! FFTC2CFwd on the GPU against the f64 CPU reference (SPEC.md §1): every power-of-two length
+//! 2^0..2^22 in c64 and c128, the ten seed shapes, odd batch counts, in place, plan reuse and
+//! the argument errors. Each case reports its relative L2 error; the bar
+//! (`rgk::reference::fft_error_bound`) grows like √log2 n. Outputs are poisoned (NaN) first.
+use rand::rngs::StdRng;
+use rand_distr::{Distribution, Normal};
+use rgk::fft::{FftPlan, Precision};
+use rgk::reference::{fft_c2c_fwd, fft_error, fft_error_bound};
+use rgk::{Error, Gpu};
+use rgk_tests::{fresh_rng, gpu_or_skip, randn_f32};
+
+/// Runs one plan out of place (or in place) on fresh randn input; returns the rel L2 error
+/// after asserting it is within the bar.
+fn run(gpu: &Gpu, rng: &mut StdRng, n: usize, batch: usize, prec: Precision, in_place: bool) -> f64 {
+    let len = 2 * n * batch;
+    let st = gpu.stream();
+    let mut plan = FftPlan::new(gpu, n, batch, prec).unwrap_or_else(|e| panic!("plan n={n} batch={batch}: {e}"));
+    let (ours, x64): (Vec<f64>, Vec<f64>) = match prec {
+        Precision::C64 => {
+            let x = randn_f32(rng, len, 1.0);
+            let dx = st.clone_htod(&x).unwrap();
+            let out: Vec<f32> = if in_place {
+                let mut d = dx;
+                plan.execute_c64_inplace(gpu, &mut d).unwrap();
+                st.clone_dtoh(&d).unwrap()
+            } else {
+                let mut dy = st.clone_htod(&vec![f32::NAN; len]).unwrap();
+                plan.execute_c64(gpu, &dx, &mut dy).unwrap();
+                st.clone_dtoh(&dy).unwrap()
+            };
+            (out.iter().map(|&v| v as f64).collect(), x.iter().map(|&v| v as f64).collect())
+        }
+        Precision::C128 => {
+            let d = Normal::new(0f64, 1f64).unwrap();
+            let x: Vec<f64> = (0..len).map(|_| d.sample(rng)).collect();
+            let dx = st.clone_htod(&x).unwrap();
+            let out: Vec<f64> = if in_place {
+                let mut d = dx;
+                plan.execute_c128_inplace(gpu, &mut d).unwrap();
+                st.clone_dtoh(&d).unwrap()
+            } else {
+                let mut dy = st.clone_htod(&vec![f64::NAN; len]).unwrap();
+                plan.execute_c128(gpu, &dx, &mut dy).unwrap();
+                st.clone_dtoh(&dy).unwrap()
+            };
+            (out, x)
+        }
+    };
+    let reference = fft_c2c_fwd(n, batch, &x64);
+    let (rel, max_abs) = fft_error(&ours, &reference);
+    let bound = fft_error_bound(n, prec == Precision::C128);
+    println!(
+        "{prec:?} n=2^{} batch={batch}{}: rel_l2 {rel:.3e} (bar {bound:.1e}), max_abs {max_abs:.3e}, {} launch(es)",
+        n.trailing_zeros(),
+        if in_place { " in place" } else { "" },
+        plan.launches()
+    );
+    assert!(rel <= bound, "{prec:?} n={n} batch={batch}: rel_l2 {rel:e} above {bound:e}");
+    rel
+}
+
+fn batch_for(log_n: u32) -> usize {
+    match log_n {
+        0..=12 => 3,
+        13..=18 => 2,
+        _ => 1,
+    }
+}
+
+#[test]
+fn every_length_c64() {
+    let Some(gpu) = gpu_or_skip("fft::every_length_c64") else { return };
+    let mut rng = fresh_rng("fft::every_length_c64");
+    for log_n in 0..=22 {
+        run(&gpu, &mut rng, 1 << log_n, batch_for(log_n), Precision::C64, false);
+    }
+}
+
+#[test]
+fn every_length_c128() {
+    let Some(gpu) = gpu_or_skip("fft::every_length_c128") else { return };
+    let mut rng = fresh_rng("fft::every_length_c128");
+    for log_n in 0..=22 {
+        run(&gpu, &mut rng, 1 << log_n, batch_for(log_n), Precision::C128, false);
+    }
+}
+
+/// The ten workloads of SPEC's table.
+#[test]
+fn seed_shapes() {
+    let Some(gpu) = gpu_or_skip("fft::seed_shapes") else { return };
+    let mut rng = fresh_rng("fft::seed_shapes");
+    let rows: [(usize, usize, Precision); 10] = [
+        (1, 4096, Precision::C64),
+        (64, 4096, Precision::C64),
+        (64, 4096, Precision::C128),
+        (64, 16384, Precision::C64),
+        (8, 65536, Precision::C64),
+        (256, 1024, Precision::C64),
+        (4096, 512, Precision::C64),
+        (65536, 64, Precision::C64),
+        (4, 1 << 20, Precision::C128),
+        (300, 1024, Precision::C64),
+    ];
+    for (batch, n, prec) in rows {
+        run(&gpu, &mut rng, n, batch, prec, false);
+    }
+}
+
+#[test]
+fn odd_batches() {
+    let Some(gpu) = gpu_or_skip("fft::odd_batches") else { return };
+    let mut rng = fresh_rng("fft::odd_batches");
+    for prec in [Precision::C64, Precision::C128] {
+        for n in [2, 16, 64, 1024, 1 << 13, 1 << 14, 1 << 15] {
+            for batch in [1, 3, 7, 33] {
+                if n * batch > 1 << 19 {
+                    continue;
+                }
+                run(&gpu, &mut rng, n, batch, prec, false);
+            }
+        }
+        run(&gpu, &mut rng, 64, 1001, prec, false);
+        run(&gpu, &mut rng, 2, 100_003, prec, false);
+    }
+}
+
+#[test]
+fn in_place() {
+    let Some(gpu) = gpu_or_skip("fft::in_place") else { return };
+    let mut rng = fresh_rng("fft::in_place");
+    for prec in [Precision::C64, Precision::C128] {
+        for (n, batch) in [(1, 5), (8, 3), (4096, 3), (1 << 13, 2), (1 << 16, 3), (1 << 20, 1)] {
+            run(&gpu, &mut rng, n, batch, prec, true);
+        }
+    }
+}
+
+/// One plan executed many times gives bitwise the same output; sub-views at element offsets.
+#[test]
+fn plan_reuse_and_sub_views() {
+    let Some(gpu) = gpu_or_skip("fft::plan_reuse_and_sub_views") else { return };
+    let mut rng = fresh_rng("fft::plan_reuse_and_sub_views");
+    let st = gpu.stream();
+    for (n, batch) in [(4096, 3), (1 << 15, 2)] {
+        let len = 2 * n * batch;
+        let mut plan = FftPlan::new(&gpu, n, batch, Precision::C64).unwrap();
+        let mut xs = vec![f32::NAN; 2];
+        xs.extend(randn_f32(&mut rng, len, 1.0));
+        let dx = st.clone_htod(&xs).unwrap();
+        let mut dy = st.clone_htod(&vec![f32::NAN; len + 6]).unwrap();
+        let mut first: Option<Vec<f32>> = None;
+        for _ in 0..3 {
+            {
+                let mut yv = dy.slice_mut(4..4 + len);
+                plan.execute_c64(&gpu, &dx.slice(2..), &mut yv).unwrap();
+            }
+            let all: Vec<f32> = st.clone_dtoh(&dy).unwrap();
+            assert!(all[..4].iter().chain(&all[4 + len..]).all(|v| v.is_nan()), "write outside y");
+            let out = all[4..4 + len].to_vec();
+            match &first {
+                None => first = Some(out),
+                Some(f) => assert!(f.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()), "not reproducible"),
+            }
+        }
+        let x64: Vec<f64> = xs[2..].iter().map(|&v| v as f64).collect();
+        let ours: Vec<f64> = first.unwrap().iter().map(|&v| v as f64).collect();
+        let (rel, _) = fft_error(&ours, &fft_c2c_fwd(n, batch, &x64));
+        assert!(rel <= fft_error_bound(n, false), "n={n}: {rel:e}");
+    }
+}
+
+#[test]
+fn argument_errors() {
+    let Some(gpu) = gpu_or_skip("fft::argument_errors") else { return };
+    let shape_arg = |r: Result<FftPlan, Error>| match r {
+        Err(Error::Shape { arg, .. }) => arg,
+        Err(e) => panic!("expected a shape error, got {e}"),
+        Ok(_) => panic!("expected an error"),
+    };
+    assert_eq!(shape_arg(FftPlan::new(&gpu, 0, 1, Precision::C64)), "n");
+    assert_eq!(shape_arg(FftPlan::new(&gpu, 12, 1, Precision::C64)), "n");
+    assert_eq!(shape_arg(FftPlan::new(&gpu, 1 << 25, 1, Precision::C128)), "n");
+    assert_eq!(shape_arg(FftPlan::new(&gpu, 1 << 27, 1, Precision::C64)), "n");
+    assert_eq!(shape_arg(FftPlan::new(&gpu, 8, 0, Precision::C64)), "batch");
+    assert!(matches!(
+        FftPlan::new(&gpu, 1 << 20, usize::MAX / 1024, Precision::C64),
+        Err(Error::Overflow { arg: "batch", .. })
+    ));
+    let st = gpu.stream();
+    let mut plan = FftPlan::new(&gpu, 64, 2, Precision::C64).unwrap();
+    let small = st.alloc_zeros::<f32>(255).unwrap();
+    let ok = st.alloc_zeros::<f32>(256).unwrap();
+    let mut out = st.alloc_zeros::<f32>(256).unwrap();
+    let mut out_small = st.alloc_zeros::<f32>(200).unwrap();
+    assert!(matches!(plan.execute_c64(&gpu, &small, &mut out), Err(Error::BufferTooSmall { arg: "x", .. })));
+    assert!(matches!(plan.execute_c64(&gpu, &ok, &mut out_small), Err(Error::BufferTooSmall { arg: "y", .. })));
+    let x128 = st.alloc_zeros::<f64>(256).unwrap();
+    let mut y128 = st.alloc_zeros::<f64>(256).unwrap();
+    assert!(matches!(plan.execute_c128(&gpu, &x128, &mut y128), Err(Error::Shape { arg: "x", .. })));
+    // A sub-view half an element in: not aligned to the 8-byte element.
+    let big = st.alloc_zeros::<f32>(300).unwrap();
+    assert!(matches!(plan.execute_c64(&gpu, &big.slice(1..), &mut out), Err(Error::Shape { arg: "x", .. })));
+    // Partially overlapping buffers through the raw entry.
+    let buf = st.alloc_zeros::<f32>(600).unwrap();
+    let (p, _g) = rgk::cudarc::driver::DevicePtr::device_ptr(&buf, st);
+    let r = unsafe { plan.execute_raw(&gpu, p, p + 16, st.cu_stream()) };
+    assert!(matches!(r, Err(Error::Shape { arg: "y", .. })));
+}
