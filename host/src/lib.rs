@@ -5,6 +5,7 @@
 //! validates every call's shapes and buffer sizes before launching, and returns typed results.
 //!
 //! The operators and their formulas are defined in `shared/SPEC.md`:
+//! - [`mhc::MhcPre`] — MHCPreFwd (§2).
 //! - [`mhc::post_fwd`] — MHCPostFwd (§3).
 //!
 //! Each op has a safe entry taking `cudarc` device buffers (slices or sub-views) and an
