@@ -397,6 +397,19 @@ fn model(s: MhcPreShape, p: MhcPreParams, geo: PreGeometry, inp: &Inputs) -> Out
             for jc0 in (0..jb).step_by(jc) {
                 let jca = jc.min(jb - jc0);
                 let rows = n * jca;
+                // The kernel's staging steps (row, jj) by (nt / jca, nt % jca) per element.
+                for t in 0..nt {
+                    let (mut row, mut jj) = (t / jca, t % jca);
+                    for e in (t..bga * n * jca).step_by(nt) {
+                        assert_eq!((row, jj), (e / jca, e % jca));
+                        row += nt / jca;
+                        jj += nt % jca;
+                        if jj >= jca {
+                            jj -= jca;
+                            row += 1;
+                        }
+                    }
+                }
                 // staged x: xs[(βl·n + k)·jca + jj]
                 let xs: Vec<f32> = (0..bga * n * jca)
                     .map(|e| {
@@ -477,11 +490,11 @@ fn model(s: MhcPreShape, p: MhcPreParams, geo: PreGeometry, inp: &Inputs) -> Out
         h_post: vec![f32::NAN; batch * n],
     };
     let mut writes = vec![0u8; batch * n * c + batch * c];
-    let sqrt_nc = ((n * c) as f64).sqrt();
+    let inv_sqrt_nc = 1.0 / ((n * c) as f64).sqrt();
     let eps = p.sinkhorn_eps;
     for beta in 0..batch {
         let t = &tot[beta * mq..(beta + 1) * mq];
-        let r = t[m].sqrt() / sqrt_nc + 1e-4;
+        let r = t[m].sqrt() * inv_sqrt_nc + 1e-4;
         let z: Vec<f64> = (0..m)
             .map(|col| {
                 let a = if col < n {
@@ -498,29 +511,38 @@ fn model(s: MhcPreShape, p: MhcPreParams, geo: PreGeometry, inp: &Inputs) -> Out
         for k in 0..n {
             out.h_post[beta * n + k] = 2.0 * sigmoid(z[n + k]);
         }
+        // The kernel's warp path (n ∈ {1, 2, 4}, a warp per batch row) sums by xor butterflies
+        // (pairwise); the block path sums in index order.
+        let fast = matches!(n, 1 | 2 | 4) && bg <= nt / 32;
+        let sum = |v: &[f32]| -> f32 {
+            if fast {
+                let mut v = v.to_vec();
+                let mut sh = 1;
+                while sh < v.len() {
+                    v = (0..v.len()).map(|l| v[l] + v[l ^ sh]).collect();
+                    sh <<= 1;
+                }
+                v[0]
+            } else {
+                v.iter().fold(0f32, |a, &b| a + b)
+            }
+        };
         let mut rs = vec![0f32; n * n];
         for i in 0..n {
             let zr = &z[2 * n + i * n..2 * n + (i + 1) * n];
             let zmax = zr.iter().skip(1).fold(zr[0], |a, &v| if v > a { v } else { a });
-            let mut sum = 0f32;
             for k in 0..n {
                 rs[i * n + k] = exp_le1(zr[k] - zmax);
-                sum += rs[i * n + k];
-            }
-            if p.sinkhorn_repeat > 0 {
-                let d = sum + eps;
-                (0..n).for_each(|k| rs[i * n + k] /= d);
             }
         }
-        for rep in 0..p.sinkhorn_repeat {
-            if rep > 0 {
-                for i in 0..n {
-                    let d = (0..n).fold(0f32, |a, k| a + rs[i * n + k]) + eps;
-                    (0..n).for_each(|k| rs[i * n + k] /= d);
-                }
+        for _ in 0..p.sinkhorn_repeat {
+            for i in 0..n {
+                let d = sum(&rs[i * n..(i + 1) * n]) + eps;
+                (0..n).for_each(|k| rs[i * n + k] /= d);
             }
             for k in 0..n {
-                let d = (0..n).fold(0f32, |a, i| a + rs[i * n + k]) + eps;
+                let col: Vec<f32> = (0..n).map(|i| rs[i * n + k]).collect();
+                let d = sum(&col) + eps;
                 (0..n).for_each(|i| rs[i * n + k] /= d);
             }
         }
@@ -636,6 +658,30 @@ fn reference_matches_a_direct_formulation() {
         for k in 0..n {
             let col: f64 = (0..n).map(|i| a[i][k]).sum();
             assert!(col < 1.0 && col > 0.8, "column {k} sums to {col}");
+        }
+    }
+}
+
+/// The kernel's multiply-high division is exact on its whole domain (dividends and divisors
+/// up to 2^16): exhaustive for divisors ≤ 1100 (mc, slots, thread ids), dense for the rest.
+#[test]
+fn fastdiv_magic_is_exact() {
+    let check = |d: u32, a: u32| {
+        let m = rgk::mhc::fastdiv_magic(d);
+        assert_eq!(((a as u64 * m) >> 32) as u32, a / d, "{a} / {d}");
+    };
+    for d in 1..=1100 {
+        for a in 0..=1100 {
+            check(d, a);
+        }
+        for a in (0..=1 << 16).step_by(7) {
+            check(d, a);
+        }
+        check(d, 1 << 16);
+    }
+    for d in (1100..=1 << 16).step_by(13).chain([1 << 14, 1 << 16]) {
+        for a in (0..=1 << 16).step_by(97).chain([(1 << 16) - 1, 1 << 16, d - 1, d, (d + 1).min(1 << 16)]) {
+            check(d, a);
         }
     }
 }

@@ -178,6 +178,12 @@ pub struct PreGeometry {
     pub workspace: usize,
 }
 
+/// The kernel's `FastDiv` magic for divisor `d`: `⌊2^32/d⌋ + 1`; `(a·magic) >> 32 = a / d`
+/// exactly for `a, d ≤ 2^16`.
+pub fn fastdiv_magic(d: u32) -> u64 {
+    (1u64 << 32) / d as u64 + 1
+}
+
 /// Dynamic shared memory of the kernel's layout (mirror of `layout` in the kernel), bytes.
 pub fn smem_bytes(block: usize, bg: usize, n: usize, jc: usize) -> usize {
     let m = n * n + 2 * n;
@@ -218,6 +224,8 @@ impl PreGeometry {
             jc = 1;
         }
         let smem = smem_bytes(block as usize, bg, n, jc);
+        // The kernel's multiply-high divisions need jc and every dividend (≤ bg·n·jc) ≤ 2^16.
+        debug_assert!(jc <= 1 << 14 && bg * n * jc <= 1 << 16);
         if smem > max_smem {
             return Err(Error::Shape {
                 arg: "n",
@@ -411,6 +419,12 @@ pub unsafe fn pre_fwd_raw(
     let (mut cols, mut jc, mut bg) = (geo.cols, geo.jc, geo.bg);
     let (mut a_pre, mut a_post, mut a_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
     let (mut rep, mut eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
+    let mut inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
+    let mut ngroups = s.batch.div_ceil(geo.bg as usize) as u32;
+    let mut njc_full = geo.cols.div_ceil(geo.jc);
+    let mut mc = (s.logits() as u32 + 1).min(geo.block);
+    let mut mc_magic = fastdiv_magic(mc);
+    let mut jc_magic = fastdiv_magic(geo.jc);
     let args: &mut [&mut dyn KernelArg] = &mut [
         &mut phi,
         &mut x,
@@ -430,6 +444,12 @@ pub unsafe fn pre_fwd_raw(
         &mut a_res,
         &mut rep,
         &mut eps,
+        &mut inv_sqrt_nc,
+        &mut ngroups,
+        &mut njc_full,
+        &mut mc,
+        &mut mc_magic,
+        &mut jc_magic,
     ];
     if plan.config.cooperative {
         let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a.as_param()).collect();

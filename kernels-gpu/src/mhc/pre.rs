@@ -21,7 +21,9 @@
 //!    uses a new tag and the workspace needs no reset.
 //! 3. **Coefficients** (every block, redundantly and identically): `r` and the logits `z` in f64,
 //!    exponentials as `ex2.approx` of the f64-reduced fraction times an exact power of two
-//!    (≈ 2^-22 relative for any argument), sigmoid and Sinkhorn in f32 (`div.rn`).
+//!    (≈ 2^-22 relative for any argument), sigmoid and Sinkhorn in f32 (`div.rn`). For
+//!    n ∈ {1, 2, 4} one warp per batch row does it all in registers (lane = quantity, Sinkhorn
+//!    sums by butterflies, one barrier); otherwise a block-wide path through shared memory.
 //! 4. **Mixing** from the staged x (no second read of x when one tile holds the block's columns):
 //!    `x_res = q(Σ_k R[i,k]·x_k)`, `x_layer = q(Σ_k H_pre[k]·x_k)`, f32 FMAs in k order.
 //!
@@ -52,6 +54,38 @@ fn untag(w: u64) -> f64 {
 #[inline(always)]
 fn tag_of(w: u64) -> u32 {
     (w & TAG_MASK) as u32
+}
+/// Division by a divisor fixed per tile, as a multiply-high: `magic = ⌊2^32/d⌋ + 1` gives the
+/// exact quotient for every `a, d ≤ 2^16` (the error `a·(magic − 2^32/d)/2^32 < 2^-16 ≤ 1/d`).
+/// The host passes the magic of the common divisors; others are computed on the device.
+#[derive(Clone, Copy)]
+struct FastDiv {
+    d: u32,
+    magic: u64,
+}
+
+impl FastDiv {
+    #[inline(always)]
+    fn new(d: u32) -> Self {
+        Self { d, magic: (1u64 << 32) / d as u64 + 1 }
+    }
+    /// `a / d` (exact for `a, d ≤ 2^16`).
+    #[inline(always)]
+    fn div(self, a: u32) -> u32 {
+        ((a as u64 * self.magic) >> 32) as u32
+    }
+    /// `(a / d, a % d)`.
+    #[inline(always)]
+    fn divrem(self, a: u32) -> (u32, u32) {
+        let q = self.div(a);
+        (q, a - q * self.d)
+    }
+}
+
+/// The call's tag, never 0 (a zeroed workspace holds tag 0), different for consecutive epochs.
+#[inline(always)]
+fn tag_of_epoch(e: u32) -> u32 {
+    e % ((1 << TAG_BITS) - 1) + 1
 }
 #[inline(always)]
 fn min_u32(a: u32, b: u32) -> u32 {
@@ -107,6 +141,15 @@ fn shfl_xor_f64(v: f64, m: u32) -> f64 {
     f64::from_bits(((hi as u64) << 32) | lo as u64)
 }
 
+/// `shfl.sync.idx` of an f64 (two 32-bit shuffles).
+#[inline(always)]
+fn shfl_idx_f64(v: f64, src: u32) -> f64 {
+    let b = v.to_bits();
+    let lo = shfl_idx_f32(f32::from_bits(b as u32), src).to_bits();
+    let hi = shfl_idx_f32(f32::from_bits((b >> 32) as u32), src).to_bits();
+    f64::from_bits(((hi as u64) << 32) | lo as u64)
+}
+
 /// Sum over the warp, fixed butterfly order; every lane gets the same bits.
 #[inline(always)]
 fn warp_sum_f64(mut v: f64) -> f64 {
@@ -157,18 +200,36 @@ pub fn sigmoid_f64_arg(z: f64) -> f32 {
 /// all of a thread's loads are issued before its first shared store.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn stage(x: *const u16, xs: *mut u16, b0: u32, bga: u32, n: u32, c: u32, col0: u32, jca: u32, t: u32, nt: u32) {
+unsafe fn stage(
+    x: *const u16,
+    xs: *mut u16,
+    b0: u32,
+    bga: u32,
+    n: u32,
+    c: u32,
+    col0: u32,
+    fj: FastDiv,
+    t: u32,
+    nt: u32,
+) {
+    let jca = fj.d;
     let total = bga * n * jca;
+    // Element e = row·jca + jj, stepped by nt without dividing per element.
+    let (drow, djj) = fj.divrem(nt);
+    let (mut row, mut jj) = fj.divrem(t);
     let mut e = t;
     while e < total {
         let mut v = [0u16; UN];
         let mut u = 0;
         while u < UN {
-            let eu = e + u as u32 * nt;
-            if eu < total {
-                let row = eu / jca;
-                let jj = eu - row * jca;
+            if e + (u as u32) * nt < total {
                 v[u] = *x.add(((b0 * n + row) * c + col0 + jj) as usize);
+            }
+            row += drow;
+            jj += djj;
+            if jj >= jca {
+                jj -= jca;
+                row += 1;
             }
             u += 1;
         }
@@ -199,6 +260,7 @@ struct Slab {
     rows: u32,
     slots: u32,
     jca: u32,
+    fj: FastDiv,
     dk: u32,
     djj: u32,
     c: u32,
@@ -211,8 +273,8 @@ struct Slab {
 impl Slab {
     #[inline(always)]
     fn start(&self, p: u32) -> Walk {
-        let k = p / self.jca;
-        Walk { rho: p, k, jj: p - k * self.jca }
+        let (k, jj) = self.fj.divrem(p);
+        Walk { rho: p, k, jj }
     }
 
     /// Loads the next `UN` rows' `phi[(k·c + colbase + jj)·m + col]` (none for the x² column);
@@ -299,6 +361,12 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fwd(
     alpha_res: f32,
     repeat: u32,
     eps: f32,
+    inv_sqrt_nc: f64,
+    ngroups: u32,
+    njc_full: u32,
+    mc: u32,
+    mc_magic: u64,
+    jc_magic: u64,
 ) {
     let t = thread_idx_x();
     let nt = block_dim_x();
@@ -336,13 +404,14 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fwd(
         }
     }
 
-    let ngroups = batch.div_ceil(bg);
-    let njc = jb.div_ceil(jc);
+    let njc = if jb == cols { njc_full } else { jb.div_ceil(jc) };
     let single_tile = ngroups == 1 && njc == 1;
-    let mc = min_u32(mq, nt);
-    let slots = nt / mc;
-    let p = t / mc;
-    let cl = t - p * mc;
+    // Grid-uniform constants from the host: mc = min(m+1, T) columns per q-chunk, and the
+    // magics of mc and jc (divisions cost ~50 cycles each before the first phi load).
+    let fmc = FastDiv { d: mc, magic: mc_magic };
+    let fjc = FastDiv { d: jc, magic: jc_magic };
+    let slots = fmc.div(nt);
+    let (p, cl) = fmc.divrem(t);
 
     let mut gi = 0;
     while gi < ngroups {
@@ -362,31 +431,20 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fwd(
             while qc0 < mq {
                 let mca = min_u32(mc, mq - qc0);
                 let col = qc0 + cl;
-                let dk = slots / jca;
-                let slab = Slab {
-                    phi,
-                    rows,
-                    slots,
-                    jca,
-                    dk,
-                    djj: slots - dk * jca,
-                    c,
-                    colbase: j0 + jc0,
-                    m,
-                    col,
-                    is_sq: col == m,
-                };
+                let fj = if jca == jc { fjc } else { FastDiv::new(jca) };
+                let (dk, djj) = fj.divrem(slots);
+                let slab = Slab { phi, rows, slots, jca, fj, dk, djj, c, colbase: j0 + jc0, m, col, is_sq: col == m };
                 let active = p < slots && cl < mca;
                 let mut w = slab.start(p);
                 // First batch of phi loads before the staging waits on x.
                 let (mut v, mut rr) = if active { slab.load(&mut w) } else { ([0.0; UN], [u32::MAX; UN]) };
                 if qc0 == 0 {
-                    stage(x, sm.xs, b0, bga, n, c, j0 + jc0, jca, t, nt);
+                    stage(x, sm.xs, b0, bga, n, c, j0 + jc0, fj, t, nt);
                     if gi == 0 && jci == 0 {
                         if t == 0 {
                             let e = epoch as u32;
-                            *sm.misc = e % ((1 << TAG_BITS) - 1) + 1;
-                            *sm.misc.add(1) = e;
+                            // Only stored here: nothing before the first barrier waits on it.
+                            *sm.misc = e;
                         }
                         if t < m {
                             *sm.bs.add(t as usize) = bias0;
@@ -416,10 +474,10 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fwd(
                 }
                 sync_threads();
                 // Fixed-order sum over the slots of each (βl, col).
+                let fmca = if mca == mc { fmc } else { FastDiv::new(mca) };
                 let mut i = t;
                 while i < bga * mca {
-                    let bl = i / mca;
-                    let cc = i - bl * mca;
+                    let (bl, cc) = fmca.divrem(i);
                     let dst = sm.part.add((bl * mq + qc0 + cc) as usize);
                     let src = sm.red.add((bl * nt + cc) as usize);
                     let mut s = *dst;
@@ -451,7 +509,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fwd(
             jci += 1;
         }
         // Publish this group's block partials.
-        let tag = *sm.misc;
+        let tag = tag_of_epoch(*sm.misc);
         let mut i = t;
         while i < bga * mq {
             st_relaxed_u64(part_ws.add(((b0 * mq + i) * grid + g) as usize), tagged(*sm.part.add(i as usize), tag));
@@ -462,7 +520,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fwd(
     }
 
     // ---- reduction duties: warp (warp, g) sums quantity q = warp·G + g (+ multiples of warps·G).
-    let tag = *sm.misc;
+    let tag = tag_of_epoch(*sm.misc);
     let mut q = warp * grid + g;
     while q < q_all {
         let base = part_ws.add((q * grid) as usize);
@@ -497,143 +555,222 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fwd(
     }
 
     // ---- coefficients and mixing, per batch group.
-    let sqrt_nc = sqrt_rn_f64((n * c) as f64);
+    // Warp-level coefficients when a row's n²+2n+1 quantities fit one warp with power-of-two
+    // lane groups (n ∈ {1, 2, 4}) and the block has a warp per batch row of the group.
+    let fast = (n == 1 || n == 2 || n == 4) && bg <= warps;
     let mut gi = 0;
     while gi < ngroups {
         let b0 = gi * bg;
         let bga = min_u32(bg, batch - b0);
-        let qg = bga * mq;
-        let mut i = t;
-        while i < qg {
-            let src = tot_ws.add((b0 * mq + i) as usize);
-            let mut w = ld_relaxed_u64(src);
-            while tag_of(w) != tag {
-                w = ld_relaxed_u64(src);
-            }
-            *sm.tot.add(i as usize) = untag(w);
-            i += nt;
-        }
-        sync_threads();
-        // Logits z = alpha·h/r + b (f64); H_pre, h_post; residual logits stay in `tot`.
-        let mut i = t;
-        while i < bga * m {
-            let bl = i / m;
-            let col = i - bl * m;
-            let row = sm.tot.add((bl * mq) as usize);
-            let r = sqrt_rn_f64(*row.add(m as usize)) / sqrt_nc + 1e-4;
-            let alpha = if col < n {
-                alpha_pre
-            } else if col < 2 * n {
-                alpha_post
-            } else {
-                alpha_res
-            };
-            let z = alpha as f64 * *row.add(col as usize) / r + *sm.bs.add(col as usize) as f64;
-            if col < n {
-                *sm.hs.add((bl * n + col) as usize) = sigmoid_f64_arg(z);
-            } else if col < 2 * n {
-                if g == 0 {
-                    *h_post.add(((b0 + bl) * n + col - n) as usize) = 2.0 * sigmoid_f64_arg(z);
+        if fast {
+            // One warp per batch row: lane ↔ quantity (R entries at lanes i·n + k, then pre, post,
+            // Σx²), totals polled straight into registers, Sinkhorn sums by butterflies within
+            // aligned lane groups (rows: xor 1..n/2, columns: xor n..n²/2). Every lane runs
+            // every shuffle (full-warp masks); only the owners store.
+            if warp < bga {
+                let bl = warp;
+                let beta = b0 + bl;
+                let l = lane;
+                let q = if l < nn {
+                    2 * n + l
+                } else if l < nn + 2 * n {
+                    l - nn
+                } else {
+                    m
+                };
+                let mut v = 0f64;
+                if l <= nn + 2 * n {
+                    let src = tot_ws.add((beta * mq + q) as usize);
+                    let mut w = ld_relaxed_u64(src);
+                    while tag_of(w) != tag {
+                        w = ld_relaxed_u64(src);
+                    }
+                    v = untag(w);
                 }
-            } else {
-                *row.add(col as usize) = z;
-            }
-            i += nt;
-        }
-        sync_threads();
-        // R = exp(z − row max), fused with the first row normalisation.
-        let mut i = t;
-        while i < bga * n {
-            let bl = i / n;
-            let ii = i - bl * n;
-            let z = sm.tot.add((bl * mq + 2 * n + ii * n) as usize);
-            let mut zmax = *z;
-            let mut k = 1;
-            while k < n {
-                let zk = *z.add(k as usize);
-                if zk > zmax {
-                    zmax = zk;
+                let sq = shfl_idx_f64(v, nn + 2 * n);
+                let r = sqrt_rn_f64(sq) * inv_sqrt_nc + 1e-4;
+                let alpha = if l < nn {
+                    alpha_res
+                } else if l < nn + n {
+                    alpha_pre
+                } else {
+                    alpha_post
+                };
+                let bq = if q < m { *sm.bs.add(q as usize) } else { 0.0 };
+                let z = alpha as f64 * v / r + bq as f64;
+                // Residual: row max, exp, Sinkhorn.
+                let mut zmax = z;
+                let mut sh = 1;
+                while sh < n {
+                    let o = shfl_xor_f64(zmax, sh);
+                    if o > zmax {
+                        zmax = o;
+                    }
+                    sh <<= 1;
                 }
-                k += 1;
+                let mut e = exp_le1(z - zmax);
+                let mut rep = 0;
+                while rep < repeat {
+                    let mut s = e;
+                    let mut sh = 1;
+                    while sh < n {
+                        s += shfl_xor_f32(s, sh);
+                        sh <<= 1;
+                    }
+                    e = div_rn(e, s + eps);
+                    let mut s = e;
+                    let mut sh = n;
+                    while sh < nn {
+                        s += shfl_xor_f32(s, sh);
+                        sh <<= 1;
+                    }
+                    e = div_rn(e, s + eps);
+                    rep += 1;
+                }
+                let sig = sigmoid_f64_arg(z);
+                if l < nn {
+                    *sm.rs.add((bl * nn + l) as usize) = e;
+                } else if l < nn + n {
+                    *sm.hs.add((bl * n + l - nn) as usize) = sig;
+                } else if l < nn + 2 * n && g == 0 {
+                    *h_post.add((beta * n + l - nn - n) as usize) = 2.0 * sig;
+                }
             }
-            let row = sm.rs.add((bl * nn + ii * n) as usize);
-            let mut s = 0f32;
-            let mut k = 0;
-            while k < n {
-                let e = exp_le1(*z.add(k as usize) - zmax);
-                *row.add(k as usize) = e;
-                s += e;
-                k += 1;
+            sync_threads();
+        } else {
+            let qg = bga * mq;
+            let mut i = t;
+            while i < qg {
+                let src = tot_ws.add((b0 * mq + i) as usize);
+                let mut w = ld_relaxed_u64(src);
+                while tag_of(w) != tag {
+                    w = ld_relaxed_u64(src);
+                }
+                *sm.tot.add(i as usize) = untag(w);
+                i += nt;
             }
-            if repeat > 0 {
-                let d = s + eps;
-                let mut k = 0;
+            sync_threads();
+            // Logits z = alpha·h/r + b (f64); H_pre, h_post; residual logits stay in `tot`.
+            let mut i = t;
+            while i < bga * m {
+                let bl = i / m;
+                let col = i - bl * m;
+                let row = sm.tot.add((bl * mq) as usize);
+                let r = sqrt_rn_f64(*row.add(m as usize)) * inv_sqrt_nc + 1e-4;
+                let alpha = if col < n {
+                    alpha_pre
+                } else if col < 2 * n {
+                    alpha_post
+                } else {
+                    alpha_res
+                };
+                let z = alpha as f64 * *row.add(col as usize) / r + *sm.bs.add(col as usize) as f64;
+                if col < n {
+                    *sm.hs.add((bl * n + col) as usize) = sigmoid_f64_arg(z);
+                } else if col < 2 * n {
+                    if g == 0 {
+                        *h_post.add(((b0 + bl) * n + col - n) as usize) = 2.0 * sigmoid_f64_arg(z);
+                    }
+                } else {
+                    *row.add(col as usize) = z;
+                }
+                i += nt;
+            }
+            sync_threads();
+            // R = exp(z − row max), fused with the first row normalisation.
+            let mut i = t;
+            while i < bga * n {
+                let bl = i / n;
+                let ii = i - bl * n;
+                let z = sm.tot.add((bl * mq + 2 * n + ii * n) as usize);
+                let mut zmax = *z;
+                let mut k = 1;
                 while k < n {
-                    *row.add(k as usize) = div_rn(*row.add(k as usize), d);
+                    let zk = *z.add(k as usize);
+                    if zk > zmax {
+                        zmax = zk;
+                    }
                     k += 1;
                 }
-            }
-            i += nt;
-        }
-        sync_threads();
-        let mut rep = 0;
-        while rep < repeat {
-            if rep > 0 {
-                let mut i = t;
-                while i < bga * n {
-                    let row = sm.rs.add((i * n) as usize); // (bl·n + ii)·n
-                    let mut s = 0f32;
-                    let mut k = 0;
-                    while k < n {
-                        s += *row.add(k as usize);
-                        k += 1;
-                    }
+                let row = sm.rs.add((bl * nn + ii * n) as usize);
+                let mut s = 0f32;
+                let mut k = 0;
+                while k < n {
+                    let e = exp_le1(*z.add(k as usize) - zmax);
+                    *row.add(k as usize) = e;
+                    s += e;
+                    k += 1;
+                }
+                if repeat > 0 {
                     let d = s + eps;
                     let mut k = 0;
                     while k < n {
                         *row.add(k as usize) = div_rn(*row.add(k as usize), d);
                         k += 1;
                     }
-                    i += nt;
-                }
-                sync_threads();
-            }
-            let mut i = t;
-            while i < bga * n {
-                let bl = i / n;
-                let kk = i - bl * n;
-                let colp = sm.rs.add((bl * nn + kk) as usize);
-                let mut s = 0f32;
-                let mut ii = 0;
-                while ii < n {
-                    s += *colp.add((ii * n) as usize);
-                    ii += 1;
-                }
-                let d = s + eps;
-                let mut ii = 0;
-                while ii < n {
-                    let e = colp.add((ii * n) as usize);
-                    *e = div_rn(*e, d);
-                    ii += 1;
                 }
                 i += nt;
             }
             sync_threads();
-            rep += 1;
+            let mut rep = 0;
+            while rep < repeat {
+                if rep > 0 {
+                    let mut i = t;
+                    while i < bga * n {
+                        let row = sm.rs.add((i * n) as usize); // (bl·n + ii)·n
+                        let mut s = 0f32;
+                        let mut k = 0;
+                        while k < n {
+                            s += *row.add(k as usize);
+                            k += 1;
+                        }
+                        let d = s + eps;
+                        let mut k = 0;
+                        while k < n {
+                            *row.add(k as usize) = div_rn(*row.add(k as usize), d);
+                            k += 1;
+                        }
+                        i += nt;
+                    }
+                    sync_threads();
+                }
+                let mut i = t;
+                while i < bga * n {
+                    let bl = i / n;
+                    let kk = i - bl * n;
+                    let colp = sm.rs.add((bl * nn + kk) as usize);
+                    let mut s = 0f32;
+                    let mut ii = 0;
+                    while ii < n {
+                        s += *colp.add((ii * n) as usize);
+                        ii += 1;
+                    }
+                    let d = s + eps;
+                    let mut ii = 0;
+                    while ii < n {
+                        let e = colp.add((ii * n) as usize);
+                        *e = div_rn(*e, d);
+                        ii += 1;
+                    }
+                    i += nt;
+                }
+                sync_threads();
+                rep += 1;
+            }
         }
         // Mixing.
         let mut jci = 0;
         while jci < njc {
             let jc0 = jci * jc;
             let jca = min_u32(jc, jb - jc0);
+            let fj = if jca == jc { fjc } else { FastDiv::new(jca) };
             if !single_tile {
-                stage(x, sm.xs, b0, bga, n, c, j0 + jc0, jca, t, nt);
+                stage(x, sm.xs, b0, bga, n, c, j0 + jc0, fj, t, nt);
                 sync_threads();
             }
             let mut i = t;
             while i < bga * jca {
-                let bl = i / jca;
-                let jj = i - bl * jca;
+                let (bl, jj) = fj.divrem(i);
                 let xb = sm.xs.add((bl * n * jca + jj) as usize);
                 let col = j0 + jc0 + jj;
                 let beta = b0 + bl;
@@ -670,6 +807,6 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fwd(
     // Every block's epoch read precedes (by data dependence) a partial that block 0 has seen
     // summed into a total: advancing the epoch now cannot race with any read of it.
     if g == 0 && t == 0 {
-        st_relaxed_u64(ws, (*sm.misc.add(1)).wrapping_add(1) as u64);
+        st_relaxed_u64(ws, (*sm.misc).wrapping_add(1) as u64);
     }
 }
