@@ -40,6 +40,19 @@ pub const GL: u32 = 8;
 /// Low mantissa bits of an exchanged f64 that carry the call's tag.
 pub const TAG_BITS: u32 = 20;
 const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
+/// Polls of one word (or one warp's words) before the kernel traps instead of hanging (a broken
+/// co-residency or workspace would otherwise spin forever); ≈ 30 s of polling.
+const SPIN_LIMIT: u32 = 1 << 26;
+
+/// Traps once a poll loop has spun [`SPIN_LIMIT`] times.
+#[inline(always)]
+fn spin_guard(spins: &mut u32) {
+    *spins += 1;
+    if *spins > SPIN_LIMIT {
+        trap();
+    }
+}
+
 /// Workspace words before the partials (the epoch word, alone in its 128-byte line).
 pub const WS_HEADER: u32 = 16;
 
@@ -525,6 +538,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fwd(
     while q < q_all {
         let base = part_ws.add((q * grid) as usize);
         let mut v = [0f64; GL as usize];
+        let mut spins = 0;
         loop {
             let mut ok = true;
             let mut i = 0;
@@ -540,6 +554,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fwd(
             if vote_all(ok) {
                 break;
             }
+            spin_guard(&mut spins);
         }
         let mut s = 0f64;
         let mut i = 0;
@@ -582,7 +597,9 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fwd(
                 if l <= nn + 2 * n {
                     let src = tot_ws.add((beta * mq + q) as usize);
                     let mut w = ld_relaxed_u64(src);
+                    let mut spins = 0;
                     while tag_of(w) != tag {
+                        spin_guard(&mut spins);
                         w = ld_relaxed_u64(src);
                     }
                     v = untag(w);
@@ -643,7 +660,9 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fwd(
             while i < qg {
                 let src = tot_ws.add((b0 * mq + i) as usize);
                 let mut w = ld_relaxed_u64(src);
+                let mut spins = 0;
                 while tag_of(w) != tag {
+                    spin_guard(&mut spins);
                     w = ld_relaxed_u64(src);
                 }
                 *sm.tot.add(i as usize) = untag(w);
