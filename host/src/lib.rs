@@ -6,6 +6,7 @@
 //!
 //! The operators and their formulas are defined in `shared/SPEC.md`:
 //! - [`fft::FftPlan`] — FFTC2CFwd (§1), batched power-of-two complex forward FFT, c64/c128.
+//! - [`mhc::MhcPre`] — MHCPreFwd (§2).
 //! - [`mhc::post_fwd`] — MHCPostFwd (§3).
 //! - [`engram::gate_conv_fwd`], [`engram::gate_conv_bwd`] — EngramGateConvFwd / EngramGateConvBwd (§4–§5).
 //!

@@ -8,7 +8,7 @@
 //! - `bench [ARGS]`: builds `rgk-bench` (release) and runs it with ARGS (`--op`, `--workload`, ...;
 //!   `--help` lists them), with `/usr/local/cuda/lib64` on `LD_LIBRARY_PATH`.
 //! - `table [FILE]`: prints the README's results table (markdown) from `bench/results/h200.json`.
-//! - `device-pack`: builds every test executable and the bench into `.device/` (git-ignored)
+//! - `device-pack`: builds every test executable (release, so CPU references are fast) and the bench into `.device/` (git-ignored)
 //!   with `.device/run.sh`, which runs on a GPU machine without Rust: the GPU tests, the same
 //!   tests under compute-sanitizer (memcheck, racecheck), then the bench.
 use std::env;
@@ -106,7 +106,7 @@ fn ld_path() -> String {
 fn test_executables() -> Result<Vec<PathBuf>, String> {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
-        .args(["test", "--workspace", "--no-run", "--message-format=json"])
+        .args(["test", "--workspace", "--release", "--no-run", "--message-format=json"])
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| e.to_string())?;

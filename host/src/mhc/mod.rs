@@ -3,6 +3,10 @@ mod post;
 mod pre;
 
 pub use post::{post_fwd, post_fwd_raw, post_fwd_raw_with, MhcPostShape, PostConfig};
+pub use pre::{
+    fastdiv_magic, pre_fwd_raw, smem_bytes as pre_smem_bytes, MhcPre, MhcPreLens, MhcPreParams, MhcPreShape, PreConfig,
+    PreGeometry, PrePlan,
+};
 
 /// PTX entries of MHCPostFwd.
 pub(crate) const POST_KERNELS: &[&str] = &[post::KERNEL_ROWS, post::KERNEL_ANY];

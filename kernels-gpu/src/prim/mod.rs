@@ -201,7 +201,9 @@ pub fn sigmoid(v: f32) -> f32 {
 #[inline(always)]
 pub fn fma_f64(a: f64, b: f64, c: f64) -> f64 {
     let r: f64;
-    unsafe { asm!("fma.rn.f64 {}, {}, {}, {};", out(reg64) r, in(reg64) a, in(reg64) b, in(reg64) c, options(pure, nomem, nostack)) };
+    unsafe {
+        asm!("fma.rn.f64 {}, {}, {}, {};", out(reg64) r, in(reg64) a, in(reg64) b, in(reg64) c, options(pure, nomem, nostack))
+    };
     r
 }
 
@@ -342,4 +344,46 @@ pub unsafe fn ld_nc_v2_u32(p: *const u32) -> (u32, u32) {
 #[inline(always)]
 pub unsafe fn prefetch_l2_evict_last(p: *const u8) {
     asm!("prefetch.global.L2::evict_last [{}];", in(reg64) p, options(nostack, readonly));
+}
+
+// ---------------------------------------------------------------- MHCPreFwd (mhc/pre.rs)
+
+/// `ld.relaxed.gpu.global.u64`: a single-copy-atomic 64-bit load that observes other blocks'
+/// relaxed stores (bypasses L1); for polling tagged words.
+#[inline(always)]
+pub unsafe fn ld_relaxed_u64(p: *const u64) -> u64 {
+    let r: u64;
+    asm!("ld.relaxed.gpu.global.u64 {}, [{}];", out(reg64) r, in(reg64) p, options(nostack, readonly));
+    r
+}
+
+/// `st.relaxed.gpu.global.u64`: a single-copy-atomic 64-bit store visible to other blocks.
+#[inline(always)]
+pub unsafe fn st_relaxed_u64(p: *mut u64, v: u64) {
+    asm!("st.relaxed.gpu.global.u64 [{}], {};", in(reg64) p, in(reg64) v, options(nostack));
+}
+
+/// `vote.sync.all.pred` over the full warp: true when `pred` holds on every lane.
+#[inline(always)]
+pub fn vote_all(pred: bool) -> bool {
+    let r: u32;
+    unsafe {
+        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {v}, 0; vote.sync.all.pred q, p, 0xffffffff; selp.u32 {r}, 1, 0, q; }}",
+             v = in(reg32) pred as u32, r = out(reg32) r, options(nomem, nostack))
+    };
+    r != 0
+}
+
+/// `sqrt.rn.f64`: correctly rounded square root.
+#[inline(always)]
+pub fn sqrt_rn_f64(v: f64) -> f64 {
+    let r: f64;
+    unsafe { asm!("sqrt.rn.f64 {}, {};", out(reg64) r, in(reg64) v, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `prefetch.global.L2`: start bringing the line holding `p` into L2 (no register result).
+#[inline(always)]
+pub unsafe fn prefetch_l2<T>(p: *const T) {
+    asm!("prefetch.global.L2 [{}];", in(reg64) p, options(nostack, readonly));
 }

@@ -1,0 +1,689 @@
+//! MHCPreFwd (SPEC.md §2) against the f64 CPU reference: bf16 outputs within 1 ulp of the
+//! correctly rounded value (+ the slack of `reference::mhc_pre_fwd_from_logits`), h_post to
+//! 1e-5 relative (+ its slack), every element, outputs poisoned first; bitwise determinism.
+//!
+//! CPU tests (run everywhere): a Rust model of the kernel's index math and arithmetic (same
+//! tiles, walks, summation orders, tag truncation and f32 coefficient code) checked for exact
+//! coverage and against the reference with the same tolerances; validation errors; the
+//! reference against an independent formulation.
+#![allow(clippy::needless_range_loop)] // the model mirrors the kernel's index arithmetic
+use rand::rngs::StdRng;
+use rgk::mhc::{MhcPre, MhcPreParams, MhcPreShape, PreConfig, PreGeometry};
+use rgk::reference::{mhc_pre_fwd, mhc_pre_fwd_from_logits, mhc_pre_logits, MhcPreRef};
+use rgk::verify::{check_float, check_half, poisoned, Report};
+use rgk::{bf16, Error, Gpu};
+use rgk_tests::{fresh_rng, gpu_or_skip, randn_f32, randn_half};
+
+struct Inputs {
+    phi: Vec<f32>,
+    x: Vec<bf16>,
+    b: Vec<f32>,
+}
+
+fn inputs(rng: &mut StdRng, s: MhcPreShape, phi_scale: f32, x_scale: f32) -> Inputs {
+    let l = s.lens().unwrap();
+    Inputs { phi: randn_f32(rng, l.phi, phi_scale), x: randn_half(rng, l.x, x_scale), b: randn_f32(rng, l.b, 1.0) }
+}
+
+struct Outputs {
+    x_res: Vec<bf16>,
+    x_layer: Vec<bf16>,
+    h_post: Vec<f32>,
+}
+
+/// The largest `|ours − q(ref)|` in ulps of `q(ref)` among the elements whose slack is below
+/// one ulp (elsewhere the slack, not the ulp, judges: results formed by cancellation), and the
+/// largest fraction of the tolerance `ulp + slack` used by any element.
+fn usage(ours: &[bf16], r: &rgk::reference::RefOutput) -> (f64, f64) {
+    let (mut ulps, mut used) = (0f64, 0f64);
+    for (o, (v, m)) in ours.iter().zip(r.value.iter().zip(&r.magnitude)) {
+        let q = bf16::from_f64(*v);
+        let ulp = rgk::verify::Half::ulp(q);
+        let (err, slack) = ((o.to_f64() - q.to_f64()).abs(), m * 2f64.powi(-16));
+        if slack < ulp {
+            ulps = ulps.max(err / ulp);
+        }
+        used = used.max(err / (ulp + slack));
+    }
+    (ulps, used)
+}
+
+/// The three checks; panics with the reports on failure. Returns the worst ulp error (among
+/// elements not judged by their slack) and the worst fraction of the tolerance used.
+fn check(what: &str, out: &Outputs, r: &MhcPreRef) -> (f64, f64) {
+    let a = check_half(&out.x_res, &r.x_res, 1.0);
+    let b = check_half(&out.x_layer, &r.x_layer, 1.0);
+    let h: Vec<f64> = out.h_post.iter().map(|&v| v as f64).collect();
+    let c = check_float(&h, &r.h_post, 1e-5);
+    let ok = |r: &Report| r.passed();
+    assert!(ok(&a) && ok(&b) && ok(&c), "{what}:\n  x_res: {a}\n  x_layer: {b}\n  h_post: {c}");
+    let (ua, fa) = usage(&out.x_res, &r.x_res);
+    let (ub, fb) = usage(&out.x_layer, &r.x_layer);
+    (ua.max(ub), fa.max(fb))
+}
+
+fn worse(a: (f64, f64), b: (f64, f64)) -> (f64, f64) {
+    (a.0.max(b.0), a.1.max(b.1))
+}
+
+/// Runs `op` once with poisoned outputs and reads them back.
+fn run(gpu: &Gpu, op: &mut MhcPre, p: MhcPreParams, inp: &Inputs) -> Outputs {
+    let l = op.plan().shape.lens().unwrap();
+    let st = gpu.stream();
+    let (dphi, dx, db) =
+        (st.clone_htod(&inp.phi).unwrap(), st.clone_htod(&inp.x).unwrap(), st.clone_htod(&inp.b).unwrap());
+    let mut dr = st.clone_htod(&poisoned::<bf16>(l.x)).unwrap();
+    let mut dy = st.clone_htod(&poisoned::<bf16>(l.x_layer)).unwrap();
+    let mut dh = st.clone_htod(&vec![f32::NAN; l.h_post]).unwrap();
+    op.run(gpu, p, &dphi, &dx, &db, &mut dr, &mut dy, &mut dh).unwrap();
+    Outputs {
+        x_res: st.clone_dtoh(&dr).unwrap(),
+        x_layer: st.clone_dtoh(&dy).unwrap(),
+        h_post: st.clone_dtoh(&dh).unwrap(),
+    }
+}
+
+const SEEDS: [(usize, usize); 3] = [(1, 1280), (2, 1920), (4, 2560)];
+
+#[test]
+fn seed_workloads() {
+    let Some(gpu) = gpu_or_skip("mhc_pre::seed_workloads") else { return };
+    let mut rng = fresh_rng("mhc_pre::seed_workloads");
+    for (batch, c) in SEEDS {
+        let s = MhcPreShape { batch, n: 4, c };
+        let inp = inputs(&mut rng, s, 1.0, 1.0);
+        let p = MhcPreParams::default();
+        let mut op = MhcPre::new(&gpu, s).unwrap();
+        let out = run(&gpu, &mut op, p, &inp);
+        let (ulps, used) = check(&format!("{s:?}"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
+        println!("B={batch} n=4 c={c} {:?}: worst {ulps:.3} ulp, {used:.3} of the tolerance", op.plan().geometry);
+    }
+}
+
+#[test]
+fn shape_sweep() {
+    let Some(gpu) = gpu_or_skip("mhc_pre::shape_sweep") else { return };
+    let mut rng = fresh_rng("mhc_pre::shape_sweep");
+    let mut worst = (0f64, 0f64);
+    for batch in [1, 5, 32] {
+        for n in [1, 2, 4, 8] {
+            for c in [1, 7, 1280, 4099] {
+                let s = MhcPreShape { batch, n, c };
+                // Logits O(1) (dense R, Sinkhorn matters) on odd c, O(√(n·c)) (the seed regime) else.
+                let phi_scale = if c % 2 == 1 { 1.0 / ((n * c) as f32).sqrt() } else { 1.0 };
+                let inp = inputs(&mut rng, s, phi_scale, 1.0);
+                let logits = mhc_pre_logits(s, &inp.phi, &inp.x);
+                let mut op = MhcPre::new(&gpu, s).unwrap();
+                for (repeat, alphas) in [(0, (0.7, 1.3, 1.9)), (1, (1.0, 1.0, 1.0)), (20, (1.4, 0.6, 0.8))] {
+                    let p = MhcPreParams {
+                        alpha_pre: alphas.0,
+                        alpha_post: alphas.1,
+                        alpha_res: alphas.2,
+                        sinkhorn_repeat: repeat,
+                        sinkhorn_eps: 0.02,
+                    };
+                    let out = run(&gpu, &mut op, p, &inp);
+                    let r = mhc_pre_fwd_from_logits(s, p, &logits, &inp.b, &inp.x);
+                    worst = worse(worst, check(&format!("{s:?} repeat {repeat}"), &out, &r));
+                }
+            }
+        }
+    }
+    println!("shape sweep: worst {:.3} ulp, {:.3} of the tolerance", worst.0, worst.1);
+}
+
+#[test]
+fn extreme_inputs_are_finite_and_match() {
+    let Some(gpu) = gpu_or_skip("mhc_pre::extreme_inputs") else { return };
+    let mut rng = fresh_rng("mhc_pre::extreme_inputs");
+    for s in [MhcPreShape { batch: 4, n: 4, c: 2560 }, MhcPreShape { batch: 5, n: 3, c: 7 }] {
+        let p = MhcPreParams::default();
+        let mut op = MhcPre::new(&gpu, s).unwrap();
+        let mut inp = inputs(&mut rng, s, 1.0, 1.0);
+        inp.x.iter_mut().for_each(|v| *v = bf16::ZERO);
+        let out = run(&gpu, &mut op, p, &inp);
+        assert!(out.h_post.iter().all(|v| v.is_finite()));
+        check(&format!("{s:?} x = 0"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
+        let inp = inputs(&mut rng, s, 1.0, 1.0e4);
+        let out = run(&gpu, &mut op, p, &inp);
+        assert!(out.x_res.iter().chain(&out.x_layer).all(|v| v.to_f32().is_finite()));
+        check(&format!("{s:?} x·1e4"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
+    }
+}
+
+#[test]
+fn bitwise_deterministic() {
+    let Some(gpu) = gpu_or_skip("mhc_pre::bitwise_deterministic") else { return };
+    let mut rng = fresh_rng("mhc_pre::bitwise_deterministic");
+    for s in [MhcPreShape { batch: 4, n: 4, c: 2560 }, MhcPreShape { batch: 32, n: 8, c: 4099 }] {
+        let inp = inputs(&mut rng, s, 1.0 / ((s.n * s.c) as f32).sqrt(), 1.0);
+        let p = MhcPreParams { sinkhorn_repeat: 20, ..MhcPreParams::default() };
+        let mut op = MhcPre::new(&gpu, s).unwrap();
+        let first = run(&gpu, &mut op, p, &inp);
+        check(&format!("{s:?}"), &first, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
+        let bits = |o: &Outputs| {
+            (
+                o.x_res.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                o.x_layer.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                o.h_post.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            )
+        };
+        let want = bits(&first);
+        let mut other = MhcPre::new(&gpu, s).unwrap();
+        for i in 0..8 {
+            let op = if i % 2 == 0 { &mut op } else { &mut other };
+            assert!(bits(&run(&gpu, op, p, &inp)) == want, "{s:?}: run {i} differs from the first");
+        }
+    }
+}
+
+#[test]
+fn every_launch_config_matches_reference() {
+    let Some(gpu) = gpu_or_skip("mhc_pre::every_launch_config") else { return };
+    let mut rng = fresh_rng("mhc_pre::every_launch_config");
+    for s in [MhcPreShape { batch: 4, n: 4, c: 2560 }, MhcPreShape { batch: 9, n: 8, c: 1030 }] {
+        let inp = inputs(&mut rng, s, 1.0 / ((s.n * s.c) as f32).sqrt(), 1.0);
+        let p = MhcPreParams { sinkhorn_repeat: 3, ..MhcPreParams::default() };
+        let r = mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b);
+        for block in [32, 64, 128, 256, 512, 1024] {
+            for max_grid in [None, Some(1), Some(7), Some(64)] {
+                // Cooperative only: a plain launch relies on an idle device for co-residency
+                // (not given under compute-sanitizer); the bench verifies its `-plain` rows.
+                for cooperative in [true] {
+                    let config = PreConfig { block, max_grid, cooperative };
+                    let mut op = match MhcPre::with_config(&gpu, s, config) {
+                        Ok(op) => op,
+                        // 1024 threads may exceed the register file: a clean error, no launch.
+                        Err(Error::Shape { arg: "config.block", .. }) if block == 1024 => continue,
+                        Err(e) => panic!("{s:?} {config:?}: {e}"),
+                    };
+                    let out = run(&gpu, &mut op, p, &inp);
+                    check(&format!("{s:?} {config:?}"), &out, &r);
+                }
+            }
+        }
+    }
+}
+
+/// The raw entry with a caller-owned workspace whose epoch starts just below the tag's wrap.
+#[test]
+fn raw_entry_and_epoch_wrap() {
+    use rgk::cudarc::driver::{DevicePtr, DevicePtrMut};
+    let Some(gpu) = gpu_or_skip("mhc_pre::raw_entry_and_epoch_wrap") else { return };
+    let mut rng = fresh_rng("mhc_pre::raw_entry_and_epoch_wrap");
+    let s = MhcPreShape { batch: 2, n: 4, c: 1920 };
+    let plan = rgk::mhc::PrePlan::new(&gpu, s, PreConfig::default()).unwrap();
+    let l = s.lens().unwrap();
+    let st = gpu.stream();
+    let mut ws_host = vec![0u64; plan.geometry.workspace];
+    ws_host[0] = (1 << 20) - 3;
+    let mut ws = st.clone_htod(&ws_host).unwrap();
+    for call in 0..5 {
+        let inp = inputs(&mut rng, s, 1.0, 1.0);
+        let p = MhcPreParams::default();
+        let (dphi, dx, db) =
+            (st.clone_htod(&inp.phi).unwrap(), st.clone_htod(&inp.x).unwrap(), st.clone_htod(&inp.b).unwrap());
+        let mut dr = st.clone_htod(&poisoned::<bf16>(l.x)).unwrap();
+        let mut dy = st.clone_htod(&poisoned::<bf16>(l.x_layer)).unwrap();
+        let mut dh = st.clone_htod(&vec![f32::NAN; l.h_post]).unwrap();
+        {
+            let (a, _ga) = dphi.device_ptr(st);
+            let (b, _gb) = dx.device_ptr(st);
+            let (c, _gc) = db.device_ptr(st);
+            let (d, _gd) = dr.device_ptr_mut(st);
+            let (e, _ge) = dy.device_ptr_mut(st);
+            let (f, _gf) = dh.device_ptr_mut(st);
+            let wl = ws.len();
+            let (w, _gw) = ws.device_ptr_mut(st);
+            unsafe { rgk::mhc::pre_fwd_raw(&gpu, &plan, p, a, b, c, d, e, f, w, wl, st.cu_stream()) }.unwrap();
+            let short = unsafe { rgk::mhc::pre_fwd_raw(&gpu, &plan, p, a, b, c, d, e, f, w, wl - 1, st.cu_stream()) };
+            assert!(matches!(short, Err(Error::BufferTooSmall { arg: "workspace", .. })), "{short:?}");
+        }
+        let out = Outputs {
+            x_res: st.clone_dtoh(&dr).unwrap(),
+            x_layer: st.clone_dtoh(&dy).unwrap(),
+            h_post: st.clone_dtoh(&dh).unwrap(),
+        };
+        check(&format!("call {call}"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
+        let epoch: Vec<u64> = st.clone_dtoh(&ws.slice(0..1)).unwrap();
+        assert_eq!(epoch[0], (1 << 20) - 3 + call + 1, "the epoch advances by one per call");
+    }
+}
+
+#[test]
+fn bad_input_is_an_error_naming_the_argument() {
+    // Shape and parameter errors need no GPU.
+    let shape_err = |r: rgk::Result<MhcPreShape>, arg: &str| match r {
+        Err(Error::Shape { arg: a, .. }) => assert_eq!(a, arg),
+        other => panic!("expected Shape({arg}), got {other:?}"),
+    };
+    shape_err(MhcPreShape::from_phi(1, 5120, 23), "phi");
+    shape_err(MhcPreShape::from_phi(1, 5121, 24), "phi");
+    shape_err(MhcPreShape::from_phi(1, 0, 24), "phi");
+    shape_err(MhcPreShape::from_phi(0, 5120, 24), "batch");
+    assert_eq!(MhcPreShape::from_phi(3, 5120, 24).unwrap(), MhcPreShape { batch: 3, n: 4, c: 1280 });
+    for n in 1..40 {
+        assert_eq!(MhcPreShape::from_phi(1, 7 * n, n * n + 2 * n).unwrap(), MhcPreShape { batch: 1, n, c: 7 });
+    }
+    for (s, arg) in [
+        (MhcPreShape { batch: 0, n: 4, c: 8 }, "batch"),
+        (MhcPreShape { batch: 1, n: 0, c: 8 }, "n"),
+        (MhcPreShape { batch: 1, n: 4, c: 0 }, "c"),
+        (MhcPreShape { batch: 1, n: 4, c: 1 << 30 }, "phi"),
+        (MhcPreShape { batch: 1 << 20, n: 4, c: 1 << 12 }, "x"),
+    ] {
+        match s.lens() {
+            Err(Error::Shape { arg: a, .. }) | Err(Error::Overflow { arg: a, .. }) => assert_eq!(a, arg, "{s:?}"),
+            other => panic!("{s:?}: expected an error naming {arg}, got {other:?}"),
+        }
+    }
+    let geo = |block| {
+        PreGeometry::new(
+            MhcPreShape { batch: 1, n: 4, c: 64 },
+            132,
+            227 * 1024,
+            PreConfig { block, ..PreConfig::default() },
+        )
+    };
+    for block in [0, 48, 2048] {
+        assert!(matches!(geo(block), Err(Error::Shape { arg: "config.block", .. })), "block {block}");
+    }
+    let huge_n = PreGeometry::new(MhcPreShape { batch: 1, n: 200, c: 1 }, 132, 227 * 1024, PreConfig::default());
+    assert!(matches!(huge_n, Err(Error::Shape { arg: "n", .. })), "{huge_n:?}");
+    for (p, arg) in [
+        (MhcPreParams { sinkhorn_eps: 0.0, ..MhcPreParams::default() }, "sinkhorn_eps"),
+        (MhcPreParams { sinkhorn_eps: -1.0, ..MhcPreParams::default() }, "sinkhorn_eps"),
+        (MhcPreParams { sinkhorn_eps: f32::NAN, ..MhcPreParams::default() }, "sinkhorn_eps"),
+        (MhcPreParams { alpha_pre: f32::INFINITY, ..MhcPreParams::default() }, "alpha_pre"),
+        (MhcPreParams { alpha_post: f32::NAN, ..MhcPreParams::default() }, "alpha_post"),
+        (MhcPreParams { alpha_res: f32::NEG_INFINITY, ..MhcPreParams::default() }, "alpha_res"),
+    ] {
+        match p.validate() {
+            Err(Error::Shape { arg: a, .. }) => assert_eq!(a, arg),
+            other => panic!("{p:?}: expected Shape({arg}), got {other:?}"),
+        }
+    }
+
+    let Some(gpu) = gpu_or_skip("mhc_pre::bad_input") else { return };
+    let s = MhcPreShape { batch: 2, n: 4, c: 16 };
+    let l = s.lens().unwrap();
+    let st = gpu.stream();
+    let mut op = MhcPre::new(&gpu, s).unwrap();
+    let p = MhcPreParams::default();
+    let phi = st.alloc_zeros::<f32>(l.phi).unwrap();
+    let x = st.alloc_zeros::<bf16>(l.x).unwrap();
+    let b = st.alloc_zeros::<f32>(l.b).unwrap();
+    let mut r = st.alloc_zeros::<bf16>(l.x).unwrap();
+    let mut y = st.alloc_zeros::<bf16>(l.x_layer).unwrap();
+    let mut h = st.alloc_zeros::<f32>(l.h_post).unwrap();
+    let phi_s = st.alloc_zeros::<f32>(l.phi - 1).unwrap();
+    let x_s = st.alloc_zeros::<bf16>(l.x - 1).unwrap();
+    let b_s = st.alloc_zeros::<f32>(l.b - 1).unwrap();
+    let mut r_s = st.alloc_zeros::<bf16>(l.x - 1).unwrap();
+    let mut y_s = st.alloc_zeros::<bf16>(l.x_layer - 1).unwrap();
+    let mut h_s = st.alloc_zeros::<f32>(l.h_post - 1).unwrap();
+    let expect = |res: rgk::Result<()>, arg: &str| match res {
+        Err(Error::BufferTooSmall { arg: a, .. }) => assert_eq!(a, arg),
+        other => panic!("expected BufferTooSmall({arg}), got {other:?}"),
+    };
+    expect(op.run(&gpu, p, &phi_s, &x, &b, &mut r, &mut y, &mut h), "phi");
+    expect(op.run(&gpu, p, &phi, &x_s, &b, &mut r, &mut y, &mut h), "x");
+    expect(op.run(&gpu, p, &phi, &x, &b_s, &mut r, &mut y, &mut h), "b");
+    expect(op.run(&gpu, p, &phi, &x, &b, &mut r_s, &mut y, &mut h), "x_res");
+    expect(op.run(&gpu, p, &phi, &x, &b, &mut r, &mut y_s, &mut h), "x_layer");
+    expect(op.run(&gpu, p, &phi, &x, &b, &mut r, &mut y, &mut h_s), "h_post");
+    let bad = MhcPreParams { sinkhorn_eps: 0.0, ..p };
+    assert!(matches!(
+        op.run(&gpu, bad, &phi, &x, &b, &mut r, &mut y, &mut h),
+        Err(Error::Shape { arg: "sinkhorn_eps", .. })
+    ));
+    op.run(&gpu, p, &phi, &x, &b, &mut r, &mut y, &mut h).unwrap();
+    st.synchronize().unwrap();
+}
+
+// ------------------------------------------------------------------ CPU model of the kernel
+
+const BT: usize = 4;
+const GL: usize = 8;
+const UN: usize = 8;
+const TAG_MASK: u64 = (1 << 20) - 1;
+
+fn exp_le1(d: f64) -> f32 {
+    const MAGIC: f64 = 6755399441055744.0;
+    let t = d * std::f64::consts::LOG2_E;
+    if t < -160.0 {
+        return 0.0;
+    }
+    let kf = (t + MAGIC) - MAGIC;
+    let p = 2f64.powf((t - kf) as f32 as f64) as f32; // ex2.approx, here correctly rounded
+    let k = kf as i32;
+    if k >= -126 {
+        p * f32::from_bits(((k + 127) as u32) << 23)
+    } else {
+        (p * f32::from_bits(((k + 64 + 127) as u32) << 23)) * f32::from_bits((127 - 64) << 23)
+    }
+}
+
+fn sigmoid(z: f64) -> f32 {
+    let e = exp_le1(if z >= 0.0 { -z } else { z });
+    if z >= 0.0 {
+        1.0 / (1.0 + e)
+    } else {
+        e / (1.0 + e)
+    }
+}
+
+/// The kernel, block by block and thread by thread, on the CPU (index math and arithmetic;
+/// `ex2.approx` is replaced by a correctly rounded 2^f). Counts every phi/x read of the split-K
+/// walk and every output write, and asserts each happens exactly once.
+fn model(s: MhcPreShape, p: MhcPreParams, geo: PreGeometry, inp: &Inputs) -> Outputs {
+    let MhcPreShape { batch, n, c } = s;
+    let (grid, nt, cols, jc, bg) =
+        (geo.grid as usize, geo.block as usize, geo.cols as usize, geo.jc as usize, geo.bg as usize);
+    let m = n * n + 2 * n;
+    let mq = m + 1;
+    let q_all = batch * mq;
+    let mut reads = vec![0u8; batch * n * c * mq]; // (β, phi row, col incl. the x² column)
+    let mut part_ws = vec![0f64; q_all * grid];
+    let ngroups = batch.div_ceil(bg);
+    let (mc, tagged) = (mq.min(nt), |v: f64| f64::from_bits(v.to_bits() & !TAG_MASK));
+    let slots = nt / mc;
+    assert!(grid <= 32 * GL && bg <= BT && grid * cols >= c && (grid - 1) * cols < c);
+    for g in 0..grid {
+        let j0 = g * cols;
+        let jb = cols.min(c - j0);
+        for gi in 0..ngroups {
+            let b0 = gi * bg;
+            let bga = bg.min(batch - b0);
+            let mut part = vec![0f64; bga * mq];
+            for jc0 in (0..jb).step_by(jc) {
+                let jca = jc.min(jb - jc0);
+                let rows = n * jca;
+                // The kernel's staging steps (row, jj) by (nt / jca, nt % jca) per element.
+                for t in 0..nt {
+                    let (mut row, mut jj) = (t / jca, t % jca);
+                    for e in (t..bga * n * jca).step_by(nt) {
+                        assert_eq!((row, jj), (e / jca, e % jca));
+                        row += nt / jca;
+                        jj += nt % jca;
+                        if jj >= jca {
+                            jj -= jca;
+                            row += 1;
+                        }
+                    }
+                }
+                // staged x: xs[(βl·n + k)·jca + jj]
+                let xs: Vec<f32> = (0..bga * n * jca)
+                    .map(|e| {
+                        let (row, jj) = (e / jca, e % jca);
+                        inp.x[(b0 * n + row) * c + j0 + jc0 + jj].to_f32()
+                    })
+                    .collect();
+                for qc0 in (0..mq).step_by(mc) {
+                    let mca = mc.min(mq - qc0);
+                    let mut red = vec![[0f64; BT]; nt];
+                    for (t, acc) in red.iter_mut().enumerate() {
+                        let (pp, cl) = (t / mc, t % mc);
+                        if pp >= slots || cl >= mca {
+                            continue;
+                        }
+                        let col = qc0 + cl;
+                        let (dk, djj) = (slots / jca, slots % jca);
+                        let (mut rho, mut k, mut jj) = (pp, pp / jca, pp % jca);
+                        let mut batch_left = UN; // the kernel's batches of UN rows do not change the order
+                        while rho < rows {
+                            assert_eq!(rho, k * jca + jj);
+                            for (bl, a) in acc.iter_mut().enumerate().take(bga) {
+                                let xv = xs[bl * rows + rho];
+                                let w = if col == m { xv } else { inp.phi[(k * c + j0 + jc0 + jj) * m + col] };
+                                *a = (w as f64).mul_add(xv as f64, *a);
+                                reads[(((b0 + bl) * n * c) + k * c + j0 + jc0 + jj) * mq + col] += 1;
+                            }
+                            rho += slots;
+                            jj += djj;
+                            k += dk;
+                            if jj >= jca {
+                                jj -= jca;
+                                k += 1;
+                            }
+                            batch_left = if batch_left == 1 { UN } else { batch_left - 1 };
+                        }
+                    }
+                    for bl in 0..bga {
+                        for cc in 0..mca {
+                            let mut sum = part[bl * mq + qc0 + cc];
+                            for pp in 0..slots {
+                                sum += red[pp * mc + cc][bl];
+                            }
+                            part[bl * mq + qc0 + cc] = sum;
+                        }
+                    }
+                }
+            }
+            for i in 0..bga * mq {
+                part_ws[(b0 * mq + i) * grid + g] = tagged(part[i]);
+            }
+        }
+    }
+    assert!(reads.iter().all(|&r| r == 1), "the split-K walk must read every (β, row, column) exactly once");
+    // Reduction: lane sums in g order, then the xor butterfly.
+    let tot: Vec<f64> = (0..q_all)
+        .map(|q| {
+            let mut lanes: Vec<f64> = (0..32)
+                .map(|lane| {
+                    let mut s = 0f64;
+                    for i in 0..GL {
+                        let gg = lane + 32 * i;
+                        s += if gg < grid { part_ws[q * grid + gg] } else { 0.0 };
+                    }
+                    s
+                })
+                .collect();
+            for sh in [16, 8, 4, 2, 1] {
+                lanes = (0..32).map(|l| lanes[l] + lanes[l ^ sh]).collect();
+            }
+            tagged(lanes[0])
+        })
+        .collect();
+    // Coefficients and mixing (identical in every block: computed once here).
+    let mut out = Outputs {
+        x_res: vec![bf16::NAN; batch * n * c],
+        x_layer: vec![bf16::NAN; batch * c],
+        h_post: vec![f32::NAN; batch * n],
+    };
+    let mut writes = vec![0u8; batch * n * c + batch * c];
+    let inv_sqrt_nc = 1.0 / ((n * c) as f64).sqrt();
+    let eps = p.sinkhorn_eps;
+    for beta in 0..batch {
+        let t = &tot[beta * mq..(beta + 1) * mq];
+        let r = t[m].sqrt() * inv_sqrt_nc + 1e-4;
+        let z: Vec<f64> = (0..m)
+            .map(|col| {
+                let a = if col < n {
+                    p.alpha_pre
+                } else if col < 2 * n {
+                    p.alpha_post
+                } else {
+                    p.alpha_res
+                };
+                a as f64 * t[col] / r + inp.b[col] as f64
+            })
+            .collect();
+        let hs: Vec<f32> = (0..n).map(|k| sigmoid(z[k])).collect();
+        for k in 0..n {
+            out.h_post[beta * n + k] = 2.0 * sigmoid(z[n + k]);
+        }
+        // The kernel's warp path (n ∈ {1, 2, 4}, a warp per batch row) sums by xor butterflies
+        // (pairwise); the block path sums in index order.
+        let fast = matches!(n, 1 | 2 | 4) && bg <= nt / 32;
+        let sum = |v: &[f32]| -> f32 {
+            if fast {
+                let mut v = v.to_vec();
+                let mut sh = 1;
+                while sh < v.len() {
+                    v = (0..v.len()).map(|l| v[l] + v[l ^ sh]).collect();
+                    sh <<= 1;
+                }
+                v[0]
+            } else {
+                v.iter().fold(0f32, |a, &b| a + b)
+            }
+        };
+        let mut rs = vec![0f32; n * n];
+        for i in 0..n {
+            let zr = &z[2 * n + i * n..2 * n + (i + 1) * n];
+            let zmax = zr.iter().skip(1).fold(zr[0], |a, &v| if v > a { v } else { a });
+            for k in 0..n {
+                rs[i * n + k] = exp_le1(zr[k] - zmax);
+            }
+        }
+        for _ in 0..p.sinkhorn_repeat {
+            for i in 0..n {
+                let d = sum(&rs[i * n..(i + 1) * n]) + eps;
+                (0..n).for_each(|k| rs[i * n + k] /= d);
+            }
+            for k in 0..n {
+                let col: Vec<f32> = (0..n).map(|i| rs[i * n + k]).collect();
+                let d = sum(&col) + eps;
+                (0..n).for_each(|i| rs[i * n + k] /= d);
+            }
+        }
+        for j in 0..c {
+            let xk: Vec<f32> = (0..n).map(|k| inp.x[beta * n * c + k * c + j].to_f32()).collect();
+            let y = (0..n).fold(0f32, |s, k| hs[k].mul_add(xk[k], s));
+            out.x_layer[beta * c + j] = bf16::from_f32(y);
+            writes[batch * n * c + beta * c + j] += 1;
+            for i in 0..n {
+                let v = (0..n).fold(0f32, |s, k| rs[i * n + k].mul_add(xk[k], s));
+                out.x_res[(beta * n + i) * c + j] = bf16::from_f32(v);
+                writes[(beta * n + i) * c + j] += 1;
+            }
+        }
+    }
+    // The mixing loop's tiles: every (β, column) is written by exactly one (block, tile, thread).
+    let mut cover = vec![0u8; batch * c];
+    for g in 0..grid {
+        let j0 = g * cols;
+        let jb = cols.min(c - j0);
+        for gi in 0..ngroups {
+            let b0 = gi * bg;
+            let bga = bg.min(batch - b0);
+            for jc0 in (0..jb).step_by(jc) {
+                let jca = jc.min(jb - jc0);
+                for i in 0..bga * jca {
+                    let (bl, jj) = (i / jca, i % jca);
+                    cover[(b0 + bl) * c + j0 + jc0 + jj] += 1;
+                }
+            }
+        }
+    }
+    assert!(cover.iter().all(|&v| v == 1) && writes.iter().all(|&v| v == 1));
+    out
+}
+
+#[test]
+fn cpu_model_of_the_kernel_covers_and_matches_reference() {
+    let mut rng = fresh_rng("mhc_pre::cpu_model");
+    // (shape, SMs, block): several groups, several staged tiles (sms small), q-chunks (mq > block).
+    let cases = [
+        (MhcPreShape { batch: 1, n: 4, c: 1280 }, 132, 256),
+        (MhcPreShape { batch: 4, n: 4, c: 2560 }, 132, 256),
+        (MhcPreShape { batch: 5, n: 3, c: 7 }, 132, 256),
+        (MhcPreShape { batch: 9, n: 8, c: 4099 }, 3, 64),
+        (MhcPreShape { batch: 2, n: 1, c: 1 }, 132, 32),
+        (MhcPreShape { batch: 3, n: 2, c: 97 }, 5, 96),
+        (MhcPreShape { batch: 6, n: 16, c: 40 }, 4, 256),
+    ];
+    let mut worst = (0f64, 0f64);
+    for (s, sms, block) in cases {
+        let geo = PreGeometry::new(s, sms, 227 * 1024, PreConfig { block, ..PreConfig::default() }).unwrap();
+        for (phi_scale, repeat) in [(1.0, 1), (1.0 / ((s.n * s.c) as f32).sqrt(), 20), (0.3, 0)] {
+            let inp = inputs(&mut rng, s, phi_scale, 1.0);
+            let p = MhcPreParams { sinkhorn_repeat: repeat, alpha_res: 1.3, ..MhcPreParams::default() };
+            let out = model(s, p, geo, &inp);
+            let r = mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b);
+            worst = worse(worst, check(&format!("model {s:?} {geo:?} repeat {repeat}"), &out, &r));
+        }
+    }
+    println!("CPU model: worst {:.3} ulp, {:.3} of the tolerance", worst.0, worst.1);
+}
+
+/// The reference's Sinkhorn and mixing against a direct matrix formulation.
+#[test]
+fn reference_matches_a_direct_formulation() {
+    let mut rng = fresh_rng("mhc_pre::reference_direct");
+    let s = MhcPreShape { batch: 3, n: 4, c: 33 };
+    let inp = inputs(&mut rng, s, 0.2, 1.0);
+    let p = MhcPreParams { alpha_pre: 0.5, alpha_post: 2.0, alpha_res: 1.5, sinkhorn_repeat: 7, sinkhorn_eps: 0.05 };
+    let r = mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b);
+    let (n, c, m) = (s.n, s.c, s.logits());
+    for beta in 0..s.batch {
+        let xb: Vec<f64> = inp.x[beta * n * c..(beta + 1) * n * c].iter().map(|v| v.to_f64()).collect();
+        let rr = (xb.iter().map(|v| v * v).sum::<f64>() / (n * c) as f64).sqrt() + 1e-4;
+        let h: Vec<f64> = (0..m).map(|q| (0..n * c).map(|i| xb[i] * inp.phi[i * m + q] as f64).sum()).collect();
+        assert!((rr - r.r[beta]).abs() < 1e-12 * rr);
+        let logit = |q: usize, a: f32| a as f64 * h[q] / rr + inp.b[q] as f64;
+        let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
+        for k in 0..n {
+            assert!((sig(logit(k, p.alpha_pre)) - r.h_pre[beta * n + k]).abs() < 1e-12);
+            assert!((2.0 * sig(logit(n + k, p.alpha_post)) - r.h_post.value[beta * n + k]).abs() < 1e-12);
+        }
+        // Sinkhorn as alternating diagonal scalings of the row-max-shifted exponentials.
+        let mut a = vec![vec![0.0; n]; n];
+        for (i, row) in a.iter_mut().enumerate() {
+            let l: Vec<f64> = (0..n).map(|k| logit(2 * n + i * n + k, p.alpha_res)).collect();
+            let mx = l.iter().cloned().fold(f64::MIN, f64::max);
+            for k in 0..n {
+                row[k] = (l[k] - mx).exp();
+            }
+        }
+        for _ in 0..p.sinkhorn_repeat {
+            for row in a.iter_mut() {
+                let d = row.iter().sum::<f64>() + p.sinkhorn_eps as f64;
+                row.iter_mut().for_each(|v| *v /= d);
+            }
+            for k in 0..n {
+                let d = (0..n).map(|i| a[i][k]).sum::<f64>() + p.sinkhorn_eps as f64;
+                (0..n).for_each(|i| a[i][k] /= d);
+            }
+        }
+        for i in 0..n {
+            for k in 0..n {
+                assert!((a[i][k] - r.res[beta * n * n + i * n + k]).abs() < 1e-12);
+            }
+            for j in 0..c {
+                let v: f64 = (0..n).map(|k| a[i][k] * xb[k * c + j]).sum();
+                assert!((v - r.x_res.value[(beta * n + i) * c + j]).abs() < 1e-9);
+            }
+        }
+        // After many iterations the columns sum to 1/(1+eps)-ish and rows to ≤ 1.
+        for k in 0..n {
+            let col: f64 = (0..n).map(|i| a[i][k]).sum();
+            assert!(col < 1.0 && col > 0.8, "column {k} sums to {col}");
+        }
+    }
+}
+
+/// The kernel's multiply-high division is exact on its whole domain (dividends and divisors
+/// up to 2^16): exhaustive for divisors ≤ 1100 (mc, slots, thread ids), dense for the rest.
+#[test]
+fn fastdiv_magic_is_exact() {
+    let check = |d: u32, a: u32| {
+        let m = rgk::mhc::fastdiv_magic(d);
+        assert_eq!(((a as u64 * m) >> 32) as u32, a / d, "{a} / {d}");
+    };
+    for d in 1..=1100 {
+        for a in 0..=1100 {
+            check(d, a);
+        }
+        for a in (0..=1 << 16).step_by(7) {
+            check(d, a);
+        }
+        check(d, 1 << 16);
+    }
+    for d in (1100..=1 << 16).step_by(13).chain([1 << 14, 1 << 16]) {
+        for a in (0..=1 << 16).step_by(97).chain([(1 << 16) - 1, 1 << 16, d - 1, d, (d + 1).min(1 << 16)]) {
+            check(d, a);
+        }
+    }
+}
