@@ -6,6 +6,7 @@
 //!
 //! The operators and their formulas are defined in `shared/SPEC.md`:
 //! - [`mhc::post_fwd`] — MHCPostFwd (§3).
+//! - [`engram::EngramDecodePlan`] — EngramDecodeFwd (§6), seed contract and in-place ring step.
 //!
 //! Each op has a safe entry taking `cudarc` device buffers (slices or sub-views) and an
 //! `unsafe` `*_raw` entry taking raw device pointers and a `CUstream`, for use from PyTorch,

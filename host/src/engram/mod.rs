@@ -7,3 +7,8 @@ mod gate_conv;
 pub(crate) const GATE_CONV_KERNELS: &[&str] = gate_conv::KERNELS;
 /// PTX entries of the decode step.
 pub(crate) const DECODE_KERNELS: &[&str] = decode::KERNELS;
+
+pub use decode::{
+    DecodeConfig, DecodeDtype, DecodeElem, DecodeGeometry, DecodeInputs, DecodeInputsRaw, DecodeLens, EngramDecodePlan,
+    EngramDecodeShape,
+};

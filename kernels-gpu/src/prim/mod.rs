@@ -325,3 +325,38 @@ pub fn dyn_smem<T>() -> *mut T {
 }
 
 core::arch::global_asm!(".extern .shared .align 16 .b8 rgk_dyn_smem[];");
+
+// ---------------------------------------------------------------- EngramDecodeFwd (engram/decode)
+
+/// 16-byte load through L2 only (`ld.global.cg.v4.u32`, bypassing L1): coherent with writes
+/// other blocks made visible by a fence (last-block-done reads). `p` must be 16-byte aligned.
+#[inline(always)]
+pub unsafe fn ld_cg_v4_u32(p: *const u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!("ld.global.cg.v4.u32 {{{}, {}, {}, {}}}, [{}];",
+         out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p,
+         options(readonly, nostack));
+    [a, b, c, d]
+}
+
+/// `ld.global.cg.f32`: a 4-byte load through L2 only (see [`ld_cg_v4_u32`]).
+#[inline(always)]
+pub unsafe fn ld_cg_f32(p: *const f32) -> f32 {
+    let r: f32;
+    asm!("ld.global.cg.f32 {}, [{}];", out(reg32) r, in(reg64) p, options(readonly, nostack));
+    r
+}
+
+/// `ld.global.cg.u16`: a 2-byte load through L2 only (see [`ld_cg_v4_u32`]).
+#[inline(always)]
+pub unsafe fn ld_cg_u16(p: *const u16) -> u16 {
+    let r: u16;
+    asm!("ld.global.cg.u16 {}, [{}];", out(reg16) r, in(reg64) p, options(readonly, nostack));
+    r
+}
+
+/// `prefetch.global.L2`: asks L2 to fetch the line holding `p` (no register result, no wait).
+#[inline(always)]
+pub unsafe fn prefetch_global_l2(p: *const u8) {
+    asm!("prefetch.global.L2 [{}];", in(reg64) p, options(nostack, readonly));
+}
