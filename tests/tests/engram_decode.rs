@@ -10,7 +10,7 @@
 //! Outputs are poisoned first, with guard elements behind them, and every element is checked.
 use rand::rngs::StdRng;
 use rgk::cudarc::driver::CudaSlice;
-use rgk::engram::{DecodeConfig, DecodeElem, DecodeInputs, EngramDecodePlan, EngramDecodeShape};
+use rgk::engram::{DecodeConfig, DecodeElem, DecodeInputs, DecodeProjection, EngramDecodePlan, EngramDecodeShape};
 use rgk::reference::{self as rf, DecodeGiven, DecodeRefInputs};
 use rgk::verify::{check_half, poisoned, Half};
 use rgk::{bf16, f16, Error, Gpu};
@@ -310,13 +310,15 @@ fn any_d_and_unaligned_buffers_take_the_general_path() {
 fn every_config_matches_reference() {
     let Some(gpu) = gpu_or_skip("engram_decode::every_config") else { return };
     let mut rng = fresh_rng("engram_decode::every_config");
-    for block in [64, 128, 256] {
-        for rows_per_thread in [0, 1, 2, 4, 8, 33] {
-            for max_blocks in [1, 264, 100000] {
-                let cfg = DecodeConfig { block, rows_per_thread, max_blocks };
-                one::<f16>(&gpu, &mut rng, EngramDecodeShape::new(4, 1024, 512, 20, 4, 5), VARIED, cfg);
-                one::<bf16>(&gpu, &mut rng, EngramDecodeShape::new(8, 512, 256, 18, 4, 3), VARIED, cfg);
-                one::<f16>(&gpu, &mut rng, EngramDecodeShape::new(5, 300, 24, 3, 2, 3), VARIED, cfg);
+    for projection in [DecodeProjection::Simt, DecodeProjection::Mma] {
+        for block in [64, 128, 256] {
+            for rows_per_thread in [0, 1, 2, 4, 8, 33] {
+                for max_blocks in [1, 264, 100000] {
+                    let cfg = DecodeConfig { projection, block, rows_per_thread, max_blocks };
+                    one::<f16>(&gpu, &mut rng, EngramDecodeShape::new(4, 1024, 512, 20, 4, 5), VARIED, cfg);
+                    one::<bf16>(&gpu, &mut rng, EngramDecodeShape::new(8, 512, 256, 18, 4, 3), VARIED, cfg);
+                    one::<f16>(&gpu, &mut rng, EngramDecodeShape::new(5, 300, 24, 3, 2, 3), VARIED, cfg);
+                }
             }
         }
     }

@@ -4,7 +4,7 @@
 //! same summation order) passing the same chain of tolerance checks the GPU tests apply.
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use rgk::engram::{DecodeConfig, DecodeGeometry, EngramDecodeShape};
+use rgk::engram::{DecodeConfig, DecodeGeometry, DecodeProjection, EngramDecodeShape};
 use rgk::reference::{self as rf, DecodeGiven, DecodeRefInputs};
 use rgk::verify::{check_half, Half};
 use rgk::{bf16, f16};
@@ -52,10 +52,12 @@ impl<T: Half> Host<T> {
 
 fn configs() -> Vec<DecodeConfig> {
     let mut v = vec![DecodeConfig::default()];
-    for block in [64, 128, 256] {
-        for rows_per_thread in [0, 1, 3, 4, 8] {
-            for max_blocks in [1, 264, 5000] {
-                v.push(DecodeConfig { block, rows_per_thread, max_blocks });
+    for projection in [DecodeProjection::Simt, DecodeProjection::Mma] {
+        for block in [64, 128, 256] {
+            for rows_per_thread in [0, 1, 3, 4, 8] {
+                for max_blocks in [1, 264, 5000] {
+                    v.push(DecodeConfig { projection, block, rows_per_thread, max_blocks });
+                }
             }
         }
     }
@@ -84,6 +86,7 @@ fn geometry_covers_every_row_and_column_once() {
                     continue;
                 }
                 let g = DecodeGeometry::new(&s, &cfg, vec).unwrap();
+                assert_eq!(g.mma, vec == 8 && cfg.projection == DecodeProjection::Mma);
                 let (cl, nt) = (g.col_lanes(), g.block);
                 assert!(cl <= nt && nt % cl == 0 && nt % 32 == 0, "{g:?}");
                 assert!(g.shared_bytes() <= 48 * 1024, "{g:?}");
@@ -99,6 +102,11 @@ fn geometry_covers_every_row_and_column_once() {
                     continue; // the coverage walk below is for the smaller shapes
                 }
                 let mut seen = vec![0u8; d_mem * nch as usize];
+                if g.mma {
+                    mma_visits(&g, d_mem as u32, nch, &mut seen);
+                    assert!(seen.iter().all(|&n| n == 1), "{s:?} {cfg:?} {g:?}: mma visits {:?}", seen.iter().max());
+                    continue;
+                }
                 let rl = nt / cl;
                 for tile in 0..g.tiles {
                     for split in 0..g.splits {
@@ -123,6 +131,40 @@ fn geometry_covers_every_row_and_column_once() {
                     "{s:?} {cfg:?} {g:?}: a pair is visited {:?} times",
                     seen.iter().max()
                 );
+            }
+        }
+    }
+}
+
+/// The (row, column chunk) pairs of W that `project_mma` loads: lane `(g, t)` of warp `w`
+/// loads rows `i0 + {2t, 2t+1, 2t+8, 2t+9}` of columns `tile·64 + 8g..+8` for each of its
+/// 16-row steps `i0 = r0 + 16·(w + warps·k)` below the split's end.
+fn mma_visits(g: &DecodeGeometry, d_mem: u32, nch: u32, seen: &mut [u8]) {
+    let warps = g.block / 32;
+    for tile in 0..g.tiles {
+        for split in 0..g.splits {
+            let r0 = split * g.rows_per_split;
+            let r1 = (r0 + g.rows_per_split).min(d_mem);
+            for w in 0..warps {
+                for lane in 0..32 {
+                    let (gr, t) = (lane >> 2, lane & 3);
+                    let c = tile * 8 + gr;
+                    if c >= nch {
+                        continue;
+                    }
+                    let mut i0 = r0 + 16 * w;
+                    while i0 < r1 {
+                        for s in 0..2 {
+                            let base = i0 + s * 16 * warps;
+                            for row in [base + 2 * t, base + 2 * t + 1, base + 2 * t + 8, base + 2 * t + 9] {
+                                if row < r1 {
+                                    seen[(row * nch + c) as usize] += 1;
+                                }
+                            }
+                        }
+                        i0 += 32 * warps;
+                    }
+                }
             }
         }
     }
@@ -232,7 +274,7 @@ fn ring_addressing_is_the_shift() {
     }
 }
 
-/// The kernel's arithmetic in f32 on the CPU: the same row partition and summation order
+/// The kernel's arithmetic (`Simt` projection) in f32 on the CPU: the same row partition and summation order
 /// (per-thread fma over its rows, the block's row lanes in order, the splits in order), the
 /// same finishing formulas (lane-strided sums, butterfly warp sum, correctly rounded sqrt and
 /// division). Returns `(y, new_state, q(kk), q(vh))`.
@@ -357,7 +399,8 @@ fn f32_kernel_model_passes_the_chain_of_checks() {
         let s = EngramDecodeShape::new(batch, d_mem, d, l, k, dil);
         for bf in [false, true] {
             let vec = if d % 8 == 0 { 8 } else { 1 };
-            let g = DecodeGeometry::new(&s, &DecodeConfig::default(), vec).unwrap();
+            let simt = DecodeConfig { projection: DecodeProjection::Simt, ..DecodeConfig::default() };
+            let g = DecodeGeometry::new(&s, &simt, vec).unwrap();
             macro_rules! run {
                 ($t:ty) => {{
                     let c = Host::<$t>::gen(&mut rng, s);
@@ -397,4 +440,168 @@ fn f32_kernel_model_passes_the_chain_of_checks() {
         }
     }
     println!("f32 model: {} of {} q(kk) and {} q(vh) differ by 1 ulp from the f64 rounding", flips.0, flips.2, flips.1);
+}
+
+/// `prmt.b32` (default mode): result byte `i` is byte `sel[4i..4i+3]` of `b:a`.
+fn prmt(a: u32, b: u32, sel: u32) -> u32 {
+    let bytes = [a.to_le_bytes(), b.to_le_bytes()].concat();
+    (0..4).fold(0, |r, i| r | (bytes[((sel >> (4 * i)) & 7) as usize] as u32) << (8 * i))
+}
+
+/// `mma.m16n8k16.row.col` with the fragment layouts of the PTX ISA (lane = 4·groupID +
+/// threadID_in_group), in f64: `a_i` at row `groupID (+8 for i ∈ {2,3,6,7})`, column
+/// `2·tig + (i & 1) (+8 for i ≥ 4)`; `b_i` at row `2·tig + (i & 1) (+8 for i ≥ 2)`, column
+/// `groupID`; `c_i` at row `groupID (+8 for i ≥ 2)`, column `2·tig + (i & 1)`; register `r`
+/// holds elements `2r` (low half) and `2r + 1`.
+fn mma_emulated(
+    a: &[[u32; 4]; 32],
+    b: &[[u32; 2]; 32],
+    c: &[[f64; 4]; 32],
+    widen: &dyn Fn(u16) -> f64,
+) -> [[f64; 4]; 32] {
+    let half = |r: u32, i: usize| ((r >> (16 * (i & 1))) & 0xffff) as u16;
+    let (mut am, mut bm, mut cm) = ([[0f64; 16]; 16], [[0f64; 8]; 16], [[0f64; 8]; 16]);
+    for lane in 0..32 {
+        let (gid, tig) = (lane / 4, lane % 4);
+        for i in 0..8 {
+            let row = if matches!(i, 0 | 1 | 4 | 5) { gid } else { gid + 8 };
+            let col = 2 * tig + (i & 1) + if i >= 4 { 8 } else { 0 };
+            am[row][col] = widen(half(a[lane][i / 2], i));
+        }
+        for i in 0..4 {
+            let row = 2 * tig + (i & 1) + if i >= 2 { 8 } else { 0 };
+            bm[row][gid] = widen(half(b[lane][i / 2], i));
+        }
+        for i in 0..4 {
+            cm[if i < 2 { gid } else { gid + 8 }][2 * tig + (i & 1)] = c[lane][i];
+        }
+    }
+    let mut d = [[0f64; 4]; 32];
+    for (lane, out) in d.iter_mut().enumerate() {
+        let (gid, tig) = (lane / 4, lane % 4);
+        for (i, o) in out.iter_mut().enumerate() {
+            let (row, col) = (if i < 2 { gid } else { gid + 8 }, 2 * tig + (i & 1));
+            *o = cm[row][col] + (0..16).map(|k| am[row][k] * bm[k][col]).sum::<f64>();
+        }
+    }
+    d
+}
+
+/// A transcription of the kernel's `project_mma` (loads, `prmt` pairing, fragment assembly,
+/// shared-memory layout and warp-order sum) run on [`mma_emulated`]: every split's partial
+/// equals the direct sum over the split's rows. This checks the column map and selectors
+/// against the PTX ISA's documented fragment layouts.
+#[allow(clippy::needless_range_loop)] // index math mirrors the kernel's
+fn mma_projection<T: Half>(s: &EngramDecodeShape, block: u32, widen: &dyn Fn(u16) -> f64, bits: &dyn Fn(T) -> u16) {
+    let mut rng = StdRng::seed_from_u64(9);
+    let (batch, d_mem, d) = (s.batch, s.d_mem, s.d);
+    let e: Vec<T> = randn_half(&mut rng, batch * d_mem, 1.0);
+    let w: [Vec<T>; 2] = [randn_half(&mut rng, d_mem * d, 1.0), randn_half(&mut rng, d_mem * d, 1.0)];
+    let cfg = DecodeConfig { projection: DecodeProjection::Mma, block, ..DecodeConfig::default() };
+    let g = DecodeGeometry::new(s, &cfg, 8).unwrap();
+    assert!(g.mma);
+    let nw = (block / 32) as usize;
+    let ld16 = |m: usize, row: usize, col: usize| -> [u32; 4] {
+        let mut v = [0u32; 4];
+        for (k, word) in v.iter_mut().enumerate() {
+            *word = bits(w[m][row * d + col + 2 * k]) as u32 | (bits(w[m][row * d + col + 2 * k + 1]) as u32) << 16;
+        }
+        v
+    };
+    let rs = g.rows_per_split as usize;
+    for tile in 0..g.tiles as usize {
+        for split in 0..g.splits as usize {
+            let (c0, r0) = (tile * 64, split * rs);
+            let r1 = (r0 + rs).min(d_mem);
+            for b0 in (0..batch).step_by(8) {
+                let mut smem = vec![0f64; nw * 1024];
+                for warp in 0..nw {
+                    let mut acc = [[[[0f64; 4]; 32]; 4]; 2]; // [k|v][u][lane][4]
+                    let mut i0 = r0 + 16 * warp;
+                    while i0 < r1 {
+                        for step in 0..2 {
+                            let base = i0 + step * 16 * nw;
+                            let mut frag = [[[[0u32; 4]; 32]; 4]; 2];
+                            let mut ef = [[0u32; 2]; 32];
+                            for lane in 0..32 {
+                                let (gr, tq) = (lane >> 2, lane & 3);
+                                let col = c0 + 8 * gr;
+                                let rows = [base + 2 * tq, base + 2 * tq + 1, base + 2 * tq + 8, base + 2 * tq + 9];
+                                let mut wr = [[[0u32; 4]; 4]; 2];
+                                for (r, &row) in rows.iter().enumerate() {
+                                    if col < d && row < r1 {
+                                        wr[0][r] = ld16(0, row, col);
+                                        wr[1][r] = ld16(1, row, col);
+                                    }
+                                }
+                                let b = b0 + gr;
+                                let ew: Vec<u32> = rows
+                                    .iter()
+                                    .map(|&row| if b < batch && row < r1 { bits(e[b * d_mem + row]) as u32 } else { 0 })
+                                    .collect();
+                                ef[lane] = [ew[0] | ew[1] << 16, ew[2] | ew[3] << 16];
+                                for m in 0..2 {
+                                    for u in 0..4 {
+                                        let (k0, k1, k8, k9) = (wr[m][0][u], wr[m][1][u], wr[m][2][u], wr[m][3][u]);
+                                        frag[m][u][lane] = [
+                                            prmt(k0, k1, 0x5410),
+                                            prmt(k0, k1, 0x7632),
+                                            prmt(k8, k9, 0x5410),
+                                            prmt(k8, k9, 0x7632),
+                                        ];
+                                    }
+                                }
+                            }
+                            for m in 0..2 {
+                                for u in 0..4 {
+                                    acc[m][u] = mma_emulated(&frag[m][u], &ef, &acc[m][u], widen);
+                                }
+                            }
+                        }
+                        i0 += 32 * nw;
+                    }
+                    for lane in 0..32 {
+                        let (gr, tq) = (lane >> 2, lane & 3);
+                        for m in 0..2 {
+                            for u in 0..4 {
+                                let p = warp * 1024 + m * 512 + 8 * gr + 2 * u;
+                                let (a, b) = (2 * tq * 64, (2 * tq + 1) * 64);
+                                smem[p + a] = acc[m][u][lane][0];
+                                smem[p + b] = acc[m][u][lane][1];
+                                smem[p + a + 1] = acc[m][u][lane][2];
+                                smem[p + b + 1] = acc[m][u][lane][3];
+                            }
+                        }
+                    }
+                }
+                for o in 0..1024 {
+                    let (m, bl, c) = (o >> 9, (o >> 6) & 7, c0 + (o & 63));
+                    let b = b0 + bl;
+                    if b < batch && c < d {
+                        let got: f64 = (0..nw).map(|w| smem[w * 1024 + o]).sum();
+                        let want: f64 = (r0..r1).map(|i| e[b * d_mem + i].to_f64() * w[m][i * d + c].to_f64()).sum();
+                        let mag: f64 =
+                            (r0..r1).map(|i| (e[b * d_mem + i].to_f64() * w[m][i * d + c].to_f64()).abs()).sum();
+                        assert!(
+                            (got - want).abs() <= 1e-12 * (1.0 + mag),
+                            "{s:?} block {block}: split {split} b {b} m {m} col {c}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mma_fragment_mapping_computes_the_projection() {
+    for (shape, block) in [
+        (EngramDecodeShape::new(11, 50, 136, 4, 2, 1), 64),
+        (EngramDecodeShape::new(3, 1024, 512, 20, 4, 5), 128),
+        (EngramDecodeShape::new(8, 33, 8, 4, 2, 1), 256),
+        (EngramDecodeShape::new(1, 512, 256, 12, 4, 3), 128),
+    ] {
+        mma_projection::<f16>(&shape, block, &|h| f16::from_bits(h).to_f64(), &|v| v.to_bits());
+        mma_projection::<bf16>(&shape, block, &|h| bf16::from_bits(h).to_f64(), &|v| v.to_bits());
+    }
 }

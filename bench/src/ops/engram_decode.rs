@@ -1,7 +1,7 @@
 //! EngramDecodeFwd workloads (SPEC.md §6 and the seed table).
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use rand::rngs::StdRng;
-use rgk::engram::{DecodeConfig, DecodeElem, DecodeInputsRaw, EngramDecodePlan, EngramDecodeShape};
+use rgk::engram::{DecodeConfig, DecodeElem, DecodeInputsRaw, DecodeProjection, EngramDecodePlan, EngramDecodeShape};
 use rgk::reference::{self as rf, DecodeGiven, DecodeRef, DecodeRefInputs};
 use rgk::verify::{check_half, poisoned, Report};
 use rgk::{bf16, f16, Gpu};
@@ -31,10 +31,14 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut configs: Vec<(Option<String>, DecodeConfig, bool)> = vec![(None, DecodeConfig::default(), false)];
     if variants {
         configs.push((Some("ring".into()), DecodeConfig::default(), true));
-        for block in [64, 128, 256] {
-            for rpt in [1, 2, 4, 8] {
-                let cfg = DecodeConfig { block, rows_per_thread: rpt, ..DecodeConfig::default() };
-                configs.push((Some(format!("b{block}-r{rpt}")), cfg, false));
+        for (projection, tag, depths) in
+            [(DecodeProjection::Mma, "mma", [0, 2, 4]), (DecodeProjection::Simt, "simt", [0, 2, 8])]
+        {
+            for block in [64, 128, 256] {
+                for rpt in depths {
+                    let cfg = DecodeConfig { projection, block, rows_per_thread: rpt, ..DecodeConfig::default() };
+                    configs.push((Some(format!("{tag}-b{block}-r{rpt}")), cfg, false));
+                }
             }
         }
     }

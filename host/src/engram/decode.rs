@@ -27,6 +27,8 @@ pub(crate) const KERNELS: &[&str] = &[
     "engram_decode_bf16_v8_b4",
     "engram_decode_bf16_v8_b8",
     "engram_decode_bf16_v1_b4",
+    "engram_decode_f16_mma",
+    "engram_decode_bf16_mma",
 ];
 
 /// Number of SMs of the H200 the default launch geometry is sized for.
@@ -144,23 +146,37 @@ impl EngramDecodeShape {
     }
 }
 
+/// How the projections `e_t·W_K`, `e_t·W_V` are computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeProjection {
+    /// CUDA-core FMAs: each thread owns 8 columns × its rows for up to 8 batch rows; the
+    /// block's row lanes are summed through shared memory.
+    Simt,
+    /// Tensor cores (`mma.sync.m16n8k16`, f32 accumulate): the sum over 16 rows per
+    /// instruction happens inside the MMA, only warp partials go through shared memory.
+    /// Needs the vectorised layout (16-byte aligned, `d % 8 == 0`); other calls use `Simt`.
+    Mma,
+}
+
 /// Launch configuration knobs of the decode kernel (defaults are the tuned choice; see
 /// kernels-gpu/src/engram/NOTES.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeConfig {
+    pub projection: DecodeProjection,
     /// Threads per block: 64, 128 or 256.
     pub block: u32,
-    /// `W` rows each thread streams per split (the split height is `rows_per_thread` times the
-    /// block's row lanes); 0 = automatic (one round of the kernel's row unroll, 4 or 2 rows,
-    /// raised when needed to keep at most `max_blocks` blocks).
+    /// Depth of a split: `Simt`, `W` rows per thread (the split height is this times the
+    /// block's row lanes); `Mma`, 16-row steps per warp (split height `16·warps·this`).
+    /// 0 = automatic: `Simt`, one round of the kernel's unrolled loads (4 or 2 rows); `Mma`,
+    /// one step; raised when needed to keep at most `max_blocks` blocks.
     pub rows_per_thread: u32,
-    /// Upper bound on the grid size (tiles × splits) for the automatic split count.
+    /// Upper bound on the grid size (tiles × splits) for the automatic split depth.
     pub max_blocks: u32,
 }
 
 impl Default for DecodeConfig {
     fn default() -> Self {
-        Self { block: 128, rows_per_thread: 0, max_blocks: 2 * SMS as u32 }
+        Self { projection: DecodeProjection::Mma, block: 128, rows_per_thread: 0, max_blocks: 2 * SMS as u32 }
     }
 }
 
@@ -183,6 +199,8 @@ pub struct DecodeGeometry {
     pub rows_per_split: u32,
     /// Batch rows per projection pass (a compiled kernel variant).
     pub bb: u32,
+    /// Tensor-core projection (64-column tiles, 16-row steps per warp).
+    pub mma: bool,
 }
 
 impl DecodeGeometry {
@@ -195,6 +213,20 @@ impl DecodeGeometry {
             return Err(Error::Shape { arg: "config.max_blocks", msg: "must be at least 1".into() });
         }
         let block = config.block as usize;
+        if vec == 8 && config.projection == DecodeProjection::Mma {
+            let (warps, tiles) = (block / 32, shape.d.div_ceil(64));
+            let step = 16 * warps;
+            let ksteps = if config.rows_per_thread > 0 {
+                config.rows_per_thread as usize
+            } else {
+                // One 16-row step per warp (the kernel's round holds two: the grid spreads over
+                // more SMs), more if the grid would exceed max_blocks.
+                shape.d_mem.div_ceil(step * (config.max_blocks as usize / tiles).max(1))
+            };
+            let rows = (ksteps * step).min(shape.d_mem.div_ceil(step) * step);
+            let splits = shape.d_mem.div_ceil(rows);
+            return Self::checked(vec, config.block, 3, tiles, splits, rows, 8, true);
+        }
         let nch = shape.d / vec as usize;
         // Column lanes: a warp's row segment is ≥ 128 bytes where d allows (8 lanes × 16 B).
         let cl = nch.next_power_of_two().min(if vec == 8 { 8 } else { 32 });
@@ -218,11 +250,33 @@ impl DecodeGeometry {
         };
         let rows = (rpt * rl).min(shape.d_mem.div_ceil(rl) * rl);
         let splits = shape.d_mem.div_ceil(rows);
-        let (tiles, splits, rows) = (tiles as u32, splits as u32, rows as u32);
-        if tiles > 65535 * 32 || splits > 65535 {
+        Self::checked(vec, config.block, cl.trailing_zeros(), tiles, splits, rows, bb, false)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn checked(
+        vec: u32,
+        block: u32,
+        cl_log: u32,
+        tiles: usize,
+        splits: usize,
+        rows: usize,
+        bb: u32,
+        mma: bool,
+    ) -> Result<Self> {
+        if tiles > i32::MAX as usize || splits > 65535 {
             return Err(Error::Overflow { arg: "d_mem", msg: format!("grid {tiles}×{splits}") });
         }
-        Ok(Self { vec, block: config.block, cl_log: cl.trailing_zeros(), tiles, splits, rows_per_split: rows, bb })
+        Ok(Self {
+            vec,
+            block,
+            cl_log,
+            tiles: tiles as u32,
+            splits: splits as u32,
+            rows_per_split: rows as u32,
+            bb,
+            mma,
+        })
     }
 
     /// Column lanes per block.
@@ -232,10 +286,17 @@ impl DecodeGeometry {
 
     /// Dynamic shared memory of one block, bytes.
     pub fn shared_bytes(&self) -> u32 {
-        self.block * 2 * self.vec * 4 + 16
+        if self.mma {
+            self.block / 32 * 4096 + 16
+        } else {
+            self.block * 2 * self.vec * 4 + 16
+        }
     }
 
     fn kernel(&self, dtype: DecodeDtype) -> &'static str {
+        if self.mma {
+            return KERNELS[if dtype == DecodeDtype::F16 { 10 } else { 11 }];
+        }
         let i = match (self.vec, self.bb) {
             (8, 1) => 0,
             (8, 2) => 1,

@@ -9,6 +9,6 @@ pub(crate) const GATE_CONV_KERNELS: &[&str] = gate_conv::KERNELS;
 pub(crate) const DECODE_KERNELS: &[&str] = decode::KERNELS;
 
 pub use decode::{
-    DecodeConfig, DecodeDtype, DecodeElem, DecodeGeometry, DecodeInputs, DecodeInputsRaw, DecodeLens, EngramDecodePlan,
-    EngramDecodeShape,
+    DecodeConfig, DecodeDtype, DecodeElem, DecodeGeometry, DecodeInputs, DecodeInputsRaw, DecodeLens, DecodeProjection,
+    EngramDecodePlan, EngramDecodeShape,
 };

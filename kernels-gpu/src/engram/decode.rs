@@ -45,6 +45,8 @@ macro_rules! unroll8 {
 pub trait Dt {
     fn to_f32(h: u16) -> f32;
     fn from_f32(v: f32) -> u16;
+    /// `mma.sync.m16n8k16` with A and B of this dtype, f32 accumulate.
+    unsafe fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
 }
 
 /// IEEE half.
@@ -61,6 +63,10 @@ impl Dt for F16 {
     fn from_f32(v: f32) -> u16 {
         f32_to_f16(v)
     }
+    #[inline(always)]
+    unsafe fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        mma_m16n8k16_f16_f32(a, b, c)
+    }
 }
 
 impl Dt for Bf16 {
@@ -71,6 +77,10 @@ impl Dt for Bf16 {
     #[inline(always)]
     fn from_f32(v: f32) -> u16 {
         f32_to_bf16(v)
+    }
+    #[inline(always)]
+    unsafe fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        mma_m16n8k16_bf16_f32(a, b, c)
     }
 }
 
@@ -446,6 +456,115 @@ unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(a: &
     }
 }
 
+/// Phase 1 on tensor cores (`VEC = 8` layouts): the same partials as [`project`], from
+/// `mma.sync.m16n8k16` (f32 accumulate). A block's tile is 64 columns; its warps take the
+/// split's 16-row k-steps in turn (warp `w`: steps `w, w + nw, …`, two per round with all 16
+/// loads issued first). Per k-step and 8 batch rows, the warp computes `D[16 × 8] += A·B`
+/// four times (four column pairs per thread) for W_K and again for W_V, with
+/// `A[m][k] = W[i0 + k][col(m)]`, `B[k][n] = e[b0 + n][i0 + k]` and the column map
+/// `col(m) = 8m + 2u` (`m < 8`), `8(m − 8) + 2u + 1` (`m ≥ 8`) for mma `u`: lane `(g, t)` then
+/// needs exactly W rows `i0 + {2t, 2t+1, 2t+8, 2t+9}` × columns `8g..8g+8` (one 16-byte load
+/// each), and `prmt` pairs the rows' halves into A fragments. The k-reduction happens inside
+/// the MMA; the warps are summed through shared memory in warp order.
+#[inline(always)]
+unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32) {
+    let nt = block_dim_x();
+    let nw = nt >> 5;
+    let warp = thread_idx_x() >> 5;
+    let lane = lane_id();
+    let g = lane >> 2;
+    let tq = lane & 3;
+    let tile = block_idx_x();
+    let split = block_idx_y();
+    let c0 = tile * 64;
+    let col = c0 + 8 * g;
+    let col_ok = col < a.d;
+    let r0 = split * a.rs;
+    let r1 = if r0 + a.rs < a.dm { r0 + a.rs } else { a.dm };
+    let d = a.d as usize;
+    let dm = a.dm as usize;
+    let mut b0 = 0u32;
+    while b0 < a.b {
+        let mut acc = [[[0f32; 4]; 4]; 2];
+        let b = b0 + g;
+        let b_ok = b < a.b;
+        let erow = a.e.add(if b_ok { b as usize * dm } else { 0 });
+        let mut i0 = r0 + 16 * warp;
+        while i0 < r1 {
+            let mut wk = [[0u32; 4]; 8];
+            let mut wv = [[0u32; 4]; 8];
+            let mut ef = [[0u32; 2]; 2];
+            unroll8!(s, 2, {
+                let base = i0 + s as u32 * 16 * nw;
+                let rows = [base + 2 * tq, base + 2 * tq + 1, base + 2 * tq + 8, base + 2 * tq + 9];
+                unroll8!(r, 4, {
+                    let row = rows[r];
+                    if col_ok && row < r1 {
+                        let off = row as usize * d + col as usize;
+                        wk[4 * s + r] = ld_nc_v4(a.wk.add(off) as *const u32);
+                        wv[4 * s + r] = ld_nc_v4(a.wv.add(off) as *const u32);
+                    }
+                });
+                let mut ew = [0u32; 4];
+                unroll8!(r, 4, {
+                    if b_ok && rows[r] < r1 {
+                        ew[r] = *erow.add(rows[r] as usize) as u32;
+                    }
+                });
+                ef[s] = [ew[0] | ew[1] << 16, ew[2] | ew[3] << 16];
+            });
+            unroll8!(s, 2, {
+                unroll8!(u, 4, {
+                    let (k0, k1, k8, k9) = (wk[4 * s][u], wk[4 * s + 1][u], wk[4 * s + 2][u], wk[4 * s + 3][u]);
+                    let fk = [prmt_b32(k0, k1, 0x5410), prmt_b32(k0, k1, 0x7632), prmt_b32(k8, k9, 0x5410), prmt_b32(k8, k9, 0x7632)];
+                    acc[0][u] = D::mma(fk, ef[s], acc[0][u]);
+                    let (v0, v1, v8, v9) = (wv[4 * s][u], wv[4 * s + 1][u], wv[4 * s + 2][u], wv[4 * s + 3][u]);
+                    let fv = [prmt_b32(v0, v1, 0x5410), prmt_b32(v0, v1, 0x7632), prmt_b32(v8, v9, 0x5410), prmt_b32(v8, v9, 0x7632)];
+                    acc[1][u] = D::mma(fv, ef[s], acc[1][u]);
+                });
+            });
+            i0 += 32 * nw;
+        }
+        // Warp partials → shared [warp][k|v][b 0..8][col 0..64], then summed in warp order.
+        sync_threads();
+        let wbase = smem.add((warp * 1024) as usize);
+        unroll8!(m, 2, {
+            unroll8!(u, 4, {
+                let p = wbase.add(m * 512 + (8 * g + 2 * u as u32) as usize);
+                let (r0w, r1w) = ((2 * tq * 64) as usize, ((2 * tq + 1) * 64) as usize);
+                *p.add(r0w) = acc[m][u][0];
+                *p.add(r1w) = acc[m][u][1];
+                *p.add(r0w + 1) = acc[m][u][2];
+                *p.add(r1w + 1) = acc[m][u][3];
+            });
+        });
+        sync_threads();
+        let mut o = thread_idx_x();
+        while o < 1024 {
+            let m = o >> 9;
+            let bl = (o >> 6) & 7;
+            let c = c0 + (o & 63);
+            let b = b0 + bl;
+            if b < a.b && c < a.d {
+                let mut sum = 0f32;
+                let mut w = 0;
+                while w < nw {
+                    sum += *smem.add((w * 1024 + o) as usize);
+                    w += 1;
+                }
+                let dst = if a.splits > 1 {
+                    a.part.add((((split * a.b + b) * 2 + m) * a.d + c) as usize)
+                } else {
+                    a.kv.add(((b * 2 + m) * a.d + c) as usize)
+                };
+                *dst = sum;
+            }
+            o += nt;
+        }
+        b0 += 8;
+    }
+}
+
 /// `arr[bb]` through compile-time indices only (a runtime index would put `arr` on the stack).
 #[inline(always)]
 fn pick<const BB: usize, const VEC: usize>(arr: &[[f32; VEC]; BB], bb: usize) -> [f32; VEC] {
@@ -484,43 +603,81 @@ unsafe fn ticket(c: *mut u32, target: u32, flag: *mut u32) -> bool {
 }
 
 /// Phase 2 (the last block of a tile): `kv[b][k|v][col] = Σ_split part[split][b][k|v][col]`
-/// in split order, for the tile's columns.
+/// in split order, for the tile's columns. With `VEC = 8`, one thread sums four columns with
+/// 16-byte loads, up to 16 splits in flight.
 #[inline(always)]
 unsafe fn tile_reduce<const VEC: usize>(a: &Args) {
     let nt = block_dim_x();
     let clv_log = a.cl_log + VEC.trailing_zeros();
     let clv = 1u32 << clv_log;
     let tile = block_idx_x();
-    let items = a.b * 2 * clv;
     let stride = (a.b * 2 * a.d) as usize;
+    if VEC == 8 {
+        let q_log = clv_log - 2;
+        let items = (a.b * 2) << q_log;
+        let mut o = thread_idx_x();
+        while o < items {
+            let bm = o >> q_log;
+            let col = tile * clv + ((o & ((1 << q_log) - 1)) << 2);
+            if col < a.d {
+                let p = a.part.add((bm * a.d + col) as usize);
+                let mut sum = [0f32; 4];
+                let mut sp = 0u32;
+                while sp < a.splits {
+                    let mut t = [[0u32; 4]; 16];
+                    unroll8!(k, 8, {
+                        if sp + (k as u32) < a.splits {
+                            t[k] = ld_cg_v4_u32(p.add((sp as usize + k) * stride) as *const u32);
+                        }
+                    });
+                    unroll8!(k, 8, {
+                        if sp + (k as u32) + 8 < a.splits {
+                            t[k + 8] = ld_cg_v4_u32(p.add((sp as usize + k + 8) * stride) as *const u32);
+                        }
+                    });
+                    let mut k = 0;
+                    while k < 16 {
+                        if sp + (k as u32) < a.splits {
+                            unroll8!(i, 4, {
+                                sum[i] += f32::from_bits(t[k][i]);
+                            });
+                        }
+                        k += 1;
+                    }
+                    sp += 16;
+                }
+                let w = [sum[0].to_bits(), sum[1].to_bits(), sum[2].to_bits(), sum[3].to_bits()];
+                st_v4(a.kv.add((bm * a.d + col) as usize) as *mut u32, w);
+            }
+            o += nt;
+        }
+        return;
+    }
+    let items = a.b * 2 * clv;
     let mut o = thread_idx_x();
     while o < items {
         let bm = o >> clv_log;
         let col = tile * clv + (o & (clv - 1));
         if col < a.d {
             let p = a.part.add((bm * a.d + col) as usize);
-            let mut s = 0f32;
+            let mut sum = 0f32;
             let mut sp = 0u32;
             // Eight loads in flight, then their sums in split order.
             while sp < a.splits {
                 let mut t = [0f32; 8];
-                let mut k = 0;
-                while k < 8 {
+                unroll8!(k, 8, {
                     if sp + (k as u32) < a.splits {
                         t[k] = ld_cg_f32(p.add((sp as usize + k) * stride));
                     }
-                    k += 1;
-                }
-                let mut k = 0;
-                while k < 8 {
+                });
+                unroll8!(k, 8, {
                     if sp + (k as u32) < a.splits {
-                        s += t[k];
+                        sum += t[k];
                     }
-                    k += 1;
-                }
+                });
                 sp += 8;
             }
-            *a.kv.add((bm * a.d + col) as usize) = s;
+            *a.kv.add((bm * a.d + col) as usize) = sum;
         }
         o += nt;
     }
@@ -530,6 +687,98 @@ unsafe fn tile_reduce<const VEC: usize>(a: &Args) {
 #[inline(always)]
 fn rrms(sum_sq: f32, inv_d: f32, eps: f32) -> f32 {
     div_rn(1.0, sqrt_rn(fma(sum_sq, inv_d, eps)))
+}
+
+/// One batch row of phase 3 with every load issued up front (`VEC = 8`, `d ≤ 512`, `K ≤ 4`):
+/// one L2 round trip instead of three; the arithmetic and its order are those of the
+/// three-pass loop in [`finish`] (bitwise the same results).
+#[inline(always)]
+unsafe fn finish_row_cached<D: Dt>(a: &Args, bu: usize, lane: u32, inv_d: f32, inv_sqrt_d: f32) {
+    let nch = a.d / 8;
+    let d = a.d as usize;
+    let l = a.l as usize;
+    let taps = a.k - 1;
+    let kk_row = a.kv.add(bu * 2 * d);
+    let vv_row = a.kv.add((bu * 2 + 1) * d);
+    let mut kk = [[0f32; 8]; 2];
+    let mut vv = [[0f32; 8]; 2];
+    let (mut hw, mut whw, mut wvw, mut clw) = ([[0u32; 4]; 2], [[0u32; 4]; 2], [[0u32; 4]; 2], [[0u32; 4]; 2]);
+    let mut sw = [[[0u32; 4]; 3]; 2];
+    let mut cww = [[[0u32; 4]; 3]; 2];
+    unroll8!(m, 2, {
+        let c = lane + 32 * m as u32;
+        if c < nch {
+            let j = c as usize * 8;
+            kk[m] = ld_ws::<8>(kk_row.add(j));
+            vv[m] = ld_ws::<8>(vv_row.add(j));
+            hw[m] = ld_nc_v4(a.h.add(bu * d + j) as *const u32);
+            whw[m] = ld_nc_v4(a.rwh.add(j) as *const u32);
+            wvw[m] = ld_nc_v4(a.rwv.add(j) as *const u32);
+            clw[m] = ld_nc_v4(a.cw.add(taps as usize * d + j) as *const u32);
+            unroll8!(p, 3, {
+                if (p as u32) < taps {
+                    let t = a.l - (taps - p as u32) * a.dil;
+                    let row = phys_row(a.pos, t, a.l) as usize;
+                    sw[m][p] = ld_cg_v4_u32(a.s_in.add((bu * l + row) * d + j) as *const u32);
+                    cww[m][p] = ld_nc_v4(a.cw.add(p * d + j) as *const u32);
+                }
+            });
+        }
+    });
+    let (mut sh, mut sk, mut dot) = (0f32, 0f32, 0f32);
+    unroll8!(m, 2, {
+        if lane + 32 * (m as u32) < nch {
+            let mut qk = [0f32; 8];
+            unroll8!(v, 8, {
+                let h = widen::<D, 8>(&hw[m], v);
+                let w = widen::<D, 8>(&whw[m], v);
+                qk[v] = q::<D>(kk[m][v]);
+                sh = fma(h, h, sh);
+                sk = fma(qk[v], qk[v], sk);
+                dot = fma(h * w * w, qk[v], dot);
+            });
+            if !a.dbg.is_null() {
+                st_out::<D, 8>(a.dbg.add(bu * d + (lane as usize + 32 * m) * 8), &qk);
+            }
+        }
+    });
+    let rh = rrms(warp_sum_f32(sh), inv_d, a.eps);
+    let rk = rrms(warp_sum_f32(sk), inv_d, a.eps);
+    let alpha = sigmoid(warp_sum_f32(dot) * rh * rk * inv_sqrt_d);
+    let mut vh = [[0f32; 8]; 2];
+    let mut sv = 0f32;
+    unroll8!(m, 2, {
+        if lane + 32 * (m as u32) < nch {
+            unroll8!(v, 8, {
+                vh[m][v] = alpha * vv[m][v];
+                let qv = q::<D>(vh[m][v]);
+                sv = fma(qv, qv, sv);
+            });
+            if !a.dbg.is_null() {
+                st_out::<D, 8>(a.dbg.add((a.b as usize + bu) * d + (lane as usize + 32 * m) * 8), &vh[m]);
+            }
+        }
+    });
+    let rv = rrms(warp_sum_f32(sv), inv_d, a.eps);
+    unroll8!(m, 2, {
+        if lane + 32 * (m as u32) < nch {
+            let j = (lane as usize + 32 * m) * 8;
+            let mut u = [0f32; 8];
+            let mut out = [0f32; 8];
+            unroll8!(v, 8, {
+                u[v] = q::<D>(vh[m][v]) * rv * widen::<D, 8>(&wvw[m], v);
+                let mut conv = widen::<D, 8>(&clw[m], v) * u[v];
+                unroll8!(p, 3, {
+                    if (p as u32) < taps {
+                        conv = fma(widen::<D, 8>(&cww[m][p], v), widen::<D, 8>(&sw[m][p], v), conv);
+                    }
+                });
+                out[v] = conv * sigmoid(conv) + vh[m][v];
+            });
+            st_out::<D, 8>(a.y.add(bu * d + j), &out);
+            st_out::<D, 8>(a.s_out.add((bu * l + a.wpos as usize) * d + j), &u);
+        }
+    });
 }
 
 /// Phase 3 (the last block of the grid): gating, norms, conv, outputs; one warp per batch row.
@@ -544,9 +793,15 @@ unsafe fn finish<D: Dt, const VEC: usize>(a: &Args) {
     let inv_d = div_rn(1.0, a.d as f32);
     let inv_sqrt_d = div_rn(1.0, sqrt_rn(a.d as f32));
     let taps = a.k - 1;
+    let cached = VEC == 8 && nch <= 64 && taps <= 3;
     let mut b = warp;
     while b < a.b {
         let bu = b as usize;
+        if cached {
+            finish_row_cached::<D>(a, bu, lane, inv_d, inv_sqrt_d);
+            b += nw;
+            continue;
+        }
         let kk_row = a.kv.add(bu * 2 * d);
         let vv_row = a.kv.add((bu * 2 + 1) * d);
         // Pass 1: Σh², Σq(kk)², Σ h·q(kk)·w_h² (the hn·kn dot without its two rrms factors).
@@ -642,7 +897,7 @@ unsafe fn finish<D: Dt, const VEC: usize>(a: &Args) {
 }
 
 #[inline(always)]
-unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize>(a: Args) {
+unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const MMA: bool>(a: Args) {
     let nt = block_dim_x();
     let tiles = grid_dim_x();
     let blocks = tiles * grid_dim_y();
@@ -658,8 +913,16 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize>(a: Ar
     };
     prefetch_tail(&a, g, total);
     let smem = dyn_smem::<f32>();
-    let flag = smem.add((nt * 2 * VEC as u32) as usize) as *mut u32;
-    project::<D, VEC, BB, U>(&a, smem);
+    let flag = if MMA {
+        smem.add(((nt >> 5) * 1024) as usize) as *mut u32
+    } else {
+        smem.add((nt * 2 * VEC as u32) as usize) as *mut u32
+    };
+    if MMA {
+        project_mma::<D>(&a, smem);
+    } else {
+        project::<D, VEC, BB, U>(&a, smem);
+    }
     if a.splits > 1 {
         if !ticket(a.cnt.add(block_idx_x() as usize), a.splits - 1, flag) {
             copy_finish(&a, &first, have_first, g, total, ncopy);
@@ -676,10 +939,11 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize>(a: Ar
 }
 
 macro_rules! decode_entry {
-    ($name:ident, $dt:ty, $vec:expr, $bb:expr, $u:expr) => {
+    ($name:ident, $dt:ty, $vec:expr, $bb:expr, $u:expr, $mma:expr) => {
         /// EngramDecodeFwd, one launch (see the module docs). Grid `(tiles, splits)`, block a
         /// multiple of 32 with `block ≥ col_lanes`; dynamic shared memory
-        /// `block·2·VEC·4 + 16` bytes.
+        /// `block·2·VEC·4 + 16` bytes (`(block/32)·4096 + 16` for the MMA variants, whose
+        /// tiles are 64 columns and splits a multiple of 16 rows).
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(
             e: *const u16,
@@ -710,7 +974,7 @@ macro_rules! decode_entry {
             cl_log: u32,
             eps: f32,
         ) {
-            decode::<$dt, $vec, $bb, $u>(Args {
+            decode::<$dt, $vec, $bb, $u, $mma>(Args {
                 e,
                 h,
                 s_in,
@@ -743,13 +1007,15 @@ macro_rules! decode_entry {
     };
 }
 
-decode_entry!(engram_decode_f16_v8_b1, F16, 8, 1, 4);
-decode_entry!(engram_decode_f16_v8_b2, F16, 8, 2, 4);
-decode_entry!(engram_decode_f16_v8_b4, F16, 8, 4, 4);
-decode_entry!(engram_decode_f16_v8_b8, F16, 8, 8, 2);
-decode_entry!(engram_decode_f16_v1_b4, F16, 1, 4, 4);
-decode_entry!(engram_decode_bf16_v8_b1, Bf16, 8, 1, 4);
-decode_entry!(engram_decode_bf16_v8_b2, Bf16, 8, 2, 4);
-decode_entry!(engram_decode_bf16_v8_b4, Bf16, 8, 4, 4);
-decode_entry!(engram_decode_bf16_v8_b8, Bf16, 8, 8, 2);
-decode_entry!(engram_decode_bf16_v1_b4, Bf16, 1, 4, 4);
+decode_entry!(engram_decode_f16_v8_b1, F16, 8, 1, 4, false);
+decode_entry!(engram_decode_f16_v8_b2, F16, 8, 2, 4, false);
+decode_entry!(engram_decode_f16_v8_b4, F16, 8, 4, 4, false);
+decode_entry!(engram_decode_f16_v8_b8, F16, 8, 8, 2, false);
+decode_entry!(engram_decode_f16_v1_b4, F16, 1, 4, 4, false);
+decode_entry!(engram_decode_bf16_v8_b1, Bf16, 8, 1, 4, false);
+decode_entry!(engram_decode_bf16_v8_b2, Bf16, 8, 2, 4, false);
+decode_entry!(engram_decode_bf16_v8_b4, Bf16, 8, 4, 4, false);
+decode_entry!(engram_decode_bf16_v8_b8, Bf16, 8, 8, 2, false);
+decode_entry!(engram_decode_bf16_v1_b4, Bf16, 1, 4, 4, false);
+decode_entry!(engram_decode_f16_mma, F16, 8, 8, 2, true);
+decode_entry!(engram_decode_bf16_mma, Bf16, 8, 8, 2, true);
