@@ -9,6 +9,7 @@
 //! - [`mhc::MhcPre`] — MHCPreFwd (§2).
 //! - [`mhc::post_fwd`] — MHCPostFwd (§3).
 //! - [`engram::gate_conv_fwd`], [`engram::gate_conv_bwd`] — EngramGateConvFwd / EngramGateConvBwd (§4–§5).
+//! - [`engram::EngramDecodePlan`] — EngramDecodeFwd (§6), seed contract and in-place ring step.
 //!
 //! Each op has a safe entry taking `cudarc` device buffers (slices or sub-views) and an
 //! `unsafe` `*_raw` entry taking raw device pointers and a `CUstream`, for use from PyTorch,

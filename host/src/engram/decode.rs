@@ -1,3 +1,659 @@
-//! EngramDecodeFwd (SPEC.md §6).
+//! EngramDecodeFwd (SPEC.md §6): one fused decode step.
+//!
+//! `kk = e_t·W_K`, `vv = e_t·W_V` (f32 accumulate); `hn = rmsnorm(h_t, rms_w_h)`,
+//! `kn = rmsnorm(q(kk), rms_w_h)`, `alpha = σ(Σ hn·kn / sqrt(d))`, `vh = alpha·vv`;
+//! `u = rmsnorm(q(vh), rms_w_v)`; `conv = conv_w[K−1]·u + Σ_{p<K−1} conv_w[p]·state[L − (K−1−p)·δ]`;
+//! `y_t = q(silu(conv) + vh)`; the state gains `q(u)` as its newest row.
+//!
+//! One kernel launch per step (kernels-gpu/src/engram/decode.rs): the projections are split over
+//! column tiles × row splits, the split partials are summed by the last block of each tile, and
+//! the last tile finishes the gating, norms, conv and state write (last-block-done tickets).
+//! An [`EngramDecodePlan`] owns the f32 workspace and the ticket counters.
+use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, DevicePtrMut};
+use half::{bf16, f16};
 
-pub(crate) const KERNELS: &[&str] = &[];
+use crate::error::{check_len, check_positive, checked_product};
+use crate::runtime::{launch, LaunchDims};
+use crate::{Error, Gpu, Result};
+
+pub(crate) const KERNELS: &[&str] = &[
+    "engram_decode_f16_v8_b1",
+    "engram_decode_f16_v8_b2",
+    "engram_decode_f16_v8_b4",
+    "engram_decode_f16_v8_b8",
+    "engram_decode_f16_v1_b4",
+    "engram_decode_bf16_v8_b1",
+    "engram_decode_bf16_v8_b2",
+    "engram_decode_bf16_v8_b4",
+    "engram_decode_bf16_v8_b8",
+    "engram_decode_bf16_v1_b4",
+    "engram_decode_f16_mma",
+    "engram_decode_bf16_mma",
+];
+
+/// Number of SMs of the H200 the default launch geometry is sized for.
+const SMS: usize = 132;
+
+/// The storage dtype of one EngramDecodeFwd call (every tensor has it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeDtype {
+    F16,
+    Bf16,
+}
+
+/// The 16-bit element types the decode step accepts (`half::f16`, `half::bf16`).
+pub trait DecodeElem: crate::verify::Half + cudarc::driver::DeviceRepr {
+    const DTYPE: DecodeDtype;
+}
+impl DecodeElem for f16 {
+    const DTYPE: DecodeDtype = DecodeDtype::F16;
+}
+impl DecodeElem for bf16 {
+    const DTYPE: DecodeDtype = DecodeDtype::Bf16;
+}
+
+/// Sizes and parameters of one decode step.
+///
+/// Tensors (row-major, contiguous, all one dtype): `e_t [batch, d_mem]`, `h_t [batch, d]`,
+/// `conv_state [batch, max_conv_len, d]`, `W_K`, `W_V` `[d_mem, d]`, `rms_w_h`, `rms_w_v` `[d]`,
+/// `conv_w [kernel_size, d]`; outputs `y_t [batch, d]` and the state `[batch, max_conv_len, d]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EngramDecodeShape {
+    pub batch: usize,
+    pub d_mem: usize,
+    pub d: usize,
+    /// `L`: rows of the conv state (time steps kept).
+    pub max_conv_len: usize,
+    /// `K`: conv taps (the newest is `u` itself, the other `K−1` come from the state).
+    pub kernel_size: usize,
+    /// `δ`: distance in steps between taps.
+    pub dilation: usize,
+    /// The rmsnorm epsilon (SPEC: 1e-6).
+    pub eps: f32,
+}
+
+/// Element counts of every tensor of a shape (see [`EngramDecodeShape::lens`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeLens {
+    /// `e_t`: `batch·d_mem`.
+    pub e: usize,
+    /// `h_t` and `y_t`: `batch·d`.
+    pub h: usize,
+    /// `conv_state` and the new state: `batch·L·d`.
+    pub state: usize,
+    /// `W_K`, `W_V`: `d_mem·d` each.
+    pub w: usize,
+    /// `rms_w_h`, `rms_w_v`: `d`.
+    pub rms: usize,
+    /// `conv_w`: `K·d`.
+    pub conv_w: usize,
+}
+
+/// Largest element count of any tensor or workspace (the kernel indexes with u32).
+const MAX_ELEMS: usize = (1 << 31) - 1;
+
+impl EngramDecodeShape {
+    /// A shape with SPEC's `eps = 1e-6`.
+    pub fn new(batch: usize, d_mem: usize, d: usize, max_conv_len: usize, kernel_size: usize, dilation: usize) -> Self {
+        Self { batch, d_mem, d, max_conv_len, kernel_size, dilation, eps: 1e-6 }
+    }
+
+    /// Validates the shape (every size ≥ 1, `max_conv_len ≥ (kernel_size−1)·dilation`, a
+    /// finite `eps ≥ 0`, every tensor below 2^31 elements) and returns the element counts.
+    ///
+    /// Errors: [`Error::Shape`] naming the size, [`Error::Overflow`] naming the tensor.
+    pub fn lens(&self) -> Result<DecodeLens> {
+        check_positive("batch", self.batch)?;
+        check_positive("d_mem", self.d_mem)?;
+        check_positive("d", self.d)?;
+        check_positive("max_conv_len", self.max_conv_len)?;
+        check_positive("kernel_size", self.kernel_size)?;
+        check_positive("dilation", self.dilation)?;
+        let reach = checked_product("max_conv_len", &[self.kernel_size - 1, self.dilation])?;
+        if self.max_conv_len < reach {
+            return Err(Error::Shape {
+                arg: "max_conv_len",
+                msg: format!(
+                    "{} is shorter than (kernel_size−1)·dilation = ({}−1)·{} = {reach}",
+                    self.max_conv_len, self.kernel_size, self.dilation
+                ),
+            });
+        }
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return Err(Error::Shape { arg: "eps", msg: format!("{} is not a finite value ≥ 0", self.eps) });
+        }
+        let lens = DecodeLens {
+            e: checked_product("e_t", &[self.batch, self.d_mem])?,
+            h: checked_product("h_t", &[self.batch, self.d])?,
+            state: checked_product("conv_state", &[self.batch, self.max_conv_len, self.d])?,
+            w: checked_product("W_K", &[self.d_mem, self.d])?,
+            rms: self.d,
+            conv_w: checked_product("conv_w", &[self.kernel_size, self.d])?,
+        };
+        for (arg, n) in [
+            ("e_t", lens.e),
+            ("h_t", lens.h),
+            ("conv_state", lens.state),
+            ("W_K", lens.w),
+            ("conv_w", lens.conv_w),
+            ("batch", checked_product("batch", &[2, self.batch, self.d])?),
+        ] {
+            if n > MAX_ELEMS {
+                return Err(Error::Overflow { arg, msg: format!("{n} elements (the kernel's limit is 2^31 − 1)") });
+            }
+        }
+        Ok(lens)
+    }
+}
+
+/// How the projections `e_t·W_K`, `e_t·W_V` are computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeProjection {
+    /// CUDA-core FMAs: each thread owns 8 columns × its rows for up to 8 batch rows; the
+    /// block's row lanes are summed through shared memory.
+    Simt,
+    /// Tensor cores (`mma.sync.m16n8k16`, f32 accumulate): the sum over 16 rows per
+    /// instruction happens inside the MMA, only warp partials go through shared memory.
+    /// Needs the vectorised layout (16-byte aligned, `d % 8 == 0`); other calls use `Simt`.
+    Mma,
+}
+
+/// Launch configuration knobs of the decode kernel (defaults are the tuned choice; see
+/// kernels-gpu/src/engram/NOTES.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeConfig {
+    pub projection: DecodeProjection,
+    /// Threads per block: 64, 128 or 256.
+    pub block: u32,
+    /// Depth of a split: `Simt`, `W` rows per thread (the split height is this times the
+    /// block's row lanes); `Mma`, 16-row steps per warp (split height `16·warps·this`).
+    /// 0 = automatic: `Simt`, one round of the kernel's unrolled loads (4 or 2 rows); `Mma`,
+    /// one step; raised when needed to keep at most `max_blocks` blocks.
+    pub rows_per_thread: u32,
+    /// Upper bound on the grid size (tiles × splits) for the automatic split depth.
+    pub max_blocks: u32,
+}
+
+impl Default for DecodeConfig {
+    fn default() -> Self {
+        Self { projection: DecodeProjection::Mma, block: 128, rows_per_thread: 0, max_blocks: 2 * SMS as u32 }
+    }
+}
+
+/// The launch geometry for one vector width (a CPU model of the kernel's partition; public
+/// for tests).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeGeometry {
+    /// Elements per thread along `d` (8: 16-byte loads; 1: any layout).
+    pub vec: u32,
+    /// Threads per block.
+    pub block: u32,
+    /// log2 of the column lanes per block (each lane owns `vec` columns).
+    pub cl_log: u32,
+    /// Column tiles (`grid.x`).
+    pub tiles: u32,
+    /// Row splits (`grid.y`).
+    pub splits: u32,
+    /// `W` rows per split.
+    pub rows_per_split: u32,
+    /// Batch rows per projection pass (a compiled kernel variant).
+    pub bb: u32,
+    /// Tensor-core projection (64-column tiles, 16-row steps per warp).
+    pub mma: bool,
+}
+
+impl DecodeGeometry {
+    /// The geometry for `shape` with vector width `vec` (8 requires `d % 8 == 0`).
+    pub fn new(shape: &EngramDecodeShape, config: &DecodeConfig, vec: u32) -> Result<Self> {
+        if ![64, 128, 256].contains(&config.block) {
+            return Err(Error::Shape { arg: "config.block", msg: format!("{} is not 64, 128 or 256", config.block) });
+        }
+        if config.max_blocks == 0 {
+            return Err(Error::Shape { arg: "config.max_blocks", msg: "must be at least 1".into() });
+        }
+        let block = config.block as usize;
+        if vec == 8 && config.projection == DecodeProjection::Mma {
+            let (warps, tiles) = (block / 32, shape.d.div_ceil(64));
+            let step = 16 * warps;
+            let ksteps = if config.rows_per_thread > 0 {
+                config.rows_per_thread as usize
+            } else {
+                // One 16-row step per warp (the kernel's round holds two: the grid spreads over
+                // more SMs), more if the grid would exceed max_blocks.
+                shape.d_mem.div_ceil(step * (config.max_blocks as usize / tiles).max(1))
+            };
+            let rows = (ksteps * step).min(shape.d_mem.div_ceil(step) * step);
+            let splits = shape.d_mem.div_ceil(rows);
+            return Self::checked(vec, config.block, 3, tiles, splits, rows, 8, true);
+        }
+        let nch = shape.d / vec as usize;
+        // Column lanes: a warp's row segment is ≥ 128 bytes where d allows (8 lanes × 16 B).
+        let cl = nch.next_power_of_two().min(if vec == 8 { 8 } else { 32 });
+        let rl = block / cl;
+        let tiles = nch.div_ceil(cl);
+        let bb = match shape.batch {
+            _ if vec == 1 => 4,
+            1 => 1,
+            2 => 2,
+            3 | 4 => 4,
+            _ => 8,
+        };
+        let rpt = if config.rows_per_thread > 0 {
+            config.rows_per_thread as usize
+        } else {
+            // One round of the kernel's row unroll (4 rows, 2 for the 8-row batch variant:
+            // every load in flight at once), more if the grid would exceed max_blocks.
+            let unroll = if bb == 8 { 2 } else { 4 };
+            let by_blocks = shape.d_mem.div_ceil(rl * (config.max_blocks as usize / tiles).max(1));
+            by_blocks.max(unroll)
+        };
+        let rows = (rpt * rl).min(shape.d_mem.div_ceil(rl) * rl);
+        let splits = shape.d_mem.div_ceil(rows);
+        Self::checked(vec, config.block, cl.trailing_zeros(), tiles, splits, rows, bb, false)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn checked(
+        vec: u32,
+        block: u32,
+        cl_log: u32,
+        tiles: usize,
+        splits: usize,
+        rows: usize,
+        bb: u32,
+        mma: bool,
+    ) -> Result<Self> {
+        if tiles > i32::MAX as usize || splits > 65535 {
+            return Err(Error::Overflow { arg: "d_mem", msg: format!("grid {tiles}×{splits}") });
+        }
+        Ok(Self {
+            vec,
+            block,
+            cl_log,
+            tiles: tiles as u32,
+            splits: splits as u32,
+            rows_per_split: rows as u32,
+            bb,
+            mma,
+        })
+    }
+
+    /// Column lanes per block.
+    pub fn col_lanes(&self) -> u32 {
+        1 << self.cl_log
+    }
+
+    /// Dynamic shared memory of one block, bytes.
+    pub fn shared_bytes(&self) -> u32 {
+        if self.mma {
+            self.block / 32 * 4096 + 16
+        } else {
+            self.block * 2 * self.vec * 4 + 16
+        }
+    }
+
+    fn kernel(&self, dtype: DecodeDtype) -> &'static str {
+        if self.mma {
+            return KERNELS[if dtype == DecodeDtype::F16 { 10 } else { 11 }];
+        }
+        let i = match (self.vec, self.bb) {
+            (8, 1) => 0,
+            (8, 2) => 1,
+            (8, 4) => 2,
+            (8, _) => 3,
+            _ => 4,
+        };
+        KERNELS[i + if dtype == DecodeDtype::F16 { 0 } else { 5 }]
+    }
+}
+
+/// A decode step planned for one shape: the launch geometry and the device workspace
+/// (split partials `[splits, batch, 2, d]` f32, the reduced projections `[batch, 2, d]` f32,
+/// and the ticket counters, which every call leaves at zero).
+///
+/// Calls through one plan must be ordered on one stream (the workspace is reused); use a plan
+/// per stream for concurrent steps.
+pub struct EngramDecodePlan {
+    shape: EngramDecodeShape,
+    lens: DecodeLens,
+    geo: [DecodeGeometry; 2],
+    part: Option<CudaSlice<f32>>,
+    kv: CudaSlice<f32>,
+    counters: CudaSlice<u32>,
+    capture: Option<CudaSlice<u16>>,
+}
+
+/// The input pointers of one raw call, in SPEC's order.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeInputsRaw {
+    pub e_t: CUdeviceptr,
+    pub h_t: CUdeviceptr,
+    pub w_k: CUdeviceptr,
+    pub w_v: CUdeviceptr,
+    pub rms_w_h: CUdeviceptr,
+    pub rms_w_v: CUdeviceptr,
+    pub conv_w: CUdeviceptr,
+}
+
+/// The input buffers of one safe call, in SPEC's order (the state is passed separately).
+pub struct DecodeInputs<'a, T, B: DevicePtr<T>> {
+    pub e_t: &'a B,
+    pub h_t: &'a B,
+    pub w_k: &'a B,
+    pub w_v: &'a B,
+    pub rms_w_h: &'a B,
+    pub rms_w_v: &'a B,
+    pub conv_w: &'a B,
+    pub _t: std::marker::PhantomData<T>,
+}
+
+impl<'a, T, B: DevicePtr<T>> DecodeInputs<'a, T, B> {
+    /// Groups the seven input buffers (`e_t, h_t, W_K, W_V, rms_w_h, rms_w_v, conv_w`).
+    pub fn new(e_t: &'a B, h_t: &'a B, w_k: &'a B, w_v: &'a B, rms_w_h: &'a B, rms_w_v: &'a B, conv_w: &'a B) -> Self {
+        Self { e_t, h_t, w_k, w_v, rms_w_h, rms_w_v, conv_w, _t: std::marker::PhantomData }
+    }
+}
+
+impl EngramDecodePlan {
+    /// Plans `shape` with the default configuration and allocates its workspace on `gpu`.
+    ///
+    /// Errors: the shape's [`EngramDecodeShape::lens`] errors; a driver error on allocation.
+    pub fn new(gpu: &Gpu, shape: EngramDecodeShape) -> Result<Self> {
+        Self::with_config(gpu, shape, DecodeConfig::default())
+    }
+
+    /// As [`EngramDecodePlan::new`] with an explicit launch configuration.
+    pub fn with_config(gpu: &Gpu, shape: EngramDecodeShape, config: DecodeConfig) -> Result<Self> {
+        let lens = shape.lens()?;
+        let g1 = DecodeGeometry::new(&shape, &config, 1)?;
+        let g8 = if shape.d.is_multiple_of(8) { DecodeGeometry::new(&shape, &config, 8)? } else { g1 };
+        let st = gpu.stream();
+        let kv_len = 2 * lens.h;
+        let max_splits = g1.splits.max(g8.splits) as usize;
+        let part = if max_splits > 1 {
+            let n = checked_product("workspace", &[max_splits, kv_len])?;
+            if n > MAX_ELEMS {
+                return Err(Error::Overflow { arg: "workspace", msg: format!("{n} f32 partials") });
+            }
+            Some(st.alloc_zeros::<f32>(n)?)
+        } else {
+            None
+        };
+        Ok(Self {
+            shape,
+            lens,
+            geo: [g8, g1],
+            part,
+            kv: st.alloc_zeros::<f32>(kv_len)?,
+            counters: st.alloc_zeros::<u32>(g1.tiles.max(g8.tiles) as usize + 1)?,
+            capture: None,
+        })
+    }
+
+    /// The planned shape.
+    pub fn shape(&self) -> &EngramDecodeShape {
+        &self.shape
+    }
+
+    /// The element counts of the shape's tensors.
+    pub fn lens(&self) -> DecodeLens {
+        self.lens
+    }
+
+    /// The geometry a call with 16-byte aligned tensors (`vec = 8`) or any layout uses.
+    #[doc(hidden)]
+    pub fn geometry(&self, aligned: bool) -> DecodeGeometry {
+        self.geo[if aligned { 0 } else { 1 }]
+    }
+
+    /// Test hook: when on, every later call also writes its rounded intermediates `q(kk)` and
+    /// `q(vh)` (`[2, batch, d]`, the call's dtype) for [`EngramDecodePlan::intermediates`].
+    #[doc(hidden)]
+    pub fn capture_intermediates(&mut self, gpu: &Gpu, on: bool) -> Result<()> {
+        if on && self.capture.is_none() {
+            self.capture = Some(gpu.stream().alloc_zeros::<u16>(2 * self.lens.h)?);
+        } else if !on {
+            self.capture = None;
+        }
+        Ok(())
+    }
+
+    /// Test hook: the `(q(kk), q(vh))` of the last call made with capture on (synchronizes).
+    #[doc(hidden)]
+    pub fn intermediates<T: DecodeElem>(&self, gpu: &Gpu) -> Result<(Vec<T>, Vec<T>)> {
+        let Some(c) = &self.capture else {
+            return Err(Error::Shape { arg: "capture", msg: "capture_intermediates is off".into() });
+        };
+        let raw: Vec<u16> = gpu.stream().clone_dtoh(c)?;
+        let conv = |r: &[u16]| -> Vec<T> {
+            r.iter()
+                .map(|&b| match T::DTYPE {
+                    DecodeDtype::F16 => T::round_f64(f16::from_bits(b).to_f64()),
+                    DecodeDtype::Bf16 => T::round_f64(bf16::from_bits(b).to_f64()),
+                })
+                .collect()
+        };
+        let h = self.lens.h;
+        Ok((conv(&raw[..h]), conv(&raw[h..2 * h])))
+    }
+
+    /// One decode step under SPEC §6's contract: reads `conv_state`, writes `y_t` and
+    /// `new_conv_state = concat(conv_state[:, 1:], q(u))` (a separate buffer).
+    ///
+    /// Buffers may be larger than the shape needs; 16-byte aligned buffers with `d % 8 == 0`
+    /// take the vectorised kernel. `new_conv_state` must not overlap `conv_state` (use
+    /// [`EngramDecodePlan::step_ring`] for an in-place state). Asynchronous on [`Gpu::stream`].
+    ///
+    /// Errors: [`Error::BufferTooSmall`] naming the buffer; a driver error from the launch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward<T: DecodeElem, B: DevicePtr<T>>(
+        &mut self,
+        gpu: &Gpu,
+        inputs: &DecodeInputs<'_, T, B>,
+        conv_state: &impl DevicePtr<T>,
+        y_t: &mut impl DevicePtrMut<T>,
+        new_conv_state: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        self.check_inputs(inputs)?;
+        check_len("conv_state", self.lens.state, conv_state.len())?;
+        check_len("y_t", self.lens.h, y_t.len())?;
+        check_len("new_conv_state", self.lens.state, new_conv_state.len())?;
+        let st = gpu.stream();
+        let (raw, _g) = raw_inputs(inputs, st);
+        let (s, _g1) = conv_state.device_ptr(st);
+        let (y, _g2) = y_t.device_ptr_mut(st);
+        let (ns, _g3) = new_conv_state.device_ptr_mut(st);
+        // SAFETY: every buffer was checked to hold what the shape addresses; the guards keep
+        // them alive and ordered on the stream.
+        unsafe { self.forward_raw(gpu, T::DTYPE, raw, s, y, ns, st.cu_stream()) }
+    }
+
+    /// One decode step on a ring-buffer state, in place: logical row `t` (0 = oldest) of
+    /// batch row `b` is physical row `(pos + t) mod L`. The step reads its taps, then writes
+    /// `q(u)` over physical row `pos` (the oldest, which the shift drops) and returns the
+    /// next call's `pos`, `(pos + 1) mod L`. Starting from a seed-contract state at `pos = 0`,
+    /// the logical state after every step equals [`EngramDecodePlan::forward`]'s new state,
+    /// bit for bit, and `y_t` is identical.
+    ///
+    /// Errors: as [`EngramDecodePlan::forward`]; [`Error::Shape`] for `pos ≥ max_conv_len`.
+    pub fn step_ring<T: DecodeElem, B: DevicePtr<T>>(
+        &mut self,
+        gpu: &Gpu,
+        inputs: &DecodeInputs<'_, T, B>,
+        state: &mut impl DevicePtrMut<T>,
+        pos: usize,
+        y_t: &mut impl DevicePtrMut<T>,
+    ) -> Result<usize> {
+        self.check_inputs(inputs)?;
+        check_len("state", self.lens.state, state.len())?;
+        check_len("y_t", self.lens.h, y_t.len())?;
+        let st = gpu.stream();
+        let (raw, _g) = raw_inputs(inputs, st);
+        let (s, _g1) = state.device_ptr_mut(st);
+        let (y, _g2) = y_t.device_ptr_mut(st);
+        // SAFETY: as in `forward`.
+        unsafe { self.step_ring_raw(gpu, T::DTYPE, raw, s, pos, y, st.cu_stream()) }
+    }
+
+    fn check_inputs<T, B: DevicePtr<T>>(&self, i: &DecodeInputs<'_, T, B>) -> Result<()> {
+        let l = &self.lens;
+        check_len("e_t", l.e, i.e_t.len())?;
+        check_len("h_t", l.h, i.h_t.len())?;
+        check_len("W_K", l.w, i.w_k.len())?;
+        check_len("W_V", l.w, i.w_v.len())?;
+        check_len("rms_w_h", l.rms, i.rms_w_h.len())?;
+        check_len("rms_w_v", l.rms, i.rms_w_v.len())?;
+        check_len("conv_w", l.conv_w, i.conv_w.len())
+    }
+
+    /// [`EngramDecodePlan::forward`] on raw device pointers, launched on `stream`.
+    ///
+    /// # Safety
+    /// Every pointer must address device memory of `gpu`'s context holding the elements of
+    /// [`DecodeLens`] in `dtype`, valid until the kernel finishes; `y_t` and `new_conv_state`
+    /// must not overlap each other or any input. Calls with this plan must be stream-ordered.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn forward_raw(
+        &mut self,
+        gpu: &Gpu,
+        dtype: DecodeDtype,
+        inputs: DecodeInputsRaw,
+        conv_state: CUdeviceptr,
+        y_t: CUdeviceptr,
+        new_conv_state: CUdeviceptr,
+        stream: CUstream,
+    ) -> Result<()> {
+        let l = self.shape.max_conv_len as u32;
+        self.launch(gpu, dtype, inputs, conv_state, new_conv_state, y_t, 0, l - 1, true, stream)
+    }
+
+    /// [`EngramDecodePlan::step_ring`] on raw device pointers, launched on `stream`; returns
+    /// the next `pos`.
+    ///
+    /// # Safety
+    /// As [`EngramDecodePlan::forward_raw`]; `state` is read and written in place and must
+    /// not overlap `y_t` or an input.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn step_ring_raw(
+        &mut self,
+        gpu: &Gpu,
+        dtype: DecodeDtype,
+        inputs: DecodeInputsRaw,
+        state: CUdeviceptr,
+        pos: usize,
+        y_t: CUdeviceptr,
+        stream: CUstream,
+    ) -> Result<usize> {
+        let l = self.shape.max_conv_len;
+        if pos >= l {
+            return Err(Error::Shape { arg: "pos", msg: format!("{pos} is not below max_conv_len = {l}") });
+        }
+        self.launch(gpu, dtype, inputs, state, state, y_t, pos as u32, pos as u32, false, stream)?;
+        Ok((pos + 1) % l)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch(
+        &mut self,
+        gpu: &Gpu,
+        dtype: DecodeDtype,
+        i: DecodeInputsRaw,
+        s_in: CUdeviceptr,
+        s_out: CUdeviceptr,
+        y: CUdeviceptr,
+        pos: u32,
+        wpos: u32,
+        copy: bool,
+        stream: CUstream,
+    ) -> Result<()> {
+        let s = self.shape;
+        let aligned = s.d.is_multiple_of(8)
+            && [i.e_t, i.h_t, i.w_k, i.w_v, i.rms_w_h, i.rms_w_v, i.conv_w, s_in, s_out, y].iter().all(|p| p % 16 == 0);
+        let g = self.geometry(aligned);
+        let f = gpu.function(g.kernel(dtype))?;
+        let dims = LaunchDims { grid: (g.tiles, g.splits, 1), block: (g.block, 1, 1), shared_bytes: g.shared_bytes() };
+        let st = gpu.stream();
+        let (part, _g0) = match &self.part {
+            Some(p) => {
+                let (p, g) = p.device_ptr(st);
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
+        let (kv, _g1) = self.kv.device_ptr_mut(st);
+        let (cnt, _g2) = self.counters.device_ptr_mut(st);
+        let (dbg, _g3) = match &mut self.capture {
+            Some(c) => {
+                let (p, g) = c.device_ptr_mut(st);
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
+        let (mut e, mut h, mut si, mut wk, mut wv) = (i.e_t, i.h_t, s_in, i.w_k, i.w_v);
+        let (mut rwh, mut rwv, mut cw, mut y, mut so) = (i.rms_w_h, i.rms_w_v, i.conv_w, y, s_out);
+        let (mut part, mut kv, mut cnt, mut dbg) = (part, kv, cnt, dbg);
+        let (mut b, mut dm, mut d) = (s.batch as u32, s.d_mem as u32, s.d as u32);
+        let (mut l, mut k, mut dil) = (s.max_conv_len as u32, s.kernel_size as u32, s.dilation as u32);
+        let (mut pos, mut wpos, mut copy) = (pos, wpos, copy as u32);
+        let (mut splits, mut rs, mut cl_log, mut eps) = (g.splits, g.rows_per_split, g.cl_log, s.eps);
+        launch(
+            f,
+            dims,
+            stream,
+            &mut [
+                &mut e,
+                &mut h,
+                &mut si,
+                &mut wk,
+                &mut wv,
+                &mut rwh,
+                &mut rwv,
+                &mut cw,
+                &mut y,
+                &mut so,
+                &mut part,
+                &mut kv,
+                &mut cnt,
+                &mut dbg,
+                &mut b,
+                &mut dm,
+                &mut d,
+                &mut l,
+                &mut k,
+                &mut dil,
+                &mut pos,
+                &mut wpos,
+                &mut copy,
+                &mut splits,
+                &mut rs,
+                &mut cl_log,
+                &mut eps,
+            ],
+        )
+    }
+}
+
+/// The raw pointers of a safe call's inputs, with the guards that keep them stream-ordered.
+#[allow(clippy::type_complexity)]
+fn raw_inputs<'a, T, B: DevicePtr<T>>(
+    i: &'a DecodeInputs<'_, T, B>,
+    st: &'a std::sync::Arc<cudarc::driver::CudaStream>,
+) -> (DecodeInputsRaw, Vec<cudarc::driver::SyncOnDrop<'a>>) {
+    let mut guards = Vec::with_capacity(7);
+    let mut p = |b: &'a B| {
+        let (ptr, g) = b.device_ptr(st);
+        guards.push(g);
+        ptr
+    };
+    let raw = DecodeInputsRaw {
+        e_t: p(i.e_t),
+        h_t: p(i.h_t),
+        w_k: p(i.w_k),
+        w_v: p(i.w_v),
+        rms_w_h: p(i.rms_w_h),
+        rms_w_v: p(i.rms_w_v),
+        conv_w: p(i.conv_w),
+    };
+    (raw, guards)
+}

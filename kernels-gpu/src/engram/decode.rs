@@ -1,1 +1,1021 @@
-//! EngramDecodeFwd kernel (SPEC.md §6).
+//! EngramDecodeFwd kernel (SPEC.md §6): one fused decode step in ONE launch.
+//!
+//! Grid `(tiles, splits)`: block `(x, y)` owns the output columns of tile `x`
+//! (`col_lanes · VEC` columns) and the `W_K`/`W_V` rows `[y·rs, (y+1)·rs)` of split `y`.
+//!
+//! 1. Projection (every block): each thread streams its rows of `W_K` and `W_V` for `VEC`
+//!    columns (16-byte loads when `VEC = 8`), accumulating `e_t[b,i]·W[i,j]` in f32 for `BB`
+//!    batch rows at a time; the block's row lanes are summed through shared memory in a fixed
+//!    order and written as the split's partial `[split][b][k|v][d]` (f32 workspace).
+//! 2. Tile ticket (last-block-done): every thread fences, thread 0 takes a ticket on the
+//!    tile's counter; the block that arrives last sums the `splits` partials of its tile in
+//!    split order (deterministic) into `kv [b][k|v][d]` and resets the counter.
+//! 3. Global ticket: the last tile block finishes every batch row (one warp per row): the
+//!    rmsnorms of `h_t` and `q(kk)`, the gate `alpha`, `vh = alpha·vv`, `u = rmsnorm(q(vh))`,
+//!    the dilated conv over the state taps, `y_t = q(silu(conv) + vh)` and the state row `q(u)`.
+//!
+//! The state shift of the seed contract (`new_conv_state[:, :L-1] = conv_state[:, 1:]`) is
+//! spread over every thread of the grid: the first unit is loaded at kernel start and stored
+//! when the thread leaves, so its DRAM latency overlaps the projection. The ring-buffer step
+//! (`copy = 0`) reads the taps at physical rows `(pos + t) mod L` and writes `q(u)` over
+//! slot `wpos = pos` in place; the thread that reads a slot is the thread that overwrites it.
+//!
+//! The small inputs the finishing block reads (`h_t`, the rms weights, `conv_w`, the state taps)
+//! are prefetched into L2 by the whole grid at start, so the serial tail hits L2.
+use crate::prim::*;
+
+/// `body` for `$i` = 0, 1, … while `$i < $n` (at most 8), each copy with a constant index:
+/// fully unrolled whatever LLVM's unroll threshold, so small arrays stay in registers.
+macro_rules! unroll8 {
+    ($i:ident, $n:expr, $body:block) => {
+        unroll8!(@ $i, $n, $body, 0, 1, 2, 3, 4, 5, 6, 7)
+    };
+    (@ $i:ident, $n:expr, $body:block, $($k:literal),*) => {
+        $(
+            if $k < $n {
+                #[allow(unused_variables)]
+                let $i: usize = $k;
+                $body
+            }
+        )*
+    };
+}
+
+/// A 16-bit storage dtype: exact widening and round-to-nearest-even narrowing.
+pub trait Dt {
+    fn to_f32(h: u16) -> f32;
+    fn from_f32(v: f32) -> u16;
+    /// `mma.sync.m16n8k16` with A and B of this dtype, f32 accumulate.
+    unsafe fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
+}
+
+/// IEEE half.
+pub struct F16;
+/// bfloat16.
+pub struct Bf16;
+
+impl Dt for F16 {
+    #[inline(always)]
+    fn to_f32(h: u16) -> f32 {
+        f16_to_f32(h)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> u16 {
+        f32_to_f16(v)
+    }
+    #[inline(always)]
+    unsafe fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        mma_m16n8k16_f16_f32(a, b, c)
+    }
+}
+
+impl Dt for Bf16 {
+    #[inline(always)]
+    fn to_f32(h: u16) -> f32 {
+        bf16_to_f32(h)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> u16 {
+        f32_to_bf16(v)
+    }
+    #[inline(always)]
+    unsafe fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        mma_m16n8k16_bf16_f32(a, b, c)
+    }
+}
+
+/// `q(v)` as an f32 value.
+#[inline(always)]
+fn q<D: Dt>(v: f32) -> f32 {
+    D::to_f32(D::from_f32(v))
+}
+
+/// Every argument of the kernel (the entry points below take them in this order).
+#[derive(Clone, Copy)]
+struct Args {
+    e: *const u16,
+    h: *const u16,
+    s_in: *const u16,
+    wk: *const u16,
+    wv: *const u16,
+    rwh: *const u16,
+    rwv: *const u16,
+    cw: *const u16,
+    y: *mut u16,
+    s_out: *mut u16,
+    part: *mut f32,
+    kv: *mut f32,
+    cnt: *mut u32,
+    dbg: *mut u16,
+    b: u32,
+    dm: u32,
+    d: u32,
+    l: u32,
+    k: u32,
+    dil: u32,
+    pos: u32,
+    wpos: u32,
+    copy: u32,
+    splits: u32,
+    rs: u32,
+    cl_log: u32,
+    eps: f32,
+}
+
+/// `VEC` read-only elements (16-byte `ld.global.nc` when `VEC = 8`), widened to f32.
+#[inline(always)]
+unsafe fn ld_in<D: Dt, const VEC: usize>(p: *const u16) -> [f32; VEC] {
+    let mut o = [0f32; VEC];
+    if VEC == 8 {
+        let w = ld_nc_v4(p as *const u32);
+        let mut k = 0;
+        while k < 4 {
+            o[2 * k] = D::to_f32(w[k] as u16);
+            o[2 * k + 1] = D::to_f32((w[k] >> 16) as u16);
+            k += 1;
+        }
+    } else {
+        let mut v = 0;
+        while v < VEC {
+            o[v] = D::to_f32(*p.add(v));
+            v += 1;
+        }
+    }
+    o
+}
+
+/// The raw words of `VEC` read-only elements: one 16-byte `ld.global.nc` when `VEC = 8`
+/// (element `2k` in the low half of word `k`); the single element in word 0 when `VEC = 1`.
+#[inline(always)]
+unsafe fn ld_raw<const VEC: usize>(p: *const u16) -> [u32; 4] {
+    if VEC == 8 {
+        ld_nc_v4(p as *const u32)
+    } else {
+        [*p as u32, 0, 0, 0]
+    }
+}
+
+/// Element `v` of [`ld_raw`]'s words, widened to f32.
+#[inline(always)]
+fn widen<D: Dt, const VEC: usize>(w: &[u32; 4], v: usize) -> f32 {
+    if VEC == 8 {
+        D::to_f32((w[v >> 1] >> (16 * (v & 1))) as u16)
+    } else {
+        D::to_f32(w[0] as u16)
+    }
+}
+
+/// As [`ld_in`] through L2 only (data another thread of this launch may write: the state).
+#[inline(always)]
+unsafe fn ld_state<D: Dt, const VEC: usize>(p: *const u16) -> [f32; VEC] {
+    let mut o = [0f32; VEC];
+    if VEC == 8 {
+        let w = ld_cg_v4_u32(p as *const u32);
+        let mut k = 0;
+        while k < 4 {
+            o[2 * k] = D::to_f32(w[k] as u16);
+            o[2 * k + 1] = D::to_f32((w[k] >> 16) as u16);
+            k += 1;
+        }
+    } else {
+        let mut v = 0;
+        while v < VEC {
+            o[v] = D::to_f32(ld_cg_u16(p.add(v)));
+            v += 1;
+        }
+    }
+    o
+}
+
+/// `VEC` f32 of the workspace, through L2 only (written by other blocks of this launch).
+#[inline(always)]
+unsafe fn ld_ws<const VEC: usize>(p: *const f32) -> [f32; VEC] {
+    let mut o = [0f32; VEC];
+    if VEC == 8 {
+        let a = ld_cg_v4_u32(p as *const u32);
+        let b = ld_cg_v4_u32(p.add(4) as *const u32);
+        let mut k = 0;
+        while k < 4 {
+            o[k] = f32::from_bits(a[k]);
+            o[4 + k] = f32::from_bits(b[k]);
+            k += 1;
+        }
+    } else {
+        let mut v = 0;
+        while v < VEC {
+            o[v] = ld_cg_f32(p.add(v));
+            v += 1;
+        }
+    }
+    o
+}
+
+/// Stores `VEC` values rounded to the dtype (one 16-byte store when `VEC = 8`).
+#[inline(always)]
+unsafe fn st_out<D: Dt, const VEC: usize>(p: *mut u16, v: &[f32; VEC]) {
+    if VEC == 8 {
+        let mut w = [0u32; 4];
+        let mut k = 0;
+        while k < 4 {
+            w[k] = D::from_f32(v[2 * k]) as u32 | (D::from_f32(v[2 * k + 1]) as u32) << 16;
+            k += 1;
+        }
+        st_v4(p as *mut u32, w);
+    } else {
+        let mut k = 0;
+        while k < VEC {
+            *p.add(k) = D::from_f32(v[k]);
+            k += 1;
+        }
+    }
+}
+
+/// Raw 16-bit copy unit of the state shift: `VEC` elements.
+#[derive(Clone, Copy)]
+struct Unit<const VEC: usize> {
+    dst: usize,
+    w: [u32; 4],
+    s: [u16; VEC],
+}
+
+/// Loads copy unit `g` of the seed contract's shift: `new[b, t] = old[b, t + 1]` for
+/// `t < L − 1`, in units of `VEC` elements along `d`.
+#[inline(always)]
+unsafe fn copy_load<const VEC: usize>(a: &Args, g: u32) -> Unit<VEC> {
+    let nch = a.d / VEC as u32;
+    let per = (a.l - 1) * nch;
+    let b = g / per;
+    let r = g - b * per;
+    let dst = (b * a.l * a.d) as usize + (r as usize) * VEC;
+    let src = dst + a.d as usize;
+    let mut u = Unit { dst, w: [0; 4], s: [0; VEC] };
+    if VEC == 8 {
+        u.w = ld_nc_v4(a.s_in.add(src) as *const u32);
+    } else {
+        let mut v = 0;
+        while v < VEC {
+            u.s[v] = *a.s_in.add(src + v);
+            v += 1;
+        }
+    }
+    u
+}
+
+#[inline(always)]
+unsafe fn copy_store<const VEC: usize>(a: &Args, u: &Unit<VEC>) {
+    if VEC == 8 {
+        st_v4(a.s_out.add(u.dst) as *mut u32, u.w);
+    } else {
+        let mut v = 0;
+        while v < VEC {
+            *a.s_out.add(u.dst + v) = u.s[v];
+            v += 1;
+        }
+    }
+}
+
+/// Stores this thread's preloaded copy unit and does any further units (grid-stride), then the
+/// thread is done with the shift.
+#[inline(always)]
+unsafe fn copy_finish<const VEC: usize>(a: &Args, first: &Unit<VEC>, have_first: bool, g: u32, total: u32, n: u32) {
+    if have_first {
+        copy_store(a, first);
+    }
+    let mut k = g as u64 + total as u64;
+    while k < n as u64 {
+        let u = copy_load::<VEC>(a, k as u32);
+        copy_store(a, &u);
+        k += total as u64;
+    }
+}
+
+/// Physical state row of logical row `t` (0 = oldest) for a ring whose oldest row is `pos`.
+#[inline(always)]
+fn phys_row(pos: u32, t: u32, l: u32) -> u32 {
+    let r = pos + t;
+    if r >= l {
+        r - l
+    } else {
+        r
+    }
+}
+
+/// Prefetches into L2 the lines of everything the finishing block reads from the inputs:
+/// `h_t`, `rms_w_h`, `rms_w_v`, `conv_w` and the `K−1` state tap rows of every batch row.
+#[inline(always)]
+unsafe fn prefetch_tail(a: &Args, g: u32, total: u32) {
+    let row_bytes = a.d as u64 * 2;
+    let lines = |bytes: u64| bytes.div_ceil(128) + 1;
+    let nh = lines(row_bytes * a.b as u64);
+    let nw = lines(row_bytes);
+    let nc = lines(row_bytes * a.k as u64);
+    let taps = (a.k - 1) as u64;
+    let nt = lines(row_bytes) * taps * a.b as u64;
+    let all = nh + 2 * nw + nc + nt;
+    let at = |p: *const u16, bytes: u64, line: u64| {
+        let off = (line * 128).min(bytes - 1);
+        prefetch_global_l2((p as *const u8).add(off as usize));
+    };
+    let mut i = g as u64;
+    while i < all {
+        let mut j = i;
+        if j < nh {
+            at(a.h, row_bytes * a.b as u64, j);
+        } else {
+            j -= nh;
+            if j < nw {
+                at(a.rwh, row_bytes, j);
+            } else if j < 2 * nw {
+                at(a.rwv, row_bytes, j - nw);
+            } else {
+                j -= 2 * nw;
+                if j < nc {
+                    at(a.cw, row_bytes * a.k as u64, j);
+                } else {
+                    j -= nc;
+                    let nl = lines(row_bytes);
+                    let bp = j / nl;
+                    let line = j - bp * nl;
+                    let b = bp / taps;
+                    let p = (bp - b * taps) as u32;
+                    let t = a.l - (a.k - 1 - p) * a.dil;
+                    let row = phys_row(a.pos, t, a.l);
+                    let base = a.s_in.add(((b as u32 * a.l + row) * a.d) as usize);
+                    at(base, row_bytes, line);
+                }
+            }
+        }
+        i += total as u64;
+    }
+}
+
+/// Phase 1: this block's partial projections for its tile's columns over its split's rows.
+/// Writes `part[split][b][k|v][col]` (or `kv[b][k|v][col]` when there is one split).
+#[inline(always)]
+unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(a: &Args, smem: *mut f32) {
+    let nt = block_dim_x();
+    let tid = thread_idx_x();
+    let cl = 1u32 << a.cl_log;
+    let rl = nt >> a.cl_log;
+    let lc = tid & (cl - 1);
+    let lr = tid >> a.cl_log;
+    let tile = block_idx_x();
+    let split = block_idx_y();
+    let nch = a.d / VEC as u32;
+    let c = tile * cl + lc;
+    let col_ok = c < nch;
+    let j0 = (c as usize) * VEC;
+    let r0 = split * a.rs;
+    let r1 = if r0 + a.rs < a.dm { r0 + a.rs } else { a.dm };
+    let clv = cl * VEC as u32;
+    let clv_log = a.cl_log + VEC.trailing_zeros();
+    let d = a.d as usize;
+    let dm = a.dm as usize;
+    let mut b0 = 0u32;
+    while b0 < a.b {
+        let mut ak = [[0f32; VEC]; BB];
+        let mut av = [[0f32; VEC]; BB];
+        if col_ok {
+            let mut i = r0 + lr;
+            while i < r1 {
+                // U rows per round: every load issued before the first FMA; the loaded words
+                // stay packed (4 registers per 16 bytes) until their FMAs.
+                let mut wk = [[0u32; 4]; U];
+                let mut wv = [[0u32; 4]; U];
+                let mut ev = [[0f32; BB]; U];
+                let mut u = 0;
+                while u < U {
+                    let r = i + u as u32 * rl;
+                    if r < r1 {
+                        wk[u] = ld_raw::<VEC>(a.wk.add(r as usize * d + j0));
+                        wv[u] = ld_raw::<VEC>(a.wv.add(r as usize * d + j0));
+                        let mut bb = 0;
+                        while bb < BB {
+                            if b0 + (bb as u32) < a.b {
+                                ev[u][bb] = D::to_f32(*a.e.add((b0 as usize + bb) * dm + r as usize));
+                            }
+                            bb += 1;
+                        }
+                    }
+                    u += 1;
+                }
+                unroll8!(u, U, {
+                    unroll8!(v, VEC, {
+                        let xk = widen::<D, VEC>(&wk[u], v);
+                        let xv = widen::<D, VEC>(&wv[u], v);
+                        unroll8!(bb, BB, {
+                            ak[bb][v] = fma(ev[u][bb], xk, ak[bb][v]);
+                            av[bb][v] = fma(ev[u][bb], xv, av[bb][v]);
+                        });
+                    });
+                });
+                i += U as u32 * rl;
+            }
+        }
+        // Sum the rl row lanes, one batch row at a time, through shared memory (fixed order).
+        let mut bb = 0;
+        while bb < BB {
+            let b = b0 + bb as u32;
+            if b >= a.b {
+                break;
+            }
+            sync_threads();
+            let base = smem.add((lr * 2 * clv + lc * VEC as u32) as usize);
+            let (pk, pv) = (pick(&ak, bb), pick(&av, bb));
+            let mut v = 0;
+            while v < VEC {
+                *base.add(v) = pk[v];
+                *base.add(clv as usize + v) = pv[v];
+                v += 1;
+            }
+            sync_threads();
+            let mut o = tid;
+            while o < 2 * clv {
+                let m = o >> clv_log;
+                let jj = o & (clv - 1);
+                let col = tile * clv + jj;
+                if col < a.d {
+                    let mut s = 0f32;
+                    let mut r = 0;
+                    while r < rl {
+                        s += *smem.add(((r * 2 + m) * clv + jj) as usize);
+                        r += 1;
+                    }
+                    let dst = if a.splits > 1 {
+                        a.part.add((((split * a.b + b) * 2 + m) * a.d + col) as usize)
+                    } else {
+                        a.kv.add(((b * 2 + m) * a.d + col) as usize)
+                    };
+                    *dst = s;
+                }
+                o += nt;
+            }
+            bb += 1;
+        }
+        b0 += BB as u32;
+    }
+}
+
+/// Phase 1 on tensor cores (`VEC = 8` layouts): the same partials as [`project`], from
+/// `mma.sync.m16n8k16` (f32 accumulate). A block's tile is 64 columns; its warps take the
+/// split's 16-row k-steps in turn (warp `w`: steps `w, w + nw, …`, two per round with all 16
+/// loads issued first). Per k-step and 8 batch rows, the warp computes `D[16 × 8] += A·B`
+/// four times (four column pairs per thread) for W_K and again for W_V, with
+/// `A[m][k] = W[i0 + k][col(m)]`, `B[k][n] = e[b0 + n][i0 + k]` and the column map
+/// `col(m) = 8m + 2u` (`m < 8`), `8(m − 8) + 2u + 1` (`m ≥ 8`) for mma `u`: lane `(g, t)` then
+/// needs exactly W rows `i0 + {2t, 2t+1, 2t+8, 2t+9}` × columns `8g..8g+8` (one 16-byte load
+/// each), and `prmt` pairs the rows' halves into A fragments. The k-reduction happens inside
+/// the MMA; the warps are summed through shared memory in warp order.
+#[inline(always)]
+unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32) {
+    let nt = block_dim_x();
+    let nw = nt >> 5;
+    let warp = thread_idx_x() >> 5;
+    let lane = lane_id();
+    let g = lane >> 2;
+    let tq = lane & 3;
+    let tile = block_idx_x();
+    let split = block_idx_y();
+    let c0 = tile * 64;
+    let col = c0 + 8 * g;
+    let col_ok = col < a.d;
+    let r0 = split * a.rs;
+    let r1 = if r0 + a.rs < a.dm { r0 + a.rs } else { a.dm };
+    let d = a.d as usize;
+    let dm = a.dm as usize;
+    let mut b0 = 0u32;
+    while b0 < a.b {
+        let mut acc = [[[0f32; 4]; 4]; 2];
+        let b = b0 + g;
+        let b_ok = b < a.b;
+        let erow = a.e.add(if b_ok { b as usize * dm } else { 0 });
+        let mut i0 = r0 + 16 * warp;
+        while i0 < r1 {
+            let mut wk = [[0u32; 4]; 8];
+            let mut wv = [[0u32; 4]; 8];
+            let mut ef = [[0u32; 2]; 2];
+            unroll8!(s, 2, {
+                let base = i0 + s as u32 * 16 * nw;
+                let rows = [base + 2 * tq, base + 2 * tq + 1, base + 2 * tq + 8, base + 2 * tq + 9];
+                unroll8!(r, 4, {
+                    let row = rows[r];
+                    if col_ok && row < r1 {
+                        let off = row as usize * d + col as usize;
+                        wk[4 * s + r] = ld_nc_v4(a.wk.add(off) as *const u32);
+                        wv[4 * s + r] = ld_nc_v4(a.wv.add(off) as *const u32);
+                    }
+                });
+                let mut ew = [0u32; 4];
+                unroll8!(r, 4, {
+                    if b_ok && rows[r] < r1 {
+                        ew[r] = *erow.add(rows[r] as usize) as u32;
+                    }
+                });
+                ef[s] = [ew[0] | ew[1] << 16, ew[2] | ew[3] << 16];
+            });
+            unroll8!(s, 2, {
+                unroll8!(u, 4, {
+                    let (k0, k1, k8, k9) = (wk[4 * s][u], wk[4 * s + 1][u], wk[4 * s + 2][u], wk[4 * s + 3][u]);
+                    let fk = [prmt_b32(k0, k1, 0x5410), prmt_b32(k0, k1, 0x7632), prmt_b32(k8, k9, 0x5410), prmt_b32(k8, k9, 0x7632)];
+                    acc[0][u] = D::mma(fk, ef[s], acc[0][u]);
+                    let (v0, v1, v8, v9) = (wv[4 * s][u], wv[4 * s + 1][u], wv[4 * s + 2][u], wv[4 * s + 3][u]);
+                    let fv = [prmt_b32(v0, v1, 0x5410), prmt_b32(v0, v1, 0x7632), prmt_b32(v8, v9, 0x5410), prmt_b32(v8, v9, 0x7632)];
+                    acc[1][u] = D::mma(fv, ef[s], acc[1][u]);
+                });
+            });
+            i0 += 32 * nw;
+        }
+        // Warp partials → shared [warp][k|v][b 0..8][col 0..64], then summed in warp order.
+        sync_threads();
+        let wbase = smem.add((warp * 1024) as usize);
+        unroll8!(m, 2, {
+            unroll8!(u, 4, {
+                let p = wbase.add(m * 512 + (8 * g + 2 * u as u32) as usize);
+                let (r0w, r1w) = ((2 * tq * 64) as usize, ((2 * tq + 1) * 64) as usize);
+                *p.add(r0w) = acc[m][u][0];
+                *p.add(r1w) = acc[m][u][1];
+                *p.add(r0w + 1) = acc[m][u][2];
+                *p.add(r1w + 1) = acc[m][u][3];
+            });
+        });
+        sync_threads();
+        let mut o = thread_idx_x();
+        while o < 1024 {
+            let m = o >> 9;
+            let bl = (o >> 6) & 7;
+            let c = c0 + (o & 63);
+            let b = b0 + bl;
+            if b < a.b && c < a.d {
+                let mut sum = 0f32;
+                let mut w = 0;
+                while w < nw {
+                    sum += *smem.add((w * 1024 + o) as usize);
+                    w += 1;
+                }
+                let dst = if a.splits > 1 {
+                    a.part.add((((split * a.b + b) * 2 + m) * a.d + c) as usize)
+                } else {
+                    a.kv.add(((b * 2 + m) * a.d + c) as usize)
+                };
+                *dst = sum;
+            }
+            o += nt;
+        }
+        b0 += 8;
+    }
+}
+
+/// `arr[bb]` through compile-time indices only (a runtime index would put `arr` on the stack).
+#[inline(always)]
+fn pick<const BB: usize, const VEC: usize>(arr: &[[f32; VEC]; BB], bb: usize) -> [f32; VEC] {
+    let mut o = [0f32; VEC];
+    let mut x = 0;
+    while x < BB {
+        if x == bb {
+            o = arr[x];
+        }
+        x += 1;
+    }
+    o
+}
+
+/// Last-block-done ticket on counter `c`: true in the block that arrives as number `target`
+/// (0-based). That block resets the counter for the next call and, after the acquire fence,
+/// sees every write the other blocks made before their tickets.
+#[inline(always)]
+unsafe fn ticket(c: *mut u32, target: u32, flag: *mut u32) -> bool {
+    fence_gpu();
+    sync_threads();
+    if thread_idx_x() == 0 {
+        let t = atomic_add_u32(c, 1);
+        let last = t == target;
+        if last {
+            core::ptr::write_volatile(c, 0);
+        }
+        core::ptr::write_volatile(flag, last as u32);
+    }
+    sync_threads();
+    let last = core::ptr::read_volatile(flag) != 0;
+    if last {
+        fence_gpu();
+    }
+    last
+}
+
+/// Phase 2 (the last block of a tile): `kv[b][k|v][col] = Σ_split part[split][b][k|v][col]`
+/// in split order, for the tile's columns. With `VEC = 8`, one thread sums four columns with
+/// 16-byte loads, up to 16 splits in flight.
+#[inline(always)]
+unsafe fn tile_reduce<const VEC: usize>(a: &Args) {
+    let nt = block_dim_x();
+    let clv_log = a.cl_log + VEC.trailing_zeros();
+    let clv = 1u32 << clv_log;
+    let tile = block_idx_x();
+    let stride = (a.b * 2 * a.d) as usize;
+    if VEC == 8 {
+        let q_log = clv_log - 2;
+        let items = (a.b * 2) << q_log;
+        let mut o = thread_idx_x();
+        while o < items {
+            let bm = o >> q_log;
+            let col = tile * clv + ((o & ((1 << q_log) - 1)) << 2);
+            if col < a.d {
+                let p = a.part.add((bm * a.d + col) as usize);
+                let mut sum = [0f32; 4];
+                let mut sp = 0u32;
+                while sp < a.splits {
+                    let mut t = [[0u32; 4]; 16];
+                    unroll8!(k, 8, {
+                        if sp + (k as u32) < a.splits {
+                            t[k] = ld_cg_v4_u32(p.add((sp as usize + k) * stride) as *const u32);
+                        }
+                    });
+                    unroll8!(k, 8, {
+                        if sp + (k as u32) + 8 < a.splits {
+                            t[k + 8] = ld_cg_v4_u32(p.add((sp as usize + k + 8) * stride) as *const u32);
+                        }
+                    });
+                    let mut k = 0;
+                    while k < 16 {
+                        if sp + (k as u32) < a.splits {
+                            unroll8!(i, 4, {
+                                sum[i] += f32::from_bits(t[k][i]);
+                            });
+                        }
+                        k += 1;
+                    }
+                    sp += 16;
+                }
+                let w = [sum[0].to_bits(), sum[1].to_bits(), sum[2].to_bits(), sum[3].to_bits()];
+                st_v4(a.kv.add((bm * a.d + col) as usize) as *mut u32, w);
+            }
+            o += nt;
+        }
+        return;
+    }
+    let items = a.b * 2 * clv;
+    let mut o = thread_idx_x();
+    while o < items {
+        let bm = o >> clv_log;
+        let col = tile * clv + (o & (clv - 1));
+        if col < a.d {
+            let p = a.part.add((bm * a.d + col) as usize);
+            let mut sum = 0f32;
+            let mut sp = 0u32;
+            // Eight loads in flight, then their sums in split order.
+            while sp < a.splits {
+                let mut t = [0f32; 8];
+                unroll8!(k, 8, {
+                    if sp + (k as u32) < a.splits {
+                        t[k] = ld_cg_f32(p.add((sp as usize + k) * stride));
+                    }
+                });
+                unroll8!(k, 8, {
+                    if sp + (k as u32) < a.splits {
+                        sum += t[k];
+                    }
+                });
+                sp += 8;
+            }
+            *a.kv.add((bm * a.d + col) as usize) = sum;
+        }
+        o += nt;
+    }
+}
+
+/// `1/sqrt(mean + eps)` with correctly rounded sqrt and division.
+#[inline(always)]
+fn rrms(sum_sq: f32, inv_d: f32, eps: f32) -> f32 {
+    div_rn(1.0, sqrt_rn(fma(sum_sq, inv_d, eps)))
+}
+
+/// One batch row of phase 3 with every load issued up front (`VEC = 8`, `d ≤ 512`, `K ≤ 4`):
+/// one L2 round trip instead of three; the arithmetic and its order are those of the
+/// three-pass loop in [`finish`] (bitwise the same results).
+#[inline(always)]
+unsafe fn finish_row_cached<D: Dt>(a: &Args, bu: usize, lane: u32, inv_d: f32, inv_sqrt_d: f32) {
+    let nch = a.d / 8;
+    let d = a.d as usize;
+    let l = a.l as usize;
+    let taps = a.k - 1;
+    let kk_row = a.kv.add(bu * 2 * d);
+    let vv_row = a.kv.add((bu * 2 + 1) * d);
+    let mut kk = [[0f32; 8]; 2];
+    let mut vv = [[0f32; 8]; 2];
+    let (mut hw, mut whw, mut wvw, mut clw) = ([[0u32; 4]; 2], [[0u32; 4]; 2], [[0u32; 4]; 2], [[0u32; 4]; 2]);
+    let mut sw = [[[0u32; 4]; 3]; 2];
+    let mut cww = [[[0u32; 4]; 3]; 2];
+    unroll8!(m, 2, {
+        let c = lane + 32 * m as u32;
+        if c < nch {
+            let j = c as usize * 8;
+            kk[m] = ld_ws::<8>(kk_row.add(j));
+            vv[m] = ld_ws::<8>(vv_row.add(j));
+            hw[m] = ld_nc_v4(a.h.add(bu * d + j) as *const u32);
+            whw[m] = ld_nc_v4(a.rwh.add(j) as *const u32);
+            wvw[m] = ld_nc_v4(a.rwv.add(j) as *const u32);
+            clw[m] = ld_nc_v4(a.cw.add(taps as usize * d + j) as *const u32);
+            unroll8!(p, 3, {
+                if (p as u32) < taps {
+                    let t = a.l - (taps - p as u32) * a.dil;
+                    let row = phys_row(a.pos, t, a.l) as usize;
+                    sw[m][p] = ld_cg_v4_u32(a.s_in.add((bu * l + row) * d + j) as *const u32);
+                    cww[m][p] = ld_nc_v4(a.cw.add(p * d + j) as *const u32);
+                }
+            });
+        }
+    });
+    let (mut sh, mut sk, mut dot) = (0f32, 0f32, 0f32);
+    unroll8!(m, 2, {
+        if lane + 32 * (m as u32) < nch {
+            let mut qk = [0f32; 8];
+            unroll8!(v, 8, {
+                let h = widen::<D, 8>(&hw[m], v);
+                let w = widen::<D, 8>(&whw[m], v);
+                qk[v] = q::<D>(kk[m][v]);
+                sh = fma(h, h, sh);
+                sk = fma(qk[v], qk[v], sk);
+                dot = fma(h * w * w, qk[v], dot);
+            });
+            if !a.dbg.is_null() {
+                st_out::<D, 8>(a.dbg.add(bu * d + (lane as usize + 32 * m) * 8), &qk);
+            }
+        }
+    });
+    let rh = rrms(warp_sum_f32(sh), inv_d, a.eps);
+    let rk = rrms(warp_sum_f32(sk), inv_d, a.eps);
+    let alpha = sigmoid(warp_sum_f32(dot) * rh * rk * inv_sqrt_d);
+    let mut vh = [[0f32; 8]; 2];
+    let mut sv = 0f32;
+    unroll8!(m, 2, {
+        if lane + 32 * (m as u32) < nch {
+            unroll8!(v, 8, {
+                vh[m][v] = alpha * vv[m][v];
+                let qv = q::<D>(vh[m][v]);
+                sv = fma(qv, qv, sv);
+            });
+            if !a.dbg.is_null() {
+                st_out::<D, 8>(a.dbg.add((a.b as usize + bu) * d + (lane as usize + 32 * m) * 8), &vh[m]);
+            }
+        }
+    });
+    let rv = rrms(warp_sum_f32(sv), inv_d, a.eps);
+    unroll8!(m, 2, {
+        if lane + 32 * (m as u32) < nch {
+            let j = (lane as usize + 32 * m) * 8;
+            let mut u = [0f32; 8];
+            let mut out = [0f32; 8];
+            unroll8!(v, 8, {
+                u[v] = q::<D>(vh[m][v]) * rv * widen::<D, 8>(&wvw[m], v);
+                let mut conv = widen::<D, 8>(&clw[m], v) * u[v];
+                unroll8!(p, 3, {
+                    if (p as u32) < taps {
+                        conv = fma(widen::<D, 8>(&cww[m][p], v), widen::<D, 8>(&sw[m][p], v), conv);
+                    }
+                });
+                out[v] = conv * sigmoid(conv) + vh[m][v];
+            });
+            st_out::<D, 8>(a.y.add(bu * d + j), &out);
+            st_out::<D, 8>(a.s_out.add((bu * l + a.wpos as usize) * d + j), &u);
+        }
+    });
+}
+
+/// Phase 3 (the last block of the grid): gating, norms, conv, outputs; one warp per batch row.
+#[inline(always)]
+unsafe fn finish<D: Dt, const VEC: usize>(a: &Args) {
+    let warp = thread_idx_x() >> 5;
+    let nw = block_dim_x() >> 5;
+    let lane = lane_id();
+    let nch = a.d / VEC as u32;
+    let d = a.d as usize;
+    let l = a.l as usize;
+    let inv_d = div_rn(1.0, a.d as f32);
+    let inv_sqrt_d = div_rn(1.0, sqrt_rn(a.d as f32));
+    let taps = a.k - 1;
+    let cached = VEC == 8 && nch <= 64 && taps <= 3;
+    let mut b = warp;
+    while b < a.b {
+        let bu = b as usize;
+        if cached {
+            finish_row_cached::<D>(a, bu, lane, inv_d, inv_sqrt_d);
+            b += nw;
+            continue;
+        }
+        let kk_row = a.kv.add(bu * 2 * d);
+        let vv_row = a.kv.add((bu * 2 + 1) * d);
+        // Pass 1: Σh², Σq(kk)², Σ h·q(kk)·w_h² (the hn·kn dot without its two rrms factors).
+        let (mut sh, mut sk, mut dot) = (0f32, 0f32, 0f32);
+        let mut c = lane;
+        while c < nch {
+            let j = c as usize * VEC;
+            let kk = ld_ws::<VEC>(kk_row.add(j));
+            let hv = ld_in::<D, VEC>(a.h.add(bu * d + j));
+            let wh = ld_in::<D, VEC>(a.rwh.add(j));
+            let mut qk = [0f32; VEC];
+            let mut v = 0;
+            while v < VEC {
+                qk[v] = q::<D>(kk[v]);
+                sh = fma(hv[v], hv[v], sh);
+                sk = fma(qk[v], qk[v], sk);
+                dot = fma(hv[v] * wh[v] * wh[v], qk[v], dot);
+                v += 1;
+            }
+            if !a.dbg.is_null() {
+                st_out::<D, VEC>(a.dbg.add(bu * d + j), &qk);
+            }
+            c += 32;
+        }
+        let sh = warp_sum_f32(sh);
+        let sk = warp_sum_f32(sk);
+        let dot = warp_sum_f32(dot);
+        let rh = rrms(sh, inv_d, a.eps);
+        let rk = rrms(sk, inv_d, a.eps);
+        let alpha = sigmoid(dot * rh * rk * inv_sqrt_d);
+        // Pass 2: Σ q(vh)².
+        let mut sv = 0f32;
+        let mut c = lane;
+        while c < nch {
+            let j = c as usize * VEC;
+            let vv = ld_ws::<VEC>(vv_row.add(j));
+            let mut vh = [0f32; VEC];
+            let mut v = 0;
+            while v < VEC {
+                vh[v] = alpha * vv[v];
+                let qv = q::<D>(vh[v]);
+                sv = fma(qv, qv, sv);
+                v += 1;
+            }
+            if !a.dbg.is_null() {
+                st_out::<D, VEC>(a.dbg.add((a.b as usize + bu) * d + j), &vh);
+            }
+            c += 32;
+        }
+        let rv = rrms(warp_sum_f32(sv), inv_d, a.eps);
+        // Pass 3: u, the conv over the taps, y_t and the state row q(u).
+        let mut c = lane;
+        while c < nch {
+            let j = c as usize * VEC;
+            let vv = ld_ws::<VEC>(vv_row.add(j));
+            let wv = ld_in::<D, VEC>(a.rwv.add(j));
+            let cl = ld_in::<D, VEC>(a.cw.add(taps as usize * d + j));
+            let mut vh = [0f32; VEC];
+            let mut u = [0f32; VEC];
+            let mut conv = [0f32; VEC];
+            let mut v = 0;
+            while v < VEC {
+                vh[v] = alpha * vv[v];
+                u[v] = q::<D>(vh[v]) * rv * wv[v];
+                conv[v] = cl[v] * u[v];
+                v += 1;
+            }
+            let mut p = 0u32;
+            while p < taps {
+                let t = a.l - (taps - p) * a.dil;
+                let row = phys_row(a.pos, t, a.l) as usize;
+                let sv = ld_state::<D, VEC>(a.s_in.add((bu * l + row) * d + j));
+                let cp = ld_in::<D, VEC>(a.cw.add(p as usize * d + j));
+                let mut v = 0;
+                while v < VEC {
+                    conv[v] = fma(cp[v], sv[v], conv[v]);
+                    v += 1;
+                }
+                p += 1;
+            }
+            let mut out = [0f32; VEC];
+            let mut v = 0;
+            while v < VEC {
+                out[v] = conv[v] * sigmoid(conv[v]) + vh[v];
+                v += 1;
+            }
+            st_out::<D, VEC>(a.y.add(bu * d + j), &out);
+            st_out::<D, VEC>(a.s_out.add((bu * l + a.wpos as usize) * d + j), &u);
+            c += 32;
+        }
+        b += nw;
+    }
+}
+
+#[inline(always)]
+unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const MMA: bool>(a: Args) {
+    let nt = block_dim_x();
+    let tiles = grid_dim_x();
+    let blocks = tiles * grid_dim_y();
+    let g = (block_idx_y() * tiles + block_idx_x()) * nt + thread_idx_x();
+    let total = blocks * nt;
+    // The state shift: this thread's first unit is loaded now and stored on the way out.
+    let ncopy = if a.copy != 0 { a.b * (a.l - 1) * (a.d / VEC as u32) } else { 0 };
+    let have_first = g < ncopy;
+    let first = if have_first {
+        copy_load::<VEC>(&a, g)
+    } else {
+        Unit { dst: 0, w: [0; 4], s: [0; VEC] }
+    };
+    prefetch_tail(&a, g, total);
+    let smem = dyn_smem::<f32>();
+    let flag = if MMA {
+        smem.add(((nt >> 5) * 1024) as usize) as *mut u32
+    } else {
+        smem.add((nt * 2 * VEC as u32) as usize) as *mut u32
+    };
+    if MMA {
+        project_mma::<D>(&a, smem);
+    } else {
+        project::<D, VEC, BB, U>(&a, smem);
+    }
+    if a.splits > 1 {
+        if !ticket(a.cnt.add(block_idx_x() as usize), a.splits - 1, flag) {
+            copy_finish(&a, &first, have_first, g, total, ncopy);
+            return;
+        }
+        tile_reduce::<VEC>(&a);
+    }
+    if !ticket(a.cnt.add(tiles as usize), tiles - 1, flag) {
+        copy_finish(&a, &first, have_first, g, total, ncopy);
+        return;
+    }
+    finish::<D, VEC>(&a);
+    copy_finish(&a, &first, have_first, g, total, ncopy);
+}
+
+macro_rules! decode_entry {
+    ($name:ident, $dt:ty, $vec:expr, $bb:expr, $u:expr, $mma:expr) => {
+        /// EngramDecodeFwd, one launch (see the module docs). Grid `(tiles, splits)`, block a
+        /// multiple of 32 with `block ≥ col_lanes`; dynamic shared memory
+        /// `block·2·VEC·4 + 16` bytes (`(block/32)·4096 + 16` for the MMA variants, whose
+        /// tiles are 64 columns and splits a multiple of 16 rows).
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(
+            e: *const u16,
+            h: *const u16,
+            s_in: *const u16,
+            wk: *const u16,
+            wv: *const u16,
+            rwh: *const u16,
+            rwv: *const u16,
+            cw: *const u16,
+            y: *mut u16,
+            s_out: *mut u16,
+            part: *mut f32,
+            kv: *mut f32,
+            cnt: *mut u32,
+            dbg: *mut u16,
+            b: u32,
+            dm: u32,
+            d: u32,
+            l: u32,
+            k: u32,
+            dil: u32,
+            pos: u32,
+            wpos: u32,
+            copy: u32,
+            splits: u32,
+            rs: u32,
+            cl_log: u32,
+            eps: f32,
+        ) {
+            decode::<$dt, $vec, $bb, $u, $mma>(Args {
+                e,
+                h,
+                s_in,
+                wk,
+                wv,
+                rwh,
+                rwv,
+                cw,
+                y,
+                s_out,
+                part,
+                kv,
+                cnt,
+                dbg,
+                b,
+                dm,
+                d,
+                l,
+                k,
+                dil,
+                pos,
+                wpos,
+                copy,
+                splits,
+                rs,
+                cl_log,
+                eps,
+            })
+        }
+    };
+}
+
+decode_entry!(engram_decode_f16_v8_b1, F16, 8, 1, 4, false);
+decode_entry!(engram_decode_f16_v8_b2, F16, 8, 2, 4, false);
+decode_entry!(engram_decode_f16_v8_b4, F16, 8, 4, 4, false);
+decode_entry!(engram_decode_f16_v8_b8, F16, 8, 8, 2, false);
+decode_entry!(engram_decode_f16_v1_b4, F16, 1, 4, 4, false);
+decode_entry!(engram_decode_bf16_v8_b1, Bf16, 8, 1, 4, false);
+decode_entry!(engram_decode_bf16_v8_b2, Bf16, 8, 2, 4, false);
+decode_entry!(engram_decode_bf16_v8_b4, Bf16, 8, 4, 4, false);
+decode_entry!(engram_decode_bf16_v8_b8, Bf16, 8, 8, 2, false);
+decode_entry!(engram_decode_bf16_v1_b4, Bf16, 1, 4, 4, false);
+decode_entry!(engram_decode_f16_mma, F16, 8, 8, 2, true);
+decode_entry!(engram_decode_bf16_mma, Bf16, 8, 8, 2, true);

@@ -387,3 +387,80 @@ pub fn sqrt_rn_f64(v: f64) -> f64 {
 pub unsafe fn prefetch_l2<T>(p: *const T) {
     asm!("prefetch.global.L2 [{}];", in(reg64) p, options(nostack, readonly));
 }
+// ---------------------------------------------------------------- EngramDecodeFwd (engram/decode)
+
+/// 16-byte load through L2 only (`ld.global.cg.v4.u32`, bypassing L1): coherent with writes
+/// other blocks made visible by a fence (last-block-done reads). `p` must be 16-byte aligned.
+#[inline(always)]
+pub unsafe fn ld_cg_v4_u32(p: *const u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!("ld.global.cg.v4.u32 {{{}, {}, {}, {}}}, [{}];",
+         out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p,
+         options(readonly, nostack));
+    [a, b, c, d]
+}
+
+/// `ld.global.cg.f32`: a 4-byte load through L2 only (see [`ld_cg_v4_u32`]).
+#[inline(always)]
+pub unsafe fn ld_cg_f32(p: *const f32) -> f32 {
+    let r: f32;
+    asm!("ld.global.cg.f32 {}, [{}];", out(reg32) r, in(reg64) p, options(readonly, nostack));
+    r
+}
+
+/// `ld.global.cg.u16`: a 2-byte load through L2 only (see [`ld_cg_v4_u32`]).
+#[inline(always)]
+pub unsafe fn ld_cg_u16(p: *const u16) -> u16 {
+    let r: u16;
+    asm!("ld.global.cg.u16 {}, [{}];", out(reg16) r, in(reg64) p, options(readonly, nostack));
+    r
+}
+
+/// `prefetch.global.L2`: asks L2 to fetch the line holding `p` (no register result, no wait).
+#[inline(always)]
+pub unsafe fn prefetch_global_l2(p: *const u8) {
+    asm!("prefetch.global.L2 [{}];", in(reg64) p, options(nostack, readonly));
+}
+
+/// `prmt.b32`: byte permute of the pair `(b:a)` by selector `sel` (nibble i of `sel` picks the
+/// source byte of result byte i; bytes 0–3 are `a`, 4–7 are `b`). `0x5410` packs the low
+/// halves of `a` and `b` (a's in the low half), `0x7632` the high halves.
+#[inline(always)]
+pub fn prmt_b32(a: u32, b: u32, sel: u32) -> u32 {
+    let r: u32;
+    unsafe {
+        asm!("prmt.b32 {}, {}, {}, {};", out(reg32) r, in(reg32) a, in(reg32) b, in(reg32) sel,
+             options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`: D = A·B + C on one warp's fragments
+/// (every lane must execute it). Lane `l`, `g = l/4`, `t = l%4`: `a[0]` = A[g][2t..2t+1],
+/// `a[1]` = A[g+8][2t..2t+1], `a[2]` = A[g][2t+8..], `a[3]` = A[g+8][2t+8..]; `b[0]` =
+/// B[2t..2t+1][g], `b[1]` = B[2t+8..2t+9][g]; `c`/result = (C[g][2t], C[g][2t+1],
+/// C[g+8][2t], C[g+8][2t+1]). Pairs are packed low element first.
+#[inline(always)]
+pub unsafe fn mma_m16n8k16_f16_f32(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    let (d0, d1, d2, d3): (f32, f32, f32, f32);
+    asm!("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{}, {}, {}, {}}}, {{{}, {}, {}, {}}}, {{{}, {}}}, {{{}, {}, {}, {}}};",
+         out(reg32) d0, out(reg32) d1, out(reg32) d2, out(reg32) d3,
+         in(reg32) a[0], in(reg32) a[1], in(reg32) a[2], in(reg32) a[3],
+         in(reg32) b[0], in(reg32) b[1],
+         in(reg32) c[0], in(reg32) c[1], in(reg32) c[2], in(reg32) c[3],
+         options(nomem, nostack));
+    [d0, d1, d2, d3]
+}
+
+/// As [`mma_m16n8k16_f16_f32`] with bf16 A and B (`...f32.bf16.bf16.f32`).
+#[inline(always)]
+pub unsafe fn mma_m16n8k16_bf16_f32(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    let (d0, d1, d2, d3): (f32, f32, f32, f32);
+    asm!("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{}, {}, {}, {}}}, {{{}, {}, {}, {}}}, {{{}, {}}}, {{{}, {}, {}, {}}};",
+         out(reg32) d0, out(reg32) d1, out(reg32) d2, out(reg32) d3,
+         in(reg32) a[0], in(reg32) a[1], in(reg32) a[2], in(reg32) a[3],
+         in(reg32) b[0], in(reg32) b[1],
+         in(reg32) c[0], in(reg32) c[1], in(reg32) c[2], in(reg32) c[3],
+         options(nomem, nostack));
+    [d0, d1, d2, d3]
+}
