@@ -344,3 +344,19 @@ pub unsafe fn ld_nc_v2_u32(p: *const u32) -> (u32, u32) {
 pub unsafe fn prefetch_l2_evict_last(p: *const u8) {
     asm!("prefetch.global.L2::evict_last [{}];", in(reg64) p, options(nostack, readonly));
 }
+
+/// `prefetch.global.L2`: start bringing the line of `p` into L2 (no result, no wait).
+#[inline(always)]
+pub unsafe fn prefetch_l2(p: *const u8) {
+    asm!("prefetch.global.L2 [{}];", in(reg64) p, options(nostack, readonly));
+}
+
+/// `v`, through a `mov` the compiler must treat as an unknown side-effecting instruction: values
+/// derived from it are recomputed where used instead of hoisted out of a loop (and held in
+/// registers across it).
+#[inline(always)]
+pub fn opaque_u32(v: u32) -> u32 {
+    let r: u32;
+    unsafe { asm!("mov.u32 {}, {};", out(reg32) r, in(reg32) v, options(nomem, nostack)) };
+    r
+}
