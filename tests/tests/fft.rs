@@ -4,7 +4,7 @@
 //! (`rgk::reference::fft_error_bound`) grows like √log2 n. Outputs are poisoned (NaN) first.
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal};
-use rgk::fft::{FftPlan, Precision};
+use rgk::fft::{FftPlan, Persist, Precision};
 use rgk::reference::{fft_c2c_fwd, fft_error, fft_error_bound};
 use rgk::{Error, Gpu};
 use rgk_tests::{fresh_rng, gpu_or_skip, randn_f32};
@@ -12,9 +12,22 @@ use rgk_tests::{fresh_rng, gpu_or_skip, randn_f32};
 /// Runs one plan out of place (or in place) on fresh randn input; returns the rel L2 error
 /// after asserting it is within the bar.
 fn run(gpu: &Gpu, rng: &mut StdRng, n: usize, batch: usize, prec: Precision, in_place: bool) -> f64 {
+    run_with(gpu, rng, n, batch, prec, in_place, Persist::Auto)
+}
+
+fn run_with(
+    gpu: &Gpu,
+    rng: &mut StdRng,
+    n: usize,
+    batch: usize,
+    prec: Precision,
+    in_place: bool,
+    persist: Persist,
+) -> f64 {
     let len = 2 * n * batch;
     let st = gpu.stream();
-    let mut plan = FftPlan::new(gpu, n, batch, prec).unwrap_or_else(|e| panic!("plan n={n} batch={batch}: {e}"));
+    let mut plan =
+        FftPlan::new_with(gpu, n, batch, prec, persist).unwrap_or_else(|e| panic!("plan n={n} batch={batch}: {e}"));
     let (ours, x64): (Vec<f64>, Vec<f64>) = match prec {
         Precision::C64 => {
             let x = randn_f32(rng, len, 1.0);
@@ -132,6 +145,21 @@ fn in_place() {
     for prec in [Precision::C64, Precision::C128] {
         for (n, batch) in [(1, 5), (8, 3), (4096, 3), (1 << 13, 2), (1 << 16, 3), (1 << 20, 1)] {
             run(&gpu, &mut rng, n, batch, prec, true);
+        }
+    }
+}
+
+/// Persistent grids (blocks looping over groups of transforms), forced small.
+#[test]
+fn persistent_grids() {
+    let Some(gpu) = gpu_or_skip("fft::persistent_grids") else { return };
+    let mut rng = fresh_rng("fft::persistent_grids");
+    for prec in [Precision::C64, Precision::C128] {
+        for (n, batch) in [(2, 40_000), (64, 20_001), (512, 1001), (1024, 700), (4096, 300)] {
+            for k in [1, 2] {
+                run_with(&gpu, &mut rng, n, batch, prec, false, Persist::PerSm(k));
+            }
+            run_with(&gpu, &mut rng, n, batch, prec, true, Persist::PerSm(1));
         }
     }
 }

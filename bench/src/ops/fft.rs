@@ -4,7 +4,7 @@ use cudarc::cufft::{result as cufft_result, sys as cufft_sys, CudaFft};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal};
-use rgk::fft::{FftPlan, Precision};
+use rgk::fft::{FftPlan, Persist, Precision};
 use rgk::reference::{fft_c2c_fwd, fft_error, fft_error_bound};
 use rgk::{Error, Gpu};
 
@@ -30,10 +30,23 @@ const ROWS: [(&str, &[usize], usize, Precision); 10] = [
     ("spectrogram-1k-b300", &[300], 1024, Precision::C64),
 ];
 
-/// The seed's workloads (no launch-configuration variants yet).
-pub fn workloads(_variants: bool) -> Vec<Workload> {
+/// The seed's workloads; with `variants`, also each row under every persistent-grid choice
+/// (rows named `WORKLOAD@never`, `@sm1`, `@sm2`, `@sm4`, for tuning).
+pub fn workloads(variants: bool) -> Vec<Workload> {
+    let mut configs = vec![(None, Persist::Auto)];
+    if variants {
+        configs.push((Some("never"), Persist::Never));
+        for k in [1, 2, 4] {
+            configs.push((Some(["", "sm1", "sm2", "", "sm4"][k as usize]), Persist::PerSm(k)));
+        }
+    }
     ROWS.iter()
-        .map(|&(name, bdims, n, prec)| {
+        .flat_map(|r| configs.iter().map(move |c| (r, *c)))
+        .map(|(&(name, bdims, n, prec), (tag, persist))| {
+            let name: &'static str = match tag {
+                None => name,
+                Some(t) => Box::leak(format!("{name}@{t}").into_boxed_str()),
+            };
             let batch: usize = bdims.iter().product();
             let mut dims = bdims.to_vec();
             dims.push(n);
@@ -47,7 +60,7 @@ pub fn workloads(_variants: bool) -> Vec<Workload> {
                 bytes: (2 * n * batch * prec.element_bytes()) as f64,
                 peak_flops: if c128 { FP64_PEAK } else { FP32_PEAK },
                 prepare: Box::new(move |gpu, rng| {
-                    Ok(Box::new(FftCase::new(gpu, rng, bdims, n, prec)?) as Box<dyn Case>)
+                    Ok(Box::new(FftCase::new(gpu, rng, bdims, n, prec, persist)?) as Box<dyn Case>)
                 }),
             }
         })
@@ -78,7 +91,14 @@ fn cufft_err(e: cufft_result::CufftError) -> Error {
 }
 
 impl FftCase {
-    fn new(gpu: &Gpu, rng: &mut StdRng, bdims: &[usize], n: usize, prec: Precision) -> rgk::Result<Self> {
+    fn new(
+        gpu: &Gpu,
+        rng: &mut StdRng,
+        bdims: &[usize],
+        n: usize,
+        prec: Precision,
+        persist: Persist,
+    ) -> rgk::Result<Self> {
         let batch: usize = bdims.iter().product();
         let len = 2 * n * batch;
         let st = gpu.stream();
@@ -99,7 +119,7 @@ impl FftCase {
             }
         };
         let reference = fft_c2c_fwd(n, batch, &x);
-        let plan = FftPlan::new(gpu, n, batch, prec)?;
+        let plan = FftPlan::new_with(gpu, n, batch, prec, persist)?;
         // cuFFT's plan is made here, outside the timed calls (as ours).
         let cufft = if unsafe { cufft_sys::is_culib_present() } {
             let ty = match prec {

@@ -25,6 +25,10 @@ mod model;
 mod plan;
 
 pub use plan::MAX_ELEMENTS;
+
+/// Streaming multiprocessors assumed when the driver does not say (the H200's 132; the count
+/// only sizes persistent grids, never changes a result).
+const DEFAULT_SMS: u32 = 132;
 use plan::{decompose, max_log_n, max_single_log, split_log, Buf, Pass};
 
 const KERNELS_C64: [&str; 13] = [
@@ -111,6 +115,20 @@ impl Precision {
     }
 }
 
+/// When a row pass launches fewer blocks than it has groups of transforms (persistent blocks
+/// that loop, prefetching their next group into L2 while computing the current one).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Persist {
+    /// Persistent when the groups exceed two waves of resident blocks; then one block per
+    /// resident slot (the default).
+    Auto,
+    /// Never: one block per group.
+    Never,
+    /// Persistent whenever the groups exceed `k` blocks per SM; then `k` blocks per SM.
+    PerSm(u32),
+}
+
 /// A prepared batched forward FFT of `batch` transforms of length `n` (SPEC.md §1).
 ///
 /// Holds the twiddle tables and the workspace (device memory of the [`Gpu`] it was made on).
@@ -188,13 +206,24 @@ impl FftPlan {
     /// `batch` (0); [`Error::Overflow`] naming `batch` when `n·batch` exceeds
     /// [`MAX_ELEMENTS`]; a driver error from the uploads or the allocation.
     pub fn new(gpu: &Gpu, n: usize, batch: usize, precision: Precision) -> Result<Self> {
+        Self::new_with(gpu, n, batch, precision, Persist::Auto)
+    }
+
+    /// [`FftPlan::new`] with an explicit persistent-grid choice (for tuning and its bench rows).
+    #[doc(hidden)]
+    pub fn new_with(gpu: &Gpu, n: usize, batch: usize, precision: Precision, persist: Persist) -> Result<Self> {
         let log_n = validate(n, batch, precision)?;
         let elem = precision.element_bytes();
-        let passes = if log_n == 0 { Vec::new() } else { decompose(log_n, batch, elem, max_single_log(elem)) };
+        let mut passes = if log_n == 0 { Vec::new() } else { decompose(log_n, batch, elem, max_single_log(elem)) };
         let log_lt = passes.iter().map(|p| p.log_l).max().unwrap_or(0);
         let log_split = split_log(log_n);
         let names = Self::kernel_names(precision);
-        for p in &passes {
+        let sms = gpu
+            .context()
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map(|v| v.max(1) as u32)
+            .unwrap_or(DEFAULT_SMS);
+        for p in passes.iter_mut() {
             let f = gpu.function(names[p.log_l as usize - 1])?;
             let max_threads = f.get_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
             if (max_threads as u32) < p.threads {
@@ -209,6 +238,18 @@ impl FftPlan {
             let attr = CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             if p.smem_bytes > 48 * 1024 && f.get_attribute(attr)? < p.smem_bytes as i32 {
                 f.set_attribute(attr, p.smem_bytes as i32)?;
+            }
+            if p.flags == 0 && p.log_min == 0 {
+                let occ =
+                    f.occupancy_max_active_blocks_per_multiprocessor(p.threads, p.smem_bytes as usize, None)?.max(1);
+                let per_sm = match persist {
+                    Persist::Auto if p.blocks > 2 * sms * occ => Some(occ),
+                    Persist::PerSm(k) if p.blocks > sms * k.max(1) => Some(k.max(1)),
+                    _ => None,
+                };
+                if let Some(k) = per_sm {
+                    p.grid = sms * k;
+                }
             }
         }
         let tw = if passes.is_empty() {
@@ -365,7 +406,7 @@ impl FftPlan {
             let (mut log_c, mut log_min, mut log_mout, mut count) = (p.log_c, p.log_min, p.log_mout, p.count);
             let (mut log_lt, mut log_split, mut flags, mut sm_stride) =
                 (self.log_lt, self.log_split, p.flags, p.sm_stride);
-            let dims = LaunchDims { grid: (p.blocks, 1, 1), block: (p.threads, 1, 1), shared_bytes: p.smem_bytes };
+            let dims = LaunchDims { grid: (p.grid, 1, 1), block: (p.threads, 1, 1), shared_bytes: p.smem_bytes };
             launch(
                 f,
                 dims,

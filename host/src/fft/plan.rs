@@ -53,7 +53,10 @@ pub(crate) struct Pass {
     /// Shared-memory elements between consecutive transforms of a block.
     pub sm_stride: u32,
     pub threads: u32,
+    /// Groups of `2^log_c` transforms (`⌈count / 2^log_c⌉`).
     pub blocks: u32,
+    /// Blocks launched (`≤ blocks`; fewer makes them persistent: each loops over groups).
+    pub grid: u32,
     pub smem_bytes: u32,
     pub src: Buf,
     pub dst: Buf,
@@ -146,6 +149,7 @@ fn pass(
         sm_stride,
         threads,
         blocks: count.div_ceil(c) as u32,
+        grid: count.div_ceil(c) as u32,
         smem_bytes: (c * sm_stride as usize * elem_bytes) as u32,
         src,
         dst,

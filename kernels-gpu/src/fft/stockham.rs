@@ -70,12 +70,17 @@ unsafe fn tw4<T: Mem>(c: &Ctx<T>, v: Cx<T>, m: u32, k: u32) -> Cx<T> {
     v.cmul(lo.cmul(hi))
 }
 
-/// Prefetches `bytes` from `p` into L2, one 128-byte line per thread and step.
+/// Prefetches `bytes` from `p` into L2 (kept there preferentially when `keep`), one 128-byte
+/// line per thread and step.
 #[inline(always)]
-unsafe fn prefetch_table(p: *const u8, bytes: u32, tid: u32, nthreads: u32) {
+unsafe fn prefetch_table(p: *const u8, bytes: u32, tid: u32, nthreads: u32, keep: bool) {
     let mut off = tid * 128;
     while off < bytes {
-        prefetch_l2_evict_last(p.add(off as usize));
+        if keep {
+            prefetch_l2_evict_last(p.add(off as usize));
+        } else {
+            prefetch_l2(p.add(off as usize));
+        }
         off += nthreads * 128;
     }
 }
@@ -178,73 +183,94 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize>(
     } else {
         (tid >> log_tpt, tid & ((1 << log_tpt) - 1))
     };
-    let t0 = block_idx_x() << log_c;
-    let t = t0 + ci;
     let sm = dyn_smem::<Cx<T>>();
-    let c = Ctx {
-        x,
-        y,
-        tw,
-        twlo,
-        twhi,
-        log_l,
-        log_tpt,
-        log_lt,
-        log_split,
-        log_mout,
-        flags,
-        jt,
-        t,
-        min_mask: (1 << log_min) - 1,
-        valid: t < count,
-        base_in: base(t, log_l, log_min),
-        base_out: base(t, log_l, log_mout),
-        log_min,
-        smc: sm.add((ci * sm_stride) as usize),
-    };
     // Start the twiddle tables on their way into L2 while the data loads are in flight (after
     // an L2 flush they would otherwise cost one DRAM round trip per stage).
     let nthreads = block_dim_x();
     let esz = core::mem::size_of::<Cx<T>>() as u32;
-    prefetch_table(tw as *const u8, esz << log_lt, tid, nthreads);
+    prefetch_table(tw as *const u8, esz << log_lt, tid, nthreads, true);
     if flags & TW4 != 0 {
-        prefetch_table(twlo as *const u8, esz << log_split, tid, nthreads);
-        prefetch_table(twhi as *const u8, esz << (log_l + log_min).saturating_sub(log_split), tid, nthreads);
+        prefetch_table(twlo as *const u8, esz << log_split, tid, nthreads, true);
+        prefetch_table(twhi as *const u8, esz << (log_l + log_min).saturating_sub(log_split), tid, nthreads, true);
     }
-    let mut v = [Cx::<T>::zero(); E];
     let nst = (LOG_L as usize).div_ceil(log_e as usize);
     let first = log_l - log_e * (nst as u32 - 1);
     let out_smem = flags & OUT_SMEM != 0;
-    unroll!(nst, s, {
-        let lr = if s == 0 { first } else { log_e };
-        let ls = if s == 0 { 0 } else { first + log_e * (s as u32 - 1) };
-        let from_global = s == 0;
-        let to_global = s == nst - 1 && !out_smem;
-        match lr {
-            1 => stage::<T, E, 2>(&c, &mut v, ls, from_global, to_global),
-            2 => stage::<T, E, 4>(&c, &mut v, ls, from_global, to_global),
-            3 => stage::<T, E, 8>(&c, &mut v, ls, from_global, to_global),
-            4 => stage::<T, E, 16>(&c, &mut v, ls, from_global, to_global),
-            _ => stage::<T, E, 32>(&c, &mut v, ls, from_global, to_global),
+    // Groups of 2^log_c transforms; a grid smaller than the group count loops (persistent
+    // blocks), prefetching the next group's rows into L2 while this one computes and stores.
+    let ngroups = (count + (1 << log_c) - 1) >> log_c;
+    let mut g = block_idx_x();
+    while g < ngroups {
+        // Loop-variant copies: the per-thread addresses derived from them (twiddle, shared
+        // memory) are recomputed per group rather than hoisted and held in registers.
+        let (ci, jt) = (opaque_u32(ci), opaque_u32(jt));
+        let t0 = g << log_c;
+        let t = t0 + ci;
+        let next = g + grid_dim_x();
+        if next < ngroups && log_min == 0 {
+            let tn = next << log_c;
+            let rows = (count - tn).min(1 << log_c);
+            prefetch_table(x.add((tn << log_l) as usize) as *const u8, (rows << log_l) * esz, tid, nthreads, false);
         }
-    });
-    if out_smem {
-        // The result is in shared memory (the last stage ended with a barrier): store it with
-        // consecutive threads on consecutive columns.
-        let mut q = 0;
-        while q < E {
-            let e = tid + q as u32 * nthreads;
-            let c2 = e & ((1 << log_c) - 1);
-            let k = e >> log_c;
-            let t2 = t0 + c2;
-            if t2 < count {
-                let mut val = T::ld(sm.add((c2 * sm_stride + sidx(k)) as usize));
-                if flags & TW4 != 0 {
-                    val = tw4(&c, val, t2 & c.min_mask, k);
-                }
-                T::st(y.add((base(t2, log_l, log_mout) + (k << log_mout)) as usize), val);
+        let c = Ctx {
+            x,
+            y,
+            tw,
+            twlo,
+            twhi,
+            log_l,
+            log_tpt,
+            log_lt,
+            log_split,
+            log_mout,
+            flags,
+            jt,
+            t,
+            min_mask: (1 << log_min) - 1,
+            valid: t < count,
+            base_in: base(t, log_l, log_min),
+            base_out: base(t, log_l, log_mout),
+            log_min,
+            smc: sm.add((ci * sm_stride) as usize),
+        };
+        let mut v = [Cx::<T>::zero(); E];
+        unroll!(nst, s, {
+            let lr = if s == 0 { first } else { log_e };
+            let ls = if s == 0 { 0 } else { first + log_e * (s as u32 - 1) };
+            let from_global = s == 0;
+            let to_global = s == nst - 1 && !out_smem;
+            match lr {
+                1 => stage::<T, E, 2>(&c, &mut v, ls, from_global, to_global),
+                2 => stage::<T, E, 4>(&c, &mut v, ls, from_global, to_global),
+                3 => stage::<T, E, 8>(&c, &mut v, ls, from_global, to_global),
+                4 => stage::<T, E, 16>(&c, &mut v, ls, from_global, to_global),
+                _ => stage::<T, E, 32>(&c, &mut v, ls, from_global, to_global),
             }
-            q += 1;
+        });
+        if out_smem {
+            // The result is in shared memory (the last stage ended with a barrier): store it
+            // with consecutive threads on consecutive columns.
+            let mut q = 0;
+            while q < E {
+                let e = tid + q as u32 * nthreads;
+                let c2 = e & ((1 << log_c) - 1);
+                let k = e >> log_c;
+                let t2 = t0 + c2;
+                if t2 < count {
+                    let mut val = T::ld(sm.add((c2 * sm_stride + sidx(k)) as usize));
+                    if flags & TW4 != 0 {
+                        val = tw4(&c, val, t2 & c.min_mask, k);
+                    }
+                    T::st(y.add((base(t2, log_l, log_mout) + (k << log_mout)) as usize), val);
+                }
+                q += 1;
+            }
+        }
+        g = next;
+        if g < ngroups && (nst > 1 || out_smem) {
+            // This group's last shared-memory reads are done before the next group's first
+            // shared-memory writes.
+            sync_threads();
         }
     }
 }

@@ -464,3 +464,15 @@ pub unsafe fn mma_m16n8k16_bf16_f32(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f
          options(nomem, nostack));
     [d0, d1, d2, d3]
 }
+
+// ---------------------------------------------------------------- FFTC2CFwd (fft), continued
+
+/// `v`, through a `mov` the compiler must treat as an unknown side-effecting instruction: values
+/// derived from it are recomputed where used instead of hoisted out of a loop (and held in
+/// registers across it).
+#[inline(always)]
+pub fn opaque_u32(v: u32) -> u32 {
+    let r: u32;
+    unsafe { asm!("mov.u32 {}, {};", out(reg32) r, in(reg32) v, options(nomem, nostack)) };
+    r
+}
