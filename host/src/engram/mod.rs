@@ -8,11 +8,11 @@ pub(crate) const GATE_CONV_KERNELS: &[&str] = gate_conv::KERNELS;
 /// PTX entries of the decode step.
 pub(crate) const DECODE_KERNELS: &[&str] = decode::KERNELS;
 
-pub use gate_conv::{
-    bwd_workspace_len, bwd_workspace_len_with, gate_conv_bwd, gate_conv_bwd_raw, gate_conv_bwd_raw_with, gate_conv_fwd,
-    gate_conv_fwd_raw, gate_conv_fwd_raw_with, EngramGateShape, GateBwdConfig, GateFwdConfig,
-};
 pub use decode::{
     DecodeConfig, DecodeDtype, DecodeElem, DecodeGeometry, DecodeInputs, DecodeInputsRaw, DecodeLens, DecodeProjection,
     EngramDecodePlan, EngramDecodeShape,
+};
+pub use gate_conv::{
+    bwd_workspace_len, bwd_workspace_len_with, gate_conv_bwd, gate_conv_bwd_raw, gate_conv_bwd_raw_with, gate_conv_fwd,
+    gate_conv_fwd_raw, gate_conv_fwd_raw_with, EngramGateShape, GateBwdConfig, GateFwdConfig,
 };
