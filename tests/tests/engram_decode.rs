@@ -10,7 +10,9 @@
 //! Outputs are poisoned first, with guard elements behind them, and every element is checked.
 use rand::rngs::StdRng;
 use rgk::cudarc::driver::CudaSlice;
-use rgk::engram::{DecodeConfig, DecodeElem, DecodeInputs, DecodeProjection, EngramDecodePlan, EngramDecodeShape};
+use rgk::engram::{
+    DecodeConfig, DecodeElem, DecodeFinish, DecodeInputs, DecodeProjection, EngramDecodePlan, EngramDecodeShape,
+};
 use rgk::reference::{self as rf, DecodeGiven, DecodeRefInputs};
 use rgk::verify::{check_half, poisoned, Half};
 use rgk::{bf16, f16, Error, Gpu};
@@ -271,10 +273,13 @@ fn kernel_sizes_and_dilations() {
 fn any_d_and_unaligned_buffers_take_the_general_path() {
     let Some(gpu) = gpu_or_skip("engram_decode::general_path") else { return };
     let mut rng = fresh_rng("engram_decode::general_path");
-    for d in [1, 7, 100, 1001] {
-        let s = EngramDecodeShape::new(3, 37, d, 7, 3, 2);
-        one::<f16>(&gpu, &mut rng, s, VARIED, DecodeConfig::default());
-        one::<bf16>(&gpu, &mut rng, s, SPEC, DecodeConfig::default());
+    for finish in [DecodeFinish::Ticket, DecodeFinish::SecondLaunch] {
+        let cfg = DecodeConfig { finish, ..DecodeConfig::default() };
+        for d in [1, 7, 100, 1001] {
+            let s = EngramDecodeShape::new(3, 37, d, 7, 3, 2);
+            one::<f16>(&gpu, &mut rng, s, VARIED, cfg);
+            one::<bf16>(&gpu, &mut rng, s, SPEC, cfg);
+        }
     }
     // d % 8 == 0 but every buffer one element into its allocation: 2-byte aligned only.
     let s = EngramDecodeShape::new(2, 64, 64, 9, 4, 3);
@@ -310,18 +315,49 @@ fn any_d_and_unaligned_buffers_take_the_general_path() {
 fn every_config_matches_reference() {
     let Some(gpu) = gpu_or_skip("engram_decode::every_config") else { return };
     let mut rng = fresh_rng("engram_decode::every_config");
-    for projection in [DecodeProjection::Simt, DecodeProjection::Mma] {
-        for block in [64, 128, 256] {
-            for rows_per_thread in [0, 1, 2, 4, 8, 33] {
-                for max_blocks in [1, 264, 100000] {
-                    let cfg = DecodeConfig { projection, block, rows_per_thread, max_blocks };
-                    one::<f16>(&gpu, &mut rng, EngramDecodeShape::new(4, 1024, 512, 20, 4, 5), VARIED, cfg);
-                    one::<bf16>(&gpu, &mut rng, EngramDecodeShape::new(8, 512, 256, 18, 4, 3), VARIED, cfg);
-                    one::<f16>(&gpu, &mut rng, EngramDecodeShape::new(5, 300, 24, 3, 2, 3), VARIED, cfg);
+    for finish in [DecodeFinish::Ticket, DecodeFinish::SecondLaunch] {
+        for projection in [DecodeProjection::Simt, DecodeProjection::Mma] {
+            for block in [64, 128, 256] {
+                for rows_per_thread in [0, 1, 2, 4, 8, 33] {
+                    for max_blocks in [1, 264, 100000] {
+                        let cfg = DecodeConfig { projection, block, rows_per_thread, max_blocks, finish };
+                        one::<f16>(&gpu, &mut rng, EngramDecodeShape::new(4, 1024, 512, 20, 4, 5), VARIED, cfg);
+                        one::<bf16>(&gpu, &mut rng, EngramDecodeShape::new(8, 512, 256, 18, 4, 3), VARIED, cfg);
+                        one::<f16>(&gpu, &mut rng, EngramDecodeShape::new(5, 300, 24, 3, 2, 3), VARIED, cfg);
+                    }
                 }
             }
         }
     }
+}
+
+/// The two-launch finish on every path of its kernel: unvectorised (`d % 8 ≠ 0`), rows too
+/// long for the cached finish (`d > 512`, `K > 4`), and rows staged in the workspace instead
+/// of shared memory (`d > 4096`), with one and with many splits.
+#[test]
+fn second_launch_finish_on_every_path() {
+    let Some(gpu) = gpu_or_skip("engram_decode::second_launch") else { return };
+    let mut rng = fresh_rng("engram_decode::second_launch");
+    let two = DecodeConfig { finish: DecodeFinish::SecondLaunch, ..DecodeConfig::default() };
+    let mut worst = Worst::default();
+    for (batch, d_mem, d, l, k, dil) in [
+        (3, 37, 7, 5, 3, 2),
+        (2, 100, 1000, 9, 4, 3),
+        (3, 64, 256, 12, 5, 2),
+        (2, 40, 4104, 5, 3, 2),
+        (3, 20, 4097, 4, 2, 1),
+        (64, 100, 256, 3, 2, 1),
+    ] {
+        let s = EngramDecodeShape::new(batch, d_mem, d, l, k, dil);
+        for rows_per_thread in [0, 1000] {
+            for projection in [DecodeProjection::Simt, DecodeProjection::Mma] {
+                let cfg = DecodeConfig { projection, rows_per_thread, ..two };
+                worst = worst.max(one::<f16>(&gpu, &mut rng, s, VARIED, cfg));
+                worst = worst.max(one::<bf16>(&gpu, &mut rng, s, SPEC, cfg));
+            }
+        }
+    }
+    println!("second launch: worst {worst:?}");
 }
 
 #[test]
@@ -338,14 +374,35 @@ fn repeated_calls_are_bitwise_identical() {
         assert!(a.y.iter().zip(&b.y).all(|(p, q)| bits(*p) == bits(*q)), "y_t differs between calls");
         assert!(a.state.iter().zip(&b.state).all(|(p, q)| bits(*p) == bits(*q)), "state differs between calls");
     }
+    // The two-launch finish does the same arithmetic in the same order: the same bits.
+    for rows_per_thread in [0, 1000] {
+        let cfg = |finish| DecodeConfig { rows_per_thread, finish, ..DecodeConfig::default() };
+        let a = step_copy(&gpu, &mut plan_for(&gpu, s, cfg(DecodeFinish::Ticket)), &dev, &c.state);
+        let b = step_copy(&gpu, &mut plan_for(&gpu, s, cfg(DecodeFinish::SecondLaunch)), &dev, &c.state);
+        assert!(a.y.iter().zip(&b.y).all(|(p, q)| bits(*p) == bits(*q)), "y_t: two launches ≠ one");
+        assert!(a.state.iter().zip(&b.state).all(|(p, q)| bits(*p) == bits(*q)), "state: two launches ≠ one");
+        assert!(a.qkk.iter().zip(&b.qkk).all(|(p, q)| bits(*p) == bits(*q)), "q(kk): two launches ≠ one");
+    }
 }
 
 /// The ring-buffer step and the seed contract agree bit for bit, step after step.
 fn ring_vs_copy<T: DecodeElem>(gpu: &Gpu, rng: &mut StdRng, s: EngramDecodeShape, steps: usize) {
+    for finish in [DecodeFinish::Ticket, DecodeFinish::SecondLaunch] {
+        ring_vs_copy_with::<T>(gpu, rng, s, steps, DecodeConfig { finish, ..DecodeConfig::default() });
+    }
+}
+
+fn ring_vs_copy_with<T: DecodeElem>(
+    gpu: &Gpu,
+    rng: &mut StdRng,
+    s: EngramDecodeShape,
+    steps: usize,
+    config: DecodeConfig,
+) {
     let mut c = gen::<T>(rng, s, VARIED);
     let l = s.lens().unwrap();
     let st = gpu.stream();
-    let mut plan = plan_for(gpu, s, DecodeConfig::default());
+    let mut plan = plan_for(gpu, s, config);
     let mut copy_a = st.clone_htod(&c.state).unwrap();
     let mut copy_b = st.clone_htod(&poisoned::<T>(l.state)).unwrap();
     let mut ring = st.clone_htod(&c.state).unwrap();

@@ -4,7 +4,9 @@
 //! same summation order) passing the same chain of tolerance checks the GPU tests apply.
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use rgk::engram::{DecodeConfig, DecodeGeometry, DecodeProjection, EngramDecodeShape};
+use rgk::engram::{
+    finish_launch_mode, DecodeConfig, DecodeFinish, DecodeGeometry, DecodeProjection, EngramDecodeShape,
+};
 use rgk::reference::{self as rf, DecodeGiven, DecodeRefInputs};
 use rgk::verify::{check_half, Half};
 use rgk::{bf16, f16};
@@ -56,7 +58,20 @@ fn configs() -> Vec<DecodeConfig> {
         for block in [64, 128, 256] {
             for rows_per_thread in [0, 1, 3, 4, 8] {
                 for max_blocks in [1, 264, 5000] {
-                    v.push(DecodeConfig { projection, block, rows_per_thread, max_blocks });
+                    v.push(DecodeConfig {
+                        projection,
+                        block,
+                        rows_per_thread,
+                        max_blocks,
+                        finish: DecodeFinish::Ticket,
+                    });
+                    v.push(DecodeConfig {
+                        projection,
+                        block,
+                        rows_per_thread,
+                        max_blocks,
+                        finish: DecodeFinish::SecondLaunch,
+                    });
                 }
             }
         }
@@ -603,5 +618,36 @@ fn mma_fragment_mapping_computes_the_projection() {
     ] {
         mma_projection::<f16>(&shape, block, &|h| f16::from_bits(h).to_f64(), &|v| v.to_bits());
         mma_projection::<bf16>(&shape, block, &|h| bf16::from_bits(h).to_f64(), &|v| v.to_bits());
+    }
+}
+
+/// The two-launch finish: its row staging fits the default shared memory (or goes through the
+/// workspace), and its row `b` of the partials `[split][b][k|v][d]` is the slice the one-launch
+/// tile reduction sums for that row (the kernel reads element `e < 2d` of split `sp` at
+/// `(sp·batch + b)·2d + e`).
+#[test]
+fn second_launch_geometry() {
+    for d in [1, 7, 8, 256, 512, 1000, 4096, 4097, 4104, 1 << 20] {
+        let s = EngramDecodeShape::new(3, 10, d, 4, 2, 1);
+        let (mode, shared) = finish_launch_mode(&s);
+        match mode {
+            2 => assert!(shared as usize == 8 * d && shared <= 48 * 1024, "d {d}: {shared} bytes"),
+            3 => assert!(shared == 0 && 8 * d > 32 * 1024, "d {d}: workspace path for a row that fits"),
+            _ => panic!("mode {mode}"),
+        }
+    }
+    for (batch, splits, d) in [(1, 8, 256), (4, 16, 512), (8, 8, 256), (3, 5, 24)] {
+        let mut seen = vec![0u8; splits * batch * 2 * d];
+        for b in 0..batch {
+            for sp in 0..splits {
+                for e in 0..2 * d {
+                    let (m, col) = (e / d, e % d);
+                    let k = (sp * batch + b) * 2 * d + e;
+                    assert_eq!(k, ((sp * batch + b) * 2 + m) * d + col);
+                    seen[k] += 1;
+                }
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1));
     }
 }

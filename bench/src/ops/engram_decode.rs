@@ -1,7 +1,9 @@
 //! EngramDecodeFwd workloads (SPEC.md §6 and the seed table).
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use rand::rngs::StdRng;
-use rgk::engram::{DecodeConfig, DecodeElem, DecodeInputsRaw, DecodeProjection, EngramDecodePlan, EngramDecodeShape};
+use rgk::engram::{
+    DecodeConfig, DecodeElem, DecodeFinish, DecodeInputsRaw, DecodeProjection, EngramDecodePlan, EngramDecodeShape,
+};
 use rgk::reference::{self as rf, DecodeGiven, DecodeRef, DecodeRefInputs};
 use rgk::verify::{check_half, poisoned, Report};
 use rgk::{bf16, f16, Gpu};
@@ -31,6 +33,19 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut configs: Vec<(Option<String>, DecodeConfig, bool)> = vec![(None, DecodeConfig::default(), false)];
     if variants {
         configs.push((Some("ring".into()), DecodeConfig::default(), true));
+        // The two-launch finish (projection kernel, then one block per batch row): no fences or
+        // atomics on the critical path; `-bN` sets both kernels' block, `-rN` the split depth.
+        let two = DecodeConfig { finish: DecodeFinish::SecondLaunch, ..DecodeConfig::default() };
+        configs.push((Some("2launch".into()), two, false));
+        configs.push((Some("2launch-ring".into()), two, true));
+        for (tag, cfg) in [
+            ("2launch-b64", DecodeConfig { block: 64, ..two }),
+            ("2launch-b256", DecodeConfig { block: 256, ..two }),
+            ("2launch-r2", DecodeConfig { rows_per_thread: 2, ..two }),
+            ("2launch-b256-r2", DecodeConfig { block: 256, rows_per_thread: 2, ..two }),
+        ] {
+            configs.push((Some(tag.into()), cfg, false));
+        }
         for (projection, tag, depths) in
             [(DecodeProjection::Mma, "mma", [0, 2, 4]), (DecodeProjection::Simt, "simt", [0, 2, 8])]
         {

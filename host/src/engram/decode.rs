@@ -29,6 +29,10 @@ pub(crate) const KERNELS: &[&str] = &[
     "engram_decode_bf16_v1_b4",
     "engram_decode_f16_mma",
     "engram_decode_bf16_mma",
+    "engram_decode_f16_fin8",
+    "engram_decode_f16_fin1",
+    "engram_decode_bf16_fin8",
+    "engram_decode_bf16_fin1",
 ];
 
 /// Number of SMs of the H200 the default launch geometry is sized for.
@@ -158,6 +162,19 @@ pub enum DecodeProjection {
     Mma,
 }
 
+/// How the step is finished after the projections (the gating, norms and conv need whole
+/// projected rows, i.e. every block's partials).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeFinish {
+    /// One launch: the last block of each column tile sums its tile's split partials, the last
+    /// of those finishes every batch row (two last-block-done tickets: fence + atomic each).
+    Ticket,
+    /// Two launches: the projection kernel only writes its partials; a second kernel, one
+    /// block per batch row, sums the row's partials into shared memory and finishes it. No
+    /// fences or atomics; costs a second kernel start instead.
+    SecondLaunch,
+}
+
 /// Launch configuration knobs of the decode kernel (defaults are the tuned choice; see
 /// kernels-gpu/src/engram/NOTES.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,11 +189,34 @@ pub struct DecodeConfig {
     pub rows_per_thread: u32,
     /// Upper bound on the grid size (tiles × splits) for the automatic split depth.
     pub max_blocks: u32,
+    /// One launch with tickets, or a second finishing launch (which uses `block` threads).
+    pub finish: DecodeFinish,
 }
 
 impl Default for DecodeConfig {
     fn default() -> Self {
-        Self { projection: DecodeProjection::Mma, block: 128, rows_per_thread: 0, max_blocks: 2 * SMS as u32 }
+        Self {
+            projection: DecodeProjection::Mma,
+            block: 128,
+            rows_per_thread: 0,
+            max_blocks: 2 * SMS as u32,
+            finish: DecodeFinish::Ticket,
+        }
+    }
+}
+
+/// Largest `d` whose reduced row (`2·d` f32) the finishing launch stages in shared memory;
+/// larger rows go through the `kv` workspace.
+const FIN_SHARED_MAX_D: usize = 4096;
+
+/// The finishing launch of [`DecodeFinish::SecondLaunch`] for `shape`: `(mode, dynamic shared
+/// bytes)` — mode 2 stages the row in shared memory, mode 3 in the workspace (public for tests).
+#[doc(hidden)]
+pub fn finish_launch_mode(shape: &EngramDecodeShape) -> (u32, u32) {
+    if shape.d <= FIN_SHARED_MAX_D {
+        (2, (8 * shape.d) as u32)
+    } else {
+        (3, 0)
     }
 }
 
@@ -293,6 +333,11 @@ impl DecodeGeometry {
         }
     }
 
+    /// The finishing kernel of [`DecodeFinish::SecondLaunch`] for this vector width.
+    fn finish_kernel(&self, dtype: DecodeDtype) -> &'static str {
+        KERNELS[12 + if self.vec == 8 { 0 } else { 1 } + if dtype == DecodeDtype::F16 { 0 } else { 2 }]
+    }
+
     fn kernel(&self, dtype: DecodeDtype) -> &'static str {
         if self.mma {
             return KERNELS[if dtype == DecodeDtype::F16 { 10 } else { 11 }];
@@ -316,6 +361,7 @@ impl DecodeGeometry {
 /// per stream for concurrent steps.
 pub struct EngramDecodePlan {
     shape: EngramDecodeShape,
+    finish: DecodeFinish,
     lens: DecodeLens,
     geo: [DecodeGeometry; 2],
     part: Option<CudaSlice<f32>>,
@@ -382,6 +428,7 @@ impl EngramDecodePlan {
         };
         Ok(Self {
             shape,
+            finish: config.finish,
             lens,
             geo: [g8, g1],
             part,
@@ -597,40 +644,51 @@ impl EngramDecodePlan {
         let (mut l, mut k, mut dil) = (s.max_conv_len as u32, s.kernel_size as u32, s.dilation as u32);
         let (mut pos, mut wpos, mut copy) = (pos, wpos, copy as u32);
         let (mut splits, mut rs, mut cl_log, mut eps) = (g.splits, g.rows_per_split, g.cl_log, s.eps);
-        launch(
-            f,
-            dims,
-            stream,
-            &mut [
-                &mut e,
-                &mut h,
-                &mut si,
-                &mut wk,
-                &mut wv,
-                &mut rwh,
-                &mut rwv,
-                &mut cw,
-                &mut y,
-                &mut so,
-                &mut part,
-                &mut kv,
-                &mut cnt,
-                &mut dbg,
-                &mut b,
-                &mut dm,
-                &mut d,
-                &mut l,
-                &mut k,
-                &mut dil,
-                &mut pos,
-                &mut wpos,
-                &mut copy,
-                &mut splits,
-                &mut rs,
-                &mut cl_log,
-                &mut eps,
-            ],
-        )
+        let two = self.finish == DecodeFinish::SecondLaunch;
+        let mut mode = two as u32;
+        macro_rules! args {
+            () => {
+                &mut [
+                    &mut e,
+                    &mut h,
+                    &mut si,
+                    &mut wk,
+                    &mut wv,
+                    &mut rwh,
+                    &mut rwv,
+                    &mut cw,
+                    &mut y,
+                    &mut so,
+                    &mut part,
+                    &mut kv,
+                    &mut cnt,
+                    &mut dbg,
+                    &mut b,
+                    &mut dm,
+                    &mut d,
+                    &mut l,
+                    &mut k,
+                    &mut dil,
+                    &mut pos,
+                    &mut wpos,
+                    &mut copy,
+                    &mut splits,
+                    &mut rs,
+                    &mut cl_log,
+                    &mut eps,
+                    &mut mode,
+                ]
+            };
+        }
+        launch(f, dims, stream, args!())?;
+        if !two {
+            return Ok(());
+        }
+        let fin = gpu.function(g.finish_kernel(dtype))?;
+        let (m, shared_bytes) = finish_launch_mode(&s);
+        mode = m;
+        let dims = LaunchDims { grid: (s.batch as u32, 1, 1), block: (g.block, 1, 1), shared_bytes };
+        launch(fin, dims, stream, args!())
     }
 }
 

@@ -20,6 +20,11 @@
 //! (`copy = 0`) reads the taps at physical rows `(pos + t) mod L` and writes `q(u)` over
 //! slot `wpos = pos` in place; the thread that reads a slot is the thread that overwrites it.
 //!
+//! Two-launch variant (`mode` 1, then the `_fin` kernel): the projection launch stops after
+//! writing its partials (no tickets); a second kernel, one block per batch row, sums the row's
+//! split partials (whole block, into shared memory) and finishes the row with warp 0 — the
+//! same arithmetic in the same order as the one-launch finish.
+//!
 //! The small inputs the finishing block reads (`h_t`, the rms weights, `conv_w`, the state taps)
 //! are prefetched into L2 by the whole grid at start, so the serial tail hits L2.
 use crate::prim::*;
@@ -120,6 +125,9 @@ struct Args {
     rs: u32,
     cl_log: u32,
     eps: f32,
+    /// 0: the fused one-launch step (tickets); 1: projection only (the first of two launches);
+    /// in the finishing kernel, 2: the row's `kk, vv` staged in shared memory, 3: in `kv`.
+    mode: u32,
 }
 
 /// `VEC` read-only elements (16-byte `ld.global.nc` when `VEC = 8`), widened to f32.
@@ -208,6 +216,23 @@ unsafe fn ld_ws<const VEC: usize>(p: *const f32) -> [f32; VEC] {
         }
     }
     o
+}
+
+/// `VEC` f32 of a reduced projection row: from shared memory (generic loads, after a block
+/// barrier) or from the workspace through L2.
+#[inline(always)]
+unsafe fn ld_kv<const VEC: usize>(p: *const f32, shared: bool) -> [f32; VEC] {
+    if shared {
+        let mut o = [0f32; VEC];
+        let mut v = 0;
+        while v < VEC {
+            o[v] = *p.add(v);
+            v += 1;
+        }
+        o
+    } else {
+        ld_ws::<VEC>(p)
+    }
 }
 
 /// Stores `VEC` values rounded to the dtype (one 16-byte store when `VEC = 8`).
@@ -516,10 +541,20 @@ unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32) {
             unroll8!(s, 2, {
                 unroll8!(u, 4, {
                     let (k0, k1, k8, k9) = (wk[4 * s][u], wk[4 * s + 1][u], wk[4 * s + 2][u], wk[4 * s + 3][u]);
-                    let fk = [prmt_b32(k0, k1, 0x5410), prmt_b32(k0, k1, 0x7632), prmt_b32(k8, k9, 0x5410), prmt_b32(k8, k9, 0x7632)];
+                    let fk = [
+                        prmt_b32(k0, k1, 0x5410),
+                        prmt_b32(k0, k1, 0x7632),
+                        prmt_b32(k8, k9, 0x5410),
+                        prmt_b32(k8, k9, 0x7632),
+                    ];
                     acc[0][u] = D::mma(fk, ef[s], acc[0][u]);
                     let (v0, v1, v8, v9) = (wv[4 * s][u], wv[4 * s + 1][u], wv[4 * s + 2][u], wv[4 * s + 3][u]);
-                    let fv = [prmt_b32(v0, v1, 0x5410), prmt_b32(v0, v1, 0x7632), prmt_b32(v8, v9, 0x5410), prmt_b32(v8, v9, 0x7632)];
+                    let fv = [
+                        prmt_b32(v0, v1, 0x5410),
+                        prmt_b32(v0, v1, 0x7632),
+                        prmt_b32(v8, v9, 0x5410),
+                        prmt_b32(v8, v9, 0x7632),
+                    ];
                     acc[1][u] = D::mma(fv, ef[s], acc[1][u]);
                 });
             });
@@ -689,42 +724,82 @@ fn rrms(sum_sq: f32, inv_d: f32, eps: f32) -> f32 {
     div_rn(1.0, sqrt_rn(fma(sum_sq, inv_d, eps)))
 }
 
-/// One batch row of phase 3 with every load issued up front (`VEC = 8`, `d ≤ 512`, `K ≤ 4`):
-/// one L2 round trip instead of three; the arithmetic and its order are those of the
-/// three-pass loop in [`finish`] (bitwise the same results).
+/// The inputs of one batch row's finish other than `kk, vv` (`VEC = 8`, `d ≤ 512`, `K ≤ 4`):
+/// `h_t`, the rms weights, the newest conv tap's weights, and the `K−1` state taps with their
+/// weights, as raw 16-byte words of lane columns `lane + 32m`.
+#[derive(Clone, Copy)]
+struct RowIn {
+    hw: [[u32; 4]; 2],
+    whw: [[u32; 4]; 2],
+    wvw: [[u32; 4]; 2],
+    clw: [[u32; 4]; 2],
+    sw: [[[u32; 4]; 3]; 2],
+    cww: [[[u32; 4]; 3]; 2],
+}
+
+/// Issues every load of [`RowIn`] for batch row `bu` (no wait: the words are used later).
 #[inline(always)]
-unsafe fn finish_row_cached<D: Dt>(a: &Args, bu: usize, lane: u32, inv_d: f32, inv_sqrt_d: f32) {
+unsafe fn row_inputs(a: &Args, bu: usize, lane: u32) -> RowIn {
     let nch = a.d / 8;
     let d = a.d as usize;
     let l = a.l as usize;
     let taps = a.k - 1;
-    let kk_row = a.kv.add(bu * 2 * d);
-    let vv_row = a.kv.add((bu * 2 + 1) * d);
-    let mut kk = [[0f32; 8]; 2];
-    let mut vv = [[0f32; 8]; 2];
-    let (mut hw, mut whw, mut wvw, mut clw) = ([[0u32; 4]; 2], [[0u32; 4]; 2], [[0u32; 4]; 2], [[0u32; 4]; 2]);
-    let mut sw = [[[0u32; 4]; 3]; 2];
-    let mut cww = [[[0u32; 4]; 3]; 2];
+    let z = [0u32; 4];
+    let mut r = RowIn { hw: [z; 2], whw: [z; 2], wvw: [z; 2], clw: [z; 2], sw: [[z; 3]; 2], cww: [[z; 3]; 2] };
     unroll8!(m, 2, {
         let c = lane + 32 * m as u32;
         if c < nch {
             let j = c as usize * 8;
-            kk[m] = ld_ws::<8>(kk_row.add(j));
-            vv[m] = ld_ws::<8>(vv_row.add(j));
-            hw[m] = ld_nc_v4(a.h.add(bu * d + j) as *const u32);
-            whw[m] = ld_nc_v4(a.rwh.add(j) as *const u32);
-            wvw[m] = ld_nc_v4(a.rwv.add(j) as *const u32);
-            clw[m] = ld_nc_v4(a.cw.add(taps as usize * d + j) as *const u32);
+            r.hw[m] = ld_nc_v4(a.h.add(bu * d + j) as *const u32);
+            r.whw[m] = ld_nc_v4(a.rwh.add(j) as *const u32);
+            r.wvw[m] = ld_nc_v4(a.rwv.add(j) as *const u32);
+            r.clw[m] = ld_nc_v4(a.cw.add(taps as usize * d + j) as *const u32);
             unroll8!(p, 3, {
                 if (p as u32) < taps {
                     let t = a.l - (taps - p as u32) * a.dil;
                     let row = phys_row(a.pos, t, a.l) as usize;
-                    sw[m][p] = ld_cg_v4_u32(a.s_in.add((bu * l + row) * d + j) as *const u32);
-                    cww[m][p] = ld_nc_v4(a.cw.add(p * d + j) as *const u32);
+                    r.sw[m][p] = ld_cg_v4_u32(a.s_in.add((bu * l + row) * d + j) as *const u32);
+                    r.cww[m][p] = ld_nc_v4(a.cw.add(p * d + j) as *const u32);
                 }
             });
         }
     });
+    r
+}
+
+/// One batch row of phase 3 with every load issued up front (`VEC = 8`, `d ≤ 512`, `K ≤ 4`):
+/// one round trip instead of three; the arithmetic and its order are those of the three-pass
+/// loop in [`finish_row_passes`] (bitwise the same results). `kk_row`, `vv_row`: the row's
+/// reduced projections (shared memory when `shared`, else the workspace); `inp`: its
+/// [`row_inputs`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn finish_row_cached<D: Dt>(
+    a: &Args,
+    bu: usize,
+    lane: u32,
+    inv_d: f32,
+    inv_sqrt_d: f32,
+    kk_row: *const f32,
+    vv_row: *const f32,
+    shared: bool,
+    inp: &RowIn,
+) {
+    let nch = a.d / 8;
+    let d = a.d as usize;
+    let l = a.l as usize;
+    let taps = a.k - 1;
+    let mut kk = [[0f32; 8]; 2];
+    let mut vv = [[0f32; 8]; 2];
+    unroll8!(m, 2, {
+        let c = lane + 32 * m as u32;
+        if c < nch {
+            let j = c as usize * 8;
+            kk[m] = ld_kv::<8>(kk_row.add(j), shared);
+            vv[m] = ld_kv::<8>(vv_row.add(j), shared);
+        }
+    });
+    let RowIn { hw, whw, wvw, clw, sw, cww } = *inp;
     let (mut sh, mut sk, mut dot) = (0f32, 0f32, 0f32);
     unroll8!(m, 2, {
         if lane + 32 * (m as u32) < nch {
@@ -787,112 +862,138 @@ unsafe fn finish<D: Dt, const VEC: usize>(a: &Args) {
     let warp = thread_idx_x() >> 5;
     let nw = block_dim_x() >> 5;
     let lane = lane_id();
-    let nch = a.d / VEC as u32;
     let d = a.d as usize;
-    let l = a.l as usize;
-    let inv_d = div_rn(1.0, a.d as f32);
-    let inv_sqrt_d = div_rn(1.0, sqrt_rn(a.d as f32));
-    let taps = a.k - 1;
-    let cached = VEC == 8 && nch <= 64 && taps <= 3;
+    let (inv_d, inv_sqrt_d) = row_scales(a);
     let mut b = warp;
     while b < a.b {
         let bu = b as usize;
-        if cached {
-            finish_row_cached::<D>(a, bu, lane, inv_d, inv_sqrt_d);
-            b += nw;
-            continue;
-        }
-        let kk_row = a.kv.add(bu * 2 * d);
-        let vv_row = a.kv.add((bu * 2 + 1) * d);
-        // Pass 1: Σh², Σq(kk)², Σ h·q(kk)·w_h² (the hn·kn dot without its two rrms factors).
-        let (mut sh, mut sk, mut dot) = (0f32, 0f32, 0f32);
-        let mut c = lane;
-        while c < nch {
-            let j = c as usize * VEC;
-            let kk = ld_ws::<VEC>(kk_row.add(j));
-            let hv = ld_in::<D, VEC>(a.h.add(bu * d + j));
-            let wh = ld_in::<D, VEC>(a.rwh.add(j));
-            let mut qk = [0f32; VEC];
-            let mut v = 0;
-            while v < VEC {
-                qk[v] = q::<D>(kk[v]);
-                sh = fma(hv[v], hv[v], sh);
-                sk = fma(qk[v], qk[v], sk);
-                dot = fma(hv[v] * wh[v] * wh[v], qk[v], dot);
-                v += 1;
-            }
-            if !a.dbg.is_null() {
-                st_out::<D, VEC>(a.dbg.add(bu * d + j), &qk);
-            }
-            c += 32;
-        }
-        let sh = warp_sum_f32(sh);
-        let sk = warp_sum_f32(sk);
-        let dot = warp_sum_f32(dot);
-        let rh = rrms(sh, inv_d, a.eps);
-        let rk = rrms(sk, inv_d, a.eps);
-        let alpha = sigmoid(dot * rh * rk * inv_sqrt_d);
-        // Pass 2: Σ q(vh)².
-        let mut sv = 0f32;
-        let mut c = lane;
-        while c < nch {
-            let j = c as usize * VEC;
-            let vv = ld_ws::<VEC>(vv_row.add(j));
-            let mut vh = [0f32; VEC];
-            let mut v = 0;
-            while v < VEC {
-                vh[v] = alpha * vv[v];
-                let qv = q::<D>(vh[v]);
-                sv = fma(qv, qv, sv);
-                v += 1;
-            }
-            if !a.dbg.is_null() {
-                st_out::<D, VEC>(a.dbg.add((a.b as usize + bu) * d + j), &vh);
-            }
-            c += 32;
-        }
-        let rv = rrms(warp_sum_f32(sv), inv_d, a.eps);
-        // Pass 3: u, the conv over the taps, y_t and the state row q(u).
-        let mut c = lane;
-        while c < nch {
-            let j = c as usize * VEC;
-            let vv = ld_ws::<VEC>(vv_row.add(j));
-            let wv = ld_in::<D, VEC>(a.rwv.add(j));
-            let cl = ld_in::<D, VEC>(a.cw.add(taps as usize * d + j));
-            let mut vh = [0f32; VEC];
-            let mut u = [0f32; VEC];
-            let mut conv = [0f32; VEC];
-            let mut v = 0;
-            while v < VEC {
-                vh[v] = alpha * vv[v];
-                u[v] = q::<D>(vh[v]) * rv * wv[v];
-                conv[v] = cl[v] * u[v];
-                v += 1;
-            }
-            let mut p = 0u32;
-            while p < taps {
-                let t = a.l - (taps - p) * a.dil;
-                let row = phys_row(a.pos, t, a.l) as usize;
-                let sv = ld_state::<D, VEC>(a.s_in.add((bu * l + row) * d + j));
-                let cp = ld_in::<D, VEC>(a.cw.add(p as usize * d + j));
-                let mut v = 0;
-                while v < VEC {
-                    conv[v] = fma(cp[v], sv[v], conv[v]);
-                    v += 1;
-                }
-                p += 1;
-            }
-            let mut out = [0f32; VEC];
-            let mut v = 0;
-            while v < VEC {
-                out[v] = conv[v] * sigmoid(conv[v]) + vh[v];
-                v += 1;
-            }
-            st_out::<D, VEC>(a.y.add(bu * d + j), &out);
-            st_out::<D, VEC>(a.s_out.add((bu * l + a.wpos as usize) * d + j), &u);
-            c += 32;
+        let (kk_row, vv_row) = (a.kv.add(bu * 2 * d) as *const f32, a.kv.add((bu * 2 + 1) * d) as *const f32);
+        if cached_row::<VEC>(a) {
+            let inp = row_inputs(a, bu, lane);
+            finish_row_cached::<D>(a, bu, lane, inv_d, inv_sqrt_d, kk_row, vv_row, false, &inp);
+        } else {
+            finish_row_passes::<D, VEC>(a, bu, lane, inv_d, inv_sqrt_d, kk_row, vv_row, false);
         }
         b += nw;
+    }
+}
+
+/// `1/d` and `1/sqrt(d)`, correctly rounded.
+#[inline(always)]
+fn row_scales(a: &Args) -> (f32, f32) {
+    (div_rn(1.0, a.d as f32), div_rn(1.0, sqrt_rn(a.d as f32)))
+}
+
+/// Whether a row's finish keeps every input in registers ([`finish_row_cached`]).
+#[inline(always)]
+fn cached_row<const VEC: usize>(a: &Args) -> bool {
+    VEC == 8 && a.d / 8 <= 64 && a.k <= 4
+}
+
+/// One batch row of phase 3 in three passes over the columns (any `d`, `K`, layout): one warp.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn finish_row_passes<D: Dt, const VEC: usize>(
+    a: &Args,
+    bu: usize,
+    lane: u32,
+    inv_d: f32,
+    inv_sqrt_d: f32,
+    kk_row: *const f32,
+    vv_row: *const f32,
+    shared: bool,
+) {
+    let nch = a.d / VEC as u32;
+    let d = a.d as usize;
+    let l = a.l as usize;
+    let taps = a.k - 1;
+    // Pass 1: Σh², Σq(kk)², Σ h·q(kk)·w_h² (the hn·kn dot without its two rrms factors).
+    let (mut sh, mut sk, mut dot) = (0f32, 0f32, 0f32);
+    let mut c = lane;
+    while c < nch {
+        let j = c as usize * VEC;
+        let kk = ld_kv::<VEC>(kk_row.add(j), shared);
+        let hv = ld_in::<D, VEC>(a.h.add(bu * d + j));
+        let wh = ld_in::<D, VEC>(a.rwh.add(j));
+        let mut qk = [0f32; VEC];
+        let mut v = 0;
+        while v < VEC {
+            qk[v] = q::<D>(kk[v]);
+            sh = fma(hv[v], hv[v], sh);
+            sk = fma(qk[v], qk[v], sk);
+            dot = fma(hv[v] * wh[v] * wh[v], qk[v], dot);
+            v += 1;
+        }
+        if !a.dbg.is_null() {
+            st_out::<D, VEC>(a.dbg.add(bu * d + j), &qk);
+        }
+        c += 32;
+    }
+    let sh = warp_sum_f32(sh);
+    let sk = warp_sum_f32(sk);
+    let dot = warp_sum_f32(dot);
+    let rh = rrms(sh, inv_d, a.eps);
+    let rk = rrms(sk, inv_d, a.eps);
+    let alpha = sigmoid(dot * rh * rk * inv_sqrt_d);
+    // Pass 2: Σ q(vh)².
+    let mut sv = 0f32;
+    let mut c = lane;
+    while c < nch {
+        let j = c as usize * VEC;
+        let vv = ld_kv::<VEC>(vv_row.add(j), shared);
+        let mut vh = [0f32; VEC];
+        let mut v = 0;
+        while v < VEC {
+            vh[v] = alpha * vv[v];
+            let qv = q::<D>(vh[v]);
+            sv = fma(qv, qv, sv);
+            v += 1;
+        }
+        if !a.dbg.is_null() {
+            st_out::<D, VEC>(a.dbg.add((a.b as usize + bu) * d + j), &vh);
+        }
+        c += 32;
+    }
+    let rv = rrms(warp_sum_f32(sv), inv_d, a.eps);
+    // Pass 3: u, the conv over the taps, y_t and the state row q(u).
+    let mut c = lane;
+    while c < nch {
+        let j = c as usize * VEC;
+        let vv = ld_kv::<VEC>(vv_row.add(j), shared);
+        let wv = ld_in::<D, VEC>(a.rwv.add(j));
+        let cl = ld_in::<D, VEC>(a.cw.add(taps as usize * d + j));
+        let mut vh = [0f32; VEC];
+        let mut u = [0f32; VEC];
+        let mut conv = [0f32; VEC];
+        let mut v = 0;
+        while v < VEC {
+            vh[v] = alpha * vv[v];
+            u[v] = q::<D>(vh[v]) * rv * wv[v];
+            conv[v] = cl[v] * u[v];
+            v += 1;
+        }
+        let mut p = 0u32;
+        while p < taps {
+            let t = a.l - (taps - p) * a.dil;
+            let row = phys_row(a.pos, t, a.l) as usize;
+            let sv = ld_state::<D, VEC>(a.s_in.add((bu * l + row) * d + j));
+            let cp = ld_in::<D, VEC>(a.cw.add(p as usize * d + j));
+            let mut v = 0;
+            while v < VEC {
+                conv[v] = fma(cp[v], sv[v], conv[v]);
+                v += 1;
+            }
+            p += 1;
+        }
+        let mut out = [0f32; VEC];
+        let mut v = 0;
+        while v < VEC {
+            out[v] = conv[v] * sigmoid(conv[v]) + vh[v];
+            v += 1;
+        }
+        st_out::<D, VEC>(a.y.add(bu * d + j), &out);
+        st_out::<D, VEC>(a.s_out.add((bu * l + a.wpos as usize) * d + j), &u);
+        c += 32;
     }
 }
 
@@ -906,11 +1007,7 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const
     // The state shift: this thread's first unit is loaded now and stored on the way out.
     let ncopy = if a.copy != 0 { a.b * (a.l - 1) * (a.d / VEC as u32) } else { 0 };
     let have_first = g < ncopy;
-    let first = if have_first {
-        copy_load::<VEC>(&a, g)
-    } else {
-        Unit { dst: 0, w: [0; 4], s: [0; VEC] }
-    };
+    let first = if have_first { copy_load::<VEC>(&a, g) } else { Unit { dst: 0, w: [0; 4], s: [0; VEC] } };
     prefetch_tail(&a, g, total);
     let smem = dyn_smem::<f32>();
     let flag = if MMA {
@@ -922,6 +1019,11 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const
         project_mma::<D>(&a, smem);
     } else {
         project::<D, VEC, BB, U>(&a, smem);
+    }
+    if a.mode == 1 {
+        // The first of two launches: the finishing kernel sums the partials.
+        copy_finish(&a, &first, have_first, g, total, ncopy);
+        return;
     }
     if a.splits > 1 {
         if !ticket(a.cnt.add(block_idx_x() as usize), a.splits - 1, flag) {
@@ -938,12 +1040,126 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const
     copy_finish(&a, &first, have_first, g, total, ncopy);
 }
 
+/// The finishing kernel's phase A: `kv` row `b` (`[k|v][d]`, f32) into `dst` as the sum of
+/// the split partials in split order from 0 (bitwise [`tile_reduce`]'s sums), by the whole
+/// block. With one split the projection wrote `kv` itself, which is copied unchanged (as the
+/// one-launch finish reads it).
+#[inline(always)]
+unsafe fn sum_splits_row<const VEC: usize>(a: &Args, b: u32, dst: *mut f32) {
+    let nt = block_dim_x();
+    let n2 = (2 * a.d) as usize;
+    let (src, splits) = if a.splits > 1 { (a.part as *const f32, a.splits) } else { (a.kv as *const f32, 1) };
+    let row = src.add(b as usize * n2);
+    let stride = a.b as usize * n2;
+    if VEC == 8 {
+        // 4 floats per item (d % 8 == 0: 16-byte aligned), up to 16 splits in flight.
+        let items = (2 * a.d) >> 2;
+        let mut o = thread_idx_x();
+        while o < items {
+            let e = (o as usize) << 2;
+            let p = row.add(e);
+            let mut sum = [0f32; 4];
+            let mut sp = 0u32;
+            while sp < splits {
+                let mut t = [[0u32; 4]; 16];
+                unroll8!(k, 8, {
+                    if sp + (k as u32) < splits {
+                        t[k] = ld_cg_v4_u32(p.add((sp as usize + k) * stride) as *const u32);
+                    }
+                });
+                unroll8!(k, 8, {
+                    if sp + (k as u32) + 8 < splits {
+                        t[k + 8] = ld_cg_v4_u32(p.add((sp as usize + k + 8) * stride) as *const u32);
+                    }
+                });
+                let mut k = 0;
+                while k < 16 {
+                    if sp + (k as u32) < splits {
+                        unroll8!(i, 4, {
+                            sum[i] =
+                                if a.splits == 1 { f32::from_bits(t[k][i]) } else { sum[i] + f32::from_bits(t[k][i]) };
+                        });
+                    }
+                    k += 1;
+                }
+                sp += 16;
+            }
+            unroll8!(i, 4, {
+                *dst.add(e + i) = sum[i];
+            });
+            o += nt;
+        }
+        return;
+    }
+    let mut o = thread_idx_x() as usize;
+    while o < n2 {
+        let p = row.add(o);
+        let mut sum = 0f32;
+        let mut sp = 0u32;
+        while sp < splits {
+            let mut t = [0f32; 8];
+            unroll8!(k, 8, {
+                if sp + (k as u32) < splits {
+                    t[k] = ld_cg_f32(p.add((sp as usize + k) * stride));
+                }
+            });
+            unroll8!(k, 8, {
+                if sp + (k as u32) < splits {
+                    sum = if a.splits == 1 { t[k] } else { sum + t[k] };
+                }
+            });
+            sp += 8;
+        }
+        *dst.add(o) = sum;
+        o += nt as usize;
+    }
+}
+
+/// The second launch of the two-launch step (`DecodeFinish::SecondLaunch`): block `b` finishes
+/// batch row `b`. Warp 0 issues the row's input loads first (prefetched into L2 by the
+/// projection launch); the whole block sums the split partials of the row (`mode` 2: into
+/// shared memory, `2·d` f32; 3: into `kv`); after one barrier warp 0 finishes the row.
+#[inline(always)]
+unsafe fn finish_launch<D: Dt, const VEC: usize>(a: Args) {
+    let b = block_idx_x();
+    let bu = b as usize;
+    let d = a.d as usize;
+    let lane = lane_id();
+    let warp0 = thread_idx_x() < 32;
+    let shared = a.mode == 2;
+    let cached = cached_row::<VEC>(&a);
+    let z = [0u32; 4];
+    let inp = if warp0 && cached {
+        row_inputs(&a, bu, lane)
+    } else {
+        RowIn { hw: [z; 2], whw: [z; 2], wvw: [z; 2], clw: [z; 2], sw: [[z; 3]; 2], cww: [[z; 3]; 2] }
+    };
+    let row = if shared { dyn_smem::<f32>() } else { a.kv.add(bu * 2 * d) };
+    if shared || a.splits > 1 {
+        sum_splits_row::<VEC>(&a, b, row);
+    }
+    sync_threads();
+    if !warp0 {
+        return;
+    }
+    let (inv_d, inv_sqrt_d) = row_scales(&a);
+    let (kk_row, vv_row) = (row as *const f32, row.add(d) as *const f32);
+    if cached {
+        finish_row_cached::<D>(&a, bu, lane, inv_d, inv_sqrt_d, kk_row, vv_row, shared, &inp);
+    } else {
+        finish_row_passes::<D, VEC>(&a, bu, lane, inv_d, inv_sqrt_d, kk_row, vv_row, shared);
+    }
+}
+
 macro_rules! decode_entry {
-    ($name:ident, $dt:ty, $vec:expr, $bb:expr, $u:expr, $mma:expr) => {
-        /// EngramDecodeFwd, one launch (see the module docs). Grid `(tiles, splits)`, block a
-        /// multiple of 32 with `block ≥ col_lanes`; dynamic shared memory
-        /// `block·2·VEC·4 + 16` bytes (`(block/32)·4096 + 16` for the MMA variants, whose
-        /// tiles are 64 columns and splits a multiple of 16 rows).
+    ($name:ident, $body:expr) => {
+        /// EngramDecodeFwd (see the module docs). `decode` entries: the one-launch step
+        /// (`mode` 0) or the projection launch of the two-launch step (`mode` 1); grid
+        /// `(tiles, splits)`, block a multiple of 32 with `block ≥ col_lanes`; dynamic shared
+        /// memory `block·2·VEC·4 + 16` bytes (`(block/32)·4096 + 16` for the MMA variants, whose
+        /// tiles are 64 columns and splits a multiple of 16 rows). `_fin` entries: the
+        /// finishing launch, grid `(batch)`, any block ≥ 32; `mode` 2 needs `8·d` bytes of
+        /// dynamic shared memory, `mode` 3 none.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(
             e: *const u16,
@@ -973,8 +1189,9 @@ macro_rules! decode_entry {
             rs: u32,
             cl_log: u32,
             eps: f32,
+            mode: u32,
         ) {
-            decode::<$dt, $vec, $bb, $u, $mma>(Args {
+            $body(Args {
                 e,
                 h,
                 s_in,
@@ -1002,20 +1219,25 @@ macro_rules! decode_entry {
                 rs,
                 cl_log,
                 eps,
+                mode,
             })
         }
     };
 }
 
-decode_entry!(engram_decode_f16_v8_b1, F16, 8, 1, 4, false);
-decode_entry!(engram_decode_f16_v8_b2, F16, 8, 2, 4, false);
-decode_entry!(engram_decode_f16_v8_b4, F16, 8, 4, 4, false);
-decode_entry!(engram_decode_f16_v8_b8, F16, 8, 8, 2, false);
-decode_entry!(engram_decode_f16_v1_b4, F16, 1, 4, 4, false);
-decode_entry!(engram_decode_bf16_v8_b1, Bf16, 8, 1, 4, false);
-decode_entry!(engram_decode_bf16_v8_b2, Bf16, 8, 2, 4, false);
-decode_entry!(engram_decode_bf16_v8_b4, Bf16, 8, 4, 4, false);
-decode_entry!(engram_decode_bf16_v8_b8, Bf16, 8, 8, 2, false);
-decode_entry!(engram_decode_bf16_v1_b4, Bf16, 1, 4, 4, false);
-decode_entry!(engram_decode_f16_mma, F16, 8, 8, 2, true);
-decode_entry!(engram_decode_bf16_mma, Bf16, 8, 8, 2, true);
+decode_entry!(engram_decode_f16_v8_b1, decode::<F16, 8, 1, 4, false>);
+decode_entry!(engram_decode_f16_v8_b2, decode::<F16, 8, 2, 4, false>);
+decode_entry!(engram_decode_f16_v8_b4, decode::<F16, 8, 4, 4, false>);
+decode_entry!(engram_decode_f16_v8_b8, decode::<F16, 8, 8, 2, false>);
+decode_entry!(engram_decode_f16_v1_b4, decode::<F16, 1, 4, 4, false>);
+decode_entry!(engram_decode_bf16_v8_b1, decode::<Bf16, 8, 1, 4, false>);
+decode_entry!(engram_decode_bf16_v8_b2, decode::<Bf16, 8, 2, 4, false>);
+decode_entry!(engram_decode_bf16_v8_b4, decode::<Bf16, 8, 4, 4, false>);
+decode_entry!(engram_decode_bf16_v8_b8, decode::<Bf16, 8, 8, 2, false>);
+decode_entry!(engram_decode_bf16_v1_b4, decode::<Bf16, 1, 4, 4, false>);
+decode_entry!(engram_decode_f16_mma, decode::<F16, 8, 8, 2, true>);
+decode_entry!(engram_decode_bf16_mma, decode::<Bf16, 8, 8, 2, true>);
+decode_entry!(engram_decode_f16_fin8, finish_launch::<F16, 8>);
+decode_entry!(engram_decode_f16_fin1, finish_launch::<F16, 1>);
+decode_entry!(engram_decode_bf16_fin8, finish_launch::<Bf16, 8>);
+decode_entry!(engram_decode_bf16_fin1, finish_launch::<Bf16, 1>);
