@@ -299,7 +299,7 @@ unsafe fn fwd<D: Dt, const FAST: bool, const NV: usize>(
                 shk = fma(hh[e] * kk[e], ww[e] * ww[e], shk);
             }
         });
-        let (shh, skk, shk) = (warp_sum_f32(shh), warp_sum_f32(skk), warp_sum_f32(shk));
+        let (shh, skk, shk) = (warp_sum_f32_sync(shh), warp_sum_f32_sync(skk), warp_sum_f32_sync(shk));
         let rh = rrms(shh, df, eps);
         let rk = rrms(skk, df, eps);
         let alpha = sigmoid(div_rn(shk * rh * rk, sqrt_rn(df)));
@@ -316,7 +316,7 @@ unsafe fn fwd<D: Dt, const FAST: bool, const NV: usize>(
                 st8::<D, FAST>(vq_out, c, d, o);
             }
         });
-        let rv = rrms(warp_sum_f32(svv), df, eps);
+        let rv = rrms(warp_sum_f32_sync(svv), df, eps);
         if lane == 0 {
             *s_alpha.add(i as usize) = alpha;
             *s_rv.add(i as usize) = rv;
@@ -490,8 +490,8 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
                 }
             }
         });
-        let rv = rrms(warp_sum_f32(svv), df, eps);
-        p_sum = warp_sum_f32(p_sum);
+        let rv = rrms(warp_sum_f32_sync(svv), df, eps);
+        p_sum = warp_sum_f32_sync(p_sum);
         if lane == 0 {
             *s_rv.add(i as usize) = rv;
         }
@@ -573,7 +573,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
                 s1 = fma(du[q] * wvv[q], a * vv[q], s1);
             }
         });
-        let s1 = warp_sum_f32(s1);
+        let s1 = warp_sum_f32_sync(s1);
         let c1 = rv * rv * rv * div_rn(s1, df);
         // dvh = g + rv·du·wv − vh·c1; dv = alpha·dvh; s2 = Σ dvh·v
         let mut s2 = 0f32;
@@ -589,7 +589,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
             }
             st8::<D, FAST>(dvr, c, d, o);
         });
-        let s2 = warp_sum_f32(s2);
+        let s2 = warp_sum_f32_sync(s2);
         let dz = a * (1.0 - a) * s2;
         let aa = dz * s * rh * rk;
         let pd = div_rn(p_sum, df);

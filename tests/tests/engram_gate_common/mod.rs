@@ -135,3 +135,4 @@ pub fn check_bwd<T: Half>(what: &str, x: &GateInputs<T>, o: &BwdOut<T>) -> Worst
     float(&mut w, what, "dconv_w", &o.dconv_w, &r.dconv_w);
     w
 }
+pub mod gpu;

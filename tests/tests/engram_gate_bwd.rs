@@ -1,0 +1,241 @@
+//! EngramGateConvBwd on the GPU against the q-free f64 gradients (SPEC.md §5): dtype outputs
+//! within 2 ulp of the correctly rounded value plus the magnitude slack, f32 outputs within
+//! 1e-4 relative (per element, plus slack, and in relative L2). Every output is poisoned first
+//! and every element checked; guard elements past each output must stay untouched.
+//!
+//! The saved tensors (`alpha, rrms_h, rrms_k`) come from the f64 forward reference rounded to
+//! f32, so these tests do not depend on the forward kernel (which has its own file,
+//! `engram_gate_fwd.rs`); `seed_workloads` also runs the real chain (GPU forward → backward).
+//! Every test runs under a watchdog that names the step in progress if a kernel never finishes.
+mod engram_gate_common;
+
+use engram_gate_common::gpu::*;
+use engram_gate_common::*;
+use rand::rngs::StdRng;
+use rgk::engram::{self, bwd_workspace_len, EngramGateShape, GateBwdConfig};
+use rgk::verify::Half;
+use rgk::{bf16, f16, Error, Gpu};
+use rgk_tests::{fresh_rng, gpu_or_skip};
+
+/// The backward of one problem (saved tensors from the reference), checked.
+fn case<T: Half + rgk::cudarc::driver::DeviceRepr>(
+    gpu: &Gpu,
+    wd: &Watchdog,
+    rng: &mut StdRng,
+    s: EngramGateShape,
+    scale: f32,
+    unit: bool,
+) -> Worst {
+    let x = gen::<T>(rng, s, scale, unit);
+    let what = format!("bwd {} {s:?} scale {scale} unit_w {unit}", T::NAME);
+    wd.step(&what);
+    let f = saved_from_reference(&x);
+    let b = run_bwd(gpu, &x, &f, 0, None, 0.0).unwrap();
+    check_bwd(&what, &x, &b)
+}
+
+#[test]
+fn seed_workloads() {
+    let Some(gpu) = gpu_or_skip("engram_gate_bwd::seed_workloads") else { return };
+    let wd = Watchdog::new("engram_gate_bwd::seed_workloads");
+    let mut rng = fresh_rng("engram_gate_bwd::seed_workloads");
+    for (name, m, t, d, is_f16) in [
+        ("train-s32", 1, 32, 256, true),
+        ("train-s64", 2, 64, 512, true),
+        ("train-s128", 1, 128, 256, false),
+        ("train-s96", 3, 96, 768, false),
+    ] {
+        let s = EngramGateShape { m, t, d };
+        for (scale, unit) in [(1.0, true), (1.0, false), (100.0, false)] {
+            let w = if is_f16 {
+                case::<f16>(&gpu, &wd, &mut rng, s, scale, unit)
+            } else {
+                case::<bf16>(&gpu, &wd, &mut rng, s, scale, unit)
+            };
+            println!("bwd {name} scale {scale} unit_w {unit}: {w:?}");
+        }
+        // the real chain: the GPU forward's saved tensors feed the backward
+        let w = if is_f16 { chain::<f16>(&gpu, &wd, &mut rng, s) } else { chain::<bf16>(&gpu, &wd, &mut rng, s) };
+        println!("bwd {name} after the GPU forward: {w:?}");
+    }
+}
+
+fn chain<T: Half + rgk::cudarc::driver::DeviceRepr>(
+    gpu: &Gpu,
+    wd: &Watchdog,
+    rng: &mut StdRng,
+    s: EngramGateShape,
+) -> Worst {
+    let x = gen::<T>(rng, s, 1.0, false);
+    let what = format!("fwd→bwd {} {s:?}", T::NAME);
+    wd.step(&what);
+    let f = run_fwd(gpu, &x, 0, None).unwrap();
+    let b = run_bwd(gpu, &x, &f, 0, None, 0.0).unwrap();
+    check_bwd(&what, &x, &b)
+}
+
+#[test]
+fn shape_sweep() {
+    let Some(gpu) = gpu_or_skip("engram_gate_bwd::shape_sweep") else { return };
+    let wd = Watchdog::new("engram_gate_bwd::shape_sweep");
+    let mut rng = fresh_rng("engram_gate_bwd::shape_sweep");
+    let mut worst = Worst::default();
+    let mut n = 0;
+    for t in [1, 2, 3, 4, 5, 257] {
+        for m in [1, 7] {
+            for d in [8, 256, 1000, 4096] {
+                if m * t * d > 2_000_000 {
+                    continue; // M=7, T=257, d=4096: covered with M=1 (CPU reference time)
+                }
+                let s = EngramGateShape { m, t, d };
+                let scale = if n % 2 == 0 { 1.0 } else { 100.0 };
+                let w = if n % 3 == 0 {
+                    case::<f16>(&gpu, &wd, &mut rng, s, scale, false)
+                } else {
+                    case::<bf16>(&gpu, &wd, &mut rng, s, scale, false)
+                };
+                worst.merge(&w);
+                n += 1;
+            }
+        }
+    }
+    println!("bwd shape sweep ({n} shapes): {worst:?}");
+}
+
+#[test]
+fn both_dtypes_both_scales_every_path() {
+    let Some(gpu) = gpu_or_skip("engram_gate_bwd::every_path") else { return };
+    let wd = Watchdog::new("engram_gate_bwd::every_path");
+    let mut rng = fresh_rng("engram_gate_bwd::every_path");
+    // resident NV = 1..4, streaming vectorised (d > 1024; d = 8192: dconv scratch in global
+    // memory for R = 4), scalar (d % 8 != 0)
+    for d in [8, 200, 256, 264, 512, 768, 1024, 1032, 2048, 8192, 13, 1000] {
+        let s = EngramGateShape { m: 2, t: 11, d };
+        for scale in [1.0, 100.0] {
+            case::<f16>(&gpu, &wd, &mut rng, s, scale, false);
+            case::<bf16>(&gpu, &wd, &mut rng, s, scale, false);
+        }
+    }
+}
+
+#[test]
+fn misaligned_inputs_take_the_scalar_path() {
+    let Some(gpu) = gpu_or_skip("engram_gate_bwd::misaligned") else { return };
+    let wd = Watchdog::new("engram_gate_bwd::misaligned");
+    let mut rng = fresh_rng("engram_gate_bwd::misaligned");
+    for (m, t, d) in [(2, 9, 256), (1, 5, 768), (3, 4, 8), (1, 6, 4100)] {
+        let s = EngramGateShape { m, t, d };
+        for off in [1, 3] {
+            let x = gen::<bf16>(&mut rng, s, 1.0, false);
+            let what = format!("bwd bf16 {s:?} offset {off}");
+            wd.step(&what);
+            let f = saved_from_reference(&x);
+            check_bwd(&what, &x, &run_bwd(&gpu, &x, &f, off, None, 0.0).unwrap());
+        }
+    }
+}
+
+#[test]
+fn every_launch_config_matches_reference() {
+    let Some(gpu) = gpu_or_skip("engram_gate_bwd::every_launch_config") else { return };
+    let wd = Watchdog::new("engram_gate_bwd::every_launch_config");
+    let mut rng = fresh_rng("engram_gate_bwd::every_launch_config");
+    for (m, t, d) in [(3, 96, 768), (2, 13, 1000), (1, 9, 4096), (2, 7, 256)] {
+        let s = EngramGateShape { m, t, d };
+        let x = gen::<f16>(&mut rng, s, 1.0, false);
+        let f0 = saved_from_reference(&x);
+        for r in [1, 2, 4, 6, 10, 19, 26] {
+            for sg in [1, 8, 32] {
+                let c = GateBwdConfig { rows_per_block: r, reduce_segments: sg };
+                let what = format!("bwd {s:?} {c:?}");
+                wd.step(&what);
+                let Some(b) = run_bwd(&gpu, &x, &f0, 0, Some(c), 0.0) else { continue };
+                check_bwd(&what, &x, &b);
+            }
+        }
+    }
+}
+
+fn bits_h<T: Half>(v: &[T]) -> Vec<u64> {
+    v.iter().map(|x| x.to_f64().to_bits()).collect()
+}
+fn bits_f(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn backward_is_bitwise_deterministic() {
+    let Some(gpu) = gpu_or_skip("engram_gate_bwd::deterministic") else { return };
+    let wd = Watchdog::new("engram_gate_bwd::deterministic");
+    let mut rng = fresh_rng("engram_gate_bwd::deterministic");
+    for (m, t, d) in [(3, 96, 768), (7, 257, 1000), (1, 33, 4096)] {
+        let s = EngramGateShape { m, t, d };
+        let x = gen::<bf16>(&mut rng, s, 1.0, false);
+        wd.step(format!("bwd twice {s:?}"));
+        let f1 = run_fwd(&gpu, &x, 0, None).unwrap();
+        let b1 = run_bwd(&gpu, &x, &f1, 0, None, 0.0).unwrap();
+        let b2 = run_bwd(&gpu, &x, &f1, 0, None, f32::NAN).unwrap();
+        assert_eq!(bits_h(&b1.dh), bits_h(&b2.dh), "{s:?}: dH differs between runs");
+        assert_eq!(bits_h(&b1.dk), bits_h(&b2.dk), "{s:?}: dk differs between runs");
+        assert_eq!(bits_h(&b1.dv), bits_h(&b2.dv), "{s:?}: dv differs between runs");
+        assert_eq!(bits_f(&b1.drms_w_h), bits_f(&b2.drms_w_h), "{s:?}: drms_w_h differs between runs");
+        assert_eq!(bits_f(&b1.drms_w_v), bits_f(&b2.drms_w_v), "{s:?}: drms_w_v differs between runs");
+        assert_eq!(bits_f(&b1.dconv_w), bits_f(&b2.dconv_w), "{s:?}: dconv_w differs between runs");
+        check_bwd(&format!("{s:?}"), &x, &b1);
+        println!("{s:?}: two backward runs bitwise identical");
+    }
+}
+
+#[test]
+fn bad_input_is_an_error_naming_the_argument() {
+    let Some(gpu) = gpu_or_skip("engram_gate_bwd::bad_input") else { return };
+    let s = EngramGateShape { m: 2, t: 5, d: 16 };
+    let (n, rows) = s.lens().unwrap();
+    let st = gpu.stream();
+    let z = |len: usize| st.alloc_zeros::<f16>(len).unwrap();
+    let zf = |len: usize| st.alloc_zeros::<f32>(len).unwrap();
+    let expect = |r: rgk::Result<()>, arg: &str| match r {
+        Err(Error::BufferTooSmall { arg: a, .. }) => assert_eq!(a, arg),
+        other => panic!("expected BufferTooSmall({arg}), got {other:?}"),
+    };
+    let wl = bwd_workspace_len(s).unwrap();
+    let names = [
+        "dy",
+        "h",
+        "k",
+        "v",
+        "vhat",
+        "rms_w_h",
+        "rms_w_v",
+        "conv_w",
+        "alpha",
+        "rrms_h",
+        "rrms_k",
+        "rrms_v",
+        "workspace",
+        "dh",
+        "dk",
+        "dv",
+        "drms_w_h",
+        "drms_w_v",
+        "dconv_w",
+    ];
+    let full = [n, n, n, n, n, 16, 16, 64, rows, rows, rows, rows, wl, n, n, n, 16, 16, 64];
+    for (bad, name) in names.iter().enumerate() {
+        let len = |i: usize| if i == bad { full[i] - 1 } else { full[i] };
+        let (g, h, k, v, q) = (z(len(0)), z(len(1)), z(len(2)), z(len(3)), z(len(4)));
+        let (wh, wv, cw) = (z(len(5)), z(len(6)), z(len(7)));
+        let (a, rh, rk, rv) = (zf(len(8)), zf(len(9)), zf(len(10)), zf(len(11)));
+        let mut ws = zf(len(12));
+        let (mut dh, mut dk, mut dv) = (z(len(13)), z(len(14)), z(len(15)));
+        let (mut dwh, mut dwv, mut dcw) = (zf(len(16)), zf(len(17)), zf(len(18)));
+        expect(
+            engram::gate_conv_bwd(
+                &gpu, s, &g, &h, &k, &v, &q, &wh, &wv, &cw, &a, &rh, &rk, &rv, &mut ws, &mut dh, &mut dk, &mut dv,
+                &mut dwh, &mut dwv, &mut dcw,
+            ),
+            name,
+        );
+    }
+    st.synchronize().unwrap();
+}

@@ -1,0 +1,271 @@
+//! GPU helpers of the EngramGateConv tests: poisoned uploads, runs of the forward and the
+//! backward (default or explicit configuration, any element offset), read-back with guard
+//! checks, the saved tensors of the backward from the f64 reference, and a watchdog that turns
+//! a hung kernel into a named failure instead of silence.
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::*;
+use rgk::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use rgk::engram::{self, bwd_workspace_len, bwd_workspace_len_with, GateBwdConfig, GateFwdConfig};
+use rgk::reference::engram_gate_fwd;
+use rgk::verify::{poisoned, Half};
+use rgk::{Error, Gpu};
+
+pub const GUARD: usize = 5;
+
+pub fn up<T: Half + rgk::cudarc::driver::DeviceRepr>(gpu: &Gpu, x: &[T], off: usize) -> CudaSlice<T> {
+    let mut p = poisoned::<T>(off);
+    p.extend_from_slice(x);
+    gpu.stream().clone_htod(&p).unwrap()
+}
+
+pub fn out_half<T: Half + rgk::cudarc::driver::DeviceRepr>(gpu: &Gpu, len: usize) -> CudaSlice<T> {
+    gpu.stream().clone_htod(&poisoned::<T>(len + GUARD)).unwrap()
+}
+
+pub fn out_f32(gpu: &Gpu, len: usize) -> CudaSlice<f32> {
+    gpu.stream().clone_htod(&vec![f32::NAN; len + GUARD]).unwrap()
+}
+
+pub fn down_half<T: Half + rgk::cudarc::driver::DeviceRepr>(
+    gpu: &Gpu,
+    b: &CudaSlice<T>,
+    len: usize,
+    name: &str,
+) -> Vec<T> {
+    let all: Vec<T> = gpu.stream().clone_dtoh(b).unwrap();
+    let p = T::poison().to_f64().to_bits();
+    assert!(all[len..].iter().all(|v| v.to_f64().to_bits() == p), "{name}: write past the end");
+    all[..len].to_vec()
+}
+
+pub fn down_f32(gpu: &Gpu, b: &CudaSlice<f32>, len: usize, name: &str) -> Vec<f32> {
+    let all: Vec<f32> = gpu.stream().clone_dtoh(b).unwrap();
+    assert!(all[len..].iter().all(|v| v.is_nan()), "{name}: write past the end");
+    all[..len].to_vec()
+}
+
+/// `Ok` → true; a configuration the kernel cannot run (too many threads for its registers) →
+/// false after printing it; any other error panics.
+pub fn config_ok(r: rgk::Result<()>) -> bool {
+    match r {
+        Ok(()) => true,
+        Err(Error::Shape { arg: "config.rows_per_block", msg }) => {
+            println!("configuration refused (expected for large blocks): {msg}");
+            false
+        }
+        Err(e) => panic!("launch failed: {e}"),
+    }
+}
+
+/// Runs the forward; `off` = element offset of every input inside its buffer (≠ 0 takes the
+/// scalar kernel); `cfg` = explicit configuration through the raw entry.
+pub fn run_fwd<T: Half + rgk::cudarc::driver::DeviceRepr>(
+    gpu: &Gpu,
+    x: &GateInputs<T>,
+    off: usize,
+    cfg: Option<GateFwdConfig>,
+) -> Option<FwdOut<T>> {
+    let (n, rows) = x.s.lens().unwrap();
+    let (h, k, v) = (up(gpu, &x.h, off), up(gpu, &x.k, off), up(gpu, &x.v, off));
+    let (wh, wv, cw) = (up(gpu, &x.wh, off), up(gpu, &x.wv, off), up(gpu, &x.cw, off));
+    let (mut y, mut vq) = (out_half::<T>(gpu, n), out_half::<T>(gpu, n));
+    let (mut a, mut rh, mut rk, mut rv) =
+        (out_f32(gpu, rows), out_f32(gpu, rows), out_f32(gpu, rows), out_f32(gpu, rows));
+    match cfg {
+        None => engram::gate_conv_fwd::<T>(
+            gpu,
+            x.s,
+            &h.slice(off..),
+            &k.slice(off..),
+            &v.slice(off..),
+            &wh.slice(off..),
+            &wv.slice(off..),
+            &cw.slice(off..),
+            &mut y,
+            &mut vq,
+            &mut a,
+            &mut rh,
+            &mut rk,
+            &mut rv,
+        )
+        .unwrap(),
+        Some(c) => {
+            let st = gpu.stream();
+            let ins = [&h, &k, &v, &wh, &wv, &cw].map(|b| b.device_ptr(st).0 + (off * 2) as u64);
+            let outs = [y.device_ptr_mut(st).0, vq.device_ptr_mut(st).0];
+            let outs2 = [&mut a, &mut rh, &mut rk, &mut rv].map(|b| b.device_ptr_mut(st).0);
+            let r = unsafe {
+                engram::gate_conv_fwd_raw_with::<T>(
+                    gpu,
+                    x.s,
+                    c,
+                    ins,
+                    [outs[0], outs[1], outs2[0], outs2[1], outs2[2], outs2[3]],
+                    st.cu_stream(),
+                )
+            };
+            if !config_ok(r) {
+                return None;
+            }
+        }
+    }
+    Some(FwdOut {
+        y: down_half(gpu, &y, n, "Y"),
+        vhat: down_half(gpu, &vq, n, "vhat"),
+        alpha: down_f32(gpu, &a, rows, "alpha"),
+        rrms_h: down_f32(gpu, &rh, rows, "rrms_h"),
+        rrms_k: down_f32(gpu, &rk, rows, "rrms_k"),
+        rrms_v: down_f32(gpu, &rv, rows, "rrms_v"),
+    })
+}
+
+/// Runs the backward on the forward's saved tensors `f`. The workspace is filled with
+/// `ws_fill` first (its contents must not matter).
+pub fn run_bwd<T: Half + rgk::cudarc::driver::DeviceRepr>(
+    gpu: &Gpu,
+    x: &GateInputs<T>,
+    f: &FwdOut<T>,
+    off: usize,
+    cfg: Option<GateBwdConfig>,
+    ws_fill: f32,
+) -> Option<BwdOut<T>> {
+    let (n, _) = x.s.lens().unwrap();
+    let d = x.s.d;
+    let st = gpu.stream();
+    let (g, h, k, v) = (up(gpu, &x.dy, off), up(gpu, &x.h, off), up(gpu, &x.k, off), up(gpu, &x.v, off));
+    let (wh, wv, cw) = (up(gpu, &x.wh, off), up(gpu, &x.wv, off), up(gpu, &x.cw, off));
+    let vq = up(gpu, &f.vhat, off);
+    let (a, rh, rk, rv) = (
+        st.clone_htod(&f.alpha).unwrap(),
+        st.clone_htod(&f.rrms_h).unwrap(),
+        st.clone_htod(&f.rrms_k).unwrap(),
+        st.clone_htod(&f.rrms_v).unwrap(),
+    );
+    let wl = match cfg {
+        None => bwd_workspace_len(x.s).unwrap(),
+        Some(c) => bwd_workspace_len_with(x.s, c).unwrap(),
+    };
+    let mut ws = st.clone_htod(&vec![ws_fill; wl]).unwrap();
+    let (mut dh, mut dk, mut dv) = (out_half::<T>(gpu, n), out_half::<T>(gpu, n), out_half::<T>(gpu, n));
+    let (mut dwh, mut dwv, mut dcw) = (out_f32(gpu, d), out_f32(gpu, d), out_f32(gpu, 4 * d));
+    match cfg {
+        None => engram::gate_conv_bwd::<T>(
+            gpu,
+            x.s,
+            &g.slice(off..),
+            &h.slice(off..),
+            &k.slice(off..),
+            &v.slice(off..),
+            &vq.slice(off..),
+            &wh.slice(off..),
+            &wv.slice(off..),
+            &cw.slice(off..),
+            &a,
+            &rh,
+            &rk,
+            &rv,
+            &mut ws,
+            &mut dh,
+            &mut dk,
+            &mut dv,
+            &mut dwh,
+            &mut dwv,
+            &mut dcw,
+        )
+        .unwrap(),
+        Some(c) => {
+            let ins = [&g, &h, &k, &v, &wh, &wv, &cw].map(|b| b.device_ptr(st).0 + (off * 2) as u64);
+            let saved = [&a, &rh, &rk].map(|b| b.device_ptr(st).0);
+            let o1 = [&mut dh, &mut dk, &mut dv].map(|b| b.device_ptr_mut(st).0);
+            let o2 = [&mut dwh, &mut dwv, &mut dcw].map(|b| b.device_ptr_mut(st).0);
+            let pws = ws.device_ptr_mut(st).0;
+            let r = unsafe {
+                engram::gate_conv_bwd_raw_with::<T>(
+                    gpu,
+                    x.s,
+                    c,
+                    ins,
+                    saved,
+                    pws,
+                    [o1[0], o1[1], o1[2], o2[0], o2[1], o2[2]],
+                    st.cu_stream(),
+                )
+            };
+            if !config_ok(r) {
+                return None;
+            }
+        }
+    }
+    Some(BwdOut {
+        dh: down_half(gpu, &dh, n, "dH"),
+        dk: down_half(gpu, &dk, n, "dk"),
+        dv: down_half(gpu, &dv, n, "dv"),
+        drms_w_h: down_f32(gpu, &dwh, d, "drms_w_h"),
+        drms_w_v: down_f32(gpu, &dwv, d, "drms_w_v"),
+        dconv_w: down_f32(gpu, &dcw, 4 * d, "dconv_w"),
+    })
+}
+
+/// The backward's saved tensors (`alpha, rrms_h, rrms_k`; `vhat`, `rrms_v` too, which it
+/// validates but does not read) from the f64 forward reference rounded to the storage types,
+/// so the backward tests do not depend on the forward kernel.
+pub fn saved_from_reference<T: Half>(x: &GateInputs<T>) -> FwdOut<T> {
+    let r = engram_gate_fwd(x.s, &x.h, &x.k, &x.v, &x.wh, &x.wv, &x.cw, None);
+    let f = |o: &rgk::reference::RefOutput| o.value.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+    FwdOut {
+        y: r.y.value.iter().map(|&v| T::round_f64(v)).collect(),
+        vhat: r.vhat.value.iter().map(|&v| T::round_f64(v)).collect(),
+        alpha: f(&r.alpha),
+        rrms_h: f(&r.rrms_h),
+        rrms_k: f(&r.rrms_k),
+        rrms_v: f(&r.rrms_v),
+    }
+}
+
+/// Aborts the test process with a message naming the step in progress when no step finishes
+/// within the limit (`RGK_TEST_STEP_LIMIT_S`, default 60 s): a kernel that never finishes
+/// blocks the read-back forever, and a silent hang hides every other result. A step is one
+/// launch plus its read-back and CPU reference check (the largest reference, 1.8 M elements,
+/// takes a few seconds in a release build).
+pub struct Watchdog {
+    state: Arc<Mutex<(String, Instant)>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Watchdog {
+    pub fn new(test: &str) -> Self {
+        let limit = std::env::var("RGK_TEST_STEP_LIMIT_S").ok().and_then(|s| s.parse().ok()).unwrap_or(60u64);
+        let limit = Duration::from_secs(limit);
+        let state = Arc::new(Mutex::new(("start".to_string(), Instant::now())));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (st, sp, test) = (state.clone(), stop.clone(), test.to_string());
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(250));
+            if sp.load(Ordering::Relaxed) {
+                return;
+            }
+            let (what, since) = st.lock().unwrap().clone();
+            if since.elapsed() > limit {
+                eprintln!(
+                    "{test}: no progress for {limit:?} in step `{what}`: a kernel probably never finishes; aborting the test process"
+                );
+                std::process::exit(3);
+            }
+        });
+        Self { state, stop }
+    }
+
+    /// Marks the start of a new step.
+    pub fn step(&self, what: impl Into<String>) {
+        *self.state.lock().unwrap() = (what.into(), Instant::now());
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}

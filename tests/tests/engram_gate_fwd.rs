@@ -1,0 +1,192 @@
+//! EngramGateConvFwd on the GPU against the f64 reference (SPEC.md §4): dtype outputs within
+//! 2 ulp of the correctly rounded value plus the magnitude slack (`rgk::reference::
+//! engram_gate_fwd` documents it), f32 outputs within 1e-4 relative (per element, plus slack,
+//! and in relative L2). Every output is poisoned first and every element checked; guard
+//! elements past each output must stay untouched. The backward has its own test file
+//! (`engram_gate_bwd.rs`) so a failure or hang of one cannot hide the other's results; every
+//! test runs under a watchdog that names the step in progress if a kernel never finishes.
+mod engram_gate_common;
+
+use engram_gate_common::gpu::*;
+use engram_gate_common::*;
+use rand::rngs::StdRng;
+use rgk::engram::{self, EngramGateShape, GateFwdConfig};
+use rgk::verify::Half;
+use rgk::{bf16, f16, Error, Gpu};
+use rgk_tests::{fresh_rng, gpu_or_skip};
+
+/// The forward of one problem, checked; returns the worst errors.
+fn case<T: Half + rgk::cudarc::driver::DeviceRepr>(
+    gpu: &Gpu,
+    wd: &Watchdog,
+    rng: &mut StdRng,
+    s: EngramGateShape,
+    scale: f32,
+    unit: bool,
+) -> Worst {
+    let x = gen::<T>(rng, s, scale, unit);
+    let what = format!("fwd {} {s:?} scale {scale} unit_w {unit}", T::NAME);
+    wd.step(&what);
+    let f = run_fwd(gpu, &x, 0, None).unwrap();
+    check_fwd(&what, &x, &f)
+}
+
+#[test]
+fn seed_workloads() {
+    let Some(gpu) = gpu_or_skip("engram_gate_fwd::seed_workloads") else { return };
+    let wd = Watchdog::new("engram_gate_fwd::seed_workloads");
+    let mut rng = fresh_rng("engram_gate_fwd::seed_workloads");
+    for (name, m, t, d, is_f16) in [
+        ("train-s32", 1, 32, 256, true),
+        ("train-s64", 2, 64, 512, true),
+        ("train-s128", 1, 128, 256, false),
+        ("train-s96", 3, 96, 768, false),
+    ] {
+        let s = EngramGateShape { m, t, d };
+        for (scale, unit) in [(1.0, true), (1.0, false), (100.0, false)] {
+            let w = if is_f16 {
+                case::<f16>(&gpu, &wd, &mut rng, s, scale, unit)
+            } else {
+                case::<bf16>(&gpu, &wd, &mut rng, s, scale, unit)
+            };
+            println!("fwd {name} scale {scale} unit_w {unit}: {w:?}");
+        }
+    }
+}
+
+#[test]
+fn shape_sweep() {
+    let Some(gpu) = gpu_or_skip("engram_gate_fwd::shape_sweep") else { return };
+    let wd = Watchdog::new("engram_gate_fwd::shape_sweep");
+    let mut rng = fresh_rng("engram_gate_fwd::shape_sweep");
+    let mut worst = Worst::default();
+    let mut n = 0;
+    for t in [1, 2, 3, 4, 5, 257] {
+        for m in [1, 7] {
+            for d in [8, 256, 1000, 4096] {
+                if m * t * d > 2_000_000 {
+                    continue; // M=7, T=257, d=4096: covered with M=1 (CPU reference time)
+                }
+                let s = EngramGateShape { m, t, d };
+                let scale = if n % 2 == 0 { 1.0 } else { 100.0 };
+                let w = if n % 3 == 0 {
+                    case::<f16>(&gpu, &wd, &mut rng, s, scale, false)
+                } else {
+                    case::<bf16>(&gpu, &wd, &mut rng, s, scale, false)
+                };
+                worst.merge(&w);
+                n += 1;
+            }
+        }
+    }
+    println!("fwd shape sweep ({n} shapes): {worst:?}");
+}
+
+#[test]
+fn both_dtypes_both_scales_every_path() {
+    let Some(gpu) = gpu_or_skip("engram_gate_fwd::every_path") else { return };
+    let wd = Watchdog::new("engram_gate_fwd::every_path");
+    let mut rng = fresh_rng("engram_gate_fwd::every_path");
+    // resident NV = 1..4, streaming vectorised (d > 1024), scalar (d % 8 != 0)
+    for d in [8, 200, 256, 264, 512, 768, 1024, 1032, 2048, 8192, 13, 1000] {
+        let s = EngramGateShape { m: 2, t: 11, d };
+        for scale in [1.0, 100.0] {
+            case::<f16>(&gpu, &wd, &mut rng, s, scale, false);
+            case::<bf16>(&gpu, &wd, &mut rng, s, scale, false);
+        }
+    }
+}
+
+#[test]
+fn misaligned_inputs_take_the_scalar_path() {
+    let Some(gpu) = gpu_or_skip("engram_gate_fwd::misaligned") else { return };
+    let wd = Watchdog::new("engram_gate_fwd::misaligned");
+    let mut rng = fresh_rng("engram_gate_fwd::misaligned");
+    for (m, t, d) in [(2, 9, 256), (1, 5, 768), (3, 4, 8), (1, 6, 4100)] {
+        let s = EngramGateShape { m, t, d };
+        for off in [1, 3] {
+            let x = gen::<bf16>(&mut rng, s, 1.0, false);
+            let what = format!("fwd bf16 {s:?} offset {off}");
+            wd.step(&what);
+            let f = run_fwd(&gpu, &x, off, None).unwrap();
+            check_fwd(&what, &x, &f);
+        }
+    }
+}
+
+#[test]
+fn every_launch_config_matches_reference() {
+    let Some(gpu) = gpu_or_skip("engram_gate_fwd::every_launch_config") else { return };
+    let wd = Watchdog::new("engram_gate_fwd::every_launch_config");
+    let mut rng = fresh_rng("engram_gate_fwd::every_launch_config");
+    for (m, t, d) in [(3, 96, 768), (2, 13, 1000), (1, 9, 4096), (2, 7, 256)] {
+        let s = EngramGateShape { m, t, d };
+        let x = gen::<f16>(&mut rng, s, 1.0, false);
+        for r in [1, 2, 3, 5, 8, 13, 29] {
+            let what = format!("fwd {s:?} R {r}");
+            wd.step(&what);
+            let Some(f) = run_fwd(&gpu, &x, 0, Some(GateFwdConfig { rows_per_block: r })) else { continue };
+            check_fwd(&what, &x, &f);
+        }
+    }
+}
+
+fn bits_h<T: Half>(v: &[T]) -> Vec<u64> {
+    v.iter().map(|x| x.to_f64().to_bits()).collect()
+}
+
+#[test]
+fn forward_is_bitwise_deterministic() {
+    let Some(gpu) = gpu_or_skip("engram_gate_fwd::deterministic") else { return };
+    let wd = Watchdog::new("engram_gate_fwd::deterministic");
+    let mut rng = fresh_rng("engram_gate_fwd::deterministic");
+    for (m, t, d) in [(3, 96, 768), (7, 257, 1000), (1, 33, 4096)] {
+        let s = EngramGateShape { m, t, d };
+        let x = gen::<bf16>(&mut rng, s, 1.0, false);
+        wd.step(format!("fwd twice {s:?}"));
+        let f1 = run_fwd(&gpu, &x, 0, None).unwrap();
+        let f2 = run_fwd(&gpu, &x, 0, None).unwrap();
+        assert_eq!(bits_h(&f1.y), bits_h(&f2.y), "{s:?}: Y differs between runs");
+        assert_eq!(bits_h(&f1.vhat), bits_h(&f2.vhat), "{s:?}: vhat differs between runs");
+        for (a, b, n) in [
+            (&f1.alpha, &f2.alpha, "alpha"),
+            (&f1.rrms_h, &f2.rrms_h, "rrms_h"),
+            (&f1.rrms_k, &f2.rrms_k, "rrms_k"),
+            (&f1.rrms_v, &f2.rrms_v, "rrms_v"),
+        ] {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(a), bits(b), "{s:?}: {n} differs between runs");
+        }
+        check_fwd(&format!("{s:?}"), &x, &f1);
+    }
+}
+
+#[test]
+fn bad_input_is_an_error_naming_the_argument() {
+    let Some(gpu) = gpu_or_skip("engram_gate_fwd::bad_input") else { return };
+    let s = EngramGateShape { m: 2, t: 5, d: 16 };
+    let (n, rows) = s.lens().unwrap();
+    let st = gpu.stream();
+    let z = |len: usize| st.alloc_zeros::<f16>(len).unwrap();
+    let zf = |len: usize| st.alloc_zeros::<f32>(len).unwrap();
+    let expect = |r: rgk::Result<()>, arg: &str| match r {
+        Err(Error::BufferTooSmall { arg: a, .. }) => assert_eq!(a, arg),
+        other => panic!("expected BufferTooSmall({arg}), got {other:?}"),
+    };
+    // shrink one buffer at a time
+    let names = ["h", "k", "v", "rms_w_h", "rms_w_v", "conv_w", "y", "vhat", "alpha", "rrms_h", "rrms_k", "rrms_v"];
+    let full = [n, n, n, 16, 16, 64, n, n, rows, rows, rows, rows];
+    for (bad, name) in names.iter().enumerate() {
+        let len = |i: usize| if i == bad { full[i] - 1 } else { full[i] };
+        let (h, k, v, wh, wv, cw) = (z(len(0)), z(len(1)), z(len(2)), z(len(3)), z(len(4)), z(len(5)));
+        let (mut y, mut q) = (z(len(6)), z(len(7)));
+        let (mut a, mut rh, mut rk, mut rv) = (zf(len(8)), zf(len(9)), zf(len(10)), zf(len(11)));
+        expect(
+            engram::gate_conv_fwd(
+                &gpu, s, &h, &k, &v, &wh, &wv, &cw, &mut y, &mut q, &mut a, &mut rh, &mut rk, &mut rv,
+            ),
+            name,
+        );
+    }
+    st.synchronize().unwrap();
+}
