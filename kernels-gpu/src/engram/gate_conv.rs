@@ -181,8 +181,6 @@ fn rrms(sum: f32, d: f32, eps: f32) -> f32 {
     rcp_rn(sqrt_rn(div_rn(sum, d) + eps))
 }
 
-
-
 /// Runs `$body` for each chunk `$c` of this lane with its resident index `$n`: unrolled over
 /// `n < NV` (constant indices, so resident arrays stay in registers) when `NV > 0`, a loop
 /// over `c = lane + 32·n < nch` otherwise.
@@ -299,7 +297,7 @@ unsafe fn fwd<D: Dt, const FAST: bool, const NV: usize>(
                 shk = fma(hh[e] * kk[e], ww[e] * ww[e], shk);
             }
         });
-        let (shh, skk, shk) = (warp_sum_f32_sync(shh), warp_sum_f32_sync(skk), warp_sum_f32_sync(shk));
+        let (shh, skk, shk) = (warp_sum_f32(shh), warp_sum_f32(skk), warp_sum_f32(shk));
         let rh = rrms(shh, df, eps);
         let rk = rrms(skk, df, eps);
         let alpha = sigmoid(div_rn(shk * rh * rk, sqrt_rn(df)));
@@ -316,7 +314,7 @@ unsafe fn fwd<D: Dt, const FAST: bool, const NV: usize>(
                 st8::<D, FAST>(vq_out, c, d, o);
             }
         });
-        let rv = rrms(warp_sum_f32_sync(svv), df, eps);
+        let rv = rrms(warp_sum_f32(svv), df, eps);
         if lane == 0 {
             *s_alpha.add(i as usize) = alpha;
             *s_rv.add(i as usize) = rv;
@@ -490,8 +488,8 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
                 }
             }
         });
-        let rv = rrms(warp_sum_f32_sync(svv), df, eps);
-        p_sum = warp_sum_f32_sync(p_sum);
+        let rv = rrms(warp_sum_f32(svv), df, eps);
+        p_sum = warp_sum_f32(p_sum);
         if lane == 0 {
             *s_rv.add(i as usize) = rv;
         }
@@ -573,7 +571,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
                 s1 = fma(du[q] * wvv[q], a * vv[q], s1);
             }
         });
-        let s1 = warp_sum_f32_sync(s1);
+        let s1 = warp_sum_f32(s1);
         let c1 = rv * rv * rv * div_rn(s1, df);
         // dvh = g + rv·du·wv − vh·c1; dv = alpha·dvh; s2 = Σ dvh·v
         let mut s2 = 0f32;
@@ -589,7 +587,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
             }
             st8::<D, FAST>(dvr, c, d, o);
         });
-        let s2 = warp_sum_f32_sync(s2);
+        let s2 = warp_sum_f32(s2);
         let dz = a * (1.0 - a) * s2;
         let aa = dz * s * rh * rk;
         let pd = div_rn(p_sum, df);
@@ -779,7 +777,9 @@ macro_rules! bwd_entry {
             ntiles: u32,
             eps: f32,
         ) {
-            bwd::<$dt, $fast, $nv>(g, h, k, v, wh, wv, cw, alpha, rh, rk, dh, dk, dv, part, scratch, t_len, d, r, ntiles, eps)
+            bwd::<$dt, $fast, $nv>(
+                g, h, k, v, wh, wv, cw, alpha, rh, rk, dh, dk, dv, part, scratch, t_len, d, r, ntiles, eps,
+            )
         }
     };
 }

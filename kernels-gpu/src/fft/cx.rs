@@ -1,7 +1,7 @@
 //! Memory access of complex elements for the FFT kernels (vector loads and stores).
 
-pub use super::dft::{dft, Cx, Real};
 pub(crate) use super::dft::unroll;
+pub use super::dft::{dft, Cx, Real};
 
 /// Loads and stores of one complex element of a [`Real`] type.
 pub trait Mem: Real {
@@ -63,4 +63,3 @@ impl Mem for f64 {
         }
     }
 }
-

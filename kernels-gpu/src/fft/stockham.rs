@@ -100,7 +100,7 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
     let lr = R.trailing_zeros();
     let tpt = 1u32 << c.log_tpt;
     let quarter = 1u32 << (c.log_l - lr); // L/R
-    // Read: element e of the thread is input r = e mod R of its butterfly q = e / R.
+                                          // Read: element e of the thread is input r = e mod R of its butterfly q = e / R.
     unroll!(E, e, {
         let j = c.jt + (e / R) as u32 * tpt;
         let idx = j + (e % R) as u32 * quarter;

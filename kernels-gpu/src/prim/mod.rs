@@ -77,13 +77,17 @@ pub fn fence_gpu() {
 // ---------------------------------------------------------------- warp
 
 /// `shfl.sync.bfly.b32` with all 32 lanes taking part.
+///
+/// Deliberately not `pure`: a warp-collective must stay where every lane executes it. A `pure`
+/// asm lets LLVM sink it into a branch that only some lanes take (seen: a reduction whose result
+/// was used only under `lane == 0` was moved there, and the kernel deadlocked).
 #[inline(always)]
 pub fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
     let r: f32;
     unsafe {
         asm!("shfl.sync.bfly.b32 {r}, {v}, {m}, 0x1f, 0xffffffff;",
              r = out(reg32) r, v = in(reg32) v, m = in(reg32) lane_mask,
-             options(nomem, nostack, pure))
+             options(nomem, nostack))
     };
     r
 }
@@ -106,14 +110,15 @@ pub fn shfl_xor_u32(v: u32, lane_mask: u32) -> u32 {
     f32::to_bits(shfl_xor_f32(f32::from_bits(v), lane_mask))
 }
 
-/// `shfl.sync.idx.b32`: the value of lane `src` (all 32 lanes taking part).
+/// `shfl.sync.idx.b32`: the value of lane `src` (all 32 lanes taking part; not `pure`, as
+/// [`shfl_xor_f32`]).
 #[inline(always)]
 pub fn shfl_idx_f32(v: f32, src: u32) -> f32 {
     let r: f32;
     unsafe {
         asm!("shfl.sync.idx.b32 {r}, {v}, {s}, 0x1f, 0xffffffff;",
              r = out(reg32) r, v = in(reg32) v, s = in(reg32) src,
-             options(nomem, nostack, pure))
+             options(nomem, nostack))
     };
     r
 }
@@ -475,33 +480,4 @@ pub fn opaque_u32(v: u32) -> u32 {
     let r: u32;
     unsafe { asm!("mov.u32 {}, {};", out(reg32) r, in(reg32) v, options(nomem, nostack)) };
     r
-}
-
-// ---------------------------------------------------------------- EngramGateConvFwd/Bwd, continued
-
-/// `shfl.sync.bfly.b32` with all 32 lanes taking part, as a side-effecting instruction (not
-/// `pure`). [`shfl_xor_f32`] is `pure`, which lets LLVM sink it into a branch where its result
-/// is used (e.g. `if lane == 0 { store(warp_sum(x)) }`): then only some lanes execute a
-/// full-mask `shfl.sync` and the warp deadlocks. Side effects forbid that motion.
-#[inline(always)]
-pub fn shfl_xor_f32_sync(v: f32, lane_mask: u32) -> f32 {
-    let r: f32;
-    unsafe {
-        asm!("shfl.sync.bfly.b32 {r}, {v}, {m}, 0x1f, 0xffffffff;",
-             r = out(reg32) r, v = in(reg32) v, m = in(reg32) lane_mask,
-             options(nomem, nostack))
-    };
-    r
-}
-
-/// [`warp_sum_f32`] through [`shfl_xor_f32_sync`] (same butterfly order, same bits): safe to
-/// use where the sum is consumed only under a lane-dependent condition.
-#[inline(always)]
-pub fn warp_sum_f32_sync(mut v: f32) -> f32 {
-    let mut m = 16;
-    while m > 0 {
-        v += shfl_xor_f32_sync(v, m);
-        m >>= 1;
-    }
-    v
 }
