@@ -33,6 +33,9 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut configs: Vec<(Option<String>, DecodeConfig, bool)> = vec![(None, DecodeConfig::default(), false)];
     if variants {
         configs.push((Some("ring".into()), DecodeConfig::default(), true));
+        let ticket = DecodeConfig { finish: DecodeFinish::Ticket, ..DecodeConfig::default() };
+        configs.push((Some("ticket".into()), ticket, false));
+        configs.push((Some("ticket-ring".into()), ticket, true));
         // The two-launch finish (projection kernel, then one block per batch row): no fences or
         // atomics on the critical path; `-bN` sets both kernels' block, `-rN` the split depth.
         let two = DecodeConfig { finish: DecodeFinish::SecondLaunch, ..DecodeConfig::default() };

@@ -200,7 +200,9 @@ impl Default for DecodeConfig {
             block: 128,
             rows_per_thread: 0,
             max_blocks: 2 * SMS as u32,
-            finish: DecodeFinish::Ticket,
+            // Two launches: predicted ≈2× faster than the one-launch ticket chain
+            // (kernels-gpu/src/engram/NOTES.md); the bench's `@ticket` row measures the other.
+            finish: DecodeFinish::SecondLaunch,
         }
     }
 }
