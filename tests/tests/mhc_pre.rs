@@ -2,9 +2,10 @@
 //! correctly rounded value (+ the slack of `reference::mhc_pre_fwd_from_logits`), h_post to
 //! 1e-5 relative (+ its slack), every element, outputs poisoned first; bitwise determinism.
 //!
-//! CPU tests (run everywhere): a Rust model of the kernel's index math and arithmetic (same
-//! tiles, walks, summation orders, tag truncation and f32 coefficient code) checked for exact
-//! coverage and against the reference with the same tolerances; validation errors; the
+//! CPU tests (run everywhere): a Rust model of both kernels' index math and arithmetic (same
+//! tiles, walks, summation orders and f32 coefficient code) checked for exact coverage (every
+//! phi/x read, workspace word and output written exactly once, every partial read by each
+//! kernel-2 block) and against the reference with the same tolerances; validation errors; the
 //! reference against an independent formulation.
 #![allow(clippy::needless_range_loop)] // the model mirrors the kernel's index arithmetic
 use rand::rngs::StdRng;
@@ -187,14 +188,13 @@ fn every_launch_config_matches_reference() {
         let r = mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b);
         for block in [32, 64, 128, 256, 512, 1024] {
             for max_grid in [None, Some(1), Some(7), Some(64)] {
-                // Cooperative only: a plain launch relies on an idle device for co-residency
-                // (not given under compute-sanitizer); the bench verifies its `-plain` rows.
-                for cooperative in [true] {
-                    let config = PreConfig { block, max_grid, cooperative };
+                for mix_block in [32, 96, 256, 1024] {
+                    let config = PreConfig { block, max_grid, mix_block };
                     let mut op = match MhcPre::with_config(&gpu, s, config) {
                         Ok(op) => op,
                         // 1024 threads may exceed the register file: a clean error, no launch.
                         Err(Error::Shape { arg: "config.block", .. }) if block == 1024 => continue,
+                        Err(Error::Shape { arg: "config.mix_block", .. }) if mix_block == 1024 => continue,
                         Err(e) => panic!("{s:?} {config:?}: {e}"),
                     };
                     let out = run(&gpu, &mut op, p, &inp);
@@ -205,19 +205,19 @@ fn every_launch_config_matches_reference() {
     }
 }
 
-/// The raw entry with a caller-owned workspace whose epoch starts just below the tag's wrap.
+/// The raw entry with a caller-owned workspace full of garbage (NaN bits, then the previous
+/// call's partials): the first kernel overwrites every word the second reads, so no reset is
+/// needed. Also: a short or misaligned workspace is an error before any launch.
 #[test]
-fn raw_entry_and_epoch_wrap() {
+fn raw_entry_with_a_dirty_workspace() {
     use rgk::cudarc::driver::{DevicePtr, DevicePtrMut};
-    let Some(gpu) = gpu_or_skip("mhc_pre::raw_entry_and_epoch_wrap") else { return };
-    let mut rng = fresh_rng("mhc_pre::raw_entry_and_epoch_wrap");
+    let Some(gpu) = gpu_or_skip("mhc_pre::raw_entry_with_a_dirty_workspace") else { return };
+    let mut rng = fresh_rng("mhc_pre::raw_entry_with_a_dirty_workspace");
     let s = MhcPreShape { batch: 2, n: 4, c: 1920 };
     let plan = rgk::mhc::PrePlan::new(&gpu, s, PreConfig::default()).unwrap();
     let l = s.lens().unwrap();
     let st = gpu.stream();
-    let mut ws_host = vec![0u64; plan.geometry.workspace];
-    ws_host[0] = (1 << 20) - 3;
-    let mut ws = st.clone_htod(&ws_host).unwrap();
+    let mut ws = st.clone_htod(&vec![u64::MAX; plan.geometry.workspace + 1]).unwrap();
     for call in 0..5 {
         let inp = inputs(&mut rng, s, 1.0, 1.0);
         let p = MhcPreParams::default();
@@ -233,11 +233,13 @@ fn raw_entry_and_epoch_wrap() {
             let (d, _gd) = dr.device_ptr_mut(st);
             let (e, _ge) = dy.device_ptr_mut(st);
             let (f, _gf) = dh.device_ptr_mut(st);
-            let wl = ws.len();
+            let wl = ws.len() - 1;
             let (w, _gw) = ws.device_ptr_mut(st);
             unsafe { rgk::mhc::pre_fwd_raw(&gpu, &plan, p, a, b, c, d, e, f, w, wl, st.cu_stream()) }.unwrap();
             let short = unsafe { rgk::mhc::pre_fwd_raw(&gpu, &plan, p, a, b, c, d, e, f, w, wl - 1, st.cu_stream()) };
             assert!(matches!(short, Err(Error::BufferTooSmall { arg: "workspace", .. })), "{short:?}");
+            let odd = unsafe { rgk::mhc::pre_fwd_raw(&gpu, &plan, p, a, b, c, d, e, f, w + 4, wl, st.cu_stream()) };
+            assert!(matches!(odd, Err(Error::Shape { arg: "workspace", .. })), "{odd:?}");
         }
         let out = Outputs {
             x_res: st.clone_dtoh(&dr).unwrap(),
@@ -245,9 +247,10 @@ fn raw_entry_and_epoch_wrap() {
             h_post: st.clone_dtoh(&dh).unwrap(),
         };
         check(&format!("call {call}"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
-        let epoch: Vec<u64> = st.clone_dtoh(&ws.slice(0..1)).unwrap();
-        assert_eq!(epoch[0], (1 << 20) - 3 + call + 1, "the epoch advances by one per call");
     }
+    // The word past the workspace is never touched.
+    let tail: Vec<u64> = st.clone_dtoh(&ws.slice(plan.geometry.workspace..)).unwrap();
+    assert_eq!(tail, [u64::MAX], "the kernels wrote past the workspace");
 }
 
 #[test]
@@ -287,6 +290,13 @@ fn bad_input_is_an_error_naming_the_argument() {
     };
     for block in [0, 48, 2048] {
         assert!(matches!(geo(block), Err(Error::Shape { arg: "config.block", .. })), "block {block}");
+        let g = PreGeometry::new(
+            MhcPreShape { batch: 1, n: 4, c: 64 },
+            132,
+            227 * 1024,
+            PreConfig { mix_block: block, ..PreConfig::default() },
+        );
+        assert!(matches!(g, Err(Error::Shape { arg: "config.mix_block", .. })), "mix_block {block}");
     }
     let huge_n = PreGeometry::new(MhcPreShape { batch: 1, n: 200, c: 1 }, 132, 227 * 1024, PreConfig::default());
     assert!(matches!(huge_n, Err(Error::Shape { arg: "n", .. })), "{huge_n:?}");
@@ -341,12 +351,10 @@ fn bad_input_is_an_error_naming_the_argument() {
     st.synchronize().unwrap();
 }
 
-// ------------------------------------------------------------------ CPU model of the kernel
+// ------------------------------------------------------------------ CPU model of the kernels
 
 const BT: usize = 4;
-const GL: usize = 8;
 const UN: usize = 8;
-const TAG_MASK: u64 = (1 << 20) - 1;
 
 fn exp_le1(d: f64) -> f32 {
     const MAGIC: f64 = 6755399441055744.0;
@@ -373,10 +381,10 @@ fn sigmoid(z: f64) -> f32 {
     }
 }
 
-/// The kernel, block by block and thread by thread, on the CPU (index math and arithmetic;
-/// `ex2.approx` is replaced by a correctly rounded 2^f). Counts every phi/x read of the split-K
-/// walk and every output write, and asserts each happens exactly once.
-fn model(s: MhcPreShape, p: MhcPreParams, geo: PreGeometry, inp: &Inputs) -> Outputs {
+/// Kernel 1 (`mhc_pre_partial`), block by block and thread by thread: returns the workspace
+/// `part[(β·mq + q)·G + g]`. Asserts that the split-K walk reads every (β, phi row, column)
+/// exactly once and that every workspace word is written exactly once.
+fn model_partial(s: MhcPreShape, geo: PreGeometry, inp: &Inputs) -> Vec<f64> {
     let MhcPreShape { batch, n, c } = s;
     let (grid, nt, cols, jc, bg) =
         (geo.grid as usize, geo.block as usize, geo.cols as usize, geo.jc as usize, geo.bg as usize);
@@ -384,11 +392,13 @@ fn model(s: MhcPreShape, p: MhcPreParams, geo: PreGeometry, inp: &Inputs) -> Out
     let mq = m + 1;
     let q_all = batch * mq;
     let mut reads = vec![0u8; batch * n * c * mq]; // (β, phi row, col incl. the x² column)
-    let mut part_ws = vec![0f64; q_all * grid];
+    let mut part_ws = vec![f64::NAN; q_all * grid];
+    let mut written = vec![0u8; q_all * grid];
     let ngroups = batch.div_ceil(bg);
-    let (mc, tagged) = (mq.min(nt), |v: f64| f64::from_bits(v.to_bits() & !TAG_MASK));
+    let mc = mq.min(nt);
     let slots = nt / mc;
-    assert!(grid <= 32 * GL && bg <= BT && grid * cols >= c && (grid - 1) * cols < c);
+    assert!(bg <= BT && grid * cols >= c && (grid - 1) * cols < c && jc <= cols && bg * n * jc <= 1 << 16);
+    assert_eq!(geo.smem as usize, rgk::mhc::pre_partial_smem_bytes(nt, bg, n, jc));
     for g in 0..grid {
         let j0 = g * cols;
         let jb = cols.min(c - j0);
@@ -430,7 +440,6 @@ fn model(s: MhcPreShape, p: MhcPreParams, geo: PreGeometry, inp: &Inputs) -> Out
                         let col = qc0 + cl;
                         let (dk, djj) = (slots / jca, slots % jca);
                         let (mut rho, mut k, mut jj) = (pp, pp / jca, pp % jca);
-                        let mut batch_left = UN; // the kernel's batches of UN rows do not change the order
                         while rho < rows {
                             assert_eq!(rho, k * jca + jj);
                             for (bl, a) in acc.iter_mut().enumerate().take(bga) {
@@ -446,7 +455,6 @@ fn model(s: MhcPreShape, p: MhcPreParams, geo: PreGeometry, inp: &Inputs) -> Out
                                 jj -= jca;
                                 k += 1;
                             }
-                            batch_left = if batch_left == 1 { UN } else { batch_left - 1 };
                         }
                     }
                     for bl in 0..bga {
@@ -461,151 +469,199 @@ fn model(s: MhcPreShape, p: MhcPreParams, geo: PreGeometry, inp: &Inputs) -> Out
                 }
             }
             for i in 0..bga * mq {
-                part_ws[(b0 * mq + i) * grid + g] = tagged(part[i]);
+                part_ws[(b0 * mq + i) * grid + g] = part[i];
+                written[(b0 * mq + i) * grid + g] += 1;
             }
         }
     }
     assert!(reads.iter().all(|&r| r == 1), "the split-K walk must read every (β, row, column) exactly once");
-    // Reduction: lane sums in g order, then the xor butterfly.
-    let tot: Vec<f64> = (0..q_all)
-        .map(|q| {
-            let mut lanes: Vec<f64> = (0..32)
-                .map(|lane| {
-                    let mut s = 0f64;
-                    for i in 0..GL {
-                        let gg = lane + 32 * i;
-                        s += if gg < grid { part_ws[q * grid + gg] } else { 0.0 };
-                    }
-                    s
-                })
-                .collect();
-            for sh in [16, 8, 4, 2, 1] {
-                lanes = (0..32).map(|l| lanes[l] + lanes[l ^ sh]).collect();
-            }
-            tagged(lanes[0])
-        })
-        .collect();
-    // Coefficients and mixing (identical in every block: computed once here).
+    assert!(written.iter().all(|&w| w == 1), "every workspace word must be written exactly once");
+    part_ws
+}
+
+/// Kernel 2 (`mhc_pre_mix`), block by block: the partial reduction in the kernel's order
+/// (thread (q, s) sums g = s, s+S, …; then the S slices in order), the coefficients, the
+/// mixing. Asserts that each block reads all of its β's partials once and its x tile once,
+/// that every x element is read by exactly one block, and every output is written once.
+fn model_mix(s: MhcPreShape, p: MhcPreParams, geo: PreGeometry, inp: &Inputs, part_ws: &[f64]) -> Outputs {
+    let MhcPreShape { batch, n, c } = s;
+    let (grid1, mb, jt, tiles) = (geo.grid as usize, geo.mix_block as usize, geo.jt as usize, geo.tiles as usize);
+    let ls = geo.slices_log2 as usize;
+    let slices = 1usize << ls;
+    let m = n * n + 2 * n;
+    let mq = m + 1;
+    let nn = n * n;
+    assert!(n * jt <= UN * mb && jt <= mb && tiles * jt >= c && (tiles - 1) * jt < c);
+    assert!(slices <= 32 && slices <= grid1.next_power_of_two() && (mq * slices <= mb || slices == 1));
+    assert_eq!(geo.mix_smem as usize, rgk::mhc::pre_mix_smem_bytes(slices, n, jt));
+    assert_eq!(geo.workspace, batch * mq * grid1);
     let mut out = Outputs {
         x_res: vec![bf16::NAN; batch * n * c],
         x_layer: vec![bf16::NAN; batch * c],
         h_post: vec![f32::NAN; batch * n],
     };
-    let mut writes = vec![0u8; batch * n * c + batch * c];
+    let mut writes = vec![0u8; batch * n * c + batch * c + batch * n];
+    let mut xreads = vec![0u8; batch * n * c];
     let inv_sqrt_nc = 1.0 / ((n * c) as f64).sqrt();
     let eps = p.sinkhorn_eps;
-    for beta in 0..batch {
-        let t = &tot[beta * mq..(beta + 1) * mq];
-        let r = t[m].sqrt() * inv_sqrt_nc + 1e-4;
-        let z: Vec<f64> = (0..m)
-            .map(|col| {
-                let a = if col < n {
-                    p.alpha_pre
-                } else if col < 2 * n {
-                    p.alpha_post
-                } else {
-                    p.alpha_res
-                };
-                a as f64 * t[col] / r + inp.b[col] as f64
+    for b in 0..batch * tiles {
+        let (beta, tile) = (b / tiles, b % tiles);
+        let col0 = tile * jt;
+        let jta = jt.min(c - col0);
+        // Prologue: thread t loads elements e = t + u·T (u < UN) of the tile: all of them.
+        let mut xs = vec![f32::NAN; n * jta];
+        for t in 0..mb {
+            for u in 0..UN {
+                let e = t + u * mb;
+                if e < n * jta {
+                    let (k, jj) = (e / jta, e % jta);
+                    let i = beta * n * c + k * c + col0 + jj;
+                    xs[e] = inp.x[i].to_f32();
+                    xreads[i] += 1;
+                }
+            }
+        }
+        assert!(xs.iter().all(|v| !v.is_nan()), "the tile's x must be staged completely");
+        // Partial reduction.
+        let mut preads = vec![0u8; mq * grid1];
+        let mut red = vec![f64::NAN; mq * slices];
+        for i in 0..mq * slices {
+            let (q, sl) = (i >> ls, i & (slices - 1));
+            let mut acc = 0f64;
+            for g in (sl..grid1).step_by(slices) {
+                acc += part_ws[(beta * mq + q) * grid1 + g];
+                preads[q * grid1 + g] += 1;
+            }
+            red[i] = acc;
+        }
+        assert!(preads.iter().all(|&r| r == 1), "each block reads each of its partials once");
+        let tot: Vec<f64> = (0..mq).map(|q| (0..slices).fold(0f64, |a, sl| a + red[q * slices + sl])).collect();
+        // Coefficients.
+        let r = tot[m].sqrt() * inv_sqrt_nc + 1e-4;
+        let mut hs = vec![0f32; n];
+        let mut zr = vec![0f64; nn];
+        for e in 0..m {
+            let a = if e < n {
+                p.alpha_pre
+            } else if e < 2 * n {
+                p.alpha_post
+            } else {
+                p.alpha_res
+            };
+            let z = a as f64 * tot[e] / r + inp.b[e] as f64;
+            if e < n {
+                hs[e] = sigmoid(z);
+            } else if e < 2 * n {
+                if tile == 0 {
+                    out.h_post[beta * n + e - n] = 2.0 * sigmoid(z);
+                    writes[batch * n * c + batch * c + beta * n + e - n] += 1;
+                }
+            } else {
+                zr[e - 2 * n] = z;
+            }
+        }
+        let mut ra: Vec<f32> = (0..nn)
+            .map(|e| {
+                let row = &zr[(e / n) * n..(e / n + 1) * n];
+                let zmax = row.iter().skip(1).fold(row[0], |a, &v| if v > a { v } else { a });
+                exp_le1(zr[e] - zmax)
             })
             .collect();
-        let hs: Vec<f32> = (0..n).map(|k| sigmoid(z[k])).collect();
-        for k in 0..n {
-            out.h_post[beta * n + k] = 2.0 * sigmoid(z[n + k]);
-        }
-        // The kernel's warp path (n ∈ {1, 2, 4}, a warp per batch row) sums by xor butterflies
-        // (pairwise); the block path sums in index order.
-        let fast = matches!(n, 1 | 2 | 4) && bg <= nt / 32;
-        let sum = |v: &[f32]| -> f32 {
-            if fast {
-                let mut v = v.to_vec();
-                let mut sh = 1;
-                while sh < v.len() {
-                    v = (0..v.len()).map(|l| v[l] + v[l ^ sh]).collect();
-                    sh <<= 1;
-                }
-                v[0]
-            } else {
-                v.iter().fold(0f32, |a, &b| a + b)
-            }
-        };
-        let mut rs = vec![0f32; n * n];
-        for i in 0..n {
-            let zr = &z[2 * n + i * n..2 * n + (i + 1) * n];
-            let zmax = zr.iter().skip(1).fold(zr[0], |a, &v| if v > a { v } else { a });
-            for k in 0..n {
-                rs[i * n + k] = exp_le1(zr[k] - zmax);
-            }
-        }
         for _ in 0..p.sinkhorn_repeat {
-            for i in 0..n {
-                let d = sum(&rs[i * n..(i + 1) * n]) + eps;
-                (0..n).for_each(|k| rs[i * n + k] /= d);
-            }
-            for k in 0..n {
-                let col: Vec<f32> = (0..n).map(|i| rs[i * n + k]).collect();
-                let d = sum(&col) + eps;
-                (0..n).for_each(|i| rs[i * n + k] /= d);
-            }
+            let rb: Vec<f32> = (0..nn)
+                .map(|e| {
+                    let i = e / n;
+                    let sum = (0..n).fold(0f32, |a, k| a + ra[i * n + k]);
+                    ra[e] / (sum + eps)
+                })
+                .collect();
+            ra = (0..nn)
+                .map(|e| {
+                    let k = e % n;
+                    let sum = (0..n).fold(0f32, |a, ii| a + rb[ii * n + k]);
+                    rb[e] / (sum + eps)
+                })
+                .collect();
         }
-        for j in 0..c {
-            let xk: Vec<f32> = (0..n).map(|k| inp.x[beta * n * c + k * c + j].to_f32()).collect();
-            let y = (0..n).fold(0f32, |s, k| hs[k].mul_add(xk[k], s));
-            out.x_layer[beta * c + j] = bf16::from_f32(y);
-            writes[batch * n * c + beta * c + j] += 1;
+        // Mixing.
+        for jj in 0..jta {
+            let col = col0 + jj;
+            let y = (0..n).fold(0f32, |a, k| hs[k].mul_add(xs[k * jta + jj], a));
+            out.x_layer[beta * c + col] = bf16::from_f32(y);
+            writes[batch * n * c + beta * c + col] += 1;
             for i in 0..n {
-                let v = (0..n).fold(0f32, |s, k| rs[i * n + k].mul_add(xk[k], s));
-                out.x_res[(beta * n + i) * c + j] = bf16::from_f32(v);
-                writes[(beta * n + i) * c + j] += 1;
+                let v = (0..n).fold(0f32, |a, k| ra[i * n + k].mul_add(xs[k * jta + jj], a));
+                out.x_res[(beta * n + i) * c + col] = bf16::from_f32(v);
+                writes[(beta * n + i) * c + col] += 1;
             }
         }
     }
-    // The mixing loop's tiles: every (β, column) is written by exactly one (block, tile, thread).
-    let mut cover = vec![0u8; batch * c];
-    for g in 0..grid {
-        let j0 = g * cols;
-        let jb = cols.min(c - j0);
-        for gi in 0..ngroups {
-            let b0 = gi * bg;
-            let bga = bg.min(batch - b0);
-            for jc0 in (0..jb).step_by(jc) {
-                let jca = jc.min(jb - jc0);
-                for i in 0..bga * jca {
-                    let (bl, jj) = (i / jca, i % jca);
-                    cover[(b0 + bl) * c + j0 + jc0 + jj] += 1;
-                }
-            }
-        }
-    }
-    assert!(cover.iter().all(|&v| v == 1) && writes.iter().all(|&v| v == 1));
+    assert!(xreads.iter().all(|&v| v == 1), "kernel 2 reads every x element exactly once");
+    assert!(writes.iter().all(|&v| v == 1), "every output is written exactly once");
     out
 }
 
 #[test]
-fn cpu_model_of_the_kernel_covers_and_matches_reference() {
+fn cpu_model_of_the_kernels_covers_and_matches_reference() {
     let mut rng = fresh_rng("mhc_pre::cpu_model");
-    // (shape, SMs, block): several groups, several staged tiles (sms small), q-chunks (mq > block).
+    // (shape, SMs, block, mix_block): several groups, several staged tiles (sms small),
+    // q-chunks (mq > block), slices S from 1 to 32, partial last tiles, mq > mix_block.
     let cases = [
-        (MhcPreShape { batch: 1, n: 4, c: 1280 }, 132, 256),
-        (MhcPreShape { batch: 4, n: 4, c: 2560 }, 132, 256),
-        (MhcPreShape { batch: 5, n: 3, c: 7 }, 132, 256),
-        (MhcPreShape { batch: 9, n: 8, c: 4099 }, 3, 64),
-        (MhcPreShape { batch: 2, n: 1, c: 1 }, 132, 32),
-        (MhcPreShape { batch: 3, n: 2, c: 97 }, 5, 96),
-        (MhcPreShape { batch: 6, n: 16, c: 40 }, 4, 256),
+        (MhcPreShape { batch: 1, n: 4, c: 1280 }, 132, 256, 256),
+        (MhcPreShape { batch: 2, n: 4, c: 1920 }, 132, 256, 256),
+        (MhcPreShape { batch: 4, n: 4, c: 2560 }, 132, 256, 256),
+        (MhcPreShape { batch: 5, n: 3, c: 7 }, 132, 256, 1024),
+        (MhcPreShape { batch: 9, n: 8, c: 4099 }, 3, 64, 96),
+        (MhcPreShape { batch: 2, n: 1, c: 1 }, 132, 32, 32),
+        (MhcPreShape { batch: 3, n: 2, c: 97 }, 5, 96, 64),
+        (MhcPreShape { batch: 6, n: 16, c: 40 }, 4, 256, 256),
+        (MhcPreShape { batch: 2, n: 16, c: 300 }, 132, 1024, 32),
+        (MhcPreShape { batch: 33, n: 1, c: 5000 }, 132, 128, 1024),
     ];
     let mut worst = (0f64, 0f64);
-    for (s, sms, block) in cases {
-        let geo = PreGeometry::new(s, sms, 227 * 1024, PreConfig { block, ..PreConfig::default() }).unwrap();
+    for (s, sms, block, mix_block) in cases {
+        let config = PreConfig { block, mix_block, ..PreConfig::default() };
+        let geo = PreGeometry::new(s, sms, 227 * 1024, config).unwrap();
         for (phi_scale, repeat) in [(1.0, 1), (1.0 / ((s.n * s.c) as f32).sqrt(), 20), (0.3, 0)] {
             let inp = inputs(&mut rng, s, phi_scale, 1.0);
             let p = MhcPreParams { sinkhorn_repeat: repeat, alpha_res: 1.3, ..MhcPreParams::default() };
-            let out = model(s, p, geo, &inp);
+            let part = model_partial(s, geo, &inp);
+            let out = model_mix(s, p, geo, &inp, &part);
             let r = mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b);
             worst = worse(worst, check(&format!("model {s:?} {geo:?} repeat {repeat}"), &out, &r));
         }
     }
     println!("CPU model: worst {:.3} ulp, {:.3} of the tolerance", worst.0, worst.1);
+}
+
+/// The geometry's invariants (the kernels' preconditions) over many shapes and configurations.
+#[test]
+fn geometry_invariants() {
+    for n in [1, 2, 3, 4, 8, 16, 31] {
+        for c in [1, 2, 7, 100, 1280, 2560, 4099, 70000] {
+            for batch in [1, 3, 4, 5, 32] {
+                for (sms, block, mix_block) in [(132, 256, 256), (3, 32, 32), (132, 1024, 1024), (64, 96, 160)] {
+                    let s = MhcPreShape { batch, n, c };
+                    let config = PreConfig { block, mix_block, max_grid: None };
+                    let Ok(g) = PreGeometry::new(s, sms, 227 * 1024, config) else { continue };
+                    let (grid, cols, jt, tiles) = (g.grid as usize, g.cols as usize, g.jt as usize, g.tiles as usize);
+                    let mq = n * n + 2 * n + 1;
+                    assert!(
+                        grid >= 1 && grid <= sms.min(256) && grid * cols >= c && (grid - 1) * cols < c,
+                        "{s:?} {g:?}"
+                    );
+                    assert!(g.jc as usize <= cols && g.bg >= 1 && g.bg as usize <= BT.min(batch), "{s:?} {g:?}");
+                    assert!((g.bg as usize) * n * (g.jc as usize) <= 1 << 16, "{s:?} {g:?}");
+                    assert!(jt >= 1 && jt <= mix_block as usize && n * jt <= UN * mix_block as usize, "{s:?} {g:?}");
+                    assert!(tiles * jt >= c && (tiles - 1) * jt < c, "{s:?} {g:?}");
+                    let sl = 1usize << g.slices_log2;
+                    assert!(sl <= 32 && sl <= grid && (mq * sl <= mix_block as usize || sl == 1), "{s:?} {g:?}");
+                    assert!(g.smem <= 227 * 1024 && g.mix_smem <= 227 * 1024);
+                    assert_eq!(g.workspace, batch * mq * grid);
+                }
+            }
+        }
+    }
 }
 
 /// The reference's Sinkhorn and mixing against a direct matrix formulation.

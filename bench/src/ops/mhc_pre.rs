@@ -15,11 +15,11 @@ use rgk_tests::{randn_f32, randn_half};
 pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut configs = vec![(None, PreConfig::default())];
     if variants {
-        for block in [128, 256, 512] {
-            for cooperative in [true, false] {
-                let tag = format!("b{block}{}", if cooperative { "" } else { "-plain" });
-                configs.push((Some(tag), PreConfig { block, max_grid: None, cooperative }));
-            }
+        for block in [128, 512] {
+            configs.push((Some(format!("b{block}")), PreConfig { block, ..PreConfig::default() }));
+        }
+        for mix_block in [128, 512] {
+            configs.push((Some(format!("m{mix_block}")), PreConfig { mix_block, ..PreConfig::default() }));
         }
         for grid in [32, 64] {
             configs.push((Some(format!("g{grid}")), PreConfig { max_grid: Some(grid), ..PreConfig::default() }));

@@ -4,8 +4,8 @@ mod pre;
 
 pub use post::{post_fwd, post_fwd_raw, post_fwd_raw_with, MhcPostShape, PostConfig};
 pub use pre::{
-    fastdiv_magic, pre_fwd_raw, smem_bytes as pre_smem_bytes, MhcPre, MhcPreLens, MhcPreParams, MhcPreShape, PreConfig,
-    PreGeometry, PrePlan,
+    fastdiv_magic, mix_smem_bytes as pre_mix_smem_bytes, partial_smem_bytes as pre_partial_smem_bytes, pre_fwd_raw,
+    MhcPre, MhcPreLens, MhcPreParams, MhcPreShape, PreConfig, PreGeometry, PrePlan,
 };
 
 /// PTX entries of MHCPostFwd.

@@ -1,23 +1,22 @@
 //! MHCPreFwd (SPEC.md §2): the mHC pre-layer projection, Sinkhorn normalisation and stream
-//! mixing, in one launch (`kernels-gpu/src/mhc/pre.rs` describes the algorithm).
-use std::ffi::c_void;
-
+//! mixing, in two launches on one stream (`kernels-gpu/src/mhc/pre.rs` describes the algorithm).
 use cudarc::driver::{sys, sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, KernelArg, LaunchDims};
+use crate::runtime::{launch, LaunchDims};
 use crate::{Error, Gpu, Result};
 
-pub(crate) const KERNEL: &str = "mhc_pre_fwd";
-pub(crate) const KERNELS: &[&str] = &[KERNEL];
+pub(crate) const KERNEL_PARTIAL: &str = "mhc_pre_partial";
+pub(crate) const KERNEL_MIX: &str = "mhc_pre_mix";
+pub(crate) const KERNELS: &[&str] = &[KERNEL_PARTIAL, KERNEL_MIX];
 
-/// Batch rows per group (the kernel's `BT`).
+/// Batch rows per group in kernel 1 (the kernel's `BT`).
 const BT: usize = 4;
-/// Largest grid the kernel's reduction handles (`32·GL`).
+/// x elements per thread in kernel 2's tile (the kernel's `UN`).
+const UN: usize = 8;
+/// Largest kernel-1 grid (keeps kernel 2's partial reads small).
 const MAX_GRID: usize = 256;
-/// Workspace words before the partials (the kernel's `WS_HEADER`).
-const WS_HEADER: usize = 16;
 /// Shared-memory budget for the staged x of one tile, bytes.
 const XS_BUDGET: usize = 32 * 1024;
 /// Dynamic shared memory available without opting in, bytes.
@@ -143,72 +142,92 @@ impl MhcPreParams {
 /// Launch configuration (tuning; [`Default`] is the measured choice).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PreConfig {
-    /// Threads per block, a multiple of 32 in 32..=1024.
+    /// Threads per block of kernel 1 (split-K partials), a multiple of 32 in 32..=1024.
     pub block: u32,
-    /// Upper bound on the grid (blocks); `None` = the device's SM count. Capped at 256.
+    /// Upper bound on kernel 1's grid (blocks); `None` = the device's SM count. Capped at 256.
     pub max_grid: Option<u32>,
-    /// `cuLaunchCooperativeKernel` (the driver guarantees every block is resident, which the
-    /// grid-wide exchange needs) instead of a plain launch (co-residency then relies on
-    /// grid ≤ SMs and an otherwise idle device: for measurements only).
-    pub cooperative: bool,
+    /// Threads per block of kernel 2 (reduction, coefficients, mixing), a multiple of 32 in
+    /// 32..=1024; each block mixes up to this many channel columns of one batch row.
+    pub mix_block: u32,
 }
 
 impl Default for PreConfig {
     fn default() -> Self {
-        Self { block: 256, max_grid: None, cooperative: true }
+        Self { block: 256, max_grid: None, mix_block: 256 }
     }
 }
 
 /// The launch geometry of one shape on one device (computed on the CPU; see [`PrePlan::new`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PreGeometry {
-    /// Blocks; block `g` owns channel columns `[g·cols, min((g+1)·cols, c))`.
+    /// Kernel 1 blocks; block `g` owns channel columns `[g·cols, min((g+1)·cols, c))`.
     pub grid: u32,
-    /// Threads per block.
+    /// Kernel 1 threads per block.
     pub block: u32,
-    /// Channel columns per block.
+    /// Channel columns per kernel-1 block.
     pub cols: u32,
-    /// Columns per staged tile (≤ cols).
+    /// Columns per staged tile in kernel 1 (≤ cols).
     pub jc: u32,
-    /// Batch rows per group (≤ 4).
+    /// Batch rows per group in kernel 1 (≤ 4).
     pub bg: u32,
-    /// Dynamic shared memory per block, bytes.
+    /// Kernel 1 dynamic shared memory per block, bytes.
     pub smem: u32,
-    /// Workspace length, u64 words.
+    /// Kernel 2 threads per block.
+    pub mix_block: u32,
+    /// Channel columns per kernel-2 block (`n·jt ≤ 8·mix_block`).
+    pub jt: u32,
+    /// Kernel-2 blocks per batch row (`ceil(c/jt)`); kernel 2's grid is `batch·tiles`.
+    pub tiles: u32,
+    /// log2 of the slices S per quantity in kernel 2's partial reduction.
+    pub slices_log2: u32,
+    /// Kernel 2 dynamic shared memory per block, bytes.
+    pub mix_smem: u32,
+    /// Workspace length, u64 words (`batch·(n²+2n+1)·grid` f64 partials).
     pub workspace: usize,
 }
 
-/// The kernel's `FastDiv` magic for divisor `d`: `⌊2^32/d⌋ + 1`; `(a·magic) >> 32 = a / d`
+/// The kernels' `FastDiv` magic for divisor `d`: `⌊2^32/d⌋ + 1`; `(a·magic) >> 32 = a / d`
 /// exactly for `a, d ≤ 2^16`.
 pub fn fastdiv_magic(d: u32) -> u64 {
     (1u64 << 32) / d as u64 + 1
 }
 
-/// Dynamic shared memory of the kernel's layout (mirror of `layout` in the kernel), bytes.
-pub fn smem_bytes(block: usize, bg: usize, n: usize, jc: usize) -> usize {
-    let m = n * n + 2 * n;
-    let mq = m + 1;
-    let b = 16 + 8 * (BT * block + 2 * bg * mq) + 4 * (bg * n * n + bg * n + m) + 2 * bg * n * jc;
-    b.next_multiple_of(16)
+/// Kernel 1's dynamic shared memory (mirror of `layout1`), bytes.
+pub fn partial_smem_bytes(block: usize, bg: usize, n: usize, jc: usize) -> usize {
+    let mq = n * n + 2 * n + 1;
+    (8 * (BT * block + bg * mq) + 2 * bg * n * jc).next_multiple_of(16)
+}
+
+/// Kernel 2's dynamic shared memory (mirror of `layout2`), bytes.
+pub fn mix_smem_bytes(slices: usize, n: usize, jt: usize) -> usize {
+    let mq = n * n + 2 * n + 1;
+    (8 * (mq * slices + mq + n * n) + 4 * (2 * n * n + n) + 2 * n * jt).next_multiple_of(16)
+}
+
+fn check_block(arg: &'static str, block: u32) -> Result<()> {
+    if block == 0 || !block.is_multiple_of(32) || block > 1024 {
+        return Err(Error::Shape { arg, msg: format!("{block} is not a multiple of 32 in 32..=1024") });
+    }
+    Ok(())
 }
 
 impl PreGeometry {
     /// The geometry for `shape` on a device with `sms` multiprocessors and `max_smem` bytes of
-    /// opt-in shared memory per block: the columns split evenly over `min(c, sms, max_grid,
-    /// 256)` blocks, up to 4 batch rows per group, staged tiles of at most 32 KiB.
+    /// opt-in shared memory per block. Kernel 1: the columns split evenly over `min(c, sms,
+    /// max_grid, 256)` blocks, up to 4 batch rows per group, staged tiles of at most 32 KiB.
+    /// Kernel 2: tiles of `jt = min(c, mix_block, ⌊8·mix_block/n⌋)` columns per batch row.
     ///
-    /// Errors: those of [`MhcPreShape::lens`]; [`Error::Shape`] naming `config.block` for a
-    /// bad block size, `n` when even one batch row and one column exceed `max_smem`.
+    /// Errors: those of [`MhcPreShape::lens`]; [`Error::Shape`] naming `config.block` or
+    /// `config.mix_block` for a bad block size, `n` when even one batch row and one column
+    /// exceed `max_smem` (or kernel 2's tile cannot hold one column); [`Error::Overflow`]
+    /// naming `x` when the workspace or the grid exceeds 32-bit indexing.
     pub fn new(shape: MhcPreShape, sms: usize, max_smem: usize, config: PreConfig) -> Result<Self> {
         let lens = shape.lens()?;
+        check_block("config.block", config.block)?;
+        check_block("config.mix_block", config.mix_block)?;
         let block = config.block;
-        if block == 0 || !block.is_multiple_of(32) || block > 1024 {
-            return Err(Error::Shape {
-                arg: "config.block",
-                msg: format!("{block} is not a multiple of 32 in 32..=1024"),
-            });
-        }
         let MhcPreShape { batch, n, c } = shape;
+        let mq = shape.logits() + 1;
         let limit = config.max_grid.map_or(usize::MAX, |g| g.max(1) as usize);
         let target = c.min(sms.max(1)).min(limit).min(MAX_GRID);
         let cols = c.div_ceil(target);
@@ -216,28 +235,43 @@ impl PreGeometry {
         let mut bg = batch.min(BT);
         let tile = |bg: usize| cols.min((XS_BUDGET / (2 * bg * n)).max(1));
         let mut jc = tile(bg);
-        while smem_bytes(block as usize, bg, n, jc) > max_smem && bg > 1 {
+        while partial_smem_bytes(block as usize, bg, n, jc) > max_smem && bg > 1 {
             bg -= 1;
             jc = tile(bg);
         }
-        if smem_bytes(block as usize, bg, n, jc) > max_smem {
+        if partial_smem_bytes(block as usize, bg, n, jc) > max_smem {
             jc = 1;
         }
-        let smem = smem_bytes(block as usize, bg, n, jc);
-        // The kernel's multiply-high divisions need jc and every dividend (≤ bg·n·jc) ≤ 2^16.
-        debug_assert!(jc <= 1 << 14 && bg * n * jc <= 1 << 16);
+        let smem = partial_smem_bytes(block as usize, bg, n, jc);
+        let too_big = |smem: usize| Error::Shape {
+            arg: "n",
+            msg: format!("n = {n} needs {smem} bytes of shared memory per block, the device has {max_smem}"),
+        };
         if smem > max_smem {
-            return Err(Error::Shape {
-                arg: "n",
-                msg: format!("n = {n} needs {smem} bytes of shared memory per block, the device has {max_smem}"),
-            });
+            return Err(too_big(smem));
         }
-        let q = batch * (shape.logits() + 1);
-        let workspace = checked_product("x", &[q, grid + 1])?
-            .checked_add(WS_HEADER)
-            .ok_or_else(|| Error::Overflow { arg: "x", msg: "workspace size".into() })?;
-        if q * grid >= 1 << 31 || lens.x_layer >= 1 << 31 {
-            return Err(Error::Overflow { arg: "x", msg: format!("batch {batch}: workspace indices exceed 2^31") });
+        // The kernels' multiply-high divisions need every divisor and dividend ≤ 2^16.
+        debug_assert!(jc <= 1 << 14 && bg * n * jc <= 1 << 16);
+
+        let mb = config.mix_block as usize;
+        if n > UN * mb {
+            return Err(Error::Shape { arg: "n", msg: format!("n = {n} exceeds {UN}·mix_block = {}", UN * mb) });
+        }
+        let jt = c.min(mb).min(UN * mb / n);
+        let tiles = c.div_ceil(jt);
+        // S: a power of two, (m+1)·S ≤ mix_block where possible, S ≤ 32 and S ≤ G.
+        let mut slices_log2 = 0;
+        while slices_log2 < 5 && mq << (slices_log2 + 1) <= mb && 1 << (slices_log2 + 1) <= grid {
+            slices_log2 += 1;
+        }
+        let mix_smem = mix_smem_bytes(1 << slices_log2, n, jt);
+        if mix_smem > max_smem {
+            return Err(too_big(mix_smem));
+        }
+        let workspace = checked_product("x", &[batch, mq, grid])?;
+        let mix_grid = checked_product("x", &[batch, tiles])?;
+        if workspace >= 1 << 31 || mix_grid >= 1 << 31 || lens.x_layer >= 1 << 31 {
+            return Err(Error::Overflow { arg: "x", msg: format!("batch {batch}: workspace or grid exceeds 2^31") });
         }
         Ok(Self {
             grid: grid as u32,
@@ -246,6 +280,11 @@ impl PreGeometry {
             jc: jc as u32,
             bg: bg as u32,
             smem: smem as u32,
+            mix_block: config.mix_block,
+            jt: jt as u32,
+            tiles: tiles as u32,
+            slices_log2,
+            mix_smem: mix_smem as u32,
             workspace,
         })
     }
@@ -263,29 +302,31 @@ impl PrePlan {
     /// Queries the device (SM count, opt-in shared memory, occupancy) and computes the geometry.
     ///
     /// Errors: those of [`PreGeometry::new`]; a driver error; [`Error::Shape`] naming
-    /// `config.block` when no block of this size fits on a multiprocessor.
+    /// `config.block` / `config.mix_block` when no block of this size fits on a multiprocessor.
     pub fn new(gpu: &Gpu, shape: MhcPreShape, config: PreConfig) -> Result<Self> {
         use sys::CUdevice_attribute as A;
         let ctx = gpu.context();
         let sms = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         let max_smem = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
         let geometry = PreGeometry::new(shape, sms, max_smem, config)?;
-        let f = gpu.function(KERNEL)?;
-        if geometry.smem as usize > SMEM_DEFAULT {
-            f.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                geometry.smem as i32,
-            )?;
-        }
-        let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(geometry.block, geometry.smem as usize, None)?;
-        if per_sm == 0 {
-            return Err(Error::Shape {
-                arg: "config.block",
-                msg: format!(
-                    "{} threads with {} bytes of shared memory do not fit on a multiprocessor",
-                    geometry.block, geometry.smem
-                ),
-            });
+        for (name, arg, block, smem) in [
+            (KERNEL_PARTIAL, "config.block", geometry.block, geometry.smem),
+            (KERNEL_MIX, "config.mix_block", geometry.mix_block, geometry.mix_smem),
+        ] {
+            let f = gpu.function(name)?;
+            if smem as usize > SMEM_DEFAULT {
+                f.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )?;
+            }
+            let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)?;
+            if per_sm == 0 {
+                return Err(Error::Shape {
+                    arg,
+                    msg: format!("{block} threads with {smem} bytes of shared memory do not fit on a multiprocessor"),
+                });
+            }
         }
         Ok(Self { shape, config, geometry })
     }
@@ -315,8 +356,8 @@ pub struct MhcPre {
 }
 
 impl MhcPre {
-    /// Plans `shape` with the default configuration and allocates the zeroed workspace
-    /// (`geometry.workspace` u64 words: 8·(16 + (batch·(n²+2n+1))·(grid+1)) bytes).
+    /// Plans `shape` with the default configuration and allocates the workspace
+    /// (`geometry.workspace` u64 words: 8·batch·(n²+2n+1)·grid bytes of f64 partials).
     pub fn new(gpu: &Gpu, shape: MhcPreShape) -> Result<Self> {
         Self::with_config(gpu, shape, PreConfig::default())
     }
@@ -379,16 +420,16 @@ impl MhcPre {
     }
 }
 
-/// MHCPreFwd on raw device pointers with a caller-owned workspace, launched on `stream`.
+/// MHCPreFwd on raw device pointers with a caller-owned workspace, launched on `stream`
+/// (two kernels: split-K partials into the workspace, then reduction, coefficients and mixing).
 ///
-/// `workspace`: at least `plan.geometry.workspace` u64 words, 8-byte aligned, zero-filled
-/// before its first use and afterwards used only by this function (it carries an epoch
-/// counter between calls; no reset is needed). One workspace must not serve two calls that may
-/// run concurrently (different streams).
+/// `workspace`: at least `plan.geometry.workspace` u64 words, 8-byte aligned; scratch only
+/// (any contents, no reset needed: the first kernel overwrites every word the second reads).
+/// One workspace must not serve two calls that may run concurrently (different streams).
 ///
 /// # Safety
 /// Each pointer must address device memory of `gpu`'s context holding at least the elements
-/// [`MhcPreShape::lens`] lists for `plan.shape`, valid until the kernel finishes; outputs must
+/// [`MhcPreShape::lens`] lists for `plan.shape`, valid until the kernels finish; outputs must
 /// not overlap the inputs or each other. Shapes and parameters are still validated.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn pre_fwd_raw(
@@ -412,63 +453,82 @@ pub unsafe fn pre_fwd_raw(
     if !workspace.is_multiple_of(8) {
         return Err(Error::Shape { arg: "workspace", msg: "not 8-byte aligned".into() });
     }
-    let f = gpu.function(KERNEL)?;
     let s = plan.shape;
-    let (mut phi, mut x, mut b, mut r, mut y, mut h, mut w) = (phi, x, b, x_res, x_layer, h_post, workspace);
+    let f1 = gpu.function(KERNEL_PARTIAL)?;
+    let f2 = gpu.function(KERNEL_MIX)?;
+
+    // Kernel 1: split-K partials.
+    let (mut phi, mut xp, mut w) = (phi, x, workspace);
     let (mut batch, mut n, mut c) = (s.batch as u32, s.n as u32, s.c as u32);
     let (mut cols, mut jc, mut bg) = (geo.cols, geo.jc, geo.bg);
-    let (mut a_pre, mut a_post, mut a_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
-    let (mut rep, mut eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
-    let mut inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
     let mut ngroups = s.batch.div_ceil(geo.bg as usize) as u32;
     let mut njc_full = geo.cols.div_ceil(geo.jc);
     let mut mc = (s.logits() as u32 + 1).min(geo.block);
     let mut mc_magic = fastdiv_magic(mc);
     let mut jc_magic = fastdiv_magic(geo.jc);
-    let args: &mut [&mut dyn KernelArg] = &mut [
-        &mut phi,
-        &mut x,
-        &mut b,
-        &mut r,
-        &mut y,
-        &mut h,
-        &mut w,
-        &mut batch,
-        &mut n,
-        &mut c,
-        &mut cols,
-        &mut jc,
-        &mut bg,
-        &mut a_pre,
-        &mut a_post,
-        &mut a_res,
-        &mut rep,
-        &mut eps,
-        &mut inv_sqrt_nc,
-        &mut ngroups,
-        &mut njc_full,
-        &mut mc,
-        &mut mc_magic,
-        &mut jc_magic,
-    ];
-    if plan.config.cooperative {
-        let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a.as_param()).collect();
-        sys::cuLaunchCooperativeKernel(
-            f.cu_function(),
-            geo.grid,
-            1,
-            1,
-            geo.block,
-            1,
-            1,
-            geo.smem,
-            stream,
-            params.as_mut_ptr(),
-        )
-        .result()?;
-        Ok(())
-    } else {
-        let dims = LaunchDims { grid: (geo.grid, 1, 1), block: (geo.block, 1, 1), shared_bytes: geo.smem };
-        launch(f, dims, stream, args)
-    }
+    let dims = LaunchDims { grid: (geo.grid, 1, 1), block: (geo.block, 1, 1), shared_bytes: geo.smem };
+    launch(
+        f1,
+        dims,
+        stream,
+        &mut [
+            &mut phi,
+            &mut xp,
+            &mut w,
+            &mut batch,
+            &mut n,
+            &mut c,
+            &mut cols,
+            &mut jc,
+            &mut bg,
+            &mut ngroups,
+            &mut njc_full,
+            &mut mc,
+            &mut mc_magic,
+            &mut jc_magic,
+        ],
+    )?;
+
+    // Kernel 2: reduction, coefficients, mixing (stream order: after kernel 1).
+    let (mut xp, mut bp, mut w) = (x, b, workspace);
+    let (mut r, mut y, mut h) = (x_res, x_layer, h_post);
+    let (mut n, mut c, mut grid1) = (s.n as u32, s.c as u32, geo.grid);
+    let (mut tiles, mut jt, mut ls) = (geo.tiles, geo.jt, geo.slices_log2);
+    let mut jt_magic = fastdiv_magic(geo.jt);
+    let mut jl_magic = fastdiv_magic(s.c as u32 - (geo.tiles - 1) * geo.jt);
+    let (mut a_pre, mut a_post, mut a_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
+    let (mut rep, mut eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
+    let mut inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
+    let dims = LaunchDims {
+        grid: (s.batch as u32 * geo.tiles, 1, 1),
+        block: (geo.mix_block, 1, 1),
+        shared_bytes: geo.mix_smem,
+    };
+    launch(
+        f2,
+        dims,
+        stream,
+        &mut [
+            &mut xp,
+            &mut bp,
+            &mut w,
+            &mut r,
+            &mut y,
+            &mut h,
+            &mut n,
+            &mut c,
+            &mut grid1,
+            &mut tiles,
+            &mut jt,
+            &mut jt_magic,
+            &mut jl_magic,
+            &mut ls,
+            &mut a_pre,
+            &mut a_post,
+            &mut a_res,
+            &mut rep,
+            &mut eps,
+            &mut inv_sqrt_nc,
+        ],
+    )
 }

@@ -1,73 +1,39 @@
-//! MHCPreFwd (SPEC.md §2) in one launch: split-K logits, grid-wide reduction through tagged
-//! workspace words, per-block coefficients (r, H_pre, h_post, Sinkhorn R), then the mixing.
+//! MHCPreFwd (SPEC.md §2) in two ordinary launches on one stream. No inter-block
+//! communication inside a launch: no atomics, fences, polling or co-residency assumptions,
+//! and the workspace carries no state between calls.
 //!
-//! Grid: `G ≤ #SMs` blocks, all co-resident (the host launches cooperatively). Block `g` owns
-//! the channel columns `j ∈ [g·cols, min((g+1)·cols, c))` of every stream `k` and every batch row.
+//! **Kernel 1, [`mhc_pre_partial`]** (grid `G ≤ #SMs`): split-K. Block `g` owns the channel
+//! columns `j ∈ [g·cols, min((g+1)·cols, c))` of every stream `k` and every batch row. For each
+//! group of ≤ [`BT`] batch rows it stages `x[β, k·c + j]` of its columns in shared memory (bf16)
+//! and reads the matching rows `k·c + j` of `phi` (n segments of `cols·m` contiguous floats,
+//! `m = n²+2n`). Thread `(slot p, column col)` walks rows `ρ = p, p + P, …` of the slab at a fixed
+//! `col` (coalesced), accumulating `phi·x` exactly in f64 (an f32·bf16 product is exact in f64);
+//! the extra column `col = m` accumulates `x²` (for r). The `P` slot partials are summed in
+//! shared memory in slot order and stored with plain stores to
+//! `part[(β·(m+1) + col)·G + g]` (f64). Every word of `part` is written by exactly one block.
 //!
-//! 1. **Split-K.** For each group of ≤ [`BT`] batch rows, the block stages `x[β, k·c + j]` of its
-//!    columns in shared memory (bf16) and reads the matching rows `k·c + j` of `phi` (n segments
-//!    of `cols·m` contiguous floats, `m = n²+2n`). Thread `(slot p, column col)` walks rows
-//!    `ρ = p, p + P, …` of the slab at a fixed `col` (coalesced), accumulating `phi·x` exactly in
-//!    f64 (an f32·bf16 product is exact in f64); the extra column `col = m` accumulates `x²`
-//!    (for r). The `P` slot partials are summed in shared memory in a fixed order.
-//! 2. **Tagged exchange.** The block partial of quantity `q = β·(m+1) + col` goes to
-//!    `ws_part[q·G + g]` as one 64-bit word: the f64 with its low [`TAG_BITS`] mantissa bits
-//!    replaced by the call's tag (derived from the epoch word `ws[0]`). One warp per `q` (spread
-//!    over all blocks) polls the `G` words until every tag is current, sums them in `g` order in
-//!    f64 and writes the tagged total to `ws_tot[q]`. Every block polls the totals it needs. No
-//!    atomics, no fences: a word is valid exactly when its tag is current, and a 64-bit store is
-//!    single-copy atomic. Block 0 advances the epoch at its very end (after it has seen every
-//!    total, which every block's epoch read precedes through data dependencies), so the next call
-//!    uses a new tag and the workspace needs no reset.
-//! 3. **Coefficients** (every block, redundantly and identically): `r` and the logits `z` in f64,
-//!    exponentials as `ex2.approx` of the f64-reduced fraction times an exact power of two
-//!    (≈ 2^-22 relative for any argument), sigmoid and Sinkhorn in f32 (`div.rn`). For
-//!    n ∈ {1, 2, 4} one warp per batch row does it all in registers (lane = quantity, Sinkhorn
-//!    sums by butterflies, one barrier); otherwise a block-wide path through shared memory.
-//! 4. **Mixing** from the staged x (no second read of x when one tile holds the block's columns):
-//!    `x_res = q(Σ_k R[i,k]·x_k)`, `x_layer = q(Σ_k H_pre[k]·x_k)`, f32 FMAs in k order.
+//! **Kernel 2, [`mhc_pre_mix`]** (grid `batch·tiles`, block `(β, tile)`): prologue issues the
+//! loads of its x tile (`x[β, k·c + j]`, `j` in the tile, all k) and of the bias; then sums the
+//! `G` partials of each of β's `m+1` quantities in a fixed order (thread `(q, s)` adds
+//! `g = s, s+S, s+2S, …` sequentially in f64, then thread `q` adds the `S` slice sums in `s`
+//! order); then the coefficients (redundantly per tile, identically): `r` and the logits in f64,
+//! exponentials as `ex2.approx` of the f64-reduced fraction times an exact power of two,
+//! σ and Sinkhorn in f32 (`div.rn`, one element per thread, ping-pong buffers); then the mixing
+//! of the staged tile: `x_res = q(Σ_k R[i,k]·x_k)`, `x_layer = q(Σ_k H_pre[k]·x_k)`, f32 FMAs in
+//! k order. Tile 0 of each β writes `h_post`.
 //!
 //! Every sum has a fixed order, so the outputs are bitwise reproducible.
 use crate::prim::*;
 
-/// Batch rows per group (f64 accumulators per thread).
+/// Batch rows per group in kernel 1 (f64 accumulators per thread).
 pub const BT: u32 = 4;
 const _: () = assert!(BT == 4, "Slab::fma is written out for four rows");
-/// Loads in flight per thread in the split-K walk and the staging.
-const UN: usize = 8;
-/// Partial words per lane in a reduction: the grid is at most `32·GL` blocks.
-pub const GL: u32 = 8;
-/// Low mantissa bits of an exchanged f64 that carry the call's tag.
-pub const TAG_BITS: u32 = 20;
-const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
-/// Polls of one word (or one warp's words) before the kernel traps instead of hanging (a broken
-/// co-residency or workspace would otherwise spin forever); ≈ 30 s of polling.
-const SPIN_LIMIT: u32 = 1 << 26;
+/// Loads in flight per thread in kernel 1's split-K walk and staging, and the x elements per
+/// thread of kernel 2's tile (the host sizes tiles so that `n·jt ≤ UN·block`).
+pub const UN: usize = 8;
+/// Partial loads in flight per thread in kernel 2's reduction.
+pub const UP: usize = 16;
 
-/// Traps once a poll loop has spun [`SPIN_LIMIT`] times.
-#[inline(always)]
-fn spin_guard(spins: &mut u32) {
-    *spins += 1;
-    if *spins > SPIN_LIMIT {
-        trap();
-    }
-}
-
-/// Workspace words before the partials (the epoch word, alone in its 128-byte line).
-pub const WS_HEADER: u32 = 16;
-
-#[inline(always)]
-fn tagged(v: f64, tag: u32) -> u64 {
-    (v.to_bits() & !TAG_MASK) | tag as u64
-}
-#[inline(always)]
-fn untag(w: u64) -> f64 {
-    f64::from_bits(w & !TAG_MASK)
-}
-#[inline(always)]
-fn tag_of(w: u64) -> u32 {
-    (w & TAG_MASK) as u32
-}
 /// Division by a divisor fixed per tile, as a multiply-high: `magic = ⌊2^32/d⌋ + 1` gives the
 /// exact quotient for every `a, d ≤ 2^16` (the error `a·(magic − 2^32/d)/2^32 < 2^-16 ≤ 1/d`).
 /// The host passes the magic of the common divisors; others are computed on the device.
@@ -95,11 +61,6 @@ impl FastDiv {
     }
 }
 
-/// The call's tag, never 0 (a zeroed workspace holds tag 0), different for consecutive epochs.
-#[inline(always)]
-fn tag_of_epoch(e: u32) -> u32 {
-    e % ((1 << TAG_BITS) - 1) + 1
-}
 #[inline(always)]
 fn min_u32(a: u32, b: u32) -> u32 {
     if a < b {
@@ -107,71 +68,6 @@ fn min_u32(a: u32, b: u32) -> u32 {
     } else {
         b
     }
-}
-
-/// Shared-memory layout (bytes), mirrored by the host (`rgk::mhc::pre::smem_bytes`):
-/// misc 16 | red BT·T f64 | part bg·mq f64 | tot bg·mq f64 | rs bg·n² f32 | hs bg·n f32 |
-/// bs m f32 | xs bg·n·jc u16.
-struct Smem {
-    misc: *mut u32,
-    red: *mut f64,
-    part: *mut f64,
-    tot: *mut f64,
-    rs: *mut f32,
-    hs: *mut f32,
-    bs: *mut f32,
-    xs: *mut u16,
-}
-
-#[inline(always)]
-unsafe fn layout(nt: u32, bg: u32, mq: u32, n: u32) -> Smem {
-    let base = dyn_smem::<u8>();
-    let red = 16usize;
-    let part = red + 8 * (BT * nt) as usize;
-    let tot = part + 8 * (bg * mq) as usize;
-    let rs = tot + 8 * (bg * mq) as usize;
-    let hs = rs + 4 * (bg * n * n) as usize;
-    let bs = hs + 4 * (bg * n) as usize;
-    let xs = bs + 4 * (mq - 1) as usize;
-    Smem {
-        misc: base as *mut u32,
-        red: base.add(red) as *mut f64,
-        part: base.add(part) as *mut f64,
-        tot: base.add(tot) as *mut f64,
-        rs: base.add(rs) as *mut f32,
-        hs: base.add(hs) as *mut f32,
-        bs: base.add(bs) as *mut f32,
-        xs: base.add(xs) as *mut u16,
-    }
-}
-
-/// Butterfly exchange of an f64 (two 32-bit shuffles).
-#[inline(always)]
-fn shfl_xor_f64(v: f64, m: u32) -> f64 {
-    let b = v.to_bits();
-    let lo = shfl_xor_u32(b as u32, m);
-    let hi = shfl_xor_u32((b >> 32) as u32, m);
-    f64::from_bits(((hi as u64) << 32) | lo as u64)
-}
-
-/// `shfl.sync.idx` of an f64 (two 32-bit shuffles).
-#[inline(always)]
-fn shfl_idx_f64(v: f64, src: u32) -> f64 {
-    let b = v.to_bits();
-    let lo = shfl_idx_f32(f32::from_bits(b as u32), src).to_bits();
-    let hi = shfl_idx_f32(f32::from_bits((b >> 32) as u32), src).to_bits();
-    f64::from_bits(((hi as u64) << 32) | lo as u64)
-}
-
-/// Sum over the warp, fixed butterfly order; every lane gets the same bits.
-#[inline(always)]
-fn warp_sum_f64(mut v: f64) -> f64 {
-    let mut m = 16;
-    while m > 0 {
-        v += shfl_xor_f64(v, m);
-        m >>= 1;
-    }
-    v
 }
 
 /// e^d in f32 for d ≤ 1 (f64 argument): the f64 product d·log2(e) is split into an integer `k`
@@ -349,32 +245,38 @@ impl Slab {
     }
 }
 
-/// MHCPreFwd, one cooperative launch. Grid `(G,1,1)`, `G = ceil(c/cols) ≤ 32·GL`, all blocks
-/// co-resident; block `(T,1,1)` with `T` a multiple of 32; dynamic shared memory per [`layout`].
-/// `ws`: `WS_HEADER + Q·G + Q` u64 words (`Q = batch·(m+1)`), zeroed before first use, then left to this
-/// op. Requires `n·c·m < 2^31`, `batch·n·c < 2^31`, `bg ≤ BT`.
+/// Kernel 1's shared memory (bytes), mirrored by the host (`rgk::mhc::pre::partial_smem_bytes`):
+/// red BT·T f64 | part bg·mq f64 | xs bg·n·jc u16.
+struct Smem1 {
+    red: *mut f64,
+    part: *mut f64,
+    xs: *mut u16,
+}
+
+#[inline(always)]
+unsafe fn layout1(nt: u32, bg: u32, mq: u32) -> Smem1 {
+    let base = dyn_smem::<u8>();
+    let part = 8 * (BT * nt) as usize;
+    let xs = part + 8 * (bg * mq) as usize;
+    Smem1 { red: base as *mut f64, part: base.add(part) as *mut f64, xs: base.add(xs) as *mut u16 }
+}
+
+/// Kernel 1: split-K partial logits and Σx². Grid `(G,1,1)` with `G = ceil(c/cols)`; block
+/// `(T,1,1)`, `T` a multiple of 32; dynamic shared memory per [`layout1`]. Writes every word of
+/// `part[0 .. batch·(m+1)·G]` (f64), nothing else. Requires `n·c·m < 2^31`, `batch·n·c < 2^31`,
+/// `batch·(m+1)·G < 2^31`, `bg ≤ BT`, `jc ≤ cols`, `bg·n·jc ≤ 2^16`.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_fwd(
+pub unsafe extern "ptx-kernel" fn mhc_pre_partial(
     phi: *const f32,
     x: *const u16,
-    bias: *const f32,
-    x_res: *mut u16,
-    x_layer: *mut u16,
-    h_post: *mut f32,
-    ws: *mut u64,
+    part_ws: *mut f64,
     batch: u32,
     n: u32,
     c: u32,
     cols: u32,
     jc: u32,
     bg: u32,
-    alpha_pre: f32,
-    alpha_post: f32,
-    alpha_res: f32,
-    repeat: u32,
-    eps: f32,
-    inv_sqrt_nc: f64,
     ngroups: u32,
     njc_full: u32,
     mc: u32,
@@ -387,40 +289,12 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fwd(
     let grid = grid_dim_x();
     let m = n * n + 2 * n;
     let mq = m + 1;
-    let nn = n * n;
-    let sm = layout(nt, bg, mq, n);
+    let sm = layout1(nt, bg, mq);
     let j0 = g * cols;
     let jb = min_u32(cols, c - j0);
-    let q_all = batch * mq;
-    let part_ws = ws.add(WS_HEADER as usize);
-    let tot_ws = part_ws.add((q_all * grid) as usize);
-    let warps = nt / 32;
-    let warp = t / 32;
-    let lane = t & 31;
-
-    // ---- start: every global read that is not on a dependency chain is issued first.
-    let epoch = if t == 0 { ld_relaxed_u64(ws) } else { 0 };
-    let bias0 = if t < m { *bias.add(t as usize) } else { 0.0 };
-    // Bring the words this block will poll into L2 now (the flush evicted them).
-    {
-        let mut q = warp * grid + g;
-        while q < q_all {
-            if lane * 16 < grid {
-                prefetch_l2(part_ws.add((q * grid + lane * 16) as usize));
-            }
-            q += warps * grid;
-        }
-        let mut i = t * 16;
-        while i < q_all {
-            prefetch_l2(tot_ws.add(i as usize));
-            i += nt * 16;
-        }
-    }
-
     let njc = if jb == cols { njc_full } else { jb.div_ceil(jc) };
-    let single_tile = ngroups == 1 && njc == 1;
     // Grid-uniform constants from the host: mc = min(m+1, T) columns per q-chunk, and the
-    // magics of mc and jc (divisions cost ~50 cycles each before the first phi load).
+    // magics of mc and jc (no u32 division before the first phi load).
     let fmc = FastDiv { d: mc, magic: mc_magic };
     let fjc = FastDiv { d: jc, magic: jc_magic };
     let slots = fmc.div(nt);
@@ -452,22 +326,8 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fwd(
                 // First batch of phi loads before the staging waits on x.
                 let (mut v, mut rr) = if active { slab.load(&mut w) } else { ([0.0; UN], [u32::MAX; UN]) };
                 if qc0 == 0 {
+                    // The previous tile's readers of xs passed the barrier after the slot sums.
                     stage(x, sm.xs, b0, bga, n, c, j0 + jc0, fj, t, nt);
-                    if gi == 0 && jci == 0 {
-                        if t == 0 {
-                            let e = epoch as u32;
-                            // Only stored here: nothing before the first barrier waits on it.
-                            *sm.misc = e;
-                        }
-                        if t < m {
-                            *sm.bs.add(t as usize) = bias0;
-                        }
-                        let mut i = t + nt;
-                        while i < m {
-                            *sm.bs.add(i as usize) = *bias.add(i as usize);
-                            i += nt;
-                        }
-                    }
                     sync_threads();
                 }
                 let mut acc = [0f64; BT as usize];
@@ -521,311 +381,266 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fwd(
             }
             jci += 1;
         }
-        // Publish this group's block partials.
-        let tag = tag_of_epoch(*sm.misc);
+        // This group's block partials: quantity (b0·mq + i) of block g.
         let mut i = t;
         while i < bga * mq {
-            st_relaxed_u64(part_ws.add(((b0 * mq + i) * grid + g) as usize), tagged(*sm.part.add(i as usize), tag));
+            *part_ws.add(((b0 * mq + i) * grid + g) as usize) = *sm.part.add(i as usize);
             i += nt;
         }
+        // The next group zeroes sm.part only after every thread has published it.
         sync_threads();
         gi += 1;
     }
+}
 
-    // ---- reduction duties: warp (warp, g) sums quantity q = warp·G + g (+ multiples of warps·G).
-    let tag = tag_of_epoch(*sm.misc);
-    let mut q = warp * grid + g;
-    while q < q_all {
-        let base = part_ws.add((q * grid) as usize);
-        let mut v = [0f64; GL as usize];
-        let mut spins = 0;
-        loop {
-            let mut ok = true;
-            let mut i = 0;
-            while i < GL {
-                let gg = lane + 32 * i;
-                if gg < grid {
-                    let w = ld_relaxed_u64(base.add(gg as usize));
-                    ok &= tag_of(w) == tag;
-                    v[i as usize] = untag(w);
-                }
-                i += 1;
-            }
-            if vote_all(ok) {
-                break;
-            }
-            spin_guard(&mut spins);
+/// Kernel 2's shared memory (bytes), mirrored by the host (`rgk::mhc::pre::mix_smem_bytes`):
+/// red mq·S f64 | tot mq f64 | zr n² f64 | ra n² f32 | rb n² f32 | hs n f32 | xs n·jt u16.
+struct Smem2 {
+    red: *mut f64,
+    tot: *mut f64,
+    zr: *mut f64,
+    ra: *mut f32,
+    rb: *mut f32,
+    hs: *mut f32,
+    xs: *mut u16,
+}
+
+#[inline(always)]
+unsafe fn layout2(mq: u32, slices: u32, n: u32) -> Smem2 {
+    let base = dyn_smem::<u8>();
+    let nn = n * n;
+    let tot = 8 * (mq * slices) as usize;
+    let zr = tot + 8 * mq as usize;
+    let ra = zr + 8 * nn as usize;
+    let rb = ra + 4 * nn as usize;
+    let hs = rb + 4 * nn as usize;
+    let xs = hs + 4 * n as usize;
+    Smem2 {
+        red: base as *mut f64,
+        tot: base.add(tot) as *mut f64,
+        zr: base.add(zr) as *mut f64,
+        ra: base.add(ra) as *mut f32,
+        rb: base.add(rb) as *mut f32,
+        hs: base.add(hs) as *mut f32,
+        xs: base.add(xs) as *mut u16,
+    }
+}
+
+/// Kernel 2: reduction of kernel 1's partials, coefficients, mixing. Grid `(batch·tiles,1,1)`,
+/// block `(T,1,1)`; block `b` handles batch row `β = b / tiles` and the columns
+/// `[tile·jt, min((tile+1)·jt, c))`, `tile = b mod tiles`. `grid1` = kernel 1's grid `G`,
+/// `slices = 2^ls` with `(m+1)·slices ≤ max(T, m+1)`; `jt_magic`, `jl_magic`: the FastDiv
+/// magics of `jt` and of the last tile's width. Requires `n·jt ≤ UN·T`, `jt ≤ 2^16`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn mhc_pre_mix(
+    x: *const u16,
+    bias: *const f32,
+    part_ws: *const f64,
+    x_res: *mut u16,
+    x_layer: *mut u16,
+    h_post: *mut f32,
+    n: u32,
+    c: u32,
+    grid1: u32,
+    tiles: u32,
+    jt: u32,
+    jt_magic: u64,
+    jl_magic: u64,
+    ls: u32,
+    alpha_pre: f32,
+    alpha_post: f32,
+    alpha_res: f32,
+    repeat: u32,
+    eps: f32,
+    inv_sqrt_nc: f64,
+) {
+    let t = thread_idx_x();
+    let nt = block_dim_x();
+    let b = block_idx_x();
+    let beta = b / tiles;
+    let tile = b - beta * tiles;
+    let m = n * n + 2 * n;
+    let mq = m + 1;
+    let nn = n * n;
+    let slices = 1u32 << ls;
+    let sm = layout2(mq, slices, n);
+    let col0 = tile * jt;
+    let jta = min_u32(jt, c - col0);
+    // Only the last tile can be narrower: its width `c − (tiles−1)·jt` comes with its magic.
+    let fj = if jta == jt { FastDiv { d: jt, magic: jt_magic } } else { FastDiv { d: jta, magic: jl_magic } };
+
+    // ---- prologue: x tile loads (DRAM) and the bias, issued before anything waits.
+    let total = n * jta; // ≤ UN·T: one batch per thread
+    let xrow = x.add((beta * n * c + col0) as usize);
+    let mut xv = [0u16; UN];
+    let mut u = 0;
+    while u < UN {
+        let e = t + u as u32 * nt;
+        if e < total {
+            let (k, jj) = fj.divrem(e);
+            xv[u] = *xrow.add((k * c + jj) as usize);
         }
+        u += 1;
+    }
+    let bias_t = if t < m { *bias.add(t as usize) } else { 0.0 };
+
+    // ---- reduction of the G partials of each quantity: thread (q, s) sums g = s, s+S, ...
+    let part_b = part_ws.add((beta * mq * grid1) as usize);
+    let mut i = t;
+    while i < mq * slices {
+        let q = i >> ls;
+        let s = i & (slices - 1);
+        let src = part_b.add((q * grid1) as usize);
+        let mut acc = 0f64;
+        let mut g0 = s;
+        while g0 < grid1 {
+            let mut r = [0f64; UP];
+            let mut u = 0;
+            while u < UP {
+                let g = g0 + u as u32 * slices;
+                if g < grid1 {
+                    r[u] = *src.add(g as usize);
+                }
+                u += 1;
+            }
+            let mut u = 0;
+            while u < UP {
+                if g0 + (u as u32) * slices < grid1 {
+                    acc += r[u];
+                }
+                u += 1;
+            }
+            g0 += UP as u32 * slices;
+        }
+        *sm.red.add(i as usize) = acc;
+        i += nt;
+    }
+    // The staged x: xs[k·jta + jj].
+    let mut u = 0;
+    while u < UN {
+        let e = t + u as u32 * nt;
+        if e < total {
+            *sm.xs.add(e as usize) = xv[u];
+        }
+        u += 1;
+    }
+    sync_threads();
+    let mut q = t;
+    while q < mq {
+        let src = sm.red.add((q * slices) as usize);
         let mut s = 0f64;
+        let mut k = 0;
+        while k < slices {
+            s += *src.add(k as usize);
+            k += 1;
+        }
+        *sm.tot.add(q as usize) = s;
+        q += nt;
+    }
+    sync_threads();
+
+    // ---- coefficients: logits z = alpha·h/r + b in f64; H_pre, h_post; residual logits to zr.
+    let r = sqrt_rn_f64(*sm.tot.add(m as usize)) * inv_sqrt_nc + 1e-4;
+    let mut e = t;
+    while e < m {
+        let alpha = if e < n {
+            alpha_pre
+        } else if e < 2 * n {
+            alpha_post
+        } else {
+            alpha_res
+        };
+        let bq = if e == t { bias_t } else { *bias.add(e as usize) };
+        let z = alpha as f64 * *sm.tot.add(e as usize) / r + bq as f64;
+        if e < n {
+            *sm.hs.add(e as usize) = sigmoid_f64_arg(z);
+        } else if e < 2 * n {
+            if tile == 0 {
+                *h_post.add((beta * n + e - n) as usize) = 2.0 * sigmoid_f64_arg(z);
+            }
+        } else {
+            *sm.zr.add((e - 2 * n) as usize) = z;
+        }
+        e += nt;
+    }
+    sync_threads();
+    // R = exp(z − row max), one element per thread.
+    let mut e = t;
+    while e < nn {
+        let i = e / n;
+        let row = sm.zr.add((i * n) as usize);
+        let mut zmax = *row;
+        let mut k = 1;
+        while k < n {
+            let zk = *row.add(k as usize);
+            if zk > zmax {
+                zmax = zk;
+            }
+            k += 1;
+        }
+        *sm.ra.add(e as usize) = exp_le1(*sm.zr.add(e as usize) - zmax);
+        e += nt;
+    }
+    sync_threads();
+    // Sinkhorn: rows (ra → rb), then columns (rb → ra); sums in index order.
+    let mut rep = 0;
+    while rep < repeat {
+        let mut e = t;
+        while e < nn {
+            let i = e / n;
+            let row = sm.ra.add((i * n) as usize);
+            let mut s = 0f32;
+            let mut k = 0;
+            while k < n {
+                s += *row.add(k as usize);
+                k += 1;
+            }
+            *sm.rb.add(e as usize) = div_rn(*sm.ra.add(e as usize), s + eps);
+            e += nt;
+        }
+        sync_threads();
+        let mut e = t;
+        while e < nn {
+            let i = e / n;
+            let col = sm.rb.add((e - i * n) as usize);
+            let mut s = 0f32;
+            let mut ii = 0;
+            while ii < n {
+                s += *col.add((ii * n) as usize);
+                ii += 1;
+            }
+            *sm.ra.add(e as usize) = div_rn(*sm.rb.add(e as usize), s + eps);
+            e += nt;
+        }
+        sync_threads();
+        rep += 1;
+    }
+
+    // ---- mixing of the staged tile.
+    let mut jj = t;
+    while jj < jta {
+        let xb = sm.xs.add(jj as usize);
+        let col = col0 + jj;
+        let mut s = 0f32;
+        let mut k = 0;
+        while k < n {
+            s = fma(*sm.hs.add(k as usize), bf16_to_f32(*xb.add((k * jta) as usize)), s);
+            k += 1;
+        }
+        *x_layer.add((beta * c + col) as usize) = f32_to_bf16(s);
         let mut i = 0;
-        while i < GL as usize {
-            s += v[i];
+        while i < n {
+            let rrow = sm.ra.add((i * n) as usize);
+            let mut s = 0f32;
+            let mut k = 0;
+            while k < n {
+                s = fma(*rrow.add(k as usize), bf16_to_f32(*xb.add((k * jta) as usize)), s);
+                k += 1;
+            }
+            *x_res.add(((beta * n + i) * c + col) as usize) = f32_to_bf16(s);
             i += 1;
         }
-        let s = warp_sum_f64(s);
-        if lane == 0 {
-            st_relaxed_u64(tot_ws.add(q as usize), tagged(s, tag));
-        }
-        q += warps * grid;
-    }
-
-    // ---- coefficients and mixing, per batch group.
-    // Warp-level coefficients when a row's n²+2n+1 quantities fit one warp with power-of-two
-    // lane groups (n ∈ {1, 2, 4}) and the block has a warp per batch row of the group.
-    let fast = (n == 1 || n == 2 || n == 4) && bg <= warps;
-    let mut gi = 0;
-    while gi < ngroups {
-        let b0 = gi * bg;
-        let bga = min_u32(bg, batch - b0);
-        if fast {
-            // One warp per batch row: lane ↔ quantity (R entries at lanes i·n + k, then pre, post,
-            // Σx²), totals polled straight into registers, Sinkhorn sums by butterflies within
-            // aligned lane groups (rows: xor 1..n/2, columns: xor n..n²/2). Every lane runs
-            // every shuffle (full-warp masks); only the owners store.
-            if warp < bga {
-                let bl = warp;
-                let beta = b0 + bl;
-                let l = lane;
-                let q = if l < nn {
-                    2 * n + l
-                } else if l < nn + 2 * n {
-                    l - nn
-                } else {
-                    m
-                };
-                let mut v = 0f64;
-                if l <= nn + 2 * n {
-                    let src = tot_ws.add((beta * mq + q) as usize);
-                    let mut w = ld_relaxed_u64(src);
-                    let mut spins = 0;
-                    while tag_of(w) != tag {
-                        spin_guard(&mut spins);
-                        w = ld_relaxed_u64(src);
-                    }
-                    v = untag(w);
-                }
-                let sq = shfl_idx_f64(v, nn + 2 * n);
-                let r = sqrt_rn_f64(sq) * inv_sqrt_nc + 1e-4;
-                let alpha = if l < nn {
-                    alpha_res
-                } else if l < nn + n {
-                    alpha_pre
-                } else {
-                    alpha_post
-                };
-                let bq = if q < m { *sm.bs.add(q as usize) } else { 0.0 };
-                let z = alpha as f64 * v / r + bq as f64;
-                // Residual: row max, exp, Sinkhorn.
-                let mut zmax = z;
-                let mut sh = 1;
-                while sh < n {
-                    let o = shfl_xor_f64(zmax, sh);
-                    if o > zmax {
-                        zmax = o;
-                    }
-                    sh <<= 1;
-                }
-                let mut e = exp_le1(z - zmax);
-                let mut rep = 0;
-                while rep < repeat {
-                    let mut s = e;
-                    let mut sh = 1;
-                    while sh < n {
-                        s += shfl_xor_f32(s, sh);
-                        sh <<= 1;
-                    }
-                    e = div_rn(e, s + eps);
-                    let mut s = e;
-                    let mut sh = n;
-                    while sh < nn {
-                        s += shfl_xor_f32(s, sh);
-                        sh <<= 1;
-                    }
-                    e = div_rn(e, s + eps);
-                    rep += 1;
-                }
-                let sig = sigmoid_f64_arg(z);
-                if l < nn {
-                    *sm.rs.add((bl * nn + l) as usize) = e;
-                } else if l < nn + n {
-                    *sm.hs.add((bl * n + l - nn) as usize) = sig;
-                } else if l < nn + 2 * n && g == 0 {
-                    *h_post.add((beta * n + l - nn - n) as usize) = 2.0 * sig;
-                }
-            }
-            sync_threads();
-        } else {
-            let qg = bga * mq;
-            let mut i = t;
-            while i < qg {
-                let src = tot_ws.add((b0 * mq + i) as usize);
-                let mut w = ld_relaxed_u64(src);
-                let mut spins = 0;
-                while tag_of(w) != tag {
-                    spin_guard(&mut spins);
-                    w = ld_relaxed_u64(src);
-                }
-                *sm.tot.add(i as usize) = untag(w);
-                i += nt;
-            }
-            sync_threads();
-            // Logits z = alpha·h/r + b (f64); H_pre, h_post; residual logits stay in `tot`.
-            let mut i = t;
-            while i < bga * m {
-                let bl = i / m;
-                let col = i - bl * m;
-                let row = sm.tot.add((bl * mq) as usize);
-                let r = sqrt_rn_f64(*row.add(m as usize)) * inv_sqrt_nc + 1e-4;
-                let alpha = if col < n {
-                    alpha_pre
-                } else if col < 2 * n {
-                    alpha_post
-                } else {
-                    alpha_res
-                };
-                let z = alpha as f64 * *row.add(col as usize) / r + *sm.bs.add(col as usize) as f64;
-                if col < n {
-                    *sm.hs.add((bl * n + col) as usize) = sigmoid_f64_arg(z);
-                } else if col < 2 * n {
-                    if g == 0 {
-                        *h_post.add(((b0 + bl) * n + col - n) as usize) = 2.0 * sigmoid_f64_arg(z);
-                    }
-                } else {
-                    *row.add(col as usize) = z;
-                }
-                i += nt;
-            }
-            sync_threads();
-            // R = exp(z − row max), fused with the first row normalisation.
-            let mut i = t;
-            while i < bga * n {
-                let bl = i / n;
-                let ii = i - bl * n;
-                let z = sm.tot.add((bl * mq + 2 * n + ii * n) as usize);
-                let mut zmax = *z;
-                let mut k = 1;
-                while k < n {
-                    let zk = *z.add(k as usize);
-                    if zk > zmax {
-                        zmax = zk;
-                    }
-                    k += 1;
-                }
-                let row = sm.rs.add((bl * nn + ii * n) as usize);
-                let mut s = 0f32;
-                let mut k = 0;
-                while k < n {
-                    let e = exp_le1(*z.add(k as usize) - zmax);
-                    *row.add(k as usize) = e;
-                    s += e;
-                    k += 1;
-                }
-                if repeat > 0 {
-                    let d = s + eps;
-                    let mut k = 0;
-                    while k < n {
-                        *row.add(k as usize) = div_rn(*row.add(k as usize), d);
-                        k += 1;
-                    }
-                }
-                i += nt;
-            }
-            sync_threads();
-            let mut rep = 0;
-            while rep < repeat {
-                if rep > 0 {
-                    let mut i = t;
-                    while i < bga * n {
-                        let row = sm.rs.add((i * n) as usize); // (bl·n + ii)·n
-                        let mut s = 0f32;
-                        let mut k = 0;
-                        while k < n {
-                            s += *row.add(k as usize);
-                            k += 1;
-                        }
-                        let d = s + eps;
-                        let mut k = 0;
-                        while k < n {
-                            *row.add(k as usize) = div_rn(*row.add(k as usize), d);
-                            k += 1;
-                        }
-                        i += nt;
-                    }
-                    sync_threads();
-                }
-                let mut i = t;
-                while i < bga * n {
-                    let bl = i / n;
-                    let kk = i - bl * n;
-                    let colp = sm.rs.add((bl * nn + kk) as usize);
-                    let mut s = 0f32;
-                    let mut ii = 0;
-                    while ii < n {
-                        s += *colp.add((ii * n) as usize);
-                        ii += 1;
-                    }
-                    let d = s + eps;
-                    let mut ii = 0;
-                    while ii < n {
-                        let e = colp.add((ii * n) as usize);
-                        *e = div_rn(*e, d);
-                        ii += 1;
-                    }
-                    i += nt;
-                }
-                sync_threads();
-                rep += 1;
-            }
-        }
-        // Mixing.
-        let mut jci = 0;
-        while jci < njc {
-            let jc0 = jci * jc;
-            let jca = min_u32(jc, jb - jc0);
-            let fj = if jca == jc { fjc } else { FastDiv::new(jca) };
-            if !single_tile {
-                stage(x, sm.xs, b0, bga, n, c, j0 + jc0, fj, t, nt);
-                sync_threads();
-            }
-            let mut i = t;
-            while i < bga * jca {
-                let (bl, jj) = fj.divrem(i);
-                let xb = sm.xs.add((bl * n * jca + jj) as usize);
-                let col = j0 + jc0 + jj;
-                let beta = b0 + bl;
-                let h = sm.hs.add((bl * n) as usize);
-                let mut s = 0f32;
-                let mut k = 0;
-                while k < n {
-                    s = fma(*h.add(k as usize), bf16_to_f32(*xb.add((k * jca) as usize)), s);
-                    k += 1;
-                }
-                *x_layer.add((beta * c + col) as usize) = f32_to_bf16(s);
-                let mut ii = 0;
-                while ii < n {
-                    let r = sm.rs.add((bl * nn + ii * n) as usize);
-                    let mut s = 0f32;
-                    let mut k = 0;
-                    while k < n {
-                        s = fma(*r.add(k as usize), bf16_to_f32(*xb.add((k * jca) as usize)), s);
-                        k += 1;
-                    }
-                    *x_res.add(((beta * n + ii) * c + col) as usize) = f32_to_bf16(s);
-                    ii += 1;
-                }
-                i += nt;
-            }
-            if !single_tile {
-                sync_threads();
-            }
-            jci += 1;
-        }
-        sync_threads();
-        gi += 1;
-    }
-    // Every block's epoch read precedes (by data dependence) a partial that block 0 has seen
-    // summed into a total: advancing the epoch now cannot race with any read of it.
-    if g == 0 && t == 0 {
-        st_relaxed_u64(ws, (*sm.misc).wrapping_add(1) as u64);
+        jj += nt;
     }
 }
