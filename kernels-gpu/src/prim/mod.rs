@@ -110,45 +110,7 @@ pub fn shfl_xor_u32(v: u32, lane_mask: u32) -> u32 {
     f32::to_bits(shfl_xor_f32(f32::from_bits(v), lane_mask))
 }
 
-/// `shfl.sync.idx.b32`: the value of lane `src` (all 32 lanes taking part; not `pure`, as
-/// [`shfl_xor_f32`]).
-#[inline(always)]
-pub fn shfl_idx_f32(v: f32, src: u32) -> f32 {
-    let r: f32;
-    unsafe {
-        asm!("shfl.sync.idx.b32 {r}, {v}, {s}, 0x1f, 0xffffffff;",
-             r = out(reg32) r, v = in(reg32) v, s = in(reg32) src,
-             options(nomem, nostack))
-    };
-    r
-}
-
-/// Maximum over the 32 lanes of a warp; every lane receives it.
-#[inline(always)]
-pub fn warp_max_f32(mut v: f32) -> f32 {
-    let mut m = 16;
-    while m > 0 {
-        v = max_f32(v, shfl_xor_f32(v, m));
-        m >>= 1;
-    }
-    v
-}
-
-/// `bar.warp.sync` with all lanes.
-#[inline(always)]
-pub fn sync_warp() {
-    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) };
-}
-
 // ---------------------------------------------------------------- math (f32)
-
-/// `max.f32` (NaN-ignoring, as PTX defines it).
-#[inline(always)]
-pub fn max_f32(a: f32, b: f32) -> f32 {
-    let r: f32;
-    unsafe { asm!("max.f32 {}, {}, {};", out(reg32) r, in(reg32) a, in(reg32) b, options(pure, nomem, nostack)) };
-    r
-}
 
 /// `sqrt.rn.f32`: correctly rounded square root.
 #[inline(always)]
@@ -171,14 +133,6 @@ pub fn div_rn(a: f32, b: f32) -> f32 {
 pub fn rcp_rn(v: f32) -> f32 {
     let r: f32;
     unsafe { asm!("rcp.rn.f32 {}, {};", out(reg32) r, in(reg32) v, options(pure, nomem, nostack)) };
-    r
-}
-
-/// `rsqrt.approx.f32` (max relative error 2^-22.9).
-#[inline(always)]
-pub fn rsqrt_approx(v: f32) -> f32 {
-    let r: f32;
-    unsafe { asm!("rsqrt.approx.f32 {}, {};", out(reg32) r, in(reg32) v, options(pure, nomem, nostack)) };
     r
 }
 
@@ -299,20 +253,6 @@ pub unsafe fn atomic_add_u32(p: *mut u32, v: u32) -> u32 {
     r
 }
 
-/// `ld.global.acquire.gpu.u32`.
-#[inline(always)]
-pub unsafe fn ld_acquire_u32(p: *const u32) -> u32 {
-    let r: u32;
-    asm!("ld.global.acquire.gpu.u32 {}, [{}];", out(reg32) r, in(reg64) p, options(nostack, readonly));
-    r
-}
-
-/// `st.global.release.gpu.u32`.
-#[inline(always)]
-pub unsafe fn st_release_u32(p: *mut u32, v: u32) {
-    asm!("st.global.release.gpu.u32 [{}], {};", in(reg64) p, in(reg32) v, options(nostack));
-}
-
 /// Start of the block's dynamic (launch-sized) shared memory, 16-byte aligned.
 #[inline(always)]
 pub fn dyn_smem<T>() -> *mut T {
@@ -352,32 +292,6 @@ pub unsafe fn prefetch_l2_evict_last(p: *const u8) {
 }
 
 // ---------------------------------------------------------------- MHCPreFwd (mhc/pre.rs)
-
-/// `ld.relaxed.gpu.global.u64`: a single-copy-atomic 64-bit load that observes other blocks'
-/// relaxed stores (bypasses L1); for polling tagged words.
-#[inline(always)]
-pub unsafe fn ld_relaxed_u64(p: *const u64) -> u64 {
-    let r: u64;
-    asm!("ld.relaxed.gpu.global.u64 {}, [{}];", out(reg64) r, in(reg64) p, options(nostack, readonly));
-    r
-}
-
-/// `st.relaxed.gpu.global.u64`: a single-copy-atomic 64-bit store visible to other blocks.
-#[inline(always)]
-pub unsafe fn st_relaxed_u64(p: *mut u64, v: u64) {
-    asm!("st.relaxed.gpu.global.u64 [{}], {};", in(reg64) p, in(reg64) v, options(nostack));
-}
-
-/// `vote.sync.all.pred` over the full warp: true when `pred` holds on every lane.
-#[inline(always)]
-pub fn vote_all(pred: bool) -> bool {
-    let r: u32;
-    unsafe {
-        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {v}, 0; vote.sync.all.pred q, p, 0xffffffff; selp.u32 {r}, 1, 0, q; }}",
-             v = in(reg32) pred as u32, r = out(reg32) r, options(nomem, nostack))
-    };
-    r != 0
-}
 
 /// `sqrt.rn.f64`: correctly rounded square root.
 #[inline(always)]
