@@ -16,10 +16,11 @@ use cudarc::driver::sys::{CUdeviceptr, CUfunction_attribute_enum, CUstream};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 use crate::error::check_len;
-use crate::reference::twiddle;
 use crate::runtime::{launch, LaunchDims};
 use crate::{Error, Gpu, Result};
 
+#[cfg(test)]
+mod emu;
 #[cfg(test)]
 mod model;
 mod plan;
@@ -29,7 +30,7 @@ pub use plan::MAX_ELEMENTS;
 /// Streaming multiprocessors assumed when the driver does not say (the H200's 132; the count
 /// only sizes persistent grids, never changes a result).
 const DEFAULT_SMS: u32 = 132;
-use plan::{decompose, max_log_n, max_single_log, split_log, Buf, Pass};
+use plan::{decompose, max_log_n, max_single_log, Pass, PlanPtrs};
 
 const KERNELS_C64: [&str; 13] = [
     "fft_c64_l1",
@@ -151,7 +152,6 @@ pub struct FftPlan {
     work: Option<CudaSlice<u8>>,
     ptrs: [CUdeviceptr; 4],
     log_lt: u32,
-    log_split: u32,
 }
 
 /// Checks `(n, batch)` and returns `log2 n`. Errors name `n` or `batch`.
@@ -216,7 +216,6 @@ impl FftPlan {
         let elem = precision.element_bytes();
         let mut passes = if log_n == 0 { Vec::new() } else { decompose(log_n, batch, elem, max_single_log(elem)) };
         let log_lt = passes.iter().map(|p| p.log_l).max().unwrap_or(0);
-        let log_split = split_log(log_n);
         let names = Self::kernel_names(precision);
         let sms = gpu
             .context()
@@ -252,26 +251,22 @@ impl FftPlan {
                 }
             }
         }
-        let tw = if passes.is_empty() {
-            None
-        } else {
-            Some(upload(gpu, precision, &crate::reference::twiddle_table(1 << log_lt, 1 << log_lt))?)
-        };
         let four_step = passes.len() > 1;
-        let (twlo, twhi) = if four_step {
-            let nn = 1u64 << log_n;
-            let lo: Vec<f64> = (0..1u64 << log_split).flat_map(|i| <[f64; 2]>::from(twiddle(i, nn))).collect();
-            let hi: Vec<f64> =
-                (0..1u64 << (log_n - log_split)).flat_map(|i| <[f64; 2]>::from(twiddle(i << log_split, nn))).collect();
-            (Some(upload(gpu, precision, &lo)?), Some(upload(gpu, precision, &hi)?))
+        let (tw, twlo, twhi) = if passes.is_empty() {
+            (None, None, None)
         } else {
-            (None, None)
+            let (tw, four) = plan::twiddle_tables(log_n, log_lt, four_step);
+            let tw = Some(upload(gpu, precision, &tw)?);
+            match four {
+                Some((lo, hi)) => (tw, Some(upload(gpu, precision, &lo)?), Some(upload(gpu, precision, &hi)?)),
+                None => (tw, None, None),
+            }
         };
         let work = if four_step { Some(gpu.stream().alloc_zeros::<u8>(n * batch * elem)?) } else { None };
         // The tables must be on the device before an execution on any other stream.
         gpu.stream().synchronize()?;
         let ptrs = [raw_ptr(gpu, &tw), raw_ptr(gpu, &twlo), raw_ptr(gpu, &twhi), raw_ptr(gpu, &work)];
-        Ok(Self { n, batch, precision, passes, tw, twlo, twhi, work, ptrs, log_lt, log_split })
+        Ok(Self { n, batch, precision, passes, tw, twlo, twhi, work, ptrs, log_lt })
     }
 
     fn kernel_names(p: Precision) -> &'static [&'static str] {
@@ -394,19 +389,15 @@ impl FftPlan {
         }
         let names = Self::kernel_names(self.precision);
         let [tw, twlo, twhi, work] = self.ptrs;
+        let ptrs = PlanPtrs { tw, twlo, twhi, work };
+        let log_n = self.n.trailing_zeros();
         for p in &self.passes {
             let f = gpu.function(names[p.log_l as usize - 1])?;
-            let buf = |b: Buf| match b {
-                Buf::X => x,
-                Buf::Y => y,
-                Buf::Work => work,
-            };
-            let (mut src, mut dst) = (buf(p.src), buf(p.dst));
-            let (mut tw, mut lo, mut hi) = (tw, twlo.max(tw), twhi.max(tw));
-            let (mut log_c, mut log_min, mut log_mout, mut count) = (p.log_c, p.log_min, p.log_mout, p.count);
-            let (mut log_lt, mut log_split, mut flags, mut sm_stride) =
-                (self.log_lt, self.log_split, p.flags, p.sm_stride);
-            let dims = LaunchDims { grid: (p.grid, 1, 1), block: (p.threads, 1, 1), shared_bytes: p.smem_bytes };
+            let a = plan::pass_args(p, log_n, self.log_lt, ptrs, x, y);
+            let (mut src, mut dst, mut tw, mut lo, mut hi) = (a.src, a.dst, a.tw, a.lo, a.hi);
+            let (mut log_c, mut log_min, mut log_mout, mut count) = (a.log_c, a.log_min, a.log_mout, a.count);
+            let (mut log_lt, mut log_split, mut flags, mut sm_stride) = (a.log_lt, a.log_split, a.flags, a.sm_stride);
+            let dims = LaunchDims { grid: (a.grid, 1, 1), block: (a.threads, 1, 1), shared_bytes: a.smem_bytes };
             launch(
                 f,
                 dims,

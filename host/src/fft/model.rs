@@ -252,3 +252,104 @@ mod dft_tests {
         }
     }
 }
+
+/// Geometry of every plan the planner makes (no arithmetic): for each pass, the kernel's
+/// first-stage global reads and its final global writes (row or `OUT_SMEM` store, as in
+/// `run_pass`) each hit every element of the pass's buffer exactly once, shared-memory slots
+/// stay inside the block's allocation, and twiddle indices inside their tables.
+#[cfg(test)]
+mod geometry {
+    use super::super::plan::{decompose, max_single_log, split_log, MAX_ELEMENTS};
+    use super::*;
+
+    fn check_plan(log_n: u32, batch: usize, elem: usize) {
+        let passes = decompose(log_n, batch, elem, max_single_log(elem));
+        let total = batch << log_n;
+        let log_lt = passes.iter().map(|p| p.log_l).max().unwrap();
+        let split = split_log(log_n);
+        for p in &passes {
+            let e = p.e;
+            let log_e = e.trailing_zeros();
+            let log_l = p.log_l;
+            let log_tpt = log_l - log_e;
+            let tpt = 1u32 << log_tpt;
+            let nst = log_l.div_ceil(log_e);
+            let first = log_l - log_e * (nst - 1);
+            let out_smem = p.flags & OUT_SMEM != 0;
+            assert_eq!((p.count as usize) << log_l, total, "{p:?}");
+            assert!(p.sm_stride > sidx((1 << log_l) - 1), "{p:?}");
+            assert_eq!(p.threads << log_e, (1u32 << p.log_c) << log_l, "{p:?}");
+            let (mut read, mut written) = (vec![0u8; total], vec![0u8; total]);
+            for block in 0..p.blocks {
+                let t0 = block << p.log_c;
+                for tid in 0..p.threads {
+                    let (ci, jt) = if p.flags & COL_MAP != 0 {
+                        (tid & ((1 << p.log_c) - 1), tid >> p.log_c)
+                    } else {
+                        (tid >> log_tpt, tid & (tpt - 1))
+                    };
+                    let t = t0 + ci;
+                    for s in 0..nst {
+                        let lr = if s == 0 { first } else { log_e };
+                        let ls = if s == 0 { 0 } else { first + log_e * (s - 1) };
+                        let r_n = 1u32 << lr;
+                        let quarter = 1u32 << (log_l - lr);
+                        let ns_mask = (1u32 << ls) - 1;
+                        for el in 0..e {
+                            let j = jt + (el / r_n) * tpt;
+                            let idx = j + (el % r_n) * quarter;
+                            assert!(idx < 1 << log_l);
+                            if s == 0 && t < p.count {
+                                read[(base(t, log_l, p.log_min) + (idx << p.log_min)) as usize] += 1;
+                            }
+                            if s > 0 {
+                                assert!(ci * p.sm_stride + sidx(idx) < p.smem_bytes / elem as u32);
+                                let r = el % r_n;
+                                assert!(((r * (j & ns_mask)) << (log_lt - ls - lr)) < 1 << log_lt);
+                            }
+                            let k = j & ns_mask;
+                            let o = ((j - k) << lr) + k + ((el % r_n) << ls);
+                            assert!(o < 1 << log_l);
+                            if s == nst - 1 && !out_smem && t < p.count {
+                                written[(base(t, log_l, p.log_mout) + (o << p.log_mout)) as usize] += 1;
+                                if p.flags & TW4 != 0 {
+                                    let q = (t & ((1 << p.log_min) - 1)) * o;
+                                    assert!((q >> split) < 1 << (log_n - split));
+                                }
+                            } else if s < nst - 1 || out_smem {
+                                assert!(ci * p.sm_stride + sidx(o) < p.smem_bytes / elem as u32);
+                            }
+                        }
+                    }
+                    if out_smem {
+                        for q in 0..e {
+                            let el = tid + q * p.threads;
+                            let (c2, k) = (el & ((1 << p.log_c) - 1), el >> p.log_c);
+                            if t0 + c2 < p.count {
+                                assert!(k < 1 << log_l);
+                                written[(base(t0 + c2, log_l, p.log_mout) + (k << p.log_mout)) as usize] += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(read.iter().all(|&c| c == 1), "n=2^{log_n} batch={batch}: reads not a bijection {p:?}");
+            assert!(written.iter().all(|&c| c == 1), "n=2^{log_n} batch={batch}: writes not a bijection {p:?}");
+        }
+    }
+
+    /// Every plan for n = 2^1..2^22, both precisions, at the GPU tests' batch counts.
+    #[test]
+    fn every_plan_to_2_22_reads_and_writes_each_element_once() {
+        for elem in [8, 16] {
+            for log_n in 1..=22 {
+                for batch in [1usize, 2, 3, 7, 33, 64, 300] {
+                    if (batch << log_n) > (1 << 22).min(MAX_ELEMENTS) && batch > 1 {
+                        continue;
+                    }
+                    check_plan(log_n, batch, elem);
+                }
+            }
+        }
+    }
+}

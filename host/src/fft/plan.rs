@@ -185,3 +185,111 @@ pub(crate) fn decompose(log_n: u32, batch: usize, elem_bytes: usize, max_single:
 pub(crate) fn split_log(log_n: u32) -> u32 {
     log_n.div_ceil(2)
 }
+
+/// The four-step tables `(lo, hi)`, interleaved f64.
+pub(crate) type FourStepTables = (Vec<f64>, Vec<f64>);
+
+/// The plan's twiddle tables in f64, interleaved (re, im): `tw[i] = W_Lt^i` for `i < Lt`
+/// (`Lt = 2^log_lt`, the longest pass), and for a four-step plan (`four_step`) the two-level
+/// table of `W_n^p = lo[p mod 2^s] · hi[p >> s]` (`s = split_log(log_n)`).
+pub(crate) fn twiddle_tables(log_n: u32, log_lt: u32, four_step: bool) -> (Vec<f64>, Option<FourStepTables>) {
+    use crate::reference::{twiddle, twiddle_table};
+    let tw = twiddle_table(1 << log_lt, 1 << log_lt);
+    if !four_step {
+        return (tw, None);
+    }
+    let log_split = split_log(log_n);
+    let nn = 1u64 << log_n;
+    let lo: Vec<f64> = (0..1u64 << log_split).flat_map(|i| <[f64; 2]>::from(twiddle(i, nn))).collect();
+    let hi: Vec<f64> =
+        (0..1u64 << (log_n - log_split)).flat_map(|i| <[f64; 2]>::from(twiddle(i << log_split, nn))).collect();
+    (tw, Some((lo, hi)))
+}
+
+/// The arguments of one pass's kernel launch, in the kernel's parameter order
+/// (kernels-gpu/src/fft/stockham.rs `entry!`), and its launch shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PassArgs {
+    pub src: u64,
+    pub dst: u64,
+    pub tw: u64,
+    pub lo: u64,
+    pub hi: u64,
+    pub log_c: u32,
+    pub log_min: u32,
+    pub log_mout: u32,
+    pub count: u32,
+    pub log_lt: u32,
+    pub log_split: u32,
+    pub flags: u32,
+    pub sm_stride: u32,
+    pub grid: u32,
+    pub threads: u32,
+    pub smem_bytes: u32,
+}
+
+/// Device addresses of a plan's tables and workspace (0 where absent).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PlanPtrs {
+    pub tw: u64,
+    pub twlo: u64,
+    pub twhi: u64,
+    pub work: u64,
+}
+
+/// The launch arguments of pass `p` of a plan for `n = 2^log_n`, on buffers `x`, `y`.
+pub(crate) fn pass_args(p: &Pass, log_n: u32, log_lt: u32, ptrs: PlanPtrs, x: u64, y: u64) -> PassArgs {
+    let buf = |b: Buf| match b {
+        Buf::X => x,
+        Buf::Y => y,
+        Buf::Work => ptrs.work,
+    };
+    PassArgs {
+        src: buf(p.src),
+        dst: buf(p.dst),
+        tw: ptrs.tw,
+        // One-pass plans have no four-step tables (0); pass a valid address all the same. (Not
+        // `twlo.max(tw)`: that picks `tw` whenever the allocator placed the table below it —
+        // the n = 2^15 failure of the first H200 run.)
+        lo: if ptrs.twlo != 0 { ptrs.twlo } else { ptrs.tw },
+        hi: if ptrs.twhi != 0 { ptrs.twhi } else { ptrs.tw },
+        log_c: p.log_c,
+        log_min: p.log_min,
+        log_mout: p.log_mout,
+        count: p.count,
+        log_lt,
+        log_split: split_log(log_n),
+        flags: p.flags,
+        sm_stride: p.sm_stride,
+        grid: p.grid,
+        threads: p.threads,
+        smem_bytes: p.smem_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The four-step tables reach the kernel whatever the allocator's address order (the
+    /// first H200 run passed `max(twlo, tw)`, i.e. the wrong table when `twlo < tw`).
+    #[test]
+    fn pass_args_pass_the_tables_in_any_address_order() {
+        let passes = decompose(15, 2, 8, max_single_log(8));
+        for (tw, twlo, twhi, work) in [(0x1000, 0x2000, 0x3000, 0x4000), (0x9000, 0x2000, 0x3000, 0x4000)] {
+            let ptrs = PlanPtrs { tw, twlo, twhi, work };
+            for p in &passes {
+                let a = pass_args(p, 15, 8, ptrs, 0x10_0000, 0x20_0000);
+                assert_eq!((a.tw, a.lo, a.hi), (tw, twlo, twhi));
+            }
+            let a = pass_args(&passes[0], 15, 8, ptrs, 0x10_0000, 0x20_0000);
+            assert_eq!((a.src, a.dst), (0x10_0000, work));
+            let a = pass_args(&passes[1], 15, 8, ptrs, 0x10_0000, 0x20_0000);
+            assert_eq!((a.src, a.dst), (work, 0x20_0000));
+        }
+        // One-pass plans: no four-step tables, `tw` in their place.
+        let one = decompose(10, 3, 8, max_single_log(8));
+        let a = pass_args(&one[0], 10, 10, PlanPtrs { tw: 0x5000, twlo: 0, twhi: 0, work: 0 }, 1 << 20, 2 << 20);
+        assert_eq!((a.tw, a.lo, a.hi, a.src, a.dst), (0x5000, 0x5000, 0x5000, 1 << 20, 2 << 20));
+    }
+}

@@ -39,7 +39,7 @@ impl Mem for f32 {
     }
     #[inline(always)]
     unsafe fn ld_ro(p: *const Cx<Self>) -> Cx<Self> {
-        let (a, b) = crate::prim::ld_nc_v2_u32(p as *const u32);
+        let (a, b) = super::prim::ld_nc_v2_u32(p as *const u32);
         Cx { re: f32::from_bits(a), im: f32::from_bits(b) }
     }
 }
@@ -56,7 +56,7 @@ impl Mem for f64 {
     }
     #[inline(always)]
     unsafe fn ld_ro(p: *const Cx<Self>) -> Cx<Self> {
-        let w = crate::prim::ld_nc_v4(p as *const u32);
+        let w = super::prim::ld_nc_v4(p as *const u32);
         Cx {
             re: f64::from_bits(w[0] as u64 | ((w[1] as u64) << 32)),
             im: f64::from_bits(w[2] as u64 | ((w[3] as u64) << 32)),

@@ -4,5 +4,8 @@
 //! [`dft`] the complex arithmetic and in-register butterflies it is built from, [`cx`] the
 //! element loads and stores.
 pub mod cx;
+// The primitives the kernels use, as `super::prim` (the host tests substitute a CPU emulation).
+use crate::prim;
+
 pub mod dft;
 pub mod stockham;

@@ -16,7 +16,7 @@
 //! `W_n^{(t mod M_in)·k}` (the four-step twiddle, from a two-level table `lo[p mod S]·hi[p/S]`).
 
 use super::cx::{dft, unroll, Cx, Mem};
-use crate::prim::*;
+use super::prim::*;
 
 /// Thread mapping: the column (transform within the block) in the low thread-index bits, so a
 /// warp's global accesses run over consecutive columns (for `M > 1`).
@@ -275,12 +275,43 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize>(
     }
 }
 
+/// The PTX entries: `extern "ptx-kernel"` on the GPU; on the host (the CPU emulation of the
+/// host crate's tests, `host/src/fft/emu.rs`, which compiles this file with a software `prim`)
+/// plain functions of the same names and parameters.
+#[cfg(target_arch = "nvptx64")]
 macro_rules! entry {
     ($name:ident, $t:ty, $log_l:literal, $e:literal) => {
         /// One FFT pass (module doc) of length `2^LOG_L`, `E` elements per thread.
         #[no_mangle]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $name(
+            x: *const Cx<$t>,
+            y: *mut Cx<$t>,
+            tw: *const Cx<$t>,
+            twlo: *const Cx<$t>,
+            twhi: *const Cx<$t>,
+            log_c: u32,
+            log_min: u32,
+            log_mout: u32,
+            count: u32,
+            log_lt: u32,
+            log_split: u32,
+            flags: u32,
+            sm_stride: u32,
+        ) {
+            fft_block::<$t, $log_l, $e>(
+                x, y, tw, twlo, twhi, log_c, log_min, log_mout, count, log_lt, log_split, flags, sm_stride,
+            )
+        }
+    };
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+macro_rules! entry {
+    ($name:ident, $t:ty, $log_l:literal, $e:literal) => {
+        /// Host build of the entry (CPU emulation only).
+        #[allow(clippy::too_many_arguments, dead_code)]
+        pub unsafe fn $name(
             x: *const Cx<$t>,
             y: *mut Cx<$t>,
             tw: *const Cx<$t>,

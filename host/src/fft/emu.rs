@@ -1,0 +1,384 @@
+//! CPU emulation of the FFT kernels: the kernel source itself (kernels-gpu/src/fft/{dft, cx,
+//! stockham}.rs) compiled for the host against a software `prim` (thread and block indices in
+//! thread-locals, `sync_threads` a real barrier over one OS thread per GPU thread, shared
+//! memory a poisoned per-block buffer), launched with exactly the arguments the plan's
+//! `execute_raw` passes ([`super::plan::pass_args`]) and the plan's own tables. Unlike the
+//! index model (`model.rs`, a re-statement of the kernel's arithmetic), this runs the kernel
+//! code, so a kernel/host disagreement (entry table, argument order, geometry, tables) shows.
+#![allow(clippy::too_many_arguments)]
+
+use std::cell::Cell;
+use std::sync::{Arc, Barrier};
+
+use super::plan::{pass_args, twiddle_tables, Buf, Pass, PassArgs, PlanPtrs};
+
+/// The kernels' primitives, in software (only those the FFT kernels use).
+#[allow(dead_code)]
+pub mod prim {
+    use super::*;
+
+    thread_local! {
+        pub(super) static TID: Cell<u32> = const { Cell::new(0) };
+        pub(super) static BID: Cell<u32> = const { Cell::new(0) };
+        pub(super) static BDIM: Cell<u32> = const { Cell::new(0) };
+        pub(super) static GDIM: Cell<u32> = const { Cell::new(0) };
+        pub(super) static SMEM: Cell<usize> = const { Cell::new(0) };
+        pub(super) static BAR: std::cell::RefCell<Option<Arc<Barrier>>> = const { std::cell::RefCell::new(None) };
+    }
+
+    pub fn thread_idx_x() -> u32 {
+        TID.with(|c| c.get())
+    }
+    pub fn block_idx_x() -> u32 {
+        BID.with(|c| c.get())
+    }
+    pub fn block_dim_x() -> u32 {
+        BDIM.with(|c| c.get())
+    }
+    pub fn grid_dim_x() -> u32 {
+        GDIM.with(|c| c.get())
+    }
+    pub fn sync_threads() {
+        BAR.with(|b| {
+            b.borrow().as_ref().expect("sync_threads outside a launch").wait();
+        });
+    }
+    pub fn dyn_smem<T>() -> *mut T {
+        SMEM.with(|c| c.get()) as *mut T
+    }
+    pub fn opaque_u32(v: u32) -> u32 {
+        v
+    }
+    /// # Safety
+    /// None needed (no access).
+    pub unsafe fn prefetch_l2<T>(_p: *const T) {}
+    /// # Safety
+    /// None needed (no access).
+    pub unsafe fn prefetch_l2_evict_last(_p: *const u8) {}
+    /// # Safety
+    /// `p` valid for two u32.
+    pub unsafe fn ld_nc_v2_u32(p: *const u32) -> (u32, u32) {
+        (*p, *p.add(1))
+    }
+    /// # Safety
+    /// `p` valid for four u32.
+    pub unsafe fn ld_nc_v4(p: *const u32) -> [u32; 4] {
+        [*p, *p.add(1), *p.add(2), *p.add(3)]
+    }
+}
+
+#[allow(dead_code, unused_imports, clippy::all)]
+#[path = "../../../kernels-gpu/src/fft/dft.rs"]
+mod dft;
+
+#[allow(dead_code, unused_imports, clippy::all)]
+#[path = "../../../kernels-gpu/src/fft/cx.rs"]
+mod cx;
+
+#[allow(dead_code, unused_imports, clippy::all)]
+#[path = "../../../kernels-gpu/src/fft/stockham.rs"]
+mod stockham;
+
+use dft::Cx;
+
+type Kernel<T> = unsafe fn(
+    *const Cx<T>,
+    *mut Cx<T>,
+    *const Cx<T>,
+    *const Cx<T>,
+    *const Cx<T>,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+);
+
+/// A storage precision of the emulation: the kernel entry of a PTX name.
+pub(crate) trait Elem: cx::Mem + Send + Sync + 'static {
+    fn kernel(name: &str) -> Kernel<Self>;
+    fn to_f64(self) -> f64;
+    const BYTES: usize;
+}
+
+macro_rules! kernels {
+    ($t:ty, $bytes:literal, $($name:ident),*) => {
+        impl Elem for $t {
+            fn kernel(name: &str) -> Kernel<Self> {
+                match name {
+                    $(stringify!($name) => stockham::$name,)*
+                    _ => panic!("no kernel named {name}"),
+                }
+            }
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            const BYTES: usize = $bytes;
+        }
+    };
+}
+kernels!(
+    f32,
+    8,
+    fft_c64_l1,
+    fft_c64_l2,
+    fft_c64_l3,
+    fft_c64_l4,
+    fft_c64_l5,
+    fft_c64_l6,
+    fft_c64_l7,
+    fft_c64_l8,
+    fft_c64_l9,
+    fft_c64_l10,
+    fft_c64_l11,
+    fft_c64_l12,
+    fft_c64_l13
+);
+kernels!(
+    f64,
+    16,
+    fft_c128_l1,
+    fft_c128_l2,
+    fft_c128_l3,
+    fft_c128_l4,
+    fft_c128_l5,
+    fft_c128_l6,
+    fft_c128_l7,
+    fft_c128_l8,
+    fft_c128_l9,
+    fft_c128_l10,
+    fft_c128_l11,
+    fft_c128_l12
+);
+
+/// Device memory of the emulation: a 16-byte aligned buffer of `len` complex elements.
+struct DevBuf {
+    mem: Vec<u128>,
+}
+
+impl DevBuf {
+    fn new(bytes: usize, fill: u8) -> Self {
+        let mut mem = vec![0u128; bytes.div_ceil(16).max(1)];
+        // SAFETY: the Vec owns at least `bytes` bytes.
+        unsafe { std::ptr::write_bytes(mem.as_mut_ptr() as *mut u8, fill, bytes) };
+        DevBuf { mem }
+    }
+    fn addr(&mut self) -> u64 {
+        self.mem.as_mut_ptr() as u64
+    }
+}
+
+fn upload<T: Elem>(v: &[f64]) -> DevBuf {
+    let mut b = DevBuf::new(v.len() * T::BYTES / 2, 0);
+    let p = b.addr() as *mut T;
+    for (i, &a) in v.iter().enumerate() {
+        // SAFETY: in bounds (len reals of size BYTES / 2).
+        unsafe { *p.add(i) = T::from_f64(a) };
+    }
+    b
+}
+
+/// The tables in one buffer, in the order given (256-byte aligned parts); returns the buffer
+/// and each part's address.
+fn upload_tables<T: Elem>(parts: &[&[f64]]) -> (DevBuf, Vec<u64>) {
+    let bytes = |v: &[f64]| (v.len() * T::BYTES / 2).div_ceil(256) * 256;
+    let all: Vec<f64> = parts
+        .iter()
+        .flat_map(|v| {
+            let pad = bytes(v) / (T::BYTES / 2) - v.len();
+            v.iter().copied().chain(std::iter::repeat_n(f64::NAN, pad))
+        })
+        .collect();
+    let mut b = upload::<T>(&all);
+    let mut at = b.addr();
+    let addrs = parts
+        .iter()
+        .map(|v| {
+            let a = at;
+            at += bytes(v) as u64;
+            a
+        })
+        .collect();
+    (b, addrs)
+}
+
+/// Runs one launch: `a.grid` blocks of `a.threads` OS threads (one pool for the whole launch,
+/// every block with its own shared memory, filled with 0xFF bytes: NaN for any float read
+/// before it is written), the kernel's barriers as one `Barrier`.
+fn launch<T: Elem>(k: Kernel<T>, a: &PassArgs) {
+    let nthreads = a.threads as usize;
+    let bar = Arc::new(Barrier::new(nthreads));
+    let smem_bytes = (a.smem_bytes as usize).max(16);
+    let mut smem: Vec<DevBuf> = (0..a.grid).map(|_| DevBuf::new(smem_bytes, 0xFF)).collect();
+    let smem_addrs: Vec<u64> = smem.iter_mut().map(|b| b.addr()).collect();
+    let a = *a;
+    std::thread::scope(|s| {
+        for tid in 0..a.threads {
+            let bar = bar.clone();
+            let smem_addrs = &smem_addrs;
+            std::thread::Builder::new()
+                .stack_size(16 << 20)
+                .spawn_scoped(s, move || {
+                    prim::TID.with(|c| c.set(tid));
+                    prim::BDIM.with(|c| c.set(a.threads));
+                    prim::GDIM.with(|c| c.set(a.grid));
+                    prim::BAR.with(|b| *b.borrow_mut() = Some(bar.clone()));
+                    for b in 0..a.grid {
+                        prim::BID.with(|c| c.set(b));
+                        prim::SMEM.with(|c| c.set(smem_addrs[b as usize] as usize));
+                        // SAFETY: the plan's buffers hold every element the pass addresses (the
+                        // property under test; an out-of-bounds access is a test failure at
+                        // best, as on the GPU).
+                        unsafe {
+                            k(
+                                a.src as *const Cx<T>,
+                                a.dst as *mut Cx<T>,
+                                a.tw as *const Cx<T>,
+                                a.lo as *const Cx<T>,
+                                a.hi as *const Cx<T>,
+                                a.log_c,
+                                a.log_min,
+                                a.log_mout,
+                                a.count,
+                                a.log_lt,
+                                a.log_split,
+                                a.flags,
+                                a.sm_stride,
+                            )
+                        };
+                        // Blocks run one after another (as if each had the whole GPU).
+                        bar.wait();
+                    }
+                    prim::BAR.with(|b| *b.borrow_mut() = None);
+                })
+                .expect("spawning an emulated GPU thread");
+        }
+    });
+    drop(smem);
+}
+
+/// Executes `passes` (a plan for `n = 2^log_n`, `batch` transforms) through the emulated
+/// kernels exactly as `FftPlan::execute_raw` does (out of place, or in place with
+/// `in_place`); `x` interleaved f64 (rounded to `T`), returns `y` in f64. Outputs and the
+/// workspace start as NaN.
+pub(crate) fn execute<T: Elem>(passes: &[Pass], log_n: u32, batch: usize, x: &[f64], in_place: bool) -> Vec<f64> {
+    let reals = 2 * (batch << log_n);
+    assert_eq!(x.len(), reals);
+    // 0xFF bytes: a NaN in either precision.
+    let nan = 0xFF;
+    let mut xb = upload::<T>(x);
+    let mut yb = DevBuf::new(reals * T::BYTES / 2, nan);
+    let log_lt = passes.iter().map(|p| p.log_l).max().unwrap_or(0);
+    let four_step = passes.len() > 1;
+    let (tw, four) = twiddle_tables(log_n, log_lt, four_step);
+    // The four-step tables at lower addresses than `tw` (the allocation order that the first
+    // H200 run's `max(twlo, tw)` argument bug turned into wrong twiddles).
+    let (_tables, addrs) = match &four {
+        Some((lo, hi)) => upload_tables::<T>(&[lo, hi, &tw]),
+        None => upload_tables::<T>(&[&tw]),
+    };
+    let mut work = if four_step { Some(DevBuf::new(reals * T::BYTES / 2, nan)) } else { None };
+    let ptrs = PlanPtrs {
+        tw: *addrs.last().unwrap(),
+        twlo: if four_step { addrs[0] } else { 0 },
+        twhi: if four_step { addrs[1] } else { 0 },
+        work: work.as_mut().map_or(0, |b| b.addr()),
+    };
+    let (xa, ya) = if in_place { (xb.addr(), xb.addr()) } else { (xb.addr(), yb.addr()) };
+    let names: &[&str] =
+        super::FftPlan::kernel_names(if T::BYTES == 8 { super::Precision::C64 } else { super::Precision::C128 });
+    for p in passes {
+        let a = pass_args(p, log_n, log_lt, ptrs, xa, ya);
+        // Every buffer a pass names is one the plan holds.
+        assert!(p.src != Buf::Work || work.is_some(), "{p:?}");
+        launch(T::kernel(names[p.log_l as usize - 1]), &a);
+    }
+    if passes.is_empty() {
+        return x.iter().map(|&v| T::from_f64(v).to_f64()).collect();
+    }
+    let out = if in_place { xb.addr() } else { yb.addr() } as *const T;
+    // SAFETY: `reals` values of T.
+    (0..reals).map(|i| unsafe { *out.add(i) }.to_f64()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::plan::{decompose, max_single_log};
+    use super::*;
+    use crate::reference::{fft_c2c_fwd, fft_error, fft_error_bound};
+
+    fn input(len: usize, seed: u64) -> Vec<f64> {
+        let mut s = seed ^ 0x9E37_79B9_7F4A_7C15;
+        (0..2 * len)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Runs the plan for `(n, batch)` through the emulated kernels; returns the rel L2 error
+    /// after asserting it is within the GPU tests' bar.
+    fn case<T: Elem>(log_n: u32, batch: usize, in_place: bool, grid: Option<u32>) -> f64 {
+        let elem = T::BYTES;
+        let mut passes = if log_n == 0 { vec![] } else { decompose(log_n, batch, elem, max_single_log(elem)) };
+        if let Some(g) = grid {
+            for p in passes.iter_mut().filter(|p| p.flags == 0 && p.log_min == 0) {
+                p.grid = p.grid.min(g);
+            }
+        }
+        let n = 1usize << log_n;
+        let x = input(n * batch, (log_n as u64) << 20 | batch as u64);
+        let xr: Vec<f64> = x.iter().map(|&v| T::from_f64(v).to_f64()).collect();
+        let ours = execute::<T>(&passes, log_n, batch, &xr, in_place);
+        let (rel, _) = fft_error(&ours, &fft_c2c_fwd(n, batch, &xr));
+        let bound = fft_error_bound(n, elem == 16);
+        assert!(
+            rel <= bound,
+            "emulated c{} n=2^{log_n} batch={batch} in_place={in_place} grid={grid:?}: rel {rel:e} > {bound:e}\n{passes:#?}",
+            elem * 8
+        );
+        rel
+    }
+
+    /// Every length up to 2^16 in both precisions, several batches (1 and 2 for the four-step
+    /// lengths), through the kernel code itself: this is the test that fails for the
+    /// n = 2^15 bug of commit 83c77de on the GPU.
+    #[test]
+    fn emulated_kernels_every_length_to_2_16() {
+        for log_n in 0..=16 {
+            let batches: &[usize] = if log_n <= 10 { &[1, 3] } else { &[1, 2] };
+            for &b in batches {
+                case::<f32>(log_n, b, false, None);
+                case::<f64>(log_n, b, false, None);
+            }
+        }
+    }
+
+    /// Longer four-step plans, uneven (n1 < n2) and even splits, batch 1 (every plan up to
+    /// 2^22 is checked for geometry in `model.rs`; 2^20..2^22 take minutes here).
+    #[test]
+    fn emulated_kernels_long_lengths() {
+        for log_n in [17, 18, 19] {
+            case::<f32>(log_n, 1, false, None);
+        }
+        case::<f64>(17, 1, false, None);
+    }
+
+    /// In place, odd batches, persistent grids (fewer blocks than groups).
+    #[test]
+    fn emulated_kernels_in_place_odd_batches_persistent() {
+        for (log_n, b) in [(3, 5), (12, 3), (13, 3), (14, 3), (15, 3), (15, 7)] {
+            case::<f32>(log_n, b, true, None);
+            case::<f64>(log_n, b, true, None);
+            case::<f32>(log_n, b, false, None);
+        }
+        for (log_n, b) in [(6, 1001), (9, 300), (10, 37)] {
+            case::<f32>(log_n, b, false, Some(5));
+            case::<f64>(log_n, b, false, Some(3));
+        }
+    }
+}
