@@ -142,11 +142,11 @@ fn device_pack(root: &Path) -> Result<(), String> {
         let dest = dir.join("tests").join(short);
         fs::copy(&exe, &dest).map_err(|e| e.to_string())?;
         // Debug info makes each test executable ~50 MB; the device tool carries 64 MiB in all.
-        let _ = Command::new("strip").arg("--strip-debug").arg(&dest).status();
+        let _ = Command::new("strip").arg(&dest).status();
     }
     cargo(&["build", "--release", "--quiet", "-p", "rgk-bench"])?;
     fs::copy(root.join("target/release/rgk-bench"), dir.join("rgk-bench")).map_err(|e| e.to_string())?;
-    let _ = Command::new("strip").arg("--strip-debug").arg(dir.join("rgk-bench")).status();
+    let _ = Command::new("strip").arg(dir.join("rgk-bench")).status();
     let commit = Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
         .output()
