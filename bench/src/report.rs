@@ -196,7 +196,7 @@ pub fn print_table(rows: &[Row]) {
     }
 }
 
-fn row_json(r: &Row) -> Value {
+fn row_json(r: &Row, commit: &str) -> Value {
     let mut alts = serde_json::Map::new();
     for a in &r.alternatives {
         alts.insert(
@@ -210,7 +210,7 @@ fn row_json(r: &Row) -> Value {
     }
     let (sol, bound) = r.sol();
     serde_json::json!({
-        "op": r.op, "workload": r.workload, "dtype": r.dtype, "shapes": r.shapes,
+        "op": r.op, "workload": r.workload, "dtype": r.dtype, "shapes": r.shapes, "commit": commit,
         "ours_ms": r.ours.median, "ours_p10_ms": r.ours.p10, "ours_p90_ms": r.ours.p90,
         "calls": r.ours.calls, "kernels_per_call": r.kernels.len(), "kernels": r.kernels,
         "verified": r.verification.verified, "max_abs_err": r.verification.max_abs_err,
@@ -232,7 +232,7 @@ pub fn write_json(path: &Path, gpu: &str, commit: &str, rows: &[Row]) -> Result<
     kept.retain(|old| {
         !rows.iter().any(|r| old["op"] == r.op && old["workload"] == r.workload && old["dtype"] == r.dtype)
     });
-    kept.extend(rows.iter().map(row_json));
+    kept.extend(rows.iter().map(|r| row_json(r, commit)));
     let date = std::process::Command::new("date")
         .arg("-u")
         .arg("+%Y-%m-%d")
