@@ -78,6 +78,15 @@ pub trait Case {
     }
 }
 
+/// The row name of a workload: the seed's `name`, or `name@tag` for a tuning variant.
+pub fn variant_name(name: &'static str, tag: Option<&str>) -> &'static str {
+    match tag {
+        None => name,
+        // Registered once per process: the few bytes live as long as the registry.
+        Some(t) => Box::leak(format!("{name}@{t}").into_boxed_str()),
+    }
+}
+
 /// Builds a workload's case: seeded inputs and the CPU reference, uploaded to the GPU.
 pub type Prepare = Box<dyn Fn(&Gpu, &mut StdRng) -> rgk::Result<Box<dyn Case>>>;
 

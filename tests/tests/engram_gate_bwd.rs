@@ -80,25 +80,16 @@ fn shape_sweep() {
     let wd = Watchdog::new("engram_gate_bwd::shape_sweep");
     let mut rng = fresh_rng("engram_gate_bwd::shape_sweep");
     let mut worst = Worst::default();
-    let mut n = 0;
-    for t in [1, 2, 3, 4, 5, 257] {
-        for m in [1, 7] {
-            for d in [8, 256, 1000, 4096] {
-                if m * t * d > 2_000_000 {
-                    continue; // M=7, T=257, d=4096: covered with M=1 (CPU reference time)
-                }
-                let s = EngramGateShape { m, t, d };
-                let scale = if n % 2 == 0 { 1.0 } else { 100.0 };
-                let w = if n % 3 == 0 {
-                    case::<f16>(&gpu, &wd, &mut rng, s, scale, false)
-                } else {
-                    case::<bf16>(&gpu, &wd, &mut rng, s, scale, false)
-                };
-                worst.merge(&w);
-                n += 1;
-            }
-        }
+    let cases = sweep_cases();
+    for &(s, scale, is_f16) in &cases {
+        let w = if is_f16 {
+            case::<f16>(&gpu, &wd, &mut rng, s, scale, false)
+        } else {
+            case::<bf16>(&gpu, &wd, &mut rng, s, scale, false)
+        };
+        worst.merge(&w);
     }
+    let n = cases.len();
     println!("bwd shape sweep ({n} shapes): {worst:?}");
 }
 
@@ -107,9 +98,7 @@ fn both_dtypes_both_scales_every_path() {
     let Some(gpu) = gpu_or_skip("engram_gate_bwd::every_path") else { return };
     let wd = Watchdog::new("engram_gate_bwd::every_path");
     let mut rng = fresh_rng("engram_gate_bwd::every_path");
-    // resident NV = 1..4, streaming vectorised (d > 1024; d = 8192: dconv scratch in global
-    // memory for R = 4), scalar (d % 8 != 0)
-    for d in [8, 200, 256, 264, 512, 768, 1024, 1032, 2048, 8192, 13, 1000] {
+    for d in PATH_DS {
         let s = EngramGateShape { m: 2, t: 11, d };
         for scale in [1.0, 100.0] {
             case::<f16>(&gpu, &wd, &mut rng, s, scale, false);

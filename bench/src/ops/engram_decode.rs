@@ -8,7 +8,7 @@ use rgk::reference::{self as rf, DecodeGiven, DecodeRef, DecodeRefInputs};
 use rgk::verify::{check_half, poisoned, Report};
 use rgk::{bf16, f16, Gpu};
 
-use crate::case::{Case, Tensor, Verification, Workload};
+use crate::case::{variant_name, Case, Tensor, Verification, Workload};
 use crate::ops::mhc::FP32_PEAK;
 use rgk_tests::randn_half;
 
@@ -68,10 +68,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut out = Vec::new();
     for (name, s, is_bf16) in seeds {
         for (tag, cfg, ring) in &configs {
-            let name: &'static str = match tag {
-                None => name,
-                Some(t) => Box::leak(format!("{name}@{t}").into_boxed_str()),
-            };
+            let name = variant_name(name, tag.as_deref());
             let (cfg, ring) = (*cfg, *ring);
             let EngramDecodeShape { batch: b, d_mem: dm, d, max_conv_len: l, kernel_size: k, dilation: dil, .. } = s;
             out.push(Workload {

@@ -7,7 +7,7 @@ use rgk::verify::{check_float, check_half, poisoned, Half, Report};
 use rgk::{bf16, f16, Gpu};
 use safetensors::Dtype;
 
-use crate::case::{Case, Tensor, Verification, Workload};
+use crate::case::{variant_name, Case, Tensor, Verification, Workload};
 use crate::ops::mhc::FP32_PEAK;
 use rgk_tests::randn_half;
 
@@ -22,10 +22,6 @@ const SEED: [(&str, usize, usize, usize, bool); 4] = [
 /// dtype outputs: ulp bound (plus the reference's magnitude slack); f32 outputs: relative.
 const MAX_ULP: f64 = 2.0;
 const F32_REL: f64 = 1e-4;
-
-fn leak(s: String) -> &'static str {
-    Box::leak(s.into_boxed_str())
-}
 
 /// Forward rows then backward rows; with `variants`, also every rows-per-block choice
 /// (`WORKLOAD@rR`, backward `WORKLOAD@rR-sS`).
@@ -49,7 +45,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         for (tag, cfg) in fwd_cfgs.clone() {
             v.push(Workload {
                 op: "EngramGateConvFwd",
-                name: tag.map_or(name, |t| leak(format!("{name}@{t}"))),
+                name: variant_name(name, tag.as_deref()),
                 dtype: if is_f16 { "f16" } else { "bf16" },
                 shapes: format!("H, k, v [{m},{t},{d}]; rms_w_h, rms_w_v [{d}]; conv_w [4,{d}]"),
                 // 3 squares/products of the gate (6), vh, q, vhat² (3), u (2), conv (8), silu (4), + (1)
@@ -73,7 +69,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         for (tag, cfg) in bwd_cfgs.clone() {
             v.push(Workload {
                 op: "EngramGateConvBwd",
-                name: tag.map_or(name, |t| leak(format!("{name}@{t}"))),
+                name: variant_name(name, tag.as_deref()),
                 dtype: if is_f16 { "f16" } else { "bf16" },
                 shapes: format!("dY, H, k, v [{m},{t},{d}]; rms_w_h, rms_w_v [{d}]; conv_w [4,{d}]"),
                 flops: 60.0 * n,

@@ -8,7 +8,7 @@ use rgk::fft::{FftPlan, Persist, Precision};
 use rgk::reference::{fft_c2c_fwd, fft_error, fft_error_bound};
 use rgk::{Error, Gpu};
 
-use crate::case::{Case, Tensor, Verification, Workload};
+use crate::case::{variant_name, Case, Tensor, Verification, Workload};
 
 /// FP32 / FP64 non-tensor peaks of the H200 (datasheet), FLOP/s.
 pub const FP32_PEAK: f64 = 67e12;
@@ -43,10 +43,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
     ROWS.iter()
         .flat_map(|r| configs.iter().map(move |c| (r, *c)))
         .map(|(&(name, bdims, n, prec), (tag, persist))| {
-            let name: &'static str = match tag {
-                None => name,
-                Some(t) => Box::leak(format!("{name}@{t}").into_boxed_str()),
-            };
+            let name = variant_name(name, tag);
             let batch: usize = bdims.iter().product();
             let mut dims = bdims.to_vec();
             dims.push(n);

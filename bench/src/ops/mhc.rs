@@ -6,7 +6,7 @@ use rgk::reference::RefOutput;
 use rgk::verify::{check_half, poisoned};
 use rgk::{bf16, Gpu};
 
-use crate::case::{Case, Tensor, Verification, Workload};
+use crate::case::{variant_name, Case, Tensor, Verification, Workload};
 use rgk_tests::{randn_f32, randn_half};
 
 /// FP32 non-tensor peak of the H200 (datasheet), FLOP/s.
@@ -25,10 +25,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         .into_iter()
         .flat_map(|w| configs.iter().map(move |c| (w, c.clone())))
         .map(|((name, batch, c), (tag, config))| {
-            let name: &'static str = match tag {
-                None => name,
-                Some(t) => Box::leak(format!("{name}@{t}").into_boxed_str()),
-            };
+            let name = variant_name(name, tag.as_deref());
             let s = MhcPostShape { batch, n: 4, c };
             let (b, n) = (batch, 4);
             Workload {

@@ -6,7 +6,7 @@ use rgk::reference::MhcPreRef;
 use rgk::verify::{check_float, check_half, poisoned};
 use rgk::{bf16, Gpu};
 
-use crate::case::{Case, Tensor, Verification, Workload};
+use crate::case::{variant_name, Case, Tensor, Verification, Workload};
 use crate::ops::mhc::FP32_PEAK;
 use rgk_tests::{randn_f32, randn_half};
 
@@ -29,10 +29,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         .into_iter()
         .flat_map(|w| configs.iter().map(move |c| (w, c.clone())))
         .map(|((name, batch, c), (tag, config))| {
-            let name: &'static str = match tag {
-                None => name,
-                Some(t) => Box::leak(format!("{name}@{t}").into_boxed_str()),
-            };
+            let name = variant_name(name, tag.as_deref());
             let s = MhcPreShape { batch, n: 4, c };
             let (b, n, m) = (batch, 4, s.logits());
             let nc = n * c;

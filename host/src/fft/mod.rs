@@ -317,7 +317,35 @@ impl FftPlan {
     /// Errors: [`Error::Shape`] (`x`) if the plan is c128, [`Error::BufferTooSmall`] naming `x`
     /// or `y`, a driver error from the launch.
     pub fn execute_c64(&mut self, gpu: &Gpu, x: &impl DevicePtr<f32>, y: &mut impl DevicePtrMut<f32>) -> Result<()> {
-        self.check_precision(Precision::C64)?;
+        self.execute_typed(gpu, Precision::C64, x, y)
+    }
+
+    /// In-place c64 execution: `xy = FFT(xy)` (otherwise as [`FftPlan::execute_c64`]).
+    pub fn execute_c64_inplace(&mut self, gpu: &Gpu, xy: &mut impl DevicePtrMut<f32>) -> Result<()> {
+        self.execute_inplace_typed(gpu, Precision::C64, xy)
+    }
+
+    /// Executes the plan out of place on [`Gpu::stream`], c128 (`f64` buffers of at least
+    /// `2·n·batch` reals). Errors as [`FftPlan::execute_c64`].
+    pub fn execute_c128(&mut self, gpu: &Gpu, x: &impl DevicePtr<f64>, y: &mut impl DevicePtrMut<f64>) -> Result<()> {
+        self.execute_typed(gpu, Precision::C128, x, y)
+    }
+
+    /// In-place c128 execution.
+    pub fn execute_c128_inplace(&mut self, gpu: &Gpu, xy: &mut impl DevicePtrMut<f64>) -> Result<()> {
+        self.execute_inplace_typed(gpu, Precision::C128, xy)
+    }
+
+    /// The safe out-of-place entries: `T` is the real type of `precision` (checked by the caller's
+    /// signature), buffers are checked here.
+    fn execute_typed<T>(
+        &mut self,
+        gpu: &Gpu,
+        precision: Precision,
+        x: &impl DevicePtr<T>,
+        y: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        self.check_precision(precision)?;
         check_len("x", self.buffer_len(), x.len())?;
         check_len("y", self.buffer_len(), y.len())?;
         let st = gpu.stream();
@@ -327,36 +355,18 @@ impl FftPlan {
         unsafe { self.execute_raw(gpu, xp, yp, st.cu_stream()) }
     }
 
-    /// In-place c64 execution: `xy = FFT(xy)` (otherwise as [`FftPlan::execute_c64`]).
-    pub fn execute_c64_inplace(&mut self, gpu: &Gpu, xy: &mut impl DevicePtrMut<f32>) -> Result<()> {
-        self.check_precision(Precision::C64)?;
+    /// The safe in-place entries (x == y is supported by the kernels).
+    fn execute_inplace_typed<T>(
+        &mut self,
+        gpu: &Gpu,
+        precision: Precision,
+        xy: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        self.check_precision(precision)?;
         check_len("x", self.buffer_len(), xy.len())?;
         let st = gpu.stream();
         let (p, _g) = xy.device_ptr_mut(st);
-        // SAFETY: as execute_c64; x == y is supported.
-        unsafe { self.execute_raw(gpu, p, p, st.cu_stream()) }
-    }
-
-    /// Executes the plan out of place on [`Gpu::stream`], c128 (`f64` buffers of at least
-    /// `2·n·batch` reals). Errors as [`FftPlan::execute_c64`].
-    pub fn execute_c128(&mut self, gpu: &Gpu, x: &impl DevicePtr<f64>, y: &mut impl DevicePtrMut<f64>) -> Result<()> {
-        self.check_precision(Precision::C128)?;
-        check_len("x", self.buffer_len(), x.len())?;
-        check_len("y", self.buffer_len(), y.len())?;
-        let st = gpu.stream();
-        let (xp, _g1) = x.device_ptr(st);
-        let (yp, _g2) = y.device_ptr_mut(st);
-        // SAFETY: as execute_c64.
-        unsafe { self.execute_raw(gpu, xp, yp, st.cu_stream()) }
-    }
-
-    /// In-place c128 execution.
-    pub fn execute_c128_inplace(&mut self, gpu: &Gpu, xy: &mut impl DevicePtrMut<f64>) -> Result<()> {
-        self.check_precision(Precision::C128)?;
-        check_len("x", self.buffer_len(), xy.len())?;
-        let st = gpu.stream();
-        let (p, _g) = xy.device_ptr_mut(st);
-        // SAFETY: as execute_c64.
+        // SAFETY: the buffer holds the elements the plan addresses.
         unsafe { self.execute_raw(gpu, p, p, st.cu_stream()) }
     }
 

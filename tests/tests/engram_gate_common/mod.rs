@@ -136,3 +136,26 @@ pub fn check_bwd<T: Half>(what: &str, x: &GateInputs<T>, o: &BwdOut<T>) -> Worst
     w
 }
 pub mod gpu;
+
+/// The shape sweep, T ∈ {1,2,3,4,5,257} × M ∈ {1,7} × d ∈ {8,256,1000,4096} (M = 7,
+/// T = 257, d = 4096 is left to M = 1: CPU reference time), each with its scale (1 or 100,
+/// alternating) and dtype (`true`: f16 every third case, else bf16).
+pub fn sweep_cases() -> Vec<(EngramGateShape, f32, bool)> {
+    let mut v = Vec::new();
+    for t in [1, 2, 3, 4, 5, 257] {
+        for m in [1, 7] {
+            for d in [8, 256, 1000, 4096] {
+                if m * t * d > 2_000_000 {
+                    continue;
+                }
+                let n = v.len();
+                v.push((EngramGateShape { m, t, d }, if n % 2 == 0 { 1.0 } else { 100.0 }, n % 3 == 0));
+            }
+        }
+    }
+    v
+}
+
+/// Feature sizes that take every kernel path: register-resident NV = 1..4, streaming vectorised
+/// (d > 1024; d = 8192 puts the backward's dconv scratch in global memory), scalar (d % 8 ≠ 0).
+pub const PATH_DS: [usize; 12] = [8, 200, 256, 264, 512, 768, 1024, 1032, 2048, 8192, 13, 1000];
