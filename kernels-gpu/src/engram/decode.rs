@@ -46,48 +46,8 @@ macro_rules! unroll8 {
     };
 }
 
-/// A 16-bit storage dtype: exact widening and round-to-nearest-even narrowing.
-pub trait Dt {
-    fn to_f32(h: u16) -> f32;
-    fn from_f32(v: f32) -> u16;
-    /// `mma.sync.m16n8k16` with A and B of this dtype, f32 accumulate.
-    unsafe fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
-}
-
-/// IEEE half.
-pub struct F16;
-/// bfloat16.
-pub struct Bf16;
-
-impl Dt for F16 {
-    #[inline(always)]
-    fn to_f32(h: u16) -> f32 {
-        f16_to_f32(h)
-    }
-    #[inline(always)]
-    fn from_f32(v: f32) -> u16 {
-        f32_to_f16(v)
-    }
-    #[inline(always)]
-    unsafe fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
-        mma_m16n8k16_f16_f32(a, b, c)
-    }
-}
-
-impl Dt for Bf16 {
-    #[inline(always)]
-    fn to_f32(h: u16) -> f32 {
-        bf16_to_f32(h)
-    }
-    #[inline(always)]
-    fn from_f32(v: f32) -> u16 {
-        f32_to_bf16(v)
-    }
-    #[inline(always)]
-    unsafe fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
-        mma_m16n8k16_bf16_f32(a, b, c)
-    }
-}
+/// The 16-bit storage type of a kernel instance.
+use crate::prim::Half16 as Dt;
 
 /// `q(v)` as an f32 value.
 #[inline(always)]

@@ -21,56 +21,8 @@ use crate::prim::*;
 
 // ---------------------------------------------------------------- storage dtypes
 
-/// A 16-bit storage dtype: conversions to and from f32 (round to nearest even).
-pub trait Dt {
-    fn to_f32(h: u16) -> f32;
-    fn from_f32(v: f32) -> u16;
-    /// Two packed values (low half first in memory) → f32.
-    fn unpack2(w: u32) -> (f32, f32);
-    /// Two f32 → two packed values (`a` in the low half).
-    fn pack2(a: f32, b: f32) -> u32;
-}
-
-pub struct Bf16;
-pub struct F16;
-
-impl Dt for Bf16 {
-    #[inline(always)]
-    fn to_f32(h: u16) -> f32 {
-        bf16_to_f32(h)
-    }
-    #[inline(always)]
-    fn from_f32(v: f32) -> u16 {
-        f32_to_bf16(v)
-    }
-    #[inline(always)]
-    fn unpack2(w: u32) -> (f32, f32) {
-        bf16x2_to_f32(w)
-    }
-    #[inline(always)]
-    fn pack2(a: f32, b: f32) -> u32 {
-        f32_to_bf16x2(a, b)
-    }
-}
-
-impl Dt for F16 {
-    #[inline(always)]
-    fn to_f32(h: u16) -> f32 {
-        f16_to_f32(h)
-    }
-    #[inline(always)]
-    fn from_f32(v: f32) -> u16 {
-        f32_to_f16(v)
-    }
-    #[inline(always)]
-    fn unpack2(w: u32) -> (f32, f32) {
-        (f16_to_f32(w as u16), f16_to_f32((w >> 16) as u16))
-    }
-    #[inline(always)]
-    fn pack2(a: f32, b: f32) -> u32 {
-        (f32_to_f16(a) as u32) | ((f32_to_f16(b) as u32) << 16)
-    }
-}
+/// The 16-bit storage type of a kernel instance.
+use crate::prim::Half16 as Dt;
 
 type Raw = [u32; 4];
 type F8 = [f32; 8];

@@ -395,3 +395,74 @@ pub fn opaque_u32(v: u32) -> u32 {
     unsafe { asm!("mov.u32 {}, {};", out(reg32) r, in(reg32) v, options(nomem, nostack)) };
     r
 }
+
+// ---------------------------------------------------------------- 16-bit storage types
+
+/// A 16-bit float storage type (its bits in a `u16`): kernels generic over f16 and bf16 take
+/// `D: Half16` and convert through it.
+pub trait Half16 {
+    /// Bits → f32 (exact).
+    fn to_f32(h: u16) -> f32;
+    /// f32 → bits, round to nearest even.
+    fn from_f32(v: f32) -> u16;
+    /// Two packed values (low half first in memory) → f32.
+    fn unpack2(w: u32) -> (f32, f32);
+    /// Two f32 → two packed values (`a` in the low half), round to nearest even.
+    fn pack2(a: f32, b: f32) -> u32;
+    /// `mma.sync.m16n8k16` with A and B of this type, f32 accumulate.
+    ///
+    /// # Safety
+    /// A warp-collective: all 32 lanes must execute it with the fragment layout of the PTX ISA.
+    unsafe fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
+}
+
+/// IEEE half.
+pub struct F16;
+/// bfloat16.
+pub struct Bf16;
+
+impl Half16 for F16 {
+    #[inline(always)]
+    fn to_f32(h: u16) -> f32 {
+        f16_to_f32(h)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> u16 {
+        f32_to_f16(v)
+    }
+    #[inline(always)]
+    fn unpack2(w: u32) -> (f32, f32) {
+        (f16_to_f32(w as u16), f16_to_f32((w >> 16) as u16))
+    }
+    #[inline(always)]
+    fn pack2(a: f32, b: f32) -> u32 {
+        (f32_to_f16(a) as u32) | ((f32_to_f16(b) as u32) << 16)
+    }
+    #[inline(always)]
+    unsafe fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        mma_m16n8k16_f16_f32(a, b, c)
+    }
+}
+
+impl Half16 for Bf16 {
+    #[inline(always)]
+    fn to_f32(h: u16) -> f32 {
+        bf16_to_f32(h)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> u16 {
+        f32_to_bf16(v)
+    }
+    #[inline(always)]
+    fn unpack2(w: u32) -> (f32, f32) {
+        bf16x2_to_f32(w)
+    }
+    #[inline(always)]
+    fn pack2(a: f32, b: f32) -> u32 {
+        f32_to_bf16x2(a, b)
+    }
+    #[inline(always)]
+    unsafe fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        mma_m16n8k16_bf16_f32(a, b, c)
+    }
+}
