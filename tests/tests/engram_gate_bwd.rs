@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use rgk::engram::{self, bwd_workspace_len, EngramGateShape, GateBwdConfig};
 use rgk::verify::Half;
 use rgk::{bf16, f16, Error, Gpu};
-use rgk_tests::{fresh_rng, gpu_or_skip};
+use rgk_tests::gpu_or_skip;
 
 /// The backward of one problem (saved tensors from the reference), checked.
 fn case<T: Half + rgk::cudarc::driver::DeviceRepr>(
@@ -36,9 +36,7 @@ fn case<T: Half + rgk::cudarc::driver::DeviceRepr>(
 
 #[test]
 fn seed_workloads() {
-    let Some(gpu) = gpu_or_skip("engram_gate_bwd::seed_workloads") else { return };
-    let wd = Watchdog::new("engram_gate_bwd::seed_workloads");
-    let mut rng = fresh_rng("engram_gate_bwd::seed_workloads");
+    let Some((gpu, wd, mut rng)) = start("engram_gate_bwd::seed_workloads") else { return };
     for (name, m, t, d, is_f16) in [
         ("train-s32", 1, 32, 256, true),
         ("train-s64", 2, 64, 512, true),
@@ -76,9 +74,7 @@ fn chain<T: Half + rgk::cudarc::driver::DeviceRepr>(
 
 #[test]
 fn shape_sweep() {
-    let Some(gpu) = gpu_or_skip("engram_gate_bwd::shape_sweep") else { return };
-    let wd = Watchdog::new("engram_gate_bwd::shape_sweep");
-    let mut rng = fresh_rng("engram_gate_bwd::shape_sweep");
+    let Some((gpu, wd, mut rng)) = start("engram_gate_bwd::shape_sweep") else { return };
     let mut worst = Worst::default();
     let cases = sweep_cases();
     for &(s, scale, is_f16) in &cases {
@@ -95,9 +91,7 @@ fn shape_sweep() {
 
 #[test]
 fn both_dtypes_both_scales_every_path() {
-    let Some(gpu) = gpu_or_skip("engram_gate_bwd::every_path") else { return };
-    let wd = Watchdog::new("engram_gate_bwd::every_path");
-    let mut rng = fresh_rng("engram_gate_bwd::every_path");
+    let Some((gpu, wd, mut rng)) = start("engram_gate_bwd::every_path") else { return };
     for d in PATH_DS {
         let s = EngramGateShape { m: 2, t: 11, d };
         for scale in [1.0, 100.0] {
@@ -109,9 +103,7 @@ fn both_dtypes_both_scales_every_path() {
 
 #[test]
 fn misaligned_inputs_take_the_scalar_path() {
-    let Some(gpu) = gpu_or_skip("engram_gate_bwd::misaligned") else { return };
-    let wd = Watchdog::new("engram_gate_bwd::misaligned");
-    let mut rng = fresh_rng("engram_gate_bwd::misaligned");
+    let Some((gpu, wd, mut rng)) = start("engram_gate_bwd::misaligned") else { return };
     for (m, t, d) in [(2, 9, 256), (1, 5, 768), (3, 4, 8), (1, 6, 4100)] {
         let s = EngramGateShape { m, t, d };
         for off in [1, 3] {
@@ -126,9 +118,7 @@ fn misaligned_inputs_take_the_scalar_path() {
 
 #[test]
 fn every_launch_config_matches_reference() {
-    let Some(gpu) = gpu_or_skip("engram_gate_bwd::every_launch_config") else { return };
-    let wd = Watchdog::new("engram_gate_bwd::every_launch_config");
-    let mut rng = fresh_rng("engram_gate_bwd::every_launch_config");
+    let Some((gpu, wd, mut rng)) = start("engram_gate_bwd::every_launch_config") else { return };
     for (m, t, d) in [(3, 96, 768), (2, 13, 1000), (1, 9, 4096), (2, 7, 256)] {
         let s = EngramGateShape { m, t, d };
         let x = gen::<f16>(&mut rng, s, 1.0, false);
@@ -154,9 +144,7 @@ fn bits_f(v: &[f32]) -> Vec<u32> {
 
 #[test]
 fn backward_is_bitwise_deterministic() {
-    let Some(gpu) = gpu_or_skip("engram_gate_bwd::deterministic") else { return };
-    let wd = Watchdog::new("engram_gate_bwd::deterministic");
-    let mut rng = fresh_rng("engram_gate_bwd::deterministic");
+    let Some((gpu, wd, mut rng)) = start("engram_gate_bwd::deterministic") else { return };
     for (m, t, d) in [(3, 96, 768), (7, 257, 1000), (1, 33, 4096)] {
         let s = EngramGateShape { m, t, d };
         let x = gen::<bf16>(&mut rng, s, 1.0, false);

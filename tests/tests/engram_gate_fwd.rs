@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rgk::engram::{self, EngramGateShape, GateFwdConfig};
 use rgk::verify::Half;
 use rgk::{bf16, f16, Error, Gpu};
-use rgk_tests::{fresh_rng, gpu_or_skip};
+use rgk_tests::gpu_or_skip;
 
 /// The forward of one problem, checked; returns the worst errors.
 fn case<T: Half + rgk::cudarc::driver::DeviceRepr>(
@@ -33,9 +33,7 @@ fn case<T: Half + rgk::cudarc::driver::DeviceRepr>(
 
 #[test]
 fn seed_workloads() {
-    let Some(gpu) = gpu_or_skip("engram_gate_fwd::seed_workloads") else { return };
-    let wd = Watchdog::new("engram_gate_fwd::seed_workloads");
-    let mut rng = fresh_rng("engram_gate_fwd::seed_workloads");
+    let Some((gpu, wd, mut rng)) = start("engram_gate_fwd::seed_workloads") else { return };
     for (name, m, t, d, is_f16) in [
         ("train-s32", 1, 32, 256, true),
         ("train-s64", 2, 64, 512, true),
@@ -56,9 +54,7 @@ fn seed_workloads() {
 
 #[test]
 fn shape_sweep() {
-    let Some(gpu) = gpu_or_skip("engram_gate_fwd::shape_sweep") else { return };
-    let wd = Watchdog::new("engram_gate_fwd::shape_sweep");
-    let mut rng = fresh_rng("engram_gate_fwd::shape_sweep");
+    let Some((gpu, wd, mut rng)) = start("engram_gate_fwd::shape_sweep") else { return };
     let mut worst = Worst::default();
     let cases = sweep_cases();
     for &(s, scale, is_f16) in &cases {
@@ -75,9 +71,7 @@ fn shape_sweep() {
 
 #[test]
 fn both_dtypes_both_scales_every_path() {
-    let Some(gpu) = gpu_or_skip("engram_gate_fwd::every_path") else { return };
-    let wd = Watchdog::new("engram_gate_fwd::every_path");
-    let mut rng = fresh_rng("engram_gate_fwd::every_path");
+    let Some((gpu, wd, mut rng)) = start("engram_gate_fwd::every_path") else { return };
     for d in PATH_DS {
         let s = EngramGateShape { m: 2, t: 11, d };
         for scale in [1.0, 100.0] {
@@ -89,9 +83,7 @@ fn both_dtypes_both_scales_every_path() {
 
 #[test]
 fn misaligned_inputs_take_the_scalar_path() {
-    let Some(gpu) = gpu_or_skip("engram_gate_fwd::misaligned") else { return };
-    let wd = Watchdog::new("engram_gate_fwd::misaligned");
-    let mut rng = fresh_rng("engram_gate_fwd::misaligned");
+    let Some((gpu, wd, mut rng)) = start("engram_gate_fwd::misaligned") else { return };
     for (m, t, d) in [(2, 9, 256), (1, 5, 768), (3, 4, 8), (1, 6, 4100)] {
         let s = EngramGateShape { m, t, d };
         for off in [1, 3] {
@@ -106,9 +98,7 @@ fn misaligned_inputs_take_the_scalar_path() {
 
 #[test]
 fn every_launch_config_matches_reference() {
-    let Some(gpu) = gpu_or_skip("engram_gate_fwd::every_launch_config") else { return };
-    let wd = Watchdog::new("engram_gate_fwd::every_launch_config");
-    let mut rng = fresh_rng("engram_gate_fwd::every_launch_config");
+    let Some((gpu, wd, mut rng)) = start("engram_gate_fwd::every_launch_config") else { return };
     for (m, t, d) in [(3, 96, 768), (2, 13, 1000), (1, 9, 4096), (2, 7, 256)] {
         let s = EngramGateShape { m, t, d };
         let x = gen::<f16>(&mut rng, s, 1.0, false);
@@ -127,9 +117,7 @@ fn bits_h<T: Half>(v: &[T]) -> Vec<u64> {
 
 #[test]
 fn forward_is_bitwise_deterministic() {
-    let Some(gpu) = gpu_or_skip("engram_gate_fwd::deterministic") else { return };
-    let wd = Watchdog::new("engram_gate_fwd::deterministic");
-    let mut rng = fresh_rng("engram_gate_fwd::deterministic");
+    let Some((gpu, wd, mut rng)) = start("engram_gate_fwd::deterministic") else { return };
     for (m, t, d) in [(3, 96, 768), (7, 257, 1000), (1, 33, 4096)] {
         let s = EngramGateShape { m, t, d };
         let x = gen::<bf16>(&mut rng, s, 1.0, false);

@@ -15,6 +15,13 @@ use rgk::{Error, Gpu};
 
 pub const GUARD: usize = 5;
 
+/// What every GPU test starts with: the GPU (or `None` after printing the skip), a watchdog
+/// and a fresh generator, all named after `test`.
+pub fn start(test: &str) -> Option<(Gpu, Watchdog, rand::rngs::StdRng)> {
+    let gpu = rgk_tests::gpu_or_skip(test)?;
+    Some((gpu, Watchdog::new(test), rgk_tests::fresh_rng(test)))
+}
+
 pub fn up<T: Half + rgk::cudarc::driver::DeviceRepr>(gpu: &Gpu, x: &[T], off: usize) -> CudaSlice<T> {
     let mut p = poisoned::<T>(off);
     p.extend_from_slice(x);
