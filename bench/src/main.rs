@@ -167,7 +167,10 @@ fn run(args: &Args) -> Result<bool, String> {
                 .filter(|a| a.op == w.op && a.workload == w.name && a.dtype.as_deref().is_none_or(|d| d == w.dtype))
                 .cloned()
                 .collect();
-            Row::new(w, v, Stats::of(&t[0].samples), t[0].kernels.clone(), alts)
+            {
+                let kernel_ms = t[0].kernel_samples.iter().map(|k| Stats::of(k).median).collect();
+                Row::new(w, v, Stats::of(&t[0].samples), t[0].kernels.clone(), kernel_ms, alts)
+            }
         })
         .collect();
     report::print_table(&rows);
@@ -186,12 +189,14 @@ struct Timing {
     name: &'static str,
     samples: Vec<f64>,
     kernels: Vec<String>,
+    /// Per call, each kernel's own duration (ms), in launch order.
+    kernel_samples: Vec<Vec<f64>>,
 }
 
 fn impls(case: &dyn Case) -> Vec<Timing> {
     std::iter::once("ours")
         .chain(case.native_alternatives())
-        .map(|name| Timing { name, samples: Vec::new(), kernels: Vec::new() })
+        .map(|name| Timing { name, samples: Vec::new(), kernels: Vec::new(), kernel_samples: Vec::new() })
         .collect()
 }
 
@@ -239,7 +244,15 @@ fn time_rust(
                 if recs.is_empty() {
                     return Err(format!("CUPTI delivered no kernel record for a timed call of {name}"));
                 }
+                let mut recs = recs;
+                recs.sort_by_key(|r| r.start);
                 timing[k].kernels = recs.iter().map(|r| r.name.clone()).collect();
+                if timing[k].kernel_samples.len() < recs.len() {
+                    timing[k].kernel_samples.resize(recs.len(), Vec::new());
+                }
+                for (i, r) in recs.iter().enumerate() {
+                    timing[k].kernel_samples[i].push(r.end.saturating_sub(r.start) as f64 * 1e-6);
+                }
                 timing[k].samples.push(cupti::union_ns(&recs) as f64 * 1e-6);
                 n += 1;
             }

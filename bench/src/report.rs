@@ -76,6 +76,8 @@ pub struct Row {
     pub ours: Stats,
     /// Names of the kernels one call launched.
     pub kernels: Vec<String>,
+    /// Median duration (ms) of each of those kernels on its own.
+    pub kernel_ms: Vec<f64>,
     pub verification: Verification,
     pub alternatives: Vec<Alternative>,
     pub flops: f64,
@@ -89,6 +91,7 @@ impl Row {
         v: &Verification,
         ours: Stats,
         kernels: Vec<String>,
+        kernel_ms: Vec<f64>,
         alternatives: Vec<Alternative>,
     ) -> Self {
         Self {
@@ -98,6 +101,7 @@ impl Row {
             shapes: w.shapes.clone(),
             ours,
             kernels,
+            kernel_ms,
             verification: v.clone(),
             alternatives,
             flops: w.flops,
@@ -187,6 +191,11 @@ pub fn print_table(rows: &[Row]) {
         t.add_row(cells);
     }
     println!("{t}");
+    for r in rows.iter().filter(|r| r.kernels.len() > 1) {
+        let parts: Vec<String> =
+            r.kernels.iter().zip(&r.kernel_ms).map(|(k, ms)| format!("{k} {:.2} µs", ms * 1e3)).collect();
+        println!("kernels: {} {} {}: {}", r.op, r.workload, r.dtype, parts.join(" + "));
+    }
     for r in rows {
         for a in &r.alternatives {
             if let Some(e) = &a.error {
@@ -213,6 +222,7 @@ fn row_json(r: &Row, commit: &str) -> Value {
         "op": r.op, "workload": r.workload, "dtype": r.dtype, "shapes": r.shapes, "commit": commit,
         "ours_ms": r.ours.median, "ours_p10_ms": r.ours.p10, "ours_p90_ms": r.ours.p90,
         "calls": r.ours.calls, "kernels_per_call": r.kernels.len(), "kernels": r.kernels,
+        "kernel_ms": r.kernel_ms,
         "verified": r.verification.verified, "max_abs_err": r.verification.max_abs_err,
         "rel_l2_err": r.verification.rel_l2_err, "check": r.verification.detail,
         "fastest_alternative": r.fastest_alternative().map(|(n, _)| n), "ratio": r.ratio(),
