@@ -9,7 +9,11 @@
 //! 2. `llvm-link`: the kernel object first (linked whole), then the rlib members with
 //!    `--only-needed`, so only the builtins the kernels call come in;
 //! 3. `opt --internalize-public-api-list=<kernels> -passes=internalize,globaldce,default<O3>`;
-//! 4. `llc -mcpu=<target-cpu> -O3` to PTX.
+//! 4. `llc -mcpu=<target-cpu> -O3` to PTX;
+//! 5. entry directives: a module-level comment `// rgk-entry-directive NAME .maxntid 1024, 1, 1`
+//!    (emitted by the `entry_directive!` macro of `kernels-gpu`'s prim module through
+//!    `global_asm!`) puts that performance-tuning directive on `.entry NAME` (between its
+//!    parameter list and its body), which Rust cannot express as an attribute.
 //!
 //! The result defines every function it calls (checked at the end: a `.extern .func` is an error).
 //! The tools are found in `$NVPTX_LLVM_BIN` or else under `$(rustc --print sysroot)`.
@@ -150,7 +154,8 @@ fn run() -> Result<(), String> {
         .arg("-o")
         .arg(&args.output))?;
 
-    let ptx = fs::read_to_string(&args.output).map_err(|e| e.to_string())?;
+    let ptx = apply_entry_directives(&fs::read_to_string(&args.output).map_err(|e| e.to_string())?)?;
+    fs::write(&args.output, &ptx).map_err(|e| e.to_string())?;
     if let Some(line) = ptx.lines().find(|l| l.contains(".extern .func")) {
         return Err(format!("PTX is not self-contained, it declares: {line}"));
     }
@@ -161,6 +166,25 @@ fn run() -> Result<(), String> {
     }
     let _ = fs::remove_dir_all(&work);
     Ok(())
+}
+
+/// Step 5: every `// rgk-entry-directive NAME DIRECTIVE` line adds `DIRECTIVE` after the
+/// parameter list of `.entry NAME(`. Errors name a directive whose entry is missing.
+fn apply_entry_directives(ptx: &str) -> Result<String, String> {
+    const TAG: &str = "// rgk-entry-directive ";
+    let mut out = ptx.to_string();
+    for line in ptx.lines() {
+        let Some(rest) = line.trim().strip_prefix(TAG) else { continue };
+        let (name, directive) = rest.trim().split_once(' ').ok_or_else(|| format!("malformed: {line}"))?;
+        let head = format!(".entry {name}(");
+        let start = out.find(&head).ok_or_else(|| format!("{line}: no `.entry {name}` in the PTX"))?;
+        // The parameter list ends on the first line after the head that starts with ")"; the
+        // directive goes on its own line after that one (before the body's "{").
+        let close = out[start..].find("\n)").ok_or_else(|| format!("{line}: no parameter list end"))? + start + 1;
+        let eol = out[close..].find('\n').ok_or_else(|| format!("{line}: no body"))? + close;
+        out.insert_str(eol, &format!("\n{}", directive.trim()));
+    }
+    Ok(out)
 }
 
 /// LLVM bitcode starts with `BC\xC0\xDE` (or the wrapper magic `0x0B17C0DE`).

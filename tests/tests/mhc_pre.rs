@@ -9,7 +9,7 @@
 //! reference against an independent formulation.
 #![allow(clippy::needless_range_loop)] // the model mirrors the kernel's index arithmetic
 use rand::rngs::StdRng;
-use rgk::mhc::{MhcPre, MhcPreParams, MhcPreShape, PreConfig, PreGeometry};
+use rgk::mhc::{FusedGeometry, MhcPre, MhcPreParams, MhcPreShape, PreConfig, PreGeometry, PrePath};
 use rgk::reference::{mhc_pre_fwd, mhc_pre_fwd_from_logits, mhc_pre_logits, MhcPreRef};
 use rgk::verify::{check_float, check_half, poisoned, Report};
 use rgk::{bf16, Error, Gpu};
@@ -97,7 +97,12 @@ fn seed_workloads() {
         let mut op = MhcPre::new(&gpu, s).unwrap();
         let out = run(&gpu, &mut op, p, &inp);
         let (ulps, used) = check(&format!("{s:?}"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
-        println!("B={batch} n=4 c={c} {:?}: worst {ulps:.3} ulp, {used:.3} of the tolerance", op.plan().geometry);
+        println!("B={batch} n=4 c={c} {:?}: worst {ulps:.3} ulp, {used:.3} of the tolerance", op.plan().fused);
+        // The default on an H200 is the one-launch cluster path for every seed row.
+        assert!(op.plan().fused.is_some(), "{s:?}: the default plan fell back to two launches");
+        let two = PreConfig { path: PrePath::TwoLaunch, ..PreConfig::default() };
+        let out = run(&gpu, &mut MhcPre::with_config(&gpu, s, two).unwrap(), p, &inp);
+        check(&format!("{s:?} two launches"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
     }
 }
 
@@ -114,8 +119,13 @@ fn shape_sweep() {
                 let phi_scale = if c % 2 == 1 { 1.0 / ((n * c) as f32).sqrt() } else { 1.0 };
                 let inp = inputs(&mut rng, s, phi_scale, 1.0);
                 let logits = mhc_pre_logits(s, &inp.phi, &inp.x);
-                let mut op = MhcPre::new(&gpu, s).unwrap();
-                for (repeat, alphas) in [(0, (0.7, 1.3, 1.9)), (1, (1.0, 1.0, 1.0)), (20, (1.4, 0.6, 0.8))] {
+                let two = PreConfig { path: PrePath::TwoLaunch, ..PreConfig::default() };
+                let mut ops = [MhcPre::new(&gpu, s).unwrap(), MhcPre::with_config(&gpu, s, two).unwrap()];
+                for ((repeat, alphas), i) in [(0, (0.7, 1.3, 1.9)), (1, (1.0, 1.0, 1.0)), (20, (1.4, 0.6, 0.8))]
+                    .into_iter()
+                    .flat_map(|a| [(a, 0), (a, 1)])
+                {
+                    let op = &mut ops[i];
                     let p = MhcPreParams {
                         alpha_pre: alphas.0,
                         alpha_post: alphas.1,
@@ -123,9 +133,10 @@ fn shape_sweep() {
                         sinkhorn_repeat: repeat,
                         sinkhorn_eps: 0.02,
                     };
-                    let out = run(&gpu, &mut op, p, &inp);
+                    let out = run(&gpu, op, p, &inp);
                     let r = mhc_pre_fwd_from_logits(s, p, &logits, &inp.b, &inp.x);
-                    worst = worse(worst, check(&format!("{s:?} repeat {repeat}"), &out, &r));
+                    let what = format!("{s:?} repeat {repeat} fused {}", op.plan().fused.is_some());
+                    worst = worse(worst, check(&what, &out, &r));
                 }
             }
         }
@@ -189,7 +200,8 @@ fn every_launch_config_matches_reference() {
         for block in [32, 64, 128, 256, 512, 1024] {
             for max_grid in [None, Some(1), Some(7), Some(64)] {
                 for mix_block in [32, 96, 256, 1024] {
-                    let config = PreConfig { block, max_grid, mix_block };
+                    let config =
+                        PreConfig { path: PrePath::TwoLaunch, block, max_grid, mix_block, ..PreConfig::default() };
                     let mut op = match MhcPre::with_config(&gpu, s, config) {
                         Ok(op) => op,
                         // 1024 threads may exceed the register file: a clean error, no launch.
@@ -199,6 +211,29 @@ fn every_launch_config_matches_reference() {
                     };
                     let out = run(&gpu, &mut op, p, &inp);
                     check(&format!("{s:?} {config:?}"), &out, &r);
+                }
+            }
+        }
+        // The one-launch path: cluster sizes, batch rows per cluster, block sizes.
+        for cluster in [1, 2, 3, 4, 8, 16] {
+            for batch_per_cluster in [0, 1, 2, 3] {
+                for fused_block in [32, 64, 512, 1024] {
+                    let config = PreConfig {
+                        path: PrePath::Fused,
+                        cluster,
+                        batch_per_cluster,
+                        fused_block,
+                        ..PreConfig::default()
+                    };
+                    let mut op = match MhcPre::with_config(&gpu, s, config) {
+                        Ok(op) => op,
+                        Err(Error::Shape { arg: "config.fused_block", .. }) if fused_block < 81 => continue,
+                        // A block's phi slab does not fit shared memory with few blocks per cluster.
+                        Err(Error::Shape { arg: "c", .. }) if cluster < 16 => continue,
+                        Err(e) => panic!("{s:?} {config:?}: {e}"),
+                    };
+                    let out = run(&gpu, &mut op, p, &inp);
+                    check(&format!("{s:?} {config:?} {:?}", op.plan().fused), &out, &r);
                 }
             }
         }
@@ -214,7 +249,8 @@ fn raw_entry_with_a_dirty_workspace() {
     let Some(gpu) = gpu_or_skip("mhc_pre::raw_entry_with_a_dirty_workspace") else { return };
     let mut rng = fresh_rng("mhc_pre::raw_entry_with_a_dirty_workspace");
     let s = MhcPreShape { batch: 2, n: 4, c: 1920 };
-    let plan = rgk::mhc::PrePlan::new(&gpu, s, PreConfig::default()).unwrap();
+    let two = PreConfig { path: PrePath::TwoLaunch, ..PreConfig::default() };
+    let plan = rgk::mhc::PrePlan::new(&gpu, s, two).unwrap();
     let l = s.lens().unwrap();
     let st = gpu.stream();
     let mut ws = st.clone_htod(&vec![u64::MAX; plan.geometry.workspace + 1]).unwrap();
@@ -642,7 +678,7 @@ fn geometry_invariants() {
             for batch in [1, 3, 4, 5, 32] {
                 for (sms, block, mix_block) in [(132, 256, 256), (3, 32, 32), (132, 1024, 1024), (64, 96, 160)] {
                     let s = MhcPreShape { batch, n, c };
-                    let config = PreConfig { block, mix_block, max_grid: None };
+                    let config = PreConfig { block, mix_block, max_grid: None, ..PreConfig::default() };
                     let Ok(g) = PreGeometry::new(s, sms, 227 * 1024, config) else { continue };
                     let (grid, cols, jt, tiles) = (g.grid as usize, g.cols as usize, g.jt as usize, g.tiles as usize);
                     let mq = n * n + 2 * n + 1;
@@ -661,6 +697,54 @@ fn geometry_invariants() {
                 }
             }
         }
+    }
+}
+
+/// The one-launch geometry: columns cover c exactly once, clusters cover the batch, shared
+/// memory within the budget (mirrors the kernel's layout), errors name the argument.
+#[test]
+fn fused_geometry_invariants() {
+    const MAX_SMEM: usize = 227 * 1024;
+    for n in [1, 2, 3, 4, 8] {
+        for c in [1, 2, 7, 100, 1280, 1920, 2560, 4099, 70000] {
+            for batch in [1, 2, 4, 5, 32] {
+                for (cluster, bpc, block) in [(16, 0, 1024), (8, 1, 512), (3, 2, 256), (1, 3, 128)] {
+                    let s = MhcPreShape { batch, n, c };
+                    let config =
+                        PreConfig { cluster, batch_per_cluster: bpc, fused_block: block, ..PreConfig::default() };
+                    let mq = n * n + 2 * n + 1;
+                    let g = match FusedGeometry::new(s, MAX_SMEM, config, cluster) {
+                        Ok(g) => g,
+                        Err(Error::Shape { arg: "config.fused_block", .. }) => {
+                            assert!((block as usize) < mq, "{s:?} {config:?}");
+                            continue;
+                        }
+                        Err(Error::Shape { arg: "c", .. }) => {
+                            let cw = c.div_ceil((cluster as usize).min(c));
+                            assert!(
+                                rgk::mhc::pre_fused_smem_bytes(block as usize, n, cw) > MAX_SMEM
+                                    || 4 * n * cw > 1 << 16
+                            );
+                            continue;
+                        }
+                        Err(e) => panic!("{s:?} {config:?}: {e}"),
+                    };
+                    let (cs, cw) = (g.cluster as usize, g.cw as usize);
+                    assert!(cs >= 1 && cs <= cluster as usize && cs * cw >= c && (cs - 1) * cw < c, "{s:?} {g:?}");
+                    let got = g.batch_per_cluster as usize;
+                    let want = if bpc == 0 { batch.min(4) } else { (bpc as usize).min(batch) };
+                    assert!(got == want && g.groups as usize == batch.div_ceil(got), "{s:?} {g:?}");
+                    assert!(g.smem as usize <= MAX_SMEM && 4 * n * cw <= 1 << 16, "{s:?} {g:?}");
+                    assert!(g.block as usize >= mq);
+                }
+            }
+        }
+    }
+    // The seed rows fit one cluster of 16 with 1024 threads.
+    for (batch, c) in SEEDS {
+        let s = MhcPreShape { batch, n: 4, c };
+        let g = FusedGeometry::new(s, MAX_SMEM, PreConfig::default(), 16).unwrap();
+        assert_eq!((g.cluster, g.groups, g.block), (16, 1, 1024), "{s:?} {g:?}");
     }
 }
 

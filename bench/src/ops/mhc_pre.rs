@@ -15,15 +15,21 @@ use rgk_tests::{randn_f32, randn_half};
 pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut configs = vec![(None, PreConfig::default())];
     if variants {
-        for block in [128, 512] {
-            configs.push((Some(format!("b{block}")), PreConfig { block, ..PreConfig::default() }));
+        use rgk::mhc::PrePath;
+        let two = PreConfig { path: PrePath::TwoLaunch, ..PreConfig::default() };
+        configs.push((Some("two".into()), two));
+        for cluster in [4, 8] {
+            configs.push((Some(format!("c{cluster}")), PreConfig { cluster, ..PreConfig::default() }));
         }
-        for mix_block in [128, 512] {
-            configs.push((Some(format!("m{mix_block}")), PreConfig { mix_block, ..PreConfig::default() }));
+        for batch_per_cluster in [1, 2] {
+            let config = PreConfig { batch_per_cluster, ..PreConfig::default() };
+            configs.push((Some(format!("bpc{batch_per_cluster}")), config));
         }
-        for grid in [32, 64] {
-            configs.push((Some(format!("g{grid}")), PreConfig { max_grid: Some(grid), ..PreConfig::default() }));
+        for fused_block in [256, 512] {
+            configs.push((Some(format!("t{fused_block}")), PreConfig { fused_block, ..PreConfig::default() }));
         }
+        let config = PreConfig { cluster: 8, batch_per_cluster: 1, ..PreConfig::default() };
+        configs.push((Some("c8-bpc1".into()), config));
     }
     [("hidden-1280", 1, 1280), ("hidden-1920", 2, 1920), ("hidden-2560", 4, 2560)]
         .into_iter()

@@ -1,15 +1,17 @@
 //! MHCPreFwd (SPEC.md §2): the mHC pre-layer projection, Sinkhorn normalisation and stream
-//! mixing, in two launches on one stream (`kernels-gpu/src/mhc/pre.rs` describes the algorithm).
+//! mixing — in one launch of a thread-block cluster where the shape fits (the default), else in
+//! two launches on one stream (`kernels-gpu/src/mhc/pre.rs` describes both algorithms).
 use cudarc::driver::{sys, sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, LaunchDims};
+use crate::runtime::{launch, launch_cluster, max_active_clusters, LaunchDims};
 use crate::{Error, Gpu, Result};
 
 pub(crate) const KERNEL_PARTIAL: &str = "mhc_pre_partial";
 pub(crate) const KERNEL_MIX: &str = "mhc_pre_mix";
-pub(crate) const KERNELS: &[&str] = &[KERNEL_PARTIAL, KERNEL_MIX];
+pub(crate) const KERNEL_FUSED: &str = "mhc_pre_fused";
+pub(crate) const KERNELS: &[&str] = &[KERNEL_PARTIAL, KERNEL_MIX, KERNEL_FUSED];
 
 /// Batch rows per group in kernel 1 (the kernel's `BT`).
 const BT: usize = 4;
@@ -139,9 +141,31 @@ impl MhcPreParams {
     }
 }
 
+/// Which implementation [`MhcPre`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrePath {
+    /// One launch of a thread-block cluster when the shape fits it (each block's phi slab, x
+    /// columns and partials in shared memory, a schedulable cluster), else two launches.
+    Auto,
+    /// One launch of a thread-block cluster; a shape that does not fit is an error.
+    Fused,
+    /// Two ordinary launches (split-K partials through a workspace, then reduce and mix): any shape.
+    TwoLaunch,
+}
+
 /// Launch configuration (tuning; [`Default`] is the measured choice).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PreConfig {
+    /// The implementation.
+    pub path: PrePath,
+    /// One-launch path: the largest cluster (blocks along the channels), 1..=16; sizes above 8
+    /// need the device's non-portable cluster support (the plan falls back to smaller ones).
+    pub cluster: u32,
+    /// One-launch path: batch rows per cluster (clusters run side by side along the batch);
+    /// 0 = 4 (one group of the kernel's 4 rows per cluster).
+    pub batch_per_cluster: u32,
+    /// One-launch path: threads per block, a multiple of 32 in `n²+2n+1 ..= 1024`.
+    pub fused_block: u32,
     /// Threads per block of kernel 1 (split-K partials), a multiple of 32 in 32..=1024.
     pub block: u32,
     /// Upper bound on kernel 1's grid (blocks); `None` = the device's SM count. Capped at 256.
@@ -153,7 +177,91 @@ pub struct PreConfig {
 
 impl Default for PreConfig {
     fn default() -> Self {
-        Self { block: 256, max_grid: None, mix_block: 256 }
+        Self {
+            path: PrePath::Auto,
+            cluster: 16,
+            batch_per_cluster: 0,
+            fused_block: 1024,
+            block: 256,
+            max_grid: None,
+            mix_block: 256,
+        }
+    }
+}
+
+/// The one-launch geometry: `groups` clusters of `cluster` blocks (grid `(cluster, groups)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedGeometry {
+    /// Blocks per cluster; block `ρ` owns channel columns `[ρ·cw, min((ρ+1)·cw, c))`.
+    pub cluster: u32,
+    /// Channel columns per block.
+    pub cw: u32,
+    /// Batch rows per cluster.
+    pub batch_per_cluster: u32,
+    /// Clusters (`ceil(batch / batch_per_cluster)`).
+    pub groups: u32,
+    /// Threads per block.
+    pub block: u32,
+    /// Dynamic shared memory per block, bytes.
+    pub smem: u32,
+}
+
+/// `mhc_pre_fused`'s dynamic shared memory (mirror of its `layout_fused`), bytes.
+pub fn fused_smem_bytes(block: usize, n: usize, cw: usize) -> usize {
+    let m = n * n + 2 * n;
+    let (mq, nn, rows) = (m + 1, n * n, n * cw);
+    (4 * rows * m).next_multiple_of(16)
+        + 8 * (BT * block + 2 * BT * mq + BT * nn + BT * rows)
+        + 4 * (2 * BT * nn + BT * n + m)
+}
+
+impl FusedGeometry {
+    /// The one-launch geometry for `shape` with clusters of at most `cluster` blocks, or why it
+    /// does not fit (`Err` names the argument: `config.fused_block`, `config.cluster`, or `c`
+    /// when a block's phi slab and staging exceed `max_smem`).
+    pub fn new(shape: MhcPreShape, max_smem: usize, config: PreConfig, cluster: u32) -> Result<Self> {
+        shape.lens()?;
+        let MhcPreShape { batch, n, c } = shape;
+        let mq = shape.logits() + 1;
+        let block = config.fused_block;
+        if block == 0 || !block.is_multiple_of(32) || block > 1024 || (block as usize) < mq {
+            return Err(Error::Shape {
+                arg: "config.fused_block",
+                msg: format!("{block} is not a multiple of 32 in {mq}..=1024 (n²+2n+1 ..= 1024)"),
+            });
+        }
+        if !(1..=16).contains(&cluster) {
+            return Err(Error::Shape { arg: "config.cluster", msg: format!("{cluster} is not in 1..=16") });
+        }
+        let cs = (cluster as usize).min(c);
+        let cw = c.div_ceil(cs);
+        let cs = c.div_ceil(cw);
+        let smem = fused_smem_bytes(block as usize, n, cw);
+        if smem > max_smem || BT * n * cw > 1 << 16 {
+            return Err(Error::Shape {
+                arg: "c",
+                msg: format!(
+                    "one launch needs {smem} bytes of shared memory per block (n = {n}, {cw} columns per \
+                     block), the device has {max_smem}"
+                ),
+            });
+        }
+        let bpc = match config.batch_per_cluster {
+            0 => BT.min(batch),
+            b => (b as usize).min(batch),
+        };
+        let groups = batch.div_ceil(bpc);
+        if groups > 65535 {
+            return Err(Error::Overflow { arg: "x", msg: format!("{groups} clusters along y exceed 65535") });
+        }
+        Ok(Self {
+            cluster: cs as u32,
+            cw: cw as u32,
+            batch_per_cluster: bpc as u32,
+            groups: groups as u32,
+            block,
+            smem: smem as u32,
+        })
     }
 }
 
@@ -295,7 +403,10 @@ impl PreGeometry {
 pub struct PrePlan {
     pub shape: MhcPreShape,
     pub config: PreConfig,
+    /// The two-launch geometry (used when `fused` is `None`).
     pub geometry: PreGeometry,
+    /// The one-launch geometry, when the configuration and the device allow it.
+    pub fused: Option<FusedGeometry>,
 }
 
 impl PrePlan {
@@ -328,7 +439,39 @@ impl PrePlan {
                 });
             }
         }
-        Ok(Self { shape, config, geometry })
+        let fused = match config.path {
+            PrePath::TwoLaunch => None,
+            PrePath::Auto => Self::fused_geometry(gpu, shape, max_smem, config).ok(),
+            PrePath::Fused => Some(Self::fused_geometry(gpu, shape, max_smem, config)?),
+        };
+        Ok(Self { shape, config, geometry, fused })
+    }
+
+    /// The largest cluster ≤ `config.cluster` whose geometry fits and that the device can
+    /// schedule (sizes tried: the configured one, then halving).
+    fn fused_geometry(gpu: &Gpu, shape: MhcPreShape, max_smem: usize, config: PreConfig) -> Result<FusedGeometry> {
+        let f = gpu.function(KERNEL_FUSED)?;
+        let mut cluster = config.cluster;
+        loop {
+            let g = FusedGeometry::new(shape, max_smem, config, cluster)?;
+            if g.smem as usize > SMEM_DEFAULT {
+                f.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    g.smem as i32,
+                )?;
+            }
+            let dims = LaunchDims { grid: (g.cluster, g.groups, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
+            if max_active_clusters(f, dims, g.cluster, gpu.stream().cu_stream())? > 0 {
+                return Ok(g);
+            }
+            if cluster <= 1 {
+                return Err(Error::Shape {
+                    arg: "config.cluster",
+                    msg: "no cluster of this block size and shared memory can be scheduled".into(),
+                });
+            }
+            cluster /= 2;
+        }
     }
 }
 
@@ -365,7 +508,9 @@ impl MhcPre {
     /// As [`MhcPre::new`] with an explicit launch configuration.
     pub fn with_config(gpu: &Gpu, shape: MhcPreShape, config: PreConfig) -> Result<Self> {
         let plan = PrePlan::new(gpu, shape, config)?;
-        let workspace = gpu.stream().alloc_zeros::<u64>(plan.geometry.workspace)?;
+        // The one-launch path needs no workspace (one word keeps the buffer non-empty).
+        let words = if plan.fused.is_some() { 1 } else { plan.geometry.workspace };
+        let workspace = gpu.stream().alloc_zeros::<u64>(words)?;
         Ok(Self { plan, workspace })
     }
 
@@ -420,10 +565,11 @@ impl MhcPre {
     }
 }
 
-/// MHCPreFwd on raw device pointers with a caller-owned workspace, launched on `stream`
-/// (two kernels: split-K partials into the workspace, then reduction, coefficients and mixing).
+/// MHCPreFwd on raw device pointers with a caller-owned workspace, launched on `stream`:
+/// one cluster launch when `plan.fused` is set (the workspace is then not used), else two
+/// kernels (split-K partials into the workspace, then reduction, coefficients and mixing).
 ///
-/// `workspace`: at least `plan.geometry.workspace` u64 words, 8-byte aligned; scratch only
+/// `workspace` (two-launch plans): at least `plan.geometry.workspace` u64 words, 8-byte aligned; scratch only
 /// (any contents, no reset needed: the first kernel overwrites every word the second reads).
 /// One workspace must not serve two calls that may run concurrently (different streams).
 ///
@@ -449,11 +595,47 @@ pub unsafe fn pre_fwd_raw(
     plan.shape.lens()?;
     params.validate()?;
     let geo = plan.geometry;
+    let s = plan.shape;
+    if let Some(fg) = plan.fused {
+        let f = gpu.function(KERNEL_FUSED)?;
+        let (mut phi, mut xp, mut bp, mut r, mut y, mut h) = (phi, x, b, x_res, x_layer, h_post);
+        let (mut batch, mut n, mut c) = (s.batch as u32, s.n as u32, s.c as u32);
+        let (mut cw, mut cw_magic, mut bpc) = (fg.cw, fastdiv_magic(fg.cw), fg.batch_per_cluster);
+        let (mut a_pre, mut a_post, mut a_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
+        let (mut rep, mut eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
+        let mut inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
+        let dims = LaunchDims { grid: (fg.cluster, fg.groups, 1), block: (fg.block, 1, 1), shared_bytes: fg.smem };
+        return launch_cluster(
+            f,
+            dims,
+            fg.cluster,
+            stream,
+            &mut [
+                &mut phi,
+                &mut xp,
+                &mut bp,
+                &mut r,
+                &mut y,
+                &mut h,
+                &mut batch,
+                &mut n,
+                &mut c,
+                &mut cw,
+                &mut cw_magic,
+                &mut bpc,
+                &mut a_pre,
+                &mut a_post,
+                &mut a_res,
+                &mut rep,
+                &mut eps,
+                &mut inv_sqrt_nc,
+            ],
+        );
+    }
     check_len("workspace", geo.workspace, workspace_len)?;
     if !workspace.is_multiple_of(8) {
         return Err(Error::Shape { arg: "workspace", msg: "not 8-byte aligned".into() });
     }
-    let s = plan.shape;
     let f1 = gpu.function(KERNEL_PARTIAL)?;
     let f2 = gpu.function(KERNEL_MIX)?;
 

@@ -644,3 +644,386 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix(
         jj += nt;
     }
 }
+
+// ================================================================ one launch: a cluster
+
+/// [`mhc_pre_fused`]'s shared memory (bytes), mirrored by the host
+/// (`rgk::mhc::pre::fused_smem_bytes`): phis n·cw·m f32 (16-byte padded) | red BT·T f64 |
+/// part BT·mq f64 | tot BT·mq f64 | zr BT·n² f64 | xs BT·n·cw f64 | ra BT·n² f32 |
+/// rb BT·n² f32 | hs BT·n f32 | bs m f32.
+struct SmemF {
+    phis: *mut f32,
+    red: *mut f64,
+    part: *mut f64,
+    tot: *mut f64,
+    zr: *mut f64,
+    xs: *mut f64,
+    ra: *mut f32,
+    rb: *mut f32,
+    hs: *mut f32,
+    bs: *mut f32,
+}
+
+#[inline(always)]
+unsafe fn layout_fused(nt: u32, m: u32, n: u32, cw: u32) -> SmemF {
+    let base = dyn_smem::<u8>();
+    let bt = BT as usize;
+    let nn = (n * n) as usize;
+    let mq = (m + 1) as usize;
+    let rows = (n * cw) as usize;
+    let red = (4 * rows * m as usize).next_multiple_of(16);
+    let part = red + 8 * bt * nt as usize;
+    let tot = part + 8 * bt * mq;
+    let zr = tot + 8 * bt * mq;
+    let xs = zr + 8 * bt * nn;
+    let ra = xs + 8 * bt * rows;
+    let rb = ra + 4 * bt * nn;
+    let hs = rb + 4 * bt * nn;
+    let bs = hs + 4 * bt * n as usize;
+    SmemF {
+        phis: base as *mut f32,
+        red: base.add(red) as *mut f64,
+        part: base.add(part) as *mut f64,
+        tot: base.add(tot) as *mut f64,
+        zr: base.add(zr) as *mut f64,
+        xs: base.add(xs) as *mut f64,
+        ra: base.add(ra) as *mut f32,
+        rb: base.add(rb) as *mut f32,
+        hs: base.add(hs) as *mut f32,
+        bs: base.add(bs) as *mut f32,
+    }
+}
+
+crate::entry_directive!("mhc_pre_fused", ".maxntid 1024, 1, 1");
+
+/// MHCPreFwd in one launch of thread-block clusters (SPEC.md §2). Grid `(cs, groups, 1)`,
+/// cluster `(cs, 1, 1)`, block `(T, 1, 1)` with `m+1 ≤ T ≤ 1024`, `m = n²+2n`. Cluster `y`
+/// owns the batch rows `[y·bpc, min((y+1)·bpc, batch))`, processed in groups of ≤ [`BT`];
+/// block (rank) `ρ` of a cluster owns the channel columns `[ρ·cw, min((ρ+1)·cw, c))` of every
+/// stream, i.e. the phi rows `k·c + j` of those columns (n contiguous segments).
+///
+/// The block copies its phi rows into shared memory with `cp.async` (no registers hold them;
+/// 16-byte copies where a segment is 16-byte aligned) while it stages its x columns of the
+/// group's rows as f64. Thread `(p, q)` (`q ≤ m`) walks slab rows `p, p+P, …` at column `q`
+/// with exact f64 FMAs (column `q = m` accumulates x² for r); the P slot partials are summed in
+/// a fixed order (4 interleaved slices + a butterfly) into the block partial; a cluster barrier
+/// publishes the partials; every block sums the cluster's partials in rank order through
+/// distributed shared memory (so every block holds bitwise the same totals); one warp per batch
+/// row computes r, the logits, H_pre, h_post (rank 0 writes it) and the Sinkhorn of R; the
+/// block mixes its staged columns: `x_res = q(Σ_k R[i,k]·x_k)`, `x_layer = q(Σ_k H_pre[k]·x_k)`
+/// (f32 FMAs in k order). No global workspace, atomics or polling: the only inter-block
+/// synchronisation is the hardware cluster barrier.
+///
+/// Requires: `cw·(cs−1) < c ≤ cw·cs`, `cs ≤ 16`, `BT·n·cw ≤ 2^16`, dynamic shared memory per
+/// [`layout_fused`], `n·c·m < 2^31`, `batch·n·c < 2^31`; `cw_magic` is the `FastDiv` magic
+/// of `cw`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn mhc_pre_fused(
+    phi: *const f32,
+    x: *const u16,
+    bias: *const f32,
+    x_res: *mut u16,
+    x_layer: *mut u16,
+    h_post: *mut f32,
+    batch: u32,
+    n: u32,
+    c: u32,
+    cw: u32,
+    cw_magic: u64,
+    bpc: u32,
+    alpha_pre: f32,
+    alpha_post: f32,
+    alpha_res: f32,
+    repeat: u32,
+    eps: f32,
+    inv_sqrt_nc: f64,
+) {
+    let t = thread_idx_x();
+    let nt = block_dim_x();
+    let rank = cluster_ctarank();
+    let cs = cluster_nctarank();
+    let m = n * n + 2 * n;
+    let mq = m + 1;
+    let nn = n * n;
+    let sm = layout_fused(nt, m, n, cw);
+    let j0 = rank * cw;
+    let cwa = min_u32(cw, c - j0);
+    let fj = if cwa == cw { FastDiv { d: cw, magic: cw_magic } } else { FastDiv::new(cwa) };
+    let rows = n * cwa;
+    let b_lo = block_idx_y() * bpc;
+    let b_hi = min_u32(batch, b_lo + bpc);
+
+    // ---- phi slab → shared memory, asynchronously: segment k = phi rows k·c + j0 .. + cwa.
+    let seg = cwa * m; // floats per segment
+    let mut k = 0;
+    while k < n {
+        let src = phi.add(((k * c + j0) * m) as usize) as *const u8;
+        let dst = sm.phis.add((k * seg) as usize) as *mut u8;
+        if (src as u64 | dst as u64 | (4 * seg) as u64) & 15 == 0 {
+            let mut i = t;
+            while i < seg / 4 {
+                cp_async_16(dst.add(16 * i as usize), src.add(16 * i as usize));
+                i += nt;
+            }
+        } else {
+            let mut i = t;
+            while i < seg {
+                cp_async_4(dst.add(4 * i as usize), src.add(4 * i as usize));
+                i += nt;
+            }
+        }
+        k += 1;
+    }
+    if t < m {
+        *sm.bs.add(t as usize) = *bias.add(t as usize);
+    }
+    // Thread (p, q) of the walk: P = ⌊T/(m+1)⌋ slots.
+    let slots = nt / mq;
+    let p = t / mq;
+    let q = t - p * mq;
+    let active = p < slots;
+    let is_sq = q == m;
+
+    let mut b0 = b_lo;
+    while b0 < b_hi {
+        let bga = min_u32(BT, b_hi - b0);
+        // ---- stage x[b0+β, k·c + j0 + jj] → xs[β·rows + k·cwa + jj] as f64 (loads first).
+        let total = bga * rows;
+        let xg = x.add((b0 * n * c + j0) as usize);
+        let mut e = t;
+        while e < total {
+            let mut xv = [0u16; 8];
+            let mut w = 0;
+            while w < 8 {
+                let e2 = e + w as u32 * nt;
+                if e2 < total {
+                    let (row, j) = fj.divrem(e2);
+                    xv[w] = *xg.add((row * c + j) as usize);
+                }
+                w += 1;
+            }
+            let mut w = 0;
+            while w < 8 {
+                let e2 = e + w as u32 * nt;
+                if e2 < total {
+                    *sm.xs.add(e2 as usize) = bf16_to_f32(xv[w]) as f64;
+                }
+                w += 1;
+            }
+            e += 8 * nt;
+        }
+        cp_async_wait_all();
+        sync_threads();
+
+        // ---- exact f64 FMAs over this thread's slab rows (phi and x from shared memory).
+        if active {
+            let mut acc = [0f64; BT as usize];
+            let mut rho = p;
+            while rho < rows {
+                let xr = sm.xs.add(rho as usize);
+                let x0 = *xr;
+                let w = if is_sq { x0 } else { *sm.phis.add((rho * m + q) as usize) as f64 };
+                acc[0] = fma_f64(w, x0, acc[0]);
+                if bga > 1 {
+                    let x1 = *xr.add(rows as usize);
+                    acc[1] = fma_f64(if is_sq { x1 } else { w }, x1, acc[1]);
+                }
+                if bga > 2 {
+                    let x2 = *xr.add(2 * rows as usize);
+                    acc[2] = fma_f64(if is_sq { x2 } else { w }, x2, acc[2]);
+                }
+                if bga > 3 {
+                    let x3 = *xr.add(3 * rows as usize);
+                    acc[3] = fma_f64(if is_sq { x3 } else { w }, x3, acc[3]);
+                }
+                rho += slots;
+            }
+            let mut bl = 0;
+            while bl < BT {
+                *sm.red.add((bl * nt + t) as usize) = acc[bl as usize];
+                bl += 1;
+            }
+        }
+        sync_threads();
+        // ---- block partial of item (β, q): 4 slices s sum slots p ≡ s (mod 4) in order, then
+        // (s0 + s1) + (s2 + s3) by butterfly. Every thread runs the same number of rounds.
+        let items = bga * mq;
+        let mut i0 = 0;
+        while i0 < 4 * items {
+            let i = i0 + t;
+            let mut s = 0f64;
+            if i < 4 * items {
+                let item = i >> 2;
+                let bl = item / mq;
+                let qq = item - bl * mq;
+                let src = sm.red.add((bl * nt + qq) as usize);
+                let mut pp = i & 3;
+                while pp < slots {
+                    s += *src.add((pp * mq) as usize);
+                    pp += 4;
+                }
+            }
+            s += shfl_xor_f64(s, 1);
+            s += shfl_xor_f64(s, 2);
+            if i < 4 * items && i & 3 == 0 {
+                *sm.part.add((i >> 2) as usize) = s;
+            }
+            i0 += nt;
+        }
+        // ---- the cluster's partials, summed in rank order by every block.
+        cluster_arrive();
+        cluster_wait();
+        let mut i = t;
+        while i < items {
+            // Eight remote loads in flight per round (cs ≤ 16: two rounds at most).
+            let pi = sm.part.add(i as usize) as *const f64;
+            let mut tot = 0f64;
+            let mut r0 = 0;
+            while r0 < cs {
+                let mut r = [0f64; 8];
+                let mut u = 0;
+                while u < 8 {
+                    let rr = r0 + u as u32;
+                    let val = *mapa(pi, if rr < cs { rr } else { 0 });
+                    r[u] = if rr < cs { val } else { 0.0 };
+                    u += 1;
+                }
+                let mut u = 0;
+                while u < 8 {
+                    if r0 + (u as u32) < cs {
+                        tot += r[u];
+                    }
+                    u += 1;
+                }
+                r0 += 8;
+            }
+            *sm.tot.add(i as usize) = tot;
+            i += nt;
+        }
+        // Done reading the other blocks' partials (the matching wait precedes the next write).
+        cluster_arrive();
+        sync_threads();
+
+        // ---- coefficients: warp β handles batch row b0 + β.
+        let warp = t >> 5;
+        let lane = t & 31;
+        let mut bl = warp;
+        while bl < bga {
+            let tot = sm.tot.add((bl * mq) as usize);
+            let zr = sm.zr.add((bl * nn) as usize);
+            let ra = sm.ra.add((bl * nn) as usize);
+            let rb = sm.rb.add((bl * nn) as usize);
+            let hs = sm.hs.add((bl * n) as usize);
+            let r = sqrt_rn_f64(*tot.add(m as usize)) * inv_sqrt_nc + 1e-4;
+            let mut e = lane;
+            while e < m {
+                let alpha = if e < n {
+                    alpha_pre
+                } else if e < 2 * n {
+                    alpha_post
+                } else {
+                    alpha_res
+                };
+                let z = alpha as f64 * *tot.add(e as usize) / r + *sm.bs.add(e as usize) as f64;
+                if e < n {
+                    *hs.add(e as usize) = sigmoid_f64_arg(z);
+                } else if e < 2 * n {
+                    if rank == 0 {
+                        *h_post.add(((b0 + bl) * n + e - n) as usize) = 2.0 * sigmoid_f64_arg(z);
+                    }
+                } else {
+                    *zr.add((e - 2 * n) as usize) = z;
+                }
+                e += 32;
+            }
+            sync_warp();
+            let mut e = lane;
+            while e < nn {
+                let i = e / n;
+                let row = zr.add((i * n) as usize);
+                let mut zmax = *row;
+                let mut k = 1;
+                while k < n {
+                    let zk = *row.add(k as usize);
+                    if zk > zmax {
+                        zmax = zk;
+                    }
+                    k += 1;
+                }
+                *ra.add(e as usize) = exp_le1(*zr.add(e as usize) - zmax);
+                e += 32;
+            }
+            sync_warp();
+            let mut rep = 0;
+            while rep < repeat {
+                let mut e = lane;
+                while e < nn {
+                    let i = e / n;
+                    let row = ra.add((i * n) as usize);
+                    let mut s = 0f32;
+                    let mut k = 0;
+                    while k < n {
+                        s += *row.add(k as usize);
+                        k += 1;
+                    }
+                    *rb.add(e as usize) = div_rn(*ra.add(e as usize), s + eps);
+                    e += 32;
+                }
+                sync_warp();
+                let mut e = lane;
+                while e < nn {
+                    let i = e / n;
+                    let col = rb.add((e - i * n) as usize);
+                    let mut s = 0f32;
+                    let mut ii = 0;
+                    while ii < n {
+                        s += *col.add((ii * n) as usize);
+                        ii += 1;
+                    }
+                    *ra.add(e as usize) = div_rn(*rb.add(e as usize), s + eps);
+                    e += 32;
+                }
+                sync_warp();
+                rep += 1;
+            }
+            bl += nt >> 5;
+        }
+        sync_threads();
+
+        // ---- mixing of the staged columns: item (β, jj).
+        let mut it = t;
+        while it < bga * cwa {
+            let (bl, jj) = fj.divrem(it);
+            let xb = sm.xs.add((bl * rows + jj) as usize);
+            let hs = sm.hs.add((bl * n) as usize);
+            let ra = sm.ra.add((bl * nn) as usize);
+            let col = j0 + jj;
+            let b = b0 + bl;
+            let mut s = 0f32;
+            let mut k = 0;
+            while k < n {
+                s = fma(*hs.add(k as usize), *xb.add((k * cwa) as usize) as f32, s);
+                k += 1;
+            }
+            *x_layer.add((b * c + col) as usize) = f32_to_bf16(s);
+            let mut i = 0;
+            while i < n {
+                let rrow = ra.add((i * n) as usize);
+                let mut s = 0f32;
+                let mut k = 0;
+                while k < n {
+                    s = fma(*rrow.add(k as usize), *xb.add((k * cwa) as usize) as f32, s);
+                    k += 1;
+                }
+                *x_res.add(((b * n + i) * c + col) as usize) = f32_to_bf16(s);
+                i += 1;
+            }
+            it += nt;
+        }
+        // The other blocks are done with this block's partials; local readers of xs/hs/ra too.
+        cluster_wait();
+        sync_threads();
+        b0 += bga;
+    }
+}

@@ -466,3 +466,99 @@ impl Half16 for Bf16 {
         mma_m16n8k16_bf16_f32(a, b, c)
     }
 }
+
+// ---------------------------------------------------------------- MHCPreFwd (thread-block clusters)
+
+/// `%cluster_ctarank`: this block's rank in its thread-block cluster (0 when launched without
+/// clusters).
+#[inline(always)]
+pub fn cluster_ctarank() -> u32 {
+    let r: u32;
+    unsafe { asm!("mov.u32 {}, %cluster_ctarank;", out(reg32) r, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `%cluster_nctarank`: the number of blocks in this block's cluster.
+#[inline(always)]
+pub fn cluster_nctarank() -> u32 {
+    let r: u32;
+    unsafe { asm!("mov.u32 {}, %cluster_nctarank;", out(reg32) r, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `barrier.cluster.arrive.aligned` (release semantics by default): this thread's prior shared/global writes become
+/// visible to the cluster's threads that pass the matching [`cluster_wait`]. Every thread of
+/// every block of the cluster must execute it (convergently per warp), alternating with
+/// [`cluster_wait`].
+#[inline(always)]
+pub fn cluster_arrive() {
+    unsafe { asm!("barrier.cluster.arrive.aligned;", options(nostack)) };
+}
+
+/// `barrier.cluster.wait.aligned` (acquire semantics by default): waits until every thread of the cluster has passed
+/// its [`cluster_arrive`] of this phase.
+#[inline(always)]
+pub fn cluster_wait() {
+    unsafe { asm!("barrier.cluster.wait.aligned;", options(nostack)) };
+}
+
+/// `mapa.u64`: the generic address of the same shared-memory location as `p` (a generic
+/// address of this block's shared memory) in the block of rank `rank` of this cluster
+/// (distributed shared memory; ordinary generic loads then read it).
+#[inline(always)]
+pub fn mapa<T>(p: *const T, rank: u32) -> *const T {
+    let r: u64;
+    unsafe {
+        asm!("mapa.u64 {}, {}, {};", out(reg64) r, in(reg64) p as u64, in(reg32) rank, options(pure, nomem, nostack))
+    };
+    r as *const T
+}
+
+/// `bar.warp.sync 0xffffffff`: the warp's lanes wait for each other and their shared-memory
+/// accesses before it are visible to the warp after it.
+#[inline(always)]
+pub fn sync_warp() {
+    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) };
+}
+
+/// `shfl.sync.bfly` of an f64 (two 32-bit shuffles; not `pure`, see [`shfl_xor_f32`]).
+#[inline(always)]
+pub fn shfl_xor_f64(v: f64, lane_mask: u32) -> f64 {
+    let b = v.to_bits();
+    let lo = shfl_xor_u32(b as u32, lane_mask);
+    let hi = shfl_xor_u32((b >> 32) as u32, lane_mask);
+    f64::from_bits(((hi as u64) << 32) | lo as u64)
+}
+
+/// Puts a PTX performance-tuning directive on a kernel entry, e.g.
+/// `entry_directive!("mhc_pre_fused", ".maxntid 1024, 1, 1");` (ptxas then fits the registers
+/// to that block size). Emits a module comment that `nvptx-link` applies after `llc`.
+#[macro_export]
+macro_rules! entry_directive {
+    ($name:literal, $directive:literal) => {
+        core::arch::global_asm!(concat!("// rgk-entry-directive ", $name, " ", $directive));
+    };
+}
+
+/// `cp.async.cg.shared.global` of 16 bytes: `dst` (a generic address of this block's shared
+/// memory, 16-byte aligned) ← `src` (global, 16-byte aligned), asynchronously, through L2 only;
+/// no register holds the data. Complete after [`cp_async_wait_all`].
+#[inline(always)]
+pub unsafe fn cp_async_16(dst: *mut u8, src: *const u8) {
+    asm!("{{ .reg .u64 s; cvta.to.shared.u64 s, {d}; cp.async.cg.shared.global [s], [{g}], 16; }}",
+         d = in(reg64) dst as u64, g = in(reg64) src as u64, options(nostack));
+}
+
+/// `cp.async.ca.shared.global` of 4 bytes (both addresses 4-byte aligned); see [`cp_async_16`].
+#[inline(always)]
+pub unsafe fn cp_async_4(dst: *mut u8, src: *const u8) {
+    asm!("{{ .reg .u64 s; cvta.to.shared.u64 s, {d}; cp.async.ca.shared.global [s], [{g}], 4; }}",
+         d = in(reg64) dst as u64, g = in(reg64) src as u64, options(nostack));
+}
+
+/// `cp.async.wait_all`: this thread's `cp.async` copies have landed in shared memory (other
+/// threads see them after a barrier).
+#[inline(always)]
+pub fn cp_async_wait_all() {
+    unsafe { asm!("cp.async.wait_all;", options(nostack)) };
+}
