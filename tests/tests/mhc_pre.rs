@@ -97,12 +97,14 @@ fn seed_workloads() {
         let mut op = MhcPre::new(&gpu, s).unwrap();
         let out = run(&gpu, &mut op, p, &inp);
         let (ulps, used) = check(&format!("{s:?}"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
-        println!("B={batch} n=4 c={c} {:?}: worst {ulps:.3} ulp, {used:.3} of the tolerance", op.plan().fused);
-        // The default on an H200 is the one-launch cluster path for every seed row.
-        assert!(op.plan().fused.is_some(), "{s:?}: the default plan fell back to two launches");
-        let two = PreConfig { path: PrePath::TwoLaunch, ..PreConfig::default() };
-        let out = run(&gpu, &mut MhcPre::with_config(&gpu, s, two).unwrap(), p, &inp);
-        check(&format!("{s:?} two launches"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
+        println!("B={batch} n=4 c={c} {:?}: worst {ulps:.3} ulp, {used:.3} of the tolerance", op.plan().geometry);
+        // The one-launch cluster path fits every seed row on an H200.
+        let auto = PreConfig { path: PrePath::Auto, ..PreConfig::default() };
+        let mut fused = MhcPre::with_config(&gpu, s, auto).unwrap();
+        assert!(fused.plan().fused.is_some(), "{s:?}: the one-launch path does not fit");
+        let out = run(&gpu, &mut fused, p, &inp);
+        let (ulps, used) = check(&format!("{s:?} one launch"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
+        println!("  one launch {:?}: worst {ulps:.3} ulp, {used:.3} of the tolerance", fused.plan().fused);
     }
 }
 
@@ -119,8 +121,8 @@ fn shape_sweep() {
                 let phi_scale = if c % 2 == 1 { 1.0 / ((n * c) as f32).sqrt() } else { 1.0 };
                 let inp = inputs(&mut rng, s, phi_scale, 1.0);
                 let logits = mhc_pre_logits(s, &inp.phi, &inp.x);
-                let two = PreConfig { path: PrePath::TwoLaunch, ..PreConfig::default() };
-                let mut ops = [MhcPre::new(&gpu, s).unwrap(), MhcPre::with_config(&gpu, s, two).unwrap()];
+                let auto = PreConfig { path: PrePath::Auto, ..PreConfig::default() };
+                let mut ops = [MhcPre::new(&gpu, s).unwrap(), MhcPre::with_config(&gpu, s, auto).unwrap()];
                 for ((repeat, alphas), i) in [(0, (0.7, 1.3, 1.9)), (1, (1.0, 1.0, 1.0)), (20, (1.4, 0.6, 0.8))]
                     .into_iter()
                     .flat_map(|a| [(a, 0), (a, 1)])
@@ -193,7 +195,12 @@ fn bitwise_deterministic() {
 fn every_launch_config_matches_reference() {
     let Some(gpu) = gpu_or_skip("mhc_pre::every_launch_config") else { return };
     let mut rng = fresh_rng("mhc_pre::every_launch_config");
-    for s in [MhcPreShape { batch: 4, n: 4, c: 2560 }, MhcPreShape { batch: 9, n: 8, c: 1030 }] {
+    for s in [
+        MhcPreShape { batch: 4, n: 4, c: 2560 },
+        MhcPreShape { batch: 9, n: 8, c: 1030 },
+        MhcPreShape { batch: 11, n: 6, c: 1030 },
+        MhcPreShape { batch: 3, n: 3, c: 77 },
+    ] {
         let inp = inputs(&mut rng, s, 1.0 / ((s.n * s.c) as f32).sqrt(), 1.0);
         let p = MhcPreParams { sinkhorn_repeat: 3, ..MhcPreParams::default() };
         let r = mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b);
@@ -217,7 +224,7 @@ fn every_launch_config_matches_reference() {
         // The one-launch path: cluster sizes, batch rows per cluster, block sizes.
         for cluster in [1, 2, 3, 4, 8, 16] {
             for batch_per_cluster in [0, 1, 2, 3] {
-                for fused_block in [32, 64, 512, 1024] {
+                for fused_block in [32, 96, 512, 1024] {
                     let config = PreConfig {
                         path: PrePath::Fused,
                         cluster,
@@ -227,7 +234,8 @@ fn every_launch_config_matches_reference() {
                     };
                     let mut op = match MhcPre::with_config(&gpu, s, config) {
                         Ok(op) => op,
-                        Err(Error::Shape { arg: "config.fused_block", .. }) if fused_block < 81 => continue,
+                        Err(Error::Shape { arg: "config.fused_block", .. }) if fused_block > 512 => continue,
+                        Err(Error::Shape { arg: "n", .. }) if s.n > 4 => continue,
                         // A block's phi slab does not fit shared memory with few blocks per cluster.
                         Err(Error::Shape { arg: "c", .. }) if cluster < 16 => continue,
                         Err(e) => panic!("{s:?} {config:?}: {e}"),
@@ -705,18 +713,21 @@ fn geometry_invariants() {
 #[test]
 fn fused_geometry_invariants() {
     const MAX_SMEM: usize = 227 * 1024;
-    for n in [1, 2, 3, 4, 8] {
+    for n in [1, 2, 3, 4, 6, 8] {
         for c in [1, 2, 7, 100, 1280, 1920, 2560, 4099, 70000] {
             for batch in [1, 2, 4, 5, 32] {
-                for (cluster, bpc, block) in [(16, 0, 1024), (8, 1, 512), (3, 2, 256), (1, 3, 128)] {
+                for (cluster, bpc, block) in [(16, 0, 512), (8, 1, 1024), (3, 2, 256), (1, 3, 96)] {
                     let s = MhcPreShape { batch, n, c };
                     let config =
                         PreConfig { cluster, batch_per_cluster: bpc, fused_block: block, ..PreConfig::default() };
-                    let mq = n * n + 2 * n + 1;
                     let g = match FusedGeometry::new(s, MAX_SMEM, config, cluster) {
                         Ok(g) => g,
                         Err(Error::Shape { arg: "config.fused_block", .. }) => {
-                            assert!((block as usize) < mq, "{s:?} {config:?}");
+                            assert!(block > 512, "{s:?} {config:?}");
+                            continue;
+                        }
+                        Err(Error::Shape { arg: "n", .. }) => {
+                            assert!(n > 4, "{s:?} {config:?}");
                             continue;
                         }
                         Err(Error::Shape { arg: "c", .. }) => {
@@ -732,19 +743,19 @@ fn fused_geometry_invariants() {
                     let (cs, cw) = (g.cluster as usize, g.cw as usize);
                     assert!(cs >= 1 && cs <= cluster as usize && cs * cw >= c && (cs - 1) * cw < c, "{s:?} {g:?}");
                     let got = g.batch_per_cluster as usize;
-                    let want = if bpc == 0 { batch.min(4) } else { (bpc as usize).min(batch) };
+                    let want = if bpc == 0 { batch.min(8) } else { (bpc as usize).min(batch) };
                     assert!(got == want && g.groups as usize == batch.div_ceil(got), "{s:?} {g:?}");
-                    assert!(g.smem as usize <= MAX_SMEM && 4 * n * cw <= 1 << 16, "{s:?} {g:?}");
-                    assert!(g.block as usize >= mq);
+                    assert!(g.smem as usize <= MAX_SMEM && 8 * n * cw <= 1 << 16, "{s:?} {g:?}");
+                    assert!(g.block <= 512 && g.block % 32 == 0);
                 }
             }
         }
     }
-    // The seed rows fit one cluster of 16 with 1024 threads.
+    // The seed rows fit one cluster of 16 with 512 threads.
     for (batch, c) in SEEDS {
         let s = MhcPreShape { batch, n: 4, c };
         let g = FusedGeometry::new(s, MAX_SMEM, PreConfig::default(), 16).unwrap();
-        assert_eq!((g.cluster, g.groups, g.block), (16, 1, 1024), "{s:?} {g:?}");
+        assert_eq!((g.cluster, g.groups, g.block), (16, 1, 512), "{s:?} {g:?}");
     }
 }
 

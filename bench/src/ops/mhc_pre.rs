@@ -16,20 +16,17 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut configs = vec![(None, PreConfig::default())];
     if variants {
         use rgk::mhc::PrePath;
-        let two = PreConfig { path: PrePath::TwoLaunch, ..PreConfig::default() };
-        configs.push((Some("two".into()), two));
+        let fused = PreConfig { path: PrePath::Fused, ..PreConfig::default() };
+        configs.push((Some("fused".into()), fused));
         for cluster in [4, 8] {
-            configs.push((Some(format!("c{cluster}")), PreConfig { cluster, ..PreConfig::default() }));
+            configs.push((Some(format!("fused-c{cluster}")), PreConfig { cluster, ..fused }));
         }
         for batch_per_cluster in [1, 2] {
-            let config = PreConfig { batch_per_cluster, ..PreConfig::default() };
-            configs.push((Some(format!("bpc{batch_per_cluster}")), config));
+            configs.push((Some(format!("fused-bpc{batch_per_cluster}")), PreConfig { batch_per_cluster, ..fused }));
         }
-        for fused_block in [256, 512] {
-            configs.push((Some(format!("t{fused_block}")), PreConfig { fused_block, ..PreConfig::default() }));
+        for fused_block in [128, 256] {
+            configs.push((Some(format!("fused-t{fused_block}")), PreConfig { fused_block, ..fused }));
         }
-        let config = PreConfig { cluster: 8, batch_per_cluster: 1, ..PreConfig::default() };
-        configs.push((Some("c8-bpc1".into()), config));
     }
     [("hidden-1280", 1, 1280), ("hidden-1920", 2, 1920), ("hidden-2560", 4, 2560)]
         .into_iter()

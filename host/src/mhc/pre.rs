@@ -144,8 +144,8 @@ impl MhcPreParams {
 /// Which implementation [`MhcPre`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrePath {
-    /// One launch of a thread-block cluster when the shape fits it (each block's phi slab, x
-    /// columns and partials in shared memory, a schedulable cluster), else two launches.
+    /// One launch of a thread-block cluster when the shape fits it (n ≤ 4; each block's phi slab,
+    /// x columns and partials in shared memory; a schedulable cluster), else two launches.
     Auto,
     /// One launch of a thread-block cluster; a shape that does not fit is an error.
     Fused,
@@ -162,9 +162,9 @@ pub struct PreConfig {
     /// need the device's non-portable cluster support (the plan falls back to smaller ones).
     pub cluster: u32,
     /// One-launch path: batch rows per cluster (clusters run side by side along the batch);
-    /// 0 = 4 (one group of the kernel's 4 rows per cluster).
+    /// 0 = 8 (one group of the kernel's 8 rows per cluster).
     pub batch_per_cluster: u32,
-    /// One-launch path: threads per block, a multiple of 32 in `n²+2n+1 ..= 1024`.
+    /// One-launch path: threads per block, a multiple of 32 in `32..=512`.
     pub fused_block: u32,
     /// Threads per block of kernel 1 (split-K partials), a multiple of 32 in 32..=1024.
     pub block: u32,
@@ -176,12 +176,14 @@ pub struct PreConfig {
 }
 
 impl Default for PreConfig {
+    /// Two launches: measured faster than the one-launch cluster on every seed row (see
+    /// `kernels-gpu/src/mhc/NOTES.md`, v3/v3.1).
     fn default() -> Self {
         Self {
-            path: PrePath::Auto,
+            path: PrePath::TwoLaunch,
             cluster: 16,
             batch_per_cluster: 0,
-            fused_block: 1024,
+            fused_block: 512,
             block: 256,
             max_grid: None,
             mix_block: 256,
@@ -206,13 +208,22 @@ pub struct FusedGeometry {
     pub smem: u32,
 }
 
+/// Batch rows per group of `mhc_pre_fused` (the kernel's `BTF`, the fp64 MMA's M = 8).
+const BTF: usize = 8;
+/// Largest n of the one-launch path (the kernel's `NMAX_FUSED`).
+const NMAX_FUSED: usize = 4;
+/// Largest block of the one-launch path (the kernel's `.maxntid`).
+const MAX_FUSED_BLOCK: u32 = 512;
+
 /// `mhc_pre_fused`'s dynamic shared memory (mirror of its `layout_fused`), bytes.
 pub fn fused_smem_bytes(block: usize, n: usize, cw: usize) -> usize {
     let m = n * n + 2 * n;
-    let (mq, nn, rows) = (m + 1, n * n, n * cw);
+    let (mq, nn, rows, ntt) = (m + 1, n * n, n * cw, m.div_ceil(8) + 1);
     (4 * rows * m).next_multiple_of(16)
-        + 8 * (BT * block + 2 * BT * mq + BT * nn + BT * rows)
-        + 4 * (2 * BT * nn + BT * n + m)
+        + (2 * BTF * rows).next_multiple_of(16)
+        + 8 * (block / 32) * ntt * 64
+        + 8 * (2 * BTF * mq + BTF * nn)
+        + 4 * (2 * BTF * nn + BTF * n + m)
 }
 
 impl FusedGeometry {
@@ -222,13 +233,15 @@ impl FusedGeometry {
     pub fn new(shape: MhcPreShape, max_smem: usize, config: PreConfig, cluster: u32) -> Result<Self> {
         shape.lens()?;
         let MhcPreShape { batch, n, c } = shape;
-        let mq = shape.logits() + 1;
         let block = config.fused_block;
-        if block == 0 || !block.is_multiple_of(32) || block > 1024 || (block as usize) < mq {
+        if block == 0 || !block.is_multiple_of(32) || block > MAX_FUSED_BLOCK {
             return Err(Error::Shape {
                 arg: "config.fused_block",
-                msg: format!("{block} is not a multiple of 32 in {mq}..=1024 (n²+2n+1 ..= 1024)"),
+                msg: format!("{block} is not a multiple of 32 in 32..={MAX_FUSED_BLOCK}"),
             });
+        }
+        if n > NMAX_FUSED {
+            return Err(Error::Shape { arg: "n", msg: format!("n = {n} exceeds {NMAX_FUSED} on the one-launch path") });
         }
         if !(1..=16).contains(&cluster) {
             return Err(Error::Shape { arg: "config.cluster", msg: format!("{cluster} is not in 1..=16") });
@@ -237,7 +250,7 @@ impl FusedGeometry {
         let cw = c.div_ceil(cs);
         let cs = c.div_ceil(cw);
         let smem = fused_smem_bytes(block as usize, n, cw);
-        if smem > max_smem || BT * n * cw > 1 << 16 {
+        if smem > max_smem || BTF * n * cw > 1 << 16 {
             return Err(Error::Shape {
                 arg: "c",
                 msg: format!(
@@ -247,7 +260,7 @@ impl FusedGeometry {
             });
         }
         let bpc = match config.batch_per_cluster {
-            0 => BT.min(batch),
+            0 => BTF.min(batch),
             b => (b as usize).min(batch),
         };
         let groups = batch.div_ceil(bpc);
@@ -600,7 +613,7 @@ pub unsafe fn pre_fwd_raw(
         let f = gpu.function(KERNEL_FUSED)?;
         let (mut phi, mut xp, mut bp, mut r, mut y, mut h) = (phi, x, b, x_res, x_layer, h_post);
         let (mut batch, mut n, mut c) = (s.batch as u32, s.n as u32, s.c as u32);
-        let (mut cw, mut cw_magic, mut bpc) = (fg.cw, fastdiv_magic(fg.cw), fg.batch_per_cluster);
+        let (mut cw, mut bpc) = (fg.cw, fg.batch_per_cluster);
         let (mut a_pre, mut a_post, mut a_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
         let (mut rep, mut eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
         let mut inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
@@ -621,7 +634,6 @@ pub unsafe fn pre_fwd_raw(
                 &mut n,
                 &mut c,
                 &mut cw,
-                &mut cw_magic,
                 &mut bpc,
                 &mut a_pre,
                 &mut a_post,

@@ -647,17 +647,32 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix(
 
 // ================================================================ one launch: a cluster
 
+/// `(a / d, a % d)` by the hardware-free u32 division sequence (`d ≥ 1`; 0 for `d = 0`, no
+/// panic path). Used off the hot loops, where a multiply-high `FastDiv` gained nothing.
+#[inline(always)]
+fn divrem_u32(a: u32, d: u32) -> (u32, u32) {
+    let q = a.checked_div(d).unwrap_or(0);
+    (q, a - q * d)
+}
+
+/// Batch rows per group in [`mhc_pre_fused`] (the M = 8 rows of the fp64 MMA).
+pub const BTF: u32 = 8;
+/// Largest n of [`mhc_pre_fused`]: `⌈(n²+2n)/8⌉ ≤ NTMAX` phi tiles of 8 columns. (n = 6 with
+/// six tiles failed its GPU test with a single-warp block, not yet understood: n ≤ 4 only.)
+pub const NMAX_FUSED: u32 = 4;
+const NTMAX: usize = 3;
+
 /// [`mhc_pre_fused`]'s shared memory (bytes), mirrored by the host
-/// (`rgk::mhc::pre::fused_smem_bytes`): phis n·cw·m f32 (16-byte padded) | red BT·T f64 |
-/// part BT·mq f64 | tot BT·mq f64 | zr BT·n² f64 | xs BT·n·cw f64 | ra BT·n² f32 |
-/// rb BT·n² f32 | hs BT·n f32 | bs m f32.
+/// (`rgk::mhc::pre::fused_smem_bytes`): phis n·cw·m f32 | xs BTF·n·cw u16 | red W·(NT+1)·64 f64 |
+/// part BTF·mq f64 | tot BTF·mq f64 | zr BTF·n² f64 | ra BTF·n² f32 | rb BTF·n² f32 |
+/// hs BTF·n f32 | bs m f32 (each of the first three 16-byte aligned).
 struct SmemF {
     phis: *mut f32,
+    xs: *mut u16,
     red: *mut f64,
     part: *mut f64,
     tot: *mut f64,
     zr: *mut f64,
-    xs: *mut f64,
     ra: *mut f32,
     rb: *mut f32,
     hs: *mut f32,
@@ -667,26 +682,27 @@ struct SmemF {
 #[inline(always)]
 unsafe fn layout_fused(nt: u32, m: u32, n: u32, cw: u32) -> SmemF {
     let base = dyn_smem::<u8>();
-    let bt = BT as usize;
+    let bt = BTF as usize;
     let nn = (n * n) as usize;
     let mq = (m + 1) as usize;
     let rows = (n * cw) as usize;
-    let red = (4 * rows * m as usize).next_multiple_of(16);
-    let part = red + 8 * bt * nt as usize;
+    let ntt = m.div_ceil(8) as usize + 1;
+    let xs = (4 * rows * m as usize).next_multiple_of(16);
+    let red = xs + (2 * bt * rows).next_multiple_of(16);
+    let part = red + 8 * (nt as usize / 32) * ntt * 64;
     let tot = part + 8 * bt * mq;
     let zr = tot + 8 * bt * mq;
-    let xs = zr + 8 * bt * nn;
-    let ra = xs + 8 * bt * rows;
+    let ra = zr + 8 * bt * nn;
     let rb = ra + 4 * bt * nn;
     let hs = rb + 4 * bt * nn;
     let bs = hs + 4 * bt * n as usize;
     SmemF {
         phis: base as *mut f32,
+        xs: base.add(xs) as *mut u16,
         red: base.add(red) as *mut f64,
         part: base.add(part) as *mut f64,
         tot: base.add(tot) as *mut f64,
         zr: base.add(zr) as *mut f64,
-        xs: base.add(xs) as *mut f64,
         ra: base.add(ra) as *mut f32,
         rb: base.add(rb) as *mut f32,
         hs: base.add(hs) as *mut f32,
@@ -694,29 +710,31 @@ unsafe fn layout_fused(nt: u32, m: u32, n: u32, cw: u32) -> SmemF {
     }
 }
 
-crate::entry_directive!("mhc_pre_fused", ".maxntid 1024, 1, 1");
+crate::entry_directive!("mhc_pre_fused", ".maxntid 512, 1, 1 .minnctapersm 1");
 
 /// MHCPreFwd in one launch of thread-block clusters (SPEC.md §2). Grid `(cs, groups, 1)`,
-/// cluster `(cs, 1, 1)`, block `(T, 1, 1)` with `m+1 ≤ T ≤ 1024`, `m = n²+2n`. Cluster `y`
-/// owns the batch rows `[y·bpc, min((y+1)·bpc, batch))`, processed in groups of ≤ [`BT`];
-/// block (rank) `ρ` of a cluster owns the channel columns `[ρ·cw, min((ρ+1)·cw, c))` of every
-/// stream, i.e. the phi rows `k·c + j` of those columns (n contiguous segments).
+/// cluster `(cs, 1, 1)`, block `(T, 1, 1)`, T a multiple of 32 in `32..=1024`. Cluster `y` owns
+/// the batch rows `[y·bpc, min((y+1)·bpc, batch))`, processed in groups of ≤ [`BTF`]; block
+/// (rank) `ρ` owns the channel columns `[ρ·cw, min((ρ+1)·cw, c))` of every stream, i.e. the phi
+/// rows `k·c + j` of those columns (n contiguous segments: the block's slab, row `r = k·cw' + jj`).
 ///
-/// The block copies its phi rows into shared memory with `cp.async` (no registers hold them;
-/// 16-byte copies where a segment is 16-byte aligned) while it stages its x columns of the
-/// group's rows as f64. Thread `(p, q)` (`q ≤ m`) walks slab rows `p, p+P, …` at column `q`
-/// with exact f64 FMAs (column `q = m` accumulates x² for r); the P slot partials are summed in
-/// a fixed order (4 interleaved slices + a butterfly) into the block partial; a cluster barrier
-/// publishes the partials; every block sums the cluster's partials in rank order through
-/// distributed shared memory (so every block holds bitwise the same totals); one warp per batch
-/// row computes r, the logits, H_pre, h_post (rank 0 writes it) and the Sinkhorn of R; the
-/// block mixes its staged columns: `x_res = q(Σ_k R[i,k]·x_k)`, `x_layer = q(Σ_k H_pre[k]·x_k)`
-/// (f32 FMAs in k order). No global workspace, atomics or polling: the only inter-block
-/// synchronisation is the hardware cluster barrier.
+/// Per block: `cp.async` copies the phi slab (once, no registers holding it) and 16-byte loads
+/// stage each group's x columns (bf16) into shared memory. The logits and Σx² are one fp64 tensor-core
+/// product per group, `D[β][·] = Σ_r x[β][r] · [phi[r][0..m] | x[0..8][r]]` (A = the group's x,
+/// 8 × 4 slab rows per `mma.m8n8k4`; B = 4 slab rows of phi in ⌈m/8⌉ column tiles plus one
+/// tile holding the group's x again, whose diagonal is Σx²): products of f32 and bf16 are exact
+/// in f64, sums in IEEE f64. Warp `w` takes the slab's 4-row steps `w, w+W, …`; the W warp
+/// tiles are summed in a fixed order (4 interleaved slices + a butterfly) into the block
+/// partial; a cluster barrier publishes the partials; every block sums the cluster's partials
+/// in rank order through distributed shared memory (so every block holds bitwise the same
+/// totals); one warp per batch row computes r, the logits, H_pre, h_post (rank 0 writes it)
+/// and the Sinkhorn of R; the block mixes its staged columns (8 per thread with 16-byte stores
+/// where aligned): `x_res = q(Σ_k R[i,k]·x_k)`, `x_layer = q(Σ_k H_pre[k]·x_k)` (f32 FMAs in k
+/// order). No global workspace, atomics or polling: the only inter-block synchronisation is
+/// the hardware cluster barrier.
 ///
-/// Requires: `cw·(cs−1) < c ≤ cw·cs`, `cs ≤ 16`, `BT·n·cw ≤ 2^16`, dynamic shared memory per
-/// [`layout_fused`], `n·c·m < 2^31`, `batch·n·c < 2^31`; `cw_magic` is the `FastDiv` magic
-/// of `cw`.
+/// Requires: `n ≤ NMAX_FUSED`, `cw·(cs−1) < c ≤ cw·cs`, `cs ≤ 16`, `BTF·n·cw ≤ 2^16`, dynamic
+/// shared memory per [`layout_fused`], `n·c·m < 2^31`, `batch·n·c < 2^31`.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "ptx-kernel" fn mhc_pre_fused(
@@ -730,7 +748,6 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fused(
     n: u32,
     c: u32,
     cw: u32,
-    cw_magic: u64,
     bpc: u32,
     alpha_pre: f32,
     alpha_post: f32,
@@ -746,13 +763,21 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fused(
     let m = n * n + 2 * n;
     let mq = m + 1;
     let nn = n * n;
+    let ntile = m.div_ceil(8);
+    let ntt = ntile + 1;
     let sm = layout_fused(nt, m, n, cw);
     let j0 = rank * cw;
     let cwa = min_u32(cw, c - j0);
-    let fj = if cwa == cw { FastDiv { d: cw, magic: cw_magic } } else { FastDiv::new(cwa) };
     let rows = n * cwa;
     let b_lo = block_idx_y() * bpc;
     let b_hi = min_u32(batch, b_lo + bpc);
+    let warp = t >> 5;
+    let lane = t & 31;
+    let nw = nt >> 5;
+    let g = lane >> 2;
+    let tq = lane & 3;
+    // 16-byte paths for x (copies in, mixing out) when every row segment is 16-byte aligned.
+    let xvec = (x as u64 | x_res as u64 | x_layer as u64) & 15 == 0 && c % 8 == 0 && cw % 8 == 0 && cwa % 8 == 0;
 
     // ---- phi slab → shared memory, asynchronously: segment k = phi rows k·c + j0 .. + cwa.
     let seg = cwa * m; // floats per segment
@@ -778,96 +803,102 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fused(
     if t < m {
         *sm.bs.add(t as usize) = *bias.add(t as usize);
     }
-    // Thread (p, q) of the walk: P = ⌊T/(m+1)⌋ slots.
-    let slots = nt / mq;
-    let p = t / mq;
-    let q = t - p * mq;
-    let active = p < slots;
-    let is_sq = q == m;
 
     let mut b0 = b_lo;
     while b0 < b_hi {
-        let bga = min_u32(BT, b_hi - b0);
-        // ---- stage x[b0+β, k·c + j0 + jj] → xs[β·rows + k·cwa + jj] as f64 (loads first).
-        let total = bga * rows;
+        let bga = min_u32(BTF, b_hi - b0);
+        // ---- x[b0+β, k·c + j0 + jj] → xs[(β·n + k)·cwa + jj] (bf16), row segments of cwa.
+        let nrow = bga * n;
         let xg = x.add((b0 * n * c + j0) as usize);
-        let mut e = t;
-        while e < total {
-            let mut xv = [0u16; 8];
-            let mut w = 0;
-            while w < 8 {
-                let e2 = e + w as u32 * nt;
-                if e2 < total {
-                    let (row, j) = fj.divrem(e2);
-                    xv[w] = *xg.add((row * c + j) as usize);
-                }
-                w += 1;
+        if xvec {
+            let chunks = cwa / 8;
+            let mut i = t;
+            while i < nrow * chunks {
+                let (row, ch) = divrem_u32(i, chunks);
+                let v = ld_nc_v4(xg.add((row * c + 8 * ch) as usize) as *const u32);
+                st_v4_generic(sm.xs.add((row * cwa + 8 * ch) as usize) as *mut u32, v);
+                i += nt;
             }
-            let mut w = 0;
-            while w < 8 {
-                let e2 = e + w as u32 * nt;
-                if e2 < total {
-                    *sm.xs.add(e2 as usize) = bf16_to_f32(xv[w]) as f64;
-                }
-                w += 1;
+        } else {
+            let mut i = t;
+            while i < nrow * cwa {
+                let (row, jj) = divrem_u32(i, cwa);
+                *sm.xs.add(i as usize) = *xg.add((row * c + jj) as usize);
+                i += nt;
             }
-            e += 8 * nt;
         }
         cp_async_wait_all();
         sync_threads();
 
-        // ---- exact f64 FMAs over this thread's slab rows (phi and x from shared memory).
-        if active {
-            let mut acc = [0f64; BT as usize];
-            let mut rho = p;
-            while rho < rows {
-                let xr = sm.xs.add(rho as usize);
-                let x0 = *xr;
-                let w = if is_sq { x0 } else { *sm.phis.add((rho * m + q) as usize) as f64 };
-                acc[0] = fma_f64(w, x0, acc[0]);
-                if bga > 1 {
-                    let x1 = *xr.add(rows as usize);
-                    acc[1] = fma_f64(if is_sq { x1 } else { w }, x1, acc[1]);
-                }
-                if bga > 2 {
-                    let x2 = *xr.add(2 * rows as usize);
-                    acc[2] = fma_f64(if is_sq { x2 } else { w }, x2, acc[2]);
-                }
-                if bga > 3 {
-                    let x3 = *xr.add(3 * rows as usize);
-                    acc[3] = fma_f64(if is_sq { x3 } else { w }, x3, acc[3]);
-                }
-                rho += slots;
+        // ---- fp64 MMA over the slab: warp w, 4-row steps w, w+W, …
+        let mut acc = [[0f64; 2]; NTMAX];
+        let mut accx = [0f64; 2];
+        let mut s = warp;
+        while s < rows.div_ceil(4) {
+            // Branch-free operand loads (clamped addresses, zero by select): the MMAs below are
+            // warp-collective and must see a converged warp.
+            let r = 4 * s + tq;
+            let ok = r < rows;
+            let rc = if ok { r } else { 0 };
+            let xa = bf16_to_f32(*sm.xs.add((min_u32(g, bga - 1) * rows + rc) as usize)) as f64;
+            let a = if ok && g < bga { xa } else { 0.0 };
+            let prow = sm.phis.add((rc * m) as usize);
+            let mut bv = [0f64; NTMAX];
+            let mut j = 0;
+            while j < NTMAX {
+                let col = 8 * j as u32 + g;
+                let pv = *prow.add(min_u32(col, m - 1) as usize) as f64;
+                bv[j] = if ok && col < m { pv } else { 0.0 };
+                j += 1;
             }
-            let mut bl = 0;
-            while bl < BT {
-                *sm.red.add((bl * nt + t) as usize) = acc[bl as usize];
-                bl += 1;
+            sync_warp();
+            let mut j = 0;
+            while j < NTMAX {
+                if (j as u32) < ntile {
+                    acc[j] = dmma_m8n8k4(a, bv[j], acc[j]);
+                }
+                j += 1;
             }
+            accx = dmma_m8n8k4(a, a, accx);
+            s += nw;
         }
+        // Warp tiles → red[(w·NTT + j)·64 + 8·row + col]; lane holds (row g, cols 2tq, 2tq+1),
+        // i.e. elements 2·lane and 2·lane + 1.
+        let rw = sm.red.add((warp * ntt * 64 + 2 * lane) as usize);
+        let mut j = 0;
+        while j < NTMAX {
+            if (j as u32) < ntile {
+                *rw.add(j * 64) = acc[j][0];
+                *rw.add(j * 64 + 1) = acc[j][1];
+            }
+            j += 1;
+        }
+        *rw.add((ntile * 64) as usize) = accx[0];
+        *rw.add((ntile * 64 + 1) as usize) = accx[1];
         sync_threads();
-        // ---- block partial of item (β, q): 4 slices s sum slots p ≡ s (mod 4) in order, then
+        // ---- block partial of item (β, q): 4 slices s sum warps w ≡ s (mod 4) in order, then
         // (s0 + s1) + (s2 + s3) by butterfly. Every thread runs the same number of rounds.
         let items = bga * mq;
         let mut i0 = 0;
         while i0 < 4 * items {
             let i = i0 + t;
-            let mut s = 0f64;
+            let mut sum = 0f64;
             if i < 4 * items {
                 let item = i >> 2;
                 let bl = item / mq;
-                let qq = item - bl * mq;
-                let src = sm.red.add((bl * nt + qq) as usize);
-                let mut pp = i & 3;
-                while pp < slots {
-                    s += *src.add((pp * mq) as usize);
-                    pp += 4;
+                let q = item - bl * mq;
+                let off = if q < m { (q >> 3) * 64 + bl * 8 + (q & 7) } else { ntile * 64 + bl * 9 };
+                let src = sm.red.add(off as usize);
+                let mut w = i & 3;
+                while w < nw {
+                    sum += *src.add((w * ntt * 64) as usize);
+                    w += 4;
                 }
             }
-            s += shfl_xor_f64(s, 1);
-            s += shfl_xor_f64(s, 2);
+            sum += shfl_xor_f64(sum, 1);
+            sum += shfl_xor_f64(sum, 2);
             if i < 4 * items && i & 3 == 0 {
-                *sm.part.add((i >> 2) as usize) = s;
+                *sm.part.add((i >> 2) as usize) = sum;
             }
             i0 += nt;
         }
@@ -906,8 +937,6 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fused(
         sync_threads();
 
         // ---- coefficients: warp β handles batch row b0 + β.
-        let warp = t >> 5;
-        let lane = t & 31;
         let mut bl = warp;
         while bl < bga {
             let tot = sm.tot.add((bl * mq) as usize);
@@ -987,39 +1016,99 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fused(
                 sync_warp();
                 rep += 1;
             }
-            bl += nt >> 5;
+            bl += nw;
         }
         sync_threads();
 
-        // ---- mixing of the staged columns: item (β, jj).
-        let mut it = t;
-        while it < bga * cwa {
-            let (bl, jj) = fj.divrem(it);
-            let xb = sm.xs.add((bl * rows + jj) as usize);
-            let hs = sm.hs.add((bl * n) as usize);
-            let ra = sm.ra.add((bl * nn) as usize);
-            let col = j0 + jj;
-            let b = b0 + bl;
-            let mut s = 0f32;
-            let mut k = 0;
-            while k < n {
-                s = fma(*hs.add(k as usize), *xb.add((k * cwa) as usize) as f32, s);
-                k += 1;
+        // ---- mixing of the staged columns.
+        if xvec {
+            // Item (β, chunk): columns jj = 8·chunk .. +8, one 16-byte store per output row.
+            let chunks = cwa / 8;
+            let mut it = t;
+            while it < bga * chunks {
+                let (bl, ch) = divrem_u32(it, chunks);
+                let jj = 8 * ch;
+                let hs = sm.hs.add((bl * n) as usize);
+                let ra = sm.ra.add((bl * nn) as usize);
+                let b = b0 + bl;
+                let mut xv = [[0f32; 8]; NMAX_FUSED as usize];
+                let mut k = 0;
+                while k < NMAX_FUSED as usize {
+                    if (k as u32) < n {
+                        let w = ld_v4(sm.xs.add((((bl * n + k as u32) * cwa) + jj) as usize) as *const u32);
+                        let mut e = 0;
+                        while e < 4 {
+                            let (lo, hi) = bf16x2_to_f32(w[e]);
+                            xv[k][2 * e] = lo;
+                            xv[k][2 * e + 1] = hi;
+                            e += 1;
+                        }
+                    }
+                    k += 1;
+                }
+                // Row i = n is x_layer (coefficients H_pre), rows i < n are x_res (R[i, ·]).
+                let mut i = 0;
+                while i <= n {
+                    let coef = if i < n { ra.add((i * n) as usize) } else { hs };
+                    let mut o = [0f32; 8];
+                    let mut k = 0;
+                    while k < NMAX_FUSED as usize {
+                        if (k as u32) < n {
+                            let cf = *coef.add(k);
+                            let mut e = 0;
+                            while e < 8 {
+                                o[e] = fma(cf, xv[k][e], o[e]);
+                                e += 1;
+                            }
+                        }
+                        k += 1;
+                    }
+                    let v = [
+                        f32_to_bf16x2(o[0], o[1]),
+                        f32_to_bf16x2(o[2], o[3]),
+                        f32_to_bf16x2(o[4], o[5]),
+                        f32_to_bf16x2(o[6], o[7]),
+                    ];
+                    let dst = if i < n {
+                        x_res.add(((b * n + i) * c + j0 + jj) as usize)
+                    } else {
+                        x_layer.add((b * c + j0 + jj) as usize)
+                    };
+                    st_v4(dst as *mut u32, v);
+                    i += 1;
+                }
+                it += nt;
             }
-            *x_layer.add((b * c + col) as usize) = f32_to_bf16(s);
-            let mut i = 0;
-            while i < n {
-                let rrow = ra.add((i * n) as usize);
+        } else {
+            let mut it = t;
+            while it < bga * cwa {
+                let (bl, jj) = divrem_u32(it, cwa);
+                let xb = sm.xs.add((bl * rows + jj) as usize);
+                let hs = sm.hs.add((bl * n) as usize);
+                let ra = sm.ra.add((bl * nn) as usize);
+                let col = j0 + jj;
+                let b = b0 + bl;
                 let mut s = 0f32;
                 let mut k = 0;
                 while k < n {
-                    s = fma(*rrow.add(k as usize), *xb.add((k * cwa) as usize) as f32, s);
+                    s = fma(*hs.add(k as usize), bf16_to_f32(*xb.add((k * cwa) as usize)), s);
                     k += 1;
                 }
-                *x_res.add(((b * n + i) * c + col) as usize) = f32_to_bf16(s);
-                i += 1;
+                *x_layer.add((b * c + col) as usize) = f32_to_bf16(s);
+                let mut i = 0;
+                while i < n {
+                    let rrow = ra.add((i * n) as usize);
+                    let mut s = 0f32;
+                    let mut k = 0;
+                    while k < n {
+                        s = fma(*rrow.add(k as usize), bf16_to_f32(*xb.add((k * cwa) as usize)), s);
+                        k += 1;
+                    }
+                    *x_res.add(((b * n + i) * c + col) as usize) = f32_to_bf16(s);
+                    i += 1;
+                }
+                it += nt;
             }
-            it += nt;
         }
         // The other blocks are done with this block's partials; local readers of xs/hs/ra too.
         cluster_wait();
