@@ -466,3 +466,13 @@ impl Half16 for Bf16 {
         mma_m16n8k16_bf16_f32(a, b, c)
     }
 }
+
+// ---------------------------------------------------------------- EngramGateConvFwd/Bwd (v2)
+
+/// `rcp.approx.f32`: 1/x to about 1 ulp (no subnormal flush); 1/±inf = ±0.
+#[inline(always)]
+pub fn rcp_approx(v: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("rcp.approx.f32 {}, {};", out(reg32) r, in(reg32) v, options(pure, nomem, nostack)) };
+    r
+}
