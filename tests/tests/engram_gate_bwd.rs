@@ -124,12 +124,16 @@ fn every_launch_config_matches_reference() {
         let x = gen::<f16>(&mut rng, s, 1.0, false);
         let f0 = saved_from_reference(&x);
         for r in [1, 2, 4, 6, 10, 19, 26] {
-            for sg in [1, 8, 32] {
-                let c = GateBwdConfig { rows_per_block: r, reduce_segments: sg };
+            for sg in [1, 8, 16, 32] {
+                let c = GateBwdConfig { rows_per_block: r, reduce_segments: sg, smem_u: false };
                 let what = format!("bwd {s:?} {c:?}");
                 wd.step(&what);
                 let Some(b) = run_bwd(&gpu, &x, &f0, 0, Some(c), 0.0) else { continue };
                 check_bwd(&what, &x, &b);
+                // v2 (`u` in smem): bitwise v1 at the same configuration
+                let c2 = GateBwdConfig { smem_u: true, ..c };
+                let Some(b2) = run_bwd(&gpu, &x, &f0, 0, Some(c2), f32::NAN) else { continue };
+                assert_bwd_bitwise(&format!("{what} smem_u"), &b, &b2);
             }
         }
     }
@@ -140,6 +144,56 @@ fn bits_h<T: Half>(v: &[T]) -> Vec<u64> {
 }
 fn bits_f(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn assert_bwd_bitwise<T: Half>(what: &str, b1: &BwdOut<T>, b2: &BwdOut<T>) {
+    assert_eq!(bits_h(&b1.dh), bits_h(&b2.dh), "{what}: dH differs");
+    assert_eq!(bits_h(&b1.dk), bits_h(&b2.dk), "{what}: dk differs");
+    assert_eq!(bits_h(&b1.dv), bits_h(&b2.dv), "{what}: dv differs");
+    assert_eq!(bits_f(&b1.drms_w_h), bits_f(&b2.drms_w_h), "{what}: drms_w_h differs");
+    assert_eq!(bits_f(&b1.drms_w_v), bits_f(&b2.drms_w_v), "{what}: drms_w_v differs");
+    assert_eq!(bits_f(&b1.dconv_w), bits_f(&b2.dconv_w), "{what}: dconv_w differs");
+}
+
+/// The v2 main kernel on the seed shapes and odd shapes, both dtypes, both scales: bitwise v1
+/// at the same configuration, and within the reference's tolerances.
+#[test]
+fn v2_main_kernel_matches_v1() {
+    let Some((gpu, wd, mut rng)) = start("engram_gate_bwd::v2_main_kernel") else { return };
+    for (m, t, d, is_f16) in [
+        (1, 32, 256, true),
+        (2, 64, 512, true),
+        (1, 128, 256, false),
+        (3, 96, 768, false),
+        (2, 7, 8, true),
+        (7, 5, 1000, false),
+        (1, 1, 1024, true),
+        (3, 4, 264, false),
+    ] {
+        let s = EngramGateShape { m, t, d };
+        for scale in [1.0, 100.0] {
+            for r in [1, 2, 3, 4] {
+                let c = GateBwdConfig { rows_per_block: r, reduce_segments: 16, smem_u: false };
+                let what = format!("bwd v2 {s:?} scale {scale} R {r}");
+                wd.step(&what);
+                if is_f16 {
+                    let x = gen::<f16>(&mut rng, s, scale, false);
+                    let f0 = saved_from_reference(&x);
+                    let b1 = run_bwd(&gpu, &x, &f0, 0, Some(c), 0.0).unwrap();
+                    let b2 = run_bwd(&gpu, &x, &f0, 0, Some(GateBwdConfig { smem_u: true, ..c }), 0.0).unwrap();
+                    check_bwd(&what, &x, &b2);
+                    assert_bwd_bitwise(&what, &b1, &b2);
+                } else {
+                    let x = gen::<bf16>(&mut rng, s, scale, false);
+                    let f0 = saved_from_reference(&x);
+                    let b1 = run_bwd(&gpu, &x, &f0, 0, Some(c), 0.0).unwrap();
+                    let b2 = run_bwd(&gpu, &x, &f0, 0, Some(GateBwdConfig { smem_u: true, ..c }), 0.0).unwrap();
+                    check_bwd(&what, &x, &b2);
+                    assert_bwd_bitwise(&what, &b1, &b2);
+                }
+            }
+        }
+    }
 }
 
 #[test]

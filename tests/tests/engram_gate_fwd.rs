@@ -10,7 +10,7 @@ mod engram_gate_common;
 use engram_gate_common::gpu::*;
 use engram_gate_common::*;
 use rand::rngs::StdRng;
-use rgk::engram::{self, EngramGateShape, GateFwdConfig};
+use rgk::engram::{self, EngramGateShape, GateFwdConfig, GateFwdKernel};
 use rgk::verify::Half;
 use rgk::{bf16, f16, Error, Gpu};
 use rgk_tests::gpu_or_skip;
@@ -103,16 +103,84 @@ fn every_launch_config_matches_reference() {
         let s = EngramGateShape { m, t, d };
         let x = gen::<f16>(&mut rng, s, 1.0, false);
         for r in [1, 2, 3, 5, 8, 13, 29] {
-            let what = format!("fwd {s:?} R {r}");
-            wd.step(&what);
-            let Some(f) = run_fwd(&gpu, &x, 0, Some(GateFwdConfig { rows_per_block: r })) else { continue };
-            check_fwd(&what, &x, &f);
+            for kernel in KERNELS {
+                let what = format!("fwd {s:?} R {r} {kernel:?}");
+                wd.step(&what);
+                let Some(f) = run_fwd(&gpu, &x, 0, Some(GateFwdConfig { rows_per_block: r, kernel })) else { continue };
+                check_fwd(&what, &x, &f);
+            }
         }
     }
 }
 
+const KERNELS: [GateFwdKernel; 3] = [GateFwdKernel::V1, GateFwdKernel::SmemU, GateFwdKernel::SmemUApprox];
+
 fn bits_h<T: Half>(v: &[T]) -> Vec<u64> {
     v.iter().map(|x| x.to_f64().to_bits()).collect()
+}
+
+fn bits_f(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The v2 kernels (`u` in shared memory) on the seed shapes, odd shapes and both dtypes:
+/// `SmemU` bitwise equal to v1 at the same R; `SmemUApprox` equal except `Y` (rounding
+/// flips counted), and both within the reference's tolerances.
+fn v2_case<T: Half + rgk::cudarc::driver::DeviceRepr>(
+    gpu: &Gpu,
+    wd: &Watchdog,
+    rng: &mut StdRng,
+    s: EngramGateShape,
+    scale: f32,
+) {
+    let x = gen::<T>(rng, s, scale, false);
+    for r in [1, 2, 3, 5, 8] {
+        let run = |kernel| run_fwd(gpu, &x, 0, Some(GateFwdConfig { rows_per_block: r, kernel }));
+        let what = format!("fwd v2 {} {s:?} scale {scale} R {r}", T::NAME);
+        wd.step(&what);
+        let Some(f1) = run(GateFwdKernel::V1) else { continue };
+        let (Some(f2), Some(f3)) = (run(GateFwdKernel::SmemU), run(GateFwdKernel::SmemUApprox)) else { continue };
+        for (f, name) in [(&f2, "SmemU"), (&f3, "SmemUApprox")] {
+            check_fwd(&format!("{what} {name}"), &x, f);
+            assert_eq!(bits_h(&f1.vhat), bits_h(&f.vhat), "{what} {name}: vhat differs from v1");
+            for (a, b, n) in [
+                (&f1.alpha, &f.alpha, "alpha"),
+                (&f1.rrms_h, &f.rrms_h, "rrms_h"),
+                (&f1.rrms_k, &f.rrms_k, "rrms_k"),
+                (&f1.rrms_v, &f.rrms_v, "rrms_v"),
+            ] {
+                assert_eq!(bits_f(a), bits_f(b), "{what} {name}: {n} differs from v1");
+            }
+        }
+        assert_eq!(bits_h(&f1.y), bits_h(&f2.y), "{what}: SmemU Y differs from v1");
+        let flips = f1.y.iter().zip(&f3.y).filter(|(a, b)| a.to_f64() != b.to_f64()).count();
+        println!("{what}: SmemUApprox Y differs from v1 in {flips} of {} elements", f1.y.len());
+    }
+}
+
+#[test]
+fn v2_kernels_match_v1() {
+    let Some((gpu, wd, mut rng)) = start("engram_gate_fwd::v2_kernels") else { return };
+    for (m, t, d, is_f16) in [
+        (1, 32, 256, true),
+        (2, 64, 512, true),
+        (1, 128, 256, false),
+        (3, 96, 768, false),
+        (2, 7, 8, true),
+        (7, 5, 1000, false),
+        (1, 1, 1024, true),
+        (3, 4, 264, false),
+        (1, 2, 16, true),
+    ] {
+        let s = EngramGateShape { m, t, d };
+        for scale in [1.0, 100.0] {
+            if is_f16 {
+                v2_case::<f16>(&gpu, &wd, &mut rng, s, scale);
+            } else {
+                v2_case::<bf16>(&gpu, &wd, &mut rng, s, scale);
+            }
+        }
+    }
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! EngramGateConvFwd / EngramGateConvBwd workloads (SPEC.md §4–§5 and the seed table).
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
 use rand::rngs::StdRng;
-use rgk::engram::{self, bwd_workspace_len_with, EngramGateShape, GateBwdConfig, GateFwdConfig};
+use rgk::engram::{self, bwd_workspace_len_with, EngramGateShape, GateBwdConfig, GateFwdConfig, GateFwdKernel};
 use rgk::reference::{engram_gate_bwd, engram_gate_fwd, EngramGateBwdRef, EngramGateFwdRef, RefOutput};
 use rgk::verify::{check_float, check_half, poisoned, Half, Report};
 use rgk::{bf16, f16, Gpu};
@@ -23,26 +23,55 @@ const SEED: [(&str, usize, usize, usize, bool); 4] = [
 const MAX_ULP: f64 = 2.0;
 const F32_REL: f64 = 1e-4;
 
-/// Forward rows then backward rows; with `variants`, also every rows-per-block choice
-/// (`WORKLOAD@rR`, backward `WORKLOAD@rR-sS`).
+/// Forward rows then backward rows (the planner's configuration, `GateFwdConfig::for_shape` /
+/// `GateBwdConfig::for_shape`); with `variants`, also every rows-per-block choice
+/// (`WORKLOAD@rR` v1, `WORKLOAD@v2-rR` / `WORKLOAD@v2a-rR` the shared-memory-`u` kernels
+/// (exact / approximate silu), `WORKLOAD@v2` / `WORKLOAD@v2a` those at the planner's R;
+/// backward `WORKLOAD@rR-sS`).
 pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut v = Vec::new();
-    let mut fwd_cfgs = vec![(None, GateFwdConfig::default())];
-    let mut bwd_cfgs = vec![(None, GateBwdConfig::default())];
+    // None = the planner's choice for the shape
+    let mut fwd_cfgs: Vec<(Option<String>, Option<GateFwdConfig>)> = vec![(None, None)];
+    let mut bwd_cfgs: Vec<(Option<String>, Option<GateBwdConfig>)> = vec![(None, None)];
     if variants {
         for r in [1, 2, 3, 5, 8, 13] {
-            fwd_cfgs.push((Some(format!("r{r}")), GateFwdConfig { rows_per_block: r }));
+            fwd_cfgs
+                .push((Some(format!("r{r}")), Some(GateFwdConfig { rows_per_block: r, kernel: GateFwdKernel::V1 })));
+        }
+        for (kt, kernel) in [("v2", GateFwdKernel::SmemU), ("v2a", GateFwdKernel::SmemUApprox)] {
+            fwd_cfgs.push((Some(kt.to_string()), Some(GateFwdConfig { rows_per_block: 0, kernel })));
+            for r in [1, 2, 3, 5, 8] {
+                fwd_cfgs.push((Some(format!("{kt}-r{r}")), Some(GateFwdConfig { rows_per_block: r, kernel })));
+            }
         }
         for r in [1, 2, 3, 4, 6, 10] {
             for sg in [4, 8, 16] {
-                bwd_cfgs.push((Some(format!("r{r}-s{sg}")), GateBwdConfig { rows_per_block: r, reduce_segments: sg }));
+                bwd_cfgs.push((
+                    Some(format!("r{r}-s{sg}")),
+                    Some(GateBwdConfig { rows_per_block: r, reduce_segments: sg, smem_u: false }),
+                ));
             }
+        }
+        // v2 main kernel (`u` in smem): at the planner's R/S (rows_per_block 0) and R 1..4, S 16
+        bwd_cfgs
+            .push((Some("v2".into()), Some(GateBwdConfig { rows_per_block: 0, reduce_segments: 16, smem_u: true })));
+        for r in [1, 2, 3, 4] {
+            bwd_cfgs.push((
+                Some(format!("v2-r{r}-s16")),
+                Some(GateBwdConfig { rows_per_block: r, reduce_segments: 16, smem_u: true }),
+            ));
         }
     }
     for &(name, m, t, d, is_f16) in &SEED {
         let s = EngramGateShape { m, t, d };
         let (n, rows) = ((m * t * d) as f64, (m * t) as f64);
         for (tag, cfg) in fwd_cfgs.clone() {
+            // rows_per_block 0: the planner's R with the given kernel
+            let cfg = match cfg {
+                None => GateFwdConfig::for_shape(s),
+                Some(c) if c.rows_per_block == 0 => GateFwdConfig { kernel: c.kernel, ..GateFwdConfig::for_shape(s) },
+                Some(c) => c,
+            };
             v.push(Workload {
                 op: "EngramGateConvFwd",
                 name: variant_name(name, tag.as_deref()),
@@ -67,6 +96,11 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         let s = EngramGateShape { m, t, d };
         let (n, rows) = ((m * t * d) as f64, (m * t) as f64);
         for (tag, cfg) in bwd_cfgs.clone() {
+            let cfg = match cfg {
+                None => GateBwdConfig::for_shape(s),
+                Some(c) if c.rows_per_block == 0 => GateBwdConfig { smem_u: c.smem_u, ..GateBwdConfig::for_shape(s) },
+                Some(c) => c,
+            };
             v.push(Workload {
                 op: "EngramGateConvBwd",
                 name: variant_name(name, tag.as_deref()),

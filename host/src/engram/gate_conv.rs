@@ -55,13 +55,99 @@ const BWD: [[&str; 6]; 2] = [
         "engram_gate_bwd_f16_any",
     ],
 ];
+/// Forward v2 kernels (`u` in shared memory), `[approx][dtype][NV−1]`: approx 0 = correctly
+/// rounded silu (bitwise v1), 1 = `rcp.approx` silu.
+const FWD2: [[[&str; 4]; 2]; 2] = [
+    [
+        [
+            "engram_gate_fwd2s_bf16_r1",
+            "engram_gate_fwd2s_bf16_r2",
+            "engram_gate_fwd2s_bf16_r3",
+            "engram_gate_fwd2s_bf16_r4",
+        ],
+        [
+            "engram_gate_fwd2s_f16_r1",
+            "engram_gate_fwd2s_f16_r2",
+            "engram_gate_fwd2s_f16_r3",
+            "engram_gate_fwd2s_f16_r4",
+        ],
+    ],
+    [
+        [
+            "engram_gate_fwd2a_bf16_r1",
+            "engram_gate_fwd2a_bf16_r2",
+            "engram_gate_fwd2a_bf16_r3",
+            "engram_gate_fwd2a_bf16_r4",
+        ],
+        [
+            "engram_gate_fwd2a_f16_r1",
+            "engram_gate_fwd2a_f16_r2",
+            "engram_gate_fwd2a_f16_r3",
+            "engram_gate_fwd2a_f16_r4",
+        ],
+    ],
+];
+/// Backward v2 main kernels (`u` in shared memory), `[dtype][NV−1]`.
+const BWD2: [[&str; 4]; 2] = [
+    ["engram_gate_bwd2_bf16_r1", "engram_gate_bwd2_bf16_r2", "engram_gate_bwd2_bf16_r3", "engram_gate_bwd2_bf16_r4"],
+    ["engram_gate_bwd2_f16_r1", "engram_gate_bwd2_f16_r2", "engram_gate_bwd2_f16_r3", "engram_gate_bwd2_f16_r4"],
+];
 const BWD_REDUCE: &str = "engram_gate_bwd_reduce";
 
 pub(crate) const KERNELS: &[&str] = &[
-    FWD[0][0], FWD[0][1], FWD[0][2], FWD[0][3], FWD[0][4], FWD[0][5], FWD[1][0], FWD[1][1], FWD[1][2], FWD[1][3],
-    FWD[1][4], FWD[1][5], BWD[0][0], BWD[0][1], BWD[0][2], BWD[0][3], BWD[0][4], BWD[0][5], BWD[1][0], BWD[1][1],
-    BWD[1][2], BWD[1][3], BWD[1][4], BWD[1][5], BWD_REDUCE,
+    FWD[0][0],
+    FWD[0][1],
+    FWD[0][2],
+    FWD[0][3],
+    FWD[0][4],
+    FWD[0][5],
+    FWD[1][0],
+    FWD[1][1],
+    FWD[1][2],
+    FWD[1][3],
+    FWD[1][4],
+    FWD[1][5],
+    BWD[0][0],
+    BWD[0][1],
+    BWD[0][2],
+    BWD[0][3],
+    BWD[0][4],
+    BWD[0][5],
+    BWD[1][0],
+    BWD[1][1],
+    BWD[1][2],
+    BWD[1][3],
+    BWD[1][4],
+    BWD[1][5],
+    BWD_REDUCE,
+    FWD2[0][0][0],
+    FWD2[0][0][1],
+    FWD2[0][0][2],
+    FWD2[0][0][3],
+    FWD2[0][1][0],
+    FWD2[0][1][1],
+    FWD2[0][1][2],
+    FWD2[0][1][3],
+    FWD2[1][0][0],
+    FWD2[1][0][1],
+    FWD2[1][0][2],
+    FWD2[1][0][3],
+    FWD2[1][1][0],
+    FWD2[1][1][1],
+    FWD2[1][1][2],
+    FWD2[1][1][3],
+    BWD2[0][0],
+    BWD2[0][1],
+    BWD2[0][2],
+    BWD2[0][3],
+    BWD2[1][0],
+    BWD2[1][1],
+    BWD2[1][2],
+    BWD2[1][3],
 ];
+
+/// Weight chunks per thread of the v2 forward (`kernels-gpu` `FWD2_WL`).
+const FWD2_WL: usize = 5;
 
 /// Largest dynamic shared memory used without opting in (bytes).
 const SMEM_DEFAULT: usize = 48 * 1024;
@@ -93,6 +179,20 @@ impl EngramGateShape {
     }
 }
 
+/// Which forward kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateFwdKernel {
+    /// v1: phase 2 recomputes `u` of 4 rows per element from `v` and prefetched weights.
+    V1,
+    /// v2: weights loaded into shared memory in phase 1, `u` once per element into shared
+    /// memory; bitwise the same outputs as `V1`. Resident layouts only (`d % 8 == 0`,
+    /// `d ≤ 1024`, aligned, shared memory ≤ 48 KiB); other calls run `V1`.
+    SmemU,
+    /// `SmemU` with the silu's division by `rcp.approx` (≈ 1 ulp f32; `Y` may differ from
+    /// `V1` by a 16-bit rounding flip).
+    SmemUApprox,
+}
+
 /// Launch configuration of the forward. Blocks above 512 threads may exceed what a kernel's
 /// register use allows: such a configuration is an [`Error::Shape`] naming
 /// `config.rows_per_block`, checked before the launch.
@@ -100,11 +200,28 @@ impl EngramGateShape {
 pub struct GateFwdConfig {
     /// Rows of one sequence per block (`R`); the block has `R+3` warps (3 halo rows).
     pub rows_per_block: u32,
+    /// The kernel.
+    pub kernel: GateFwdKernel,
 }
 
 impl Default for GateFwdConfig {
     fn default() -> Self {
-        Self { rows_per_block: 5 }
+        Self { rows_per_block: 5, kernel: GateFwdKernel::V1 }
+    }
+}
+
+impl GateFwdConfig {
+    /// The planner's choice for `shape` (what [`gate_conv_fwd`] runs). Rows per block from the
+    /// measured sweep (2026-11-29, H200): R = 1 at d ≥ 768, 2 at d ≥ 512, else 5.
+    pub fn for_shape(shape: EngramGateShape) -> Self {
+        let rows_per_block = if shape.d >= 768 {
+            1
+        } else if shape.d >= 512 {
+            2
+        } else {
+            5
+        };
+        Self { rows_per_block, kernel: GateFwdKernel::V1 }
     }
 }
 
@@ -115,11 +232,25 @@ pub struct GateBwdConfig {
     pub rows_per_block: u32,
     /// Warps per output column group in the partial reduction (`S`, 1..=32).
     pub reduce_segments: u32,
+    /// v2 main kernel: `u` of the tile rows computed once in stage 1 into shared memory
+    /// (stages 2 and 4 read it instead of recomputing it from global `alpha`, `v`, `rms_w_v`);
+    /// bitwise the same outputs. Resident layouts whose shared memory (`u` and `dconv`) fits in
+    /// 48 KiB only; other calls run v1.
+    pub smem_u: bool,
 }
 
 impl Default for GateBwdConfig {
     fn default() -> Self {
-        Self { rows_per_block: 4, reduce_segments: 8 }
+        Self { rows_per_block: 4, reduce_segments: 8, smem_u: false }
+    }
+}
+
+impl GateBwdConfig {
+    /// The planner's choice for `shape` (what [`gate_conv_bwd`] runs and
+    /// [`bwd_workspace_len`] sizes). From the measured sweep (2026-11-29, H200): S = 16 best
+    /// or tied everywhere; R = 3 for T ≥ 96, else 2.
+    pub fn for_shape(shape: EngramGateShape) -> Self {
+        Self { rows_per_block: if shape.t >= 96 { 3 } else { 2 }, reduce_segments: 16, smem_u: false }
     }
 }
 
@@ -130,10 +261,11 @@ fn check_rows(arg: &'static str, r: u32, halo: u32) -> Result<()> {
     Ok(())
 }
 
-/// Checks the kernel can run `threads` per block (its register use may allow fewer than 1024;
-/// every kernel here allows at least 512, so smaller blocks skip the driver query).
+/// Checks the kernel can run `threads` per block (its register use may allow fewer than 1024:
+/// the v2 kernels with `NV` = 4 use up to 163 registers, i.e. at most 384 threads; blocks of
+/// at most 256 threads fit every kernel here and skip the driver query).
 fn check_block_fits(f: &cudarc::driver::CudaFunction, threads: u32, halo: u32) -> Result<()> {
-    if threads <= 512 {
+    if threads <= 256 {
         return Ok(());
     }
     let max = f.max_threads_per_block()? as u32;
@@ -259,7 +391,7 @@ pub unsafe fn gate_conv_fwd_raw<T: Half>(
     gate_conv_fwd_raw_with::<T>(
         gpu,
         shape,
-        GateFwdConfig::default(),
+        GateFwdConfig::for_shape(shape),
         [h, k, v, rms_w_h, rms_w_v, conv_w],
         [y, vhat, alpha, rrms_h, rrms_k, rrms_v],
         stream,
@@ -286,12 +418,20 @@ pub unsafe fn gate_conv_fwd_raw_with<T: Half>(
     let dt = dtype_index::<T>()?;
     let var =
         variant(shape.d, &[inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5], outputs[0], outputs[1]]);
-    let f = gpu.function(FWD[dt][var])?;
+    let v2 = fwd2_applies(shape.d, r, var).then_some(config.kernel).and_then(|k| match k {
+        GateFwdKernel::V1 => None,
+        GateFwdKernel::SmemU => Some(0),
+        GateFwdKernel::SmemUApprox => Some(1),
+    });
+    let (f, shared_bytes) = match v2 {
+        Some(ap) => (gpu.function(FWD2[ap][dt][var])?, fwd2_smem_bytes(shape.d, r) as u32),
+        None => (gpu.function(FWD[dt][var])?, 8 * (r + 3)),
+    };
     check_block_fits(f, (r + 3) * 32, 3)?;
     let ntiles = shape.t.div_ceil(r as usize);
     let blocks = u32::try_from(shape.m * ntiles)
         .map_err(|_| Error::Overflow { arg: "m", msg: format!("{} blocks", shape.m * ntiles) })?;
-    let dims = LaunchDims { grid: (blocks, 1, 1), block: ((r + 3) * 32, 1, 1), shared_bytes: 8 * (r + 3) };
+    let dims = LaunchDims { grid: (blocks, 1, 1), block: ((r + 3) * 32, 1, 1), shared_bytes };
     let [mut a0, mut a1, mut a2, mut a3, mut a4, mut a5] = inputs;
     let [mut o0, mut o1, mut o2, mut o3, mut o4, mut o5] = outputs;
     let (mut tl, mut d, mut rr, mut nt, mut eps) = (shape.t as u32, shape.d as u32, r, ntiles as u32, EPS);
@@ -306,6 +446,18 @@ pub unsafe fn gate_conv_fwd_raw_with<T: Half>(
     )
 }
 
+/// Bytes of dynamic shared memory of the v2 forward (`kernels-gpu` `fwd2_smem_bytes`).
+fn fwd2_smem_bytes(d: usize, r: u32) -> usize {
+    let dpad = d.div_ceil(8) * 8;
+    4 * (2 * r as usize + 3) * dpad + 2 * 5 * dpad
+}
+
+/// Whether the v2 forward can run: a resident variant (`var` < 4), its shared memory within
+/// 48 KiB, and the block's threads enough for the weight chunks (≤ `FWD2_WL` each).
+fn fwd2_applies(d: usize, r: u32, var: usize) -> bool {
+    var < 4 && fwd2_smem_bytes(d, r) <= SMEM_DEFAULT && 5 * d.div_ceil(8) <= FWD2_WL * (r as usize + 3) * 32
+}
+
 /// Where the backward keeps `dconv` of a block's tile: shared memory when it fits in 48 KiB.
 fn bwd_scratch_in_smem(d: usize, r: u32) -> bool {
     bwd_smem_bytes(d, r, true) <= SMEM_DEFAULT
@@ -317,9 +469,11 @@ fn bwd_smem_bytes(d: usize, r: u32, with_scratch: bool) -> usize {
     4 * (scalars + scratch)
 }
 
-/// f32 elements of the workspace [`gate_conv_bwd`] needs for `shape` (default configuration).
+/// f32 elements of the workspace [`gate_conv_bwd`] needs for `shape` (the planner's
+/// configuration, [`GateBwdConfig::for_shape`]).
 pub fn bwd_workspace_len(shape: EngramGateShape) -> Result<usize> {
-    bwd_workspace_len_with(shape, GateBwdConfig::default())
+    shape.lens()?;
+    bwd_workspace_len_with(shape, GateBwdConfig::for_shape(shape))
 }
 
 /// f32 elements of the backward's workspace under `config`: per-block partial weight
@@ -418,7 +572,7 @@ pub fn gate_conv_bwd<T: Half>(
         gate_conv_bwd_raw_with::<T>(
             gpu,
             shape,
-            GateBwdConfig::default(),
+            GateBwdConfig::for_shape(shape),
             [pg, ph, pk, pv, pwh, pwv, pcw],
             [pa, prh, prk],
             pws,
@@ -461,7 +615,7 @@ pub unsafe fn gate_conv_bwd_raw<T: Half>(
     gate_conv_bwd_raw_with::<T>(
         gpu,
         shape,
-        GateBwdConfig::default(),
+        GateBwdConfig::for_shape(shape),
         [dy, h, k, v, rms_w_h, rms_w_v, conv_w],
         [alpha, rrms_h, rrms_k],
         workspace,
@@ -506,13 +660,15 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
     let in_smem = bwd_scratch_in_smem(d, r);
     let part = workspace;
     let scratch: CUdeviceptr = if in_smem { 0 } else { workspace + (nblocks * 6 * d * 4) as u64 };
-    let f = gpu.function(BWD[dt][var])?;
-    check_block_fits(f, (r + 6) * 32, 6)?;
-    let dims = LaunchDims {
-        grid: (blocks, 1, 1),
-        block: ((r + 6) * 32, 1, 1),
-        shared_bytes: bwd_smem_bytes(d, r, in_smem) as u32,
+    let u_bytes = 4 * (r as usize + 6) * d.div_ceil(8) * 8;
+    let v2 = config.smem_u && var < 4 && in_smem && bwd_smem_bytes(d, r, true) + u_bytes <= SMEM_DEFAULT;
+    let (f, shared_bytes) = if v2 {
+        (gpu.function(BWD2[dt][var])?, bwd_smem_bytes(d, r, true) + u_bytes)
+    } else {
+        (gpu.function(BWD[dt][var])?, bwd_smem_bytes(d, r, in_smem))
     };
+    check_block_fits(f, (r + 6) * 32, 6)?;
+    let dims = LaunchDims { grid: (blocks, 1, 1), block: ((r + 6) * 32, 1, 1), shared_bytes: shared_bytes as u32 };
     let [mut g, mut h, mut k, mut v, mut wh, mut wv, mut cw] = inputs;
     let [mut a, mut rh, mut rk] = saved;
     let [mut dh, mut dk, mut dv, mut dwh, mut dwv, mut dcw] = outputs;

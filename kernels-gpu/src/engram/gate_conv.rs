@@ -322,10 +322,218 @@ unsafe fn fwd<D: Dt, const FAST: bool, const NV: usize>(
     }
 }
 
+// ---------------------------------------------------------------- forward v2 (`u` in smem)
+
+/// Forward v2 dynamic smem in bytes: `u` f32 `[R+3][dpad]` (the halo rows' too, zeros before
+/// t = 0), the owned rows' unrounded `vh` f32 `[R][dpad]`, then the raw 16-bit weights
+/// `[5][dpad]` (`rms_w_v`, `conv_w[0..4]`); `dpad = ceil(d/8)·8`.
+pub const fn fwd2_smem_bytes(r: u32, d: u32) -> u32 {
+    let dpad = d.div_ceil(8) * 8;
+    4 * (2 * r + 3) * dpad + 2 * 5 * dpad
+}
+
+/// Weight chunks (16 B) one thread of the v2 forward may hold while phase 1 runs; blocks with
+/// fewer threads than `5·ceil(d/8)/FWD2_WL` are refused by the host.
+pub const FWD2_WL: usize = 5;
+
+/// `(wq / nch, wq % nch)` for `wq < 5·nch`, by at most 4 subtractions (no division, so no
+/// division-by-zero panic path).
+#[inline(always)]
+fn split5(wq: u32, nch: u32) -> (u32, u32) {
+    let (mut p, mut c) = (0, wq);
+    while p < 4 && c >= nch {
+        c -= nch;
+        p += 1;
+    }
+    (p, c)
+}
+
+/// σ(x)·x: `APPROX` uses `rcp.approx` (≈1 ulp) instead of the correctly rounded division.
+#[inline(always)]
+fn silu<const APPROX: bool>(x: f32) -> f32 {
+    if APPROX {
+        x * rcp_approx(1.0 + exp_f32(-x))
+    } else {
+        x * sigmoid(x)
+    }
+}
+
+/// EngramGateConvFwd v2 (resident, 16-byte layout only: `d % 8 == 0`, `ceil(d/8) ≤ 32·NV`,
+/// aligned). Same grid, block and pointers as [`fwd`]; dynamic smem [`fwd2_smem_bytes`].
+/// Differences from v1, nothing else: (1) the block loads `rms_w_v` and `conv_w` for real
+/// (16-byte loads issued before the row loads, into smem) instead of prefetching them;
+/// (2) phase 1 writes `u = q(alpha·v)·rv·wv` of its row (and `vh` of owned rows) to smem, so
+/// phase 2 is 4 FMAs from smem and the silu per element (no global loads after the barrier).
+/// With `APPROX = false` every output is bitwise v1's (same operations in the same order;
+/// a zero `u` row before t = 0 adds `fma(cw, 0, +0) = +0`, as v1's skipped term).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool>(
+    h: *const u16,
+    k: *const u16,
+    v: *const u16,
+    wh: *const u16,
+    wv: *const u16,
+    cw: *const u16,
+    y: *mut u16,
+    vhat: *mut u16,
+    alpha_o: *mut f32,
+    rh_o: *mut f32,
+    rk_o: *mut f32,
+    rv_o: *mut f32,
+    t_len: u32,
+    d: u32,
+    r: u32,
+    ntiles: u32,
+    eps: f32,
+) {
+    let tid = thread_idx_x();
+    let lane = lane_id();
+    let i = tid / 32;
+    let m = block_idx_x() / ntiles;
+    let t0 = (block_idx_x() - m * ntiles) * r;
+    let nch = d.div_ceil(8);
+    let dpad = (nch * 8) as usize;
+    let df = d as f32;
+    let sm = dyn_smem::<f32>();
+    let s_u = sm;
+    let s_vh = sm.add((r as usize + 3) * dpad);
+    let s_w = sm.add((2 * r as usize + 3) * dpad) as *mut u16;
+
+    // ---- weights: every thread issues its (≤ FWD2_WL) 16-byte chunks first
+    let nw = 5 * nch;
+    let nthr = block_dim_x();
+    let mut wraw: [Raw; FWD2_WL] = [[0; 4]; FWD2_WL];
+    let mut q = 0;
+    while q < FWD2_WL {
+        let wq = tid + q as u32 * nthr;
+        if wq < nw {
+            let (p, c) = split5(wq, nch);
+            let src = if p == 0 { wv } else { cw.add((p - 1) as usize * d as usize) };
+            wraw[q] = ld_raw(src, c);
+        }
+        q += 1;
+    }
+
+    // ---- phase 1: per-row scalars of every tile row (warp i ↔ t = t0 − 3 + i), then u (and vh)
+    let t = (t0 + i) as i32 - 3;
+    let urow = s_u.add(i as usize * dpad);
+    if t < 0 {
+        each_chunk!(NV, lane, nch, |n, c| {
+            st8_f32(urow, c, [0f32; 8]);
+        });
+    } else if (t as u32) < t_len {
+        let row = (m * t_len + t as u32) as usize * d as usize;
+        let (hr, kr, vr) = (h.add(row), k.add(row), v.add(row));
+        let owned = i >= 3;
+        let (mut shh, mut skk, mut shk) = (0f32, 0f32, 0f32);
+        let mut vres: [Raw; NV] = [[0; 4]; NV];
+        let mut hres: [Raw; NV] = [[0; 4]; NV];
+        let mut kres: [Raw; NV] = [[0; 4]; NV];
+        let mut wres: [Raw; NV] = [[0; 4]; NV];
+        let mut wvres: [Raw; NV] = [[0; 4]; NV];
+        each_chunk!(NV, lane, nch, |n, c| {
+            *hres.get_unchecked_mut(n) = ld_raw(hr, c);
+            *kres.get_unchecked_mut(n) = ld_raw(kr, c);
+            *vres.get_unchecked_mut(n) = ld_raw(vr, c);
+            *wres.get_unchecked_mut(n) = ld_raw(wh, c);
+            *wvres.get_unchecked_mut(n) = ld_raw(wv, c);
+        });
+        each_chunk!(NV, lane, nch, |n, c| {
+            let (hh, kk, ww) = (unpack8::<D>(res(&hres, n)), unpack8::<D>(res(&kres, n)), unpack8::<D>(res(&wres, n)));
+            for e in 0..8 {
+                shh = fma(hh[e], hh[e], shh);
+                skk = fma(kk[e], kk[e], skk);
+                shk = fma(hh[e] * kk[e], ww[e] * ww[e], shk);
+            }
+        });
+        let (shh, skk, shk) = (warp_sum_f32(shh), warp_sum_f32(skk), warp_sum_f32(shk));
+        let rh = rrms(shh, df, eps);
+        let rk = rrms(skk, df, eps);
+        let alpha = sigmoid(div_rn(shk * rh * rk, sqrt_rn(df)));
+        let vq_out = vhat.add(row);
+        let mut svv = 0f32;
+        each_chunk!(NV, lane, nch, |n, c| {
+            let vv = unpack8::<D>(res(&vres, n));
+            let mut o = [0f32; 8];
+            for e in 0..8 {
+                o[e] = qf::<D>(alpha * vv[e]);
+                svv = fma(o[e], o[e], svv);
+            }
+            if owned {
+                st8::<D, true>(vq_out, c, d, o);
+            }
+        });
+        let rv = rrms(warp_sum_f32(svv), df, eps);
+        let vhrow = s_vh.add(if owned { (i - 3) as usize * dpad } else { 0 });
+        each_chunk!(NV, lane, nch, |n, c| {
+            let (vv, wvv) = (unpack8::<D>(res(&vres, n)), unpack8::<D>(res(&wvres, n)));
+            let mut u = [0f32; 8];
+            let mut vh = [0f32; 8];
+            for e in 0..8 {
+                vh[e] = alpha * vv[e];
+                u[e] = qf::<D>(vh[e]) * rv * wvv[e];
+            }
+            st8_f32(urow, c, u);
+            if owned {
+                st8_f32(vhrow, c, vh);
+            }
+        });
+        if lane == 0 && owned {
+            let rix = (m * t_len + t as u32) as usize;
+            *alpha_o.add(rix) = alpha;
+            *rh_o.add(rix) = rh;
+            *rk_o.add(rix) = rk;
+            *rv_o.add(rix) = rv;
+        }
+    }
+    // the weights into smem (raw 16-bit)
+    let mut q = 0;
+    while q < FWD2_WL {
+        let wq = tid + q as u32 * nthr;
+        if wq < nw {
+            let (p, c) = split5(wq, nch);
+            let dst = s_w.add(p as usize * dpad + c as usize * 8) as *mut u32;
+            for e in 0..4 {
+                *dst.add(e) = wraw[q][e];
+            }
+        }
+        q += 1;
+    }
+    sync_threads();
+
+    // ---- phase 2: conv and Y from smem, element chunks of the R owned rows over the block
+    let total = r * nch;
+    let mut e = tid;
+    while e < total {
+        let io = e / nch; // owned row index 0..R (tile row io + 3)
+        let c = e - io * nch;
+        let t = t0 + io;
+        if t < t_len {
+            let mut conv = [0f32; 8];
+            for p in 0..4u32 {
+                let cwp = unpack8::<D>(*(s_w.add((p as usize + 1) * dpad + c as usize * 8) as *const Raw));
+                let uu = ld8_f32(s_u.add((io + p) as usize * dpad), c);
+                for q in 0..8 {
+                    conv[q] = fma(cwp[q], uu[q], conv[q]);
+                }
+            }
+            let vt = ld8_f32(s_vh.add(io as usize * dpad), c);
+            let mut out = [0f32; 8];
+            for q in 0..8 {
+                out[q] = silu::<APPROX>(conv[q]) + vt[q];
+            }
+            st8::<D, true>(y.add((m * t_len + t) as usize * d as usize), c, d, out);
+        }
+        e += nthr;
+    }
+}
+
 // ---------------------------------------------------------------- backward
 
 /// Smem (f32) of the backward's main kernel: `rrms_v'[R+6]`, `2·dz·s·rh·rk [R]`, padded to 4,
-/// then (when no global scratch is given) `dconv[(R+3)][ceil(d/8)·8]`.
+/// then with `SU` (v2) `u[(R+6)][ceil(d/8)·8]`, then (when no global scratch is given)
+/// `dconv[(R+3)][ceil(d/8)·8]`.
 pub const fn bwd_smem_scalar_floats(r: u32) -> u32 {
     (2 * r + 6).div_ceil(4) * 4
 }
@@ -337,7 +545,7 @@ pub const fn bwd_smem_scalar_floats(r: u32) -> u32 {
 /// (`drms_w_h, drms_w_v, dconv_w[0..4]`), reduced by [`engram_gate_bwd_reduce`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
+unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool>(
     g: *const u16,
     h: *const u16,
     k: *const u16,
@@ -371,11 +579,10 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
     let sm = dyn_smem::<f32>();
     let s_rv = sm;
     let s_ch = sm.add((r + 6) as usize);
-    let scr = if scratch.is_null() {
-        sm.add(bwd_smem_scalar_floats(r) as usize)
-    } else {
-        scratch.add(blk * (r as usize + 3) * dpad)
-    };
+    // v2 (`SU`, resident only): u of every tile row, written in stage 1
+    let s_u = sm.add(bwd_smem_scalar_floats(r) as usize);
+    let su_len = if SU { (r as usize + 6) * dpad } else { 0 };
+    let scr = if scratch.is_null() { s_u.add(su_len) } else { scratch.add(blk * (r as usize + 3) * dpad) };
     let base = (m * t_len) as usize; // first row of sequence m
     let rowp = |p: *const u16, t: u32| p.wrapping_add((base + t as usize) * d as usize);
 
@@ -402,9 +609,13 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
         let (vr, gr, hr, kr) = (rowp(v, tu), rowp(g, tu), rowp(h, tu), rowp(k, tu));
         let mut svv = 0f32;
         let mut wres: [Raw; NV] = [[0; 4]; NV];
+        let mut wvres: [Raw; NV] = [[0; 4]; NV];
         each_chunk!(NV, lane, nch, |n, c| {
             if NV > 0 {
                 *vres.get_unchecked_mut(n) = ld_raw(vr, c);
+                if SU {
+                    *wvres.get_unchecked_mut(n) = ld_raw(wv, c);
+                }
                 if has_g {
                     *gres.get_unchecked_mut(n) = ld_raw(gr, c);
                 }
@@ -445,11 +656,26 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
         if lane == 0 {
             *s_rv.add(i as usize) = rv;
         }
+        if SU && NV > 0 {
+            // u = (alpha·v)·rv'·wv, bitwise what `u_of` / `u1` compute for this row
+            let urow = s_u.add(i as usize * dpad);
+            each_chunk!(NV, lane, nch, |n, c| {
+                let (vv, wvv) = (unpack8::<D>(res(&vres, n)), unpack8::<D>(res(&wvres, n)));
+                let mut o = [0f32; 8];
+                for q in 0..8 {
+                    o[q] = (a * vv[q]) * rv * wvv[q];
+                }
+                st8_f32(urow, c, o);
+            });
+        }
     }
     sync_threads();
 
     // u of tile row `ip` (t' = t0 − 3 + ip ≥ 0, < T), chunk c: (alpha·v)·rv'·wv
     let u_of = |ip: u32, c: u32, wvv: &F8| -> F8 {
+        if SU {
+            return ld8_f32(s_u.add(ip as usize * dpad), c);
+        }
         let tp = t0 + ip - 3;
         let ap = *alpha.add(base + tp as usize);
         let rvp = *s_rv.add(ip as usize);
@@ -468,7 +694,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
         each_chunk!(NV, lane, nch, |n, c| {
             let mut dc = [0f32; 8];
             if has_g {
-                let wvv = ld8::<D, FAST>(wv, c, d);
+                let wvv = if SU { [0f32; 8] } else { ld8::<D, FAST>(wv, c, d) };
                 let mut conv = [0f32; 8];
                 for p in 0..4u32 {
                     if tu + p >= 3 {
@@ -573,6 +799,9 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
         let cwj = [ld1(cw, j), ld1(cw, d + j), ld1(cw, 2 * d + j), ld1(cw, 3 * d + j)];
         // u of tile row ip (t' = t0 − 3 + ip, 0 ≤ t' < T), column j
         let u1 = |ip: u32| -> f32 {
+            if SU {
+                return *s_u.add(ip as usize * dpad + j as usize);
+            }
             let tp = t0 + ip - 3;
             let ap = *alpha.add(base + tp as usize);
             ((ap * ld1(rowp(v, tp), j)) * *s_rv.add(ip as usize)) * wvj
@@ -650,9 +879,19 @@ pub unsafe extern "ptx-kernel" fn engram_gate_bwd_reduce(
     let sm = dyn_smem::<f32>();
     let mut acc = 0f32;
     if e < n6 {
+        // 4 loads in flight, then added in increasing b (the same order as one at a time)
+        let at = |b: u32| *part.add(b as usize * n6 as usize + e as usize);
         let mut b = yy;
+        while b + 3 * sgs < nblocks {
+            let (x0, x1, x2, x3) = (at(b), at(b + sgs), at(b + 2 * sgs), at(b + 3 * sgs));
+            acc += x0;
+            acc += x1;
+            acc += x2;
+            acc += x3;
+            b += 4 * sgs;
+        }
         while b < nblocks {
-            acc += *part.add(b as usize * n6 as usize + e as usize);
+            acc += at(b);
             b += sgs;
         }
     }
@@ -703,8 +942,39 @@ macro_rules! fwd_entry {
     };
 }
 
+macro_rules! fwd2_entry {
+    ($name:ident, $dt:ty, $nv:expr, $approx:expr) => {
+        /// EngramGateConvFwd v2 entry (see [`fwd2`] for the launch contract).
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(
+            h: *const u16,
+            k: *const u16,
+            v: *const u16,
+            wh: *const u16,
+            wv: *const u16,
+            cw: *const u16,
+            y: *mut u16,
+            vhat: *mut u16,
+            alpha: *mut f32,
+            rh: *mut f32,
+            rk: *mut f32,
+            rv: *mut f32,
+            t_len: u32,
+            d: u32,
+            r: u32,
+            ntiles: u32,
+            eps: f32,
+        ) {
+            fwd2::<$dt, $nv, $approx>(h, k, v, wh, wv, cw, y, vhat, alpha, rh, rk, rv, t_len, d, r, ntiles, eps)
+        }
+    };
+}
+
 macro_rules! bwd_entry {
     ($name:ident, $dt:ty, $fast:expr, $nv:expr) => {
+        bwd_entry!($name, $dt, $fast, $nv, false);
+    };
+    ($name:ident, $dt:ty, $fast:expr, $nv:expr, $su:expr) => {
         /// EngramGateConvBwd main entry (see [`bwd`] for the launch contract).
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(
@@ -729,7 +999,7 @@ macro_rules! bwd_entry {
             ntiles: u32,
             eps: f32,
         ) {
-            bwd::<$dt, $fast, $nv>(
+            bwd::<$dt, $fast, $nv, $su>(
                 g, h, k, v, wh, wv, cw, alpha, rh, rk, dh, dk, dv, part, scratch, t_len, d, r, ntiles, eps,
             )
         }
@@ -749,6 +1019,23 @@ fwd_entry!(engram_gate_fwd_f16_r4, F16, true, 4);
 fwd_entry!(engram_gate_fwd_f16_v8, F16, true, 0);
 fwd_entry!(engram_gate_fwd_f16_any, F16, false, 0);
 
+fwd2_entry!(engram_gate_fwd2s_bf16_r1, Bf16, 1, false);
+fwd2_entry!(engram_gate_fwd2s_bf16_r2, Bf16, 2, false);
+fwd2_entry!(engram_gate_fwd2s_bf16_r3, Bf16, 3, false);
+fwd2_entry!(engram_gate_fwd2s_bf16_r4, Bf16, 4, false);
+fwd2_entry!(engram_gate_fwd2s_f16_r1, F16, 1, false);
+fwd2_entry!(engram_gate_fwd2s_f16_r2, F16, 2, false);
+fwd2_entry!(engram_gate_fwd2s_f16_r3, F16, 3, false);
+fwd2_entry!(engram_gate_fwd2s_f16_r4, F16, 4, false);
+fwd2_entry!(engram_gate_fwd2a_bf16_r1, Bf16, 1, true);
+fwd2_entry!(engram_gate_fwd2a_bf16_r2, Bf16, 2, true);
+fwd2_entry!(engram_gate_fwd2a_bf16_r3, Bf16, 3, true);
+fwd2_entry!(engram_gate_fwd2a_bf16_r4, Bf16, 4, true);
+fwd2_entry!(engram_gate_fwd2a_f16_r1, F16, 1, true);
+fwd2_entry!(engram_gate_fwd2a_f16_r2, F16, 2, true);
+fwd2_entry!(engram_gate_fwd2a_f16_r3, F16, 3, true);
+fwd2_entry!(engram_gate_fwd2a_f16_r4, F16, 4, true);
+
 bwd_entry!(engram_gate_bwd_bf16_r1, Bf16, true, 1);
 bwd_entry!(engram_gate_bwd_bf16_r2, Bf16, true, 2);
 bwd_entry!(engram_gate_bwd_bf16_r3, Bf16, true, 3);
@@ -761,3 +1048,12 @@ bwd_entry!(engram_gate_bwd_f16_r3, F16, true, 3);
 bwd_entry!(engram_gate_bwd_f16_r4, F16, true, 4);
 bwd_entry!(engram_gate_bwd_f16_v8, F16, true, 0);
 bwd_entry!(engram_gate_bwd_f16_any, F16, false, 0);
+
+bwd_entry!(engram_gate_bwd2_bf16_r1, Bf16, true, 1, true);
+bwd_entry!(engram_gate_bwd2_bf16_r2, Bf16, true, 2, true);
+bwd_entry!(engram_gate_bwd2_bf16_r3, Bf16, true, 3, true);
+bwd_entry!(engram_gate_bwd2_bf16_r4, Bf16, true, 4, true);
+bwd_entry!(engram_gate_bwd2_f16_r1, F16, true, 1, true);
+bwd_entry!(engram_gate_bwd2_f16_r2, F16, true, 2, true);
+bwd_entry!(engram_gate_bwd2_f16_r3, F16, true, 3, true);
+bwd_entry!(engram_gate_bwd2_f16_r4, F16, true, 4, true);

@@ -592,3 +592,12 @@ pub unsafe fn st_v4_generic(p: *mut u32, v: [u32; 4]) {
          in(reg64) p, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
          options(nostack));
 }
+// ---------------------------------------------------------------- EngramGateConvFwd/Bwd (v2)
+
+/// `rcp.approx.f32`: 1/x to about 1 ulp (no subnormal flush); 1/±inf = ±0.
+#[inline(always)]
+pub fn rcp_approx(v: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("rcp.approx.f32 {}, {};", out(reg32) r, in(reg32) v, options(pure, nomem, nostack)) };
+    r
+}
