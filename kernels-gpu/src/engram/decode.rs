@@ -229,7 +229,8 @@ struct Unit<const VEC: usize> {
 unsafe fn copy_load<const VEC: usize>(a: &Args, g: u32) -> Unit<VEC> {
     let nch = a.d / VEC as u32;
     let per = (a.l - 1) * nch;
-    let b = g / per;
+    // `per > 0` whenever a unit exists (L ≥ 2); `checked_div` keeps the kernel free of a panic path.
+    let b = g.checked_div(per).unwrap_or(0);
     let r = g - b * per;
     let dst = (b * a.l * a.d) as usize + (r as usize) * VEC;
     let src = dst + a.d as usize;
@@ -290,6 +291,9 @@ fn phys_row(pos: u32, t: u32, l: u32) -> u32 {
 
 /// Prefetches into L2 the lines of everything the finishing block reads from the inputs:
 /// `h_t`, `rms_w_h`, `rms_w_v`, `conv_w` and the `K−1` state tap rows of every batch row.
+/// No divisions (it runs before the W loads of the threads that do it): a tap item is one
+/// (batch row, lane) pair, `b = j / 32`, and the lane takes lines `lane, lane + 32, …` of each
+/// of the row's taps.
 #[inline(always)]
 unsafe fn prefetch_tail(a: &Args, g: u32, total: u32) {
     let row_bytes = a.d as u64 * 2;
@@ -297,8 +301,9 @@ unsafe fn prefetch_tail(a: &Args, g: u32, total: u32) {
     let nh = lines(row_bytes * a.b as u64);
     let nw = lines(row_bytes);
     let nc = lines(row_bytes * a.k as u64);
-    let taps = (a.k - 1) as u64;
-    let nt = lines(row_bytes) * taps * a.b as u64;
+    let taps = a.k - 1;
+    let nl = lines(row_bytes);
+    let nt = if taps > 0 { 32 * a.b as u64 } else { 0 };
     let all = nh + 2 * nw + nc + nt;
     let at = |p: *const u16, bytes: u64, line: u64| {
         let off = (line * 128).min(bytes - 1);
@@ -321,15 +326,20 @@ unsafe fn prefetch_tail(a: &Args, g: u32, total: u32) {
                     at(a.cw, row_bytes * a.k as u64, j);
                 } else {
                     j -= nc;
-                    let nl = lines(row_bytes);
-                    let bp = j / nl;
-                    let line = j - bp * nl;
-                    let b = bp / taps;
-                    let p = (bp - b * taps) as u32;
-                    let t = a.l - (a.k - 1 - p) * a.dil;
-                    let row = phys_row(a.pos, t, a.l);
-                    let base = a.s_in.add(((b as u32 * a.l + row) * a.d) as usize);
-                    at(base, row_bytes, line);
+                    let b = (j >> 5) as u32;
+                    let lane = j & 31;
+                    let mut p = 0u32;
+                    while p < taps {
+                        let t = a.l - (taps - p) * a.dil;
+                        let row = phys_row(a.pos, t, a.l);
+                        let base = a.s_in.add(((b * a.l + row) * a.d) as usize);
+                        let mut line = lane;
+                        while line < nl {
+                            at(base, row_bytes, line);
+                            line += 32;
+                        }
+                        p += 1;
+                    }
                 }
             }
         }
