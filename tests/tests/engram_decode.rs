@@ -211,16 +211,50 @@ fn one<T: DecodeElem>(gpu: &Gpu, rng: &mut StdRng, s: EngramDecodeShape, sc: Sca
     check(&c, &c.state, &o, T::NAME)
 }
 
+/// A configuration chosen per shape.
+type ConfigFor = Box<dyn Fn(&EngramDecodeShape) -> DecodeConfig>;
+
 #[test]
 fn seed_workloads() {
     let Some(gpu) = gpu_or_skip("engram_decode::seed_workloads") else { return };
     let mut rng = fresh_rng("engram_decode::seed_workloads");
-    let cfg = DecodeConfig::default();
-    for sc in [SPEC, VARIED] {
-        let w1 = one::<f16>(&gpu, &mut rng, EngramDecodeShape::new(1, 512, 256, 12, 4, 3), sc, cfg);
-        let w4 = one::<f16>(&gpu, &mut rng, EngramDecodeShape::new(4, 1024, 512, 20, 4, 5), sc, cfg);
-        let w8 = one::<bf16>(&gpu, &mut rng, EngramDecodeShape::new(8, 512, 256, 18, 4, 3), sc, cfg);
-        println!("{sc:?}\n  serving-b1 {w1:?}\n  serving-b4 {w4:?}\n  serving-b8 {w8:?}");
+    let (s1, s4, s8) = (
+        EngramDecodeShape::new(1, 512, 256, 12, 4, 3),
+        EngramDecodeShape::new(4, 1024, 512, 20, 4, 5),
+        EngramDecodeShape::new(8, 512, 256, 18, 4, 3),
+    );
+    // The default, the planner's choice per shape, and every bench variant of the wide finish.
+    let mut cfgs: Vec<(&str, ConfigFor)> =
+        vec![("default", Box::new(|_| DecodeConfig::default())), ("planned", Box::new(DecodeConfig::for_shape))];
+    for elems in [0, 1, 2, 4] {
+        for (projection, block) in
+            [(DecodeProjection::Mma, 256), (DecodeProjection::Simt, 256), (DecodeProjection::Mma, 128)]
+        {
+            cfgs.push((
+                "wide",
+                Box::new(move |_| DecodeConfig {
+                    projection,
+                    block,
+                    finish: DecodeFinish::Wide { elems },
+                    ..DecodeConfig::default()
+                }),
+            ));
+        }
+    }
+    cfgs.push((
+        "planned-wide",
+        Box::new(|s| DecodeConfig { finish: DecodeFinish::Wide { elems: 0 }, ..DecodeConfig::for_shape(s) }),
+    ));
+    for (name, cfg) in &cfgs {
+        for sc in [SPEC, VARIED] {
+            let w1 = one::<f16>(&gpu, &mut rng, s1, sc, cfg(&s1));
+            let w4 = one::<f16>(&gpu, &mut rng, s4, sc, cfg(&s4));
+            let w8 = one::<bf16>(&gpu, &mut rng, s8, sc, cfg(&s8));
+            println!(
+                "{name} {:?} {sc:?}\n  serving-b1 {w1:?}\n  serving-b4 {w4:?}\n  serving-b8 {w8:?}",
+                cfg(&s4).finish
+            );
+        }
     }
 }
 
@@ -273,7 +307,7 @@ fn kernel_sizes_and_dilations() {
 fn any_d_and_unaligned_buffers_take_the_general_path() {
     let Some(gpu) = gpu_or_skip("engram_decode::general_path") else { return };
     let mut rng = fresh_rng("engram_decode::general_path");
-    for finish in [DecodeFinish::Ticket, DecodeFinish::SecondLaunch] {
+    for finish in [DecodeFinish::Ticket, DecodeFinish::SecondLaunch, DecodeFinish::Wide { elems: 0 }] {
         let cfg = DecodeConfig { finish, ..DecodeConfig::default() };
         for d in [1, 7, 100, 1001] {
             let s = EngramDecodeShape::new(3, 37, d, 7, 3, 2);
@@ -315,7 +349,7 @@ fn any_d_and_unaligned_buffers_take_the_general_path() {
 fn every_config_matches_reference() {
     let Some(gpu) = gpu_or_skip("engram_decode::every_config") else { return };
     let mut rng = fresh_rng("engram_decode::every_config");
-    for finish in [DecodeFinish::Ticket, DecodeFinish::SecondLaunch] {
+    for finish in [DecodeFinish::Ticket, DecodeFinish::SecondLaunch, DecodeFinish::Wide { elems: 0 }] {
         for projection in [DecodeProjection::Simt, DecodeProjection::Mma] {
             for block in [64, 128, 256] {
                 for rows_per_thread in [0, 1, 2, 4, 8, 33] {
@@ -360,6 +394,56 @@ fn second_launch_finish_on_every_path() {
     println!("second launch: worst {worst:?}");
 }
 
+/// The wide finish (v4) on every path of its kernel: each element width (and the automatic
+/// choice), both projections, one split, many splits (> 16: the partials beyond the first 16 are
+/// summed in a second pass), K > 4 (taps beyond the first three), odd d (E = 1 only), rows too
+/// wide for its block (the SecondLaunch kernel takes over), batch 64; plus the ring step.
+#[test]
+fn wide_finish_on_every_path() {
+    let Some(gpu) = gpu_or_skip("engram_decode::wide_finish") else { return };
+    let mut rng = fresh_rng("engram_decode::wide_finish");
+    let mut worst = Worst::default();
+    for (batch, d_mem, d, l, k, dil) in [
+        (1, 512, 256, 12, 4, 3),
+        (4, 1024, 512, 20, 4, 5),
+        (8, 512, 256, 18, 4, 3),
+        (3, 37, 7, 5, 3, 2),
+        (2, 100, 1000, 9, 4, 3),
+        (3, 64, 256, 12, 5, 2),
+        (2, 300, 24, 3, 2, 3),
+        (2, 40, 2056, 5, 3, 2),
+        (3, 4096, 64, 7, 1, 1),
+        (64, 100, 256, 3, 2, 1),
+    ] {
+        let s = EngramDecodeShape::new(batch, d_mem, d, l, k, dil);
+        for elems in [0, 1, 2, 4] {
+            for (projection, block, rows_per_thread, max_blocks) in [
+                (DecodeProjection::Mma, 256, 0, 264),
+                (DecodeProjection::Simt, 256, 0, 264),
+                (DecodeProjection::Mma, 64, 1, 100000),
+                (DecodeProjection::Simt, 128, 1000, 264),
+            ] {
+                let cfg = DecodeConfig {
+                    projection,
+                    block,
+                    rows_per_thread,
+                    max_blocks,
+                    finish: DecodeFinish::Wide { elems },
+                };
+                worst = worst.max(one::<f16>(&gpu, &mut rng, s, VARIED, cfg));
+                worst = worst.max(one::<bf16>(&gpu, &mut rng, s, SPEC, cfg));
+            }
+        }
+    }
+    println!("wide finish: worst {worst:?}");
+    for elems in [1, 2, 4] {
+        let cfg = DecodeConfig { block: 256, finish: DecodeFinish::Wide { elems }, ..DecodeConfig::default() };
+        ring_vs_copy_with::<f16>(&gpu, &mut rng, EngramDecodeShape::new(4, 1024, 512, 20, 4, 5), 25, cfg);
+        ring_vs_copy_with::<bf16>(&gpu, &mut rng, EngramDecodeShape::new(2, 64, 64, 6, 4, 2), 15, cfg);
+        ring_vs_copy_with::<f16>(&gpu, &mut rng, EngramDecodeShape::new(3, 50, 104, 5, 6, 1), 12, cfg);
+    }
+}
+
 #[test]
 fn repeated_calls_are_bitwise_identical() {
     let Some(gpu) = gpu_or_skip("engram_decode::deterministic") else { return };
@@ -374,6 +458,15 @@ fn repeated_calls_are_bitwise_identical() {
         assert!(a.y.iter().zip(&b.y).all(|(p, q)| bits(*p) == bits(*q)), "y_t differs between calls");
         assert!(a.state.iter().zip(&b.state).all(|(p, q)| bits(*p) == bits(*q)), "state differs between calls");
     }
+    // The wide finish is deterministic too (fixed reduction orders).
+    let wide = DecodeConfig { finish: DecodeFinish::Wide { elems: 0 }, ..DecodeConfig::default() };
+    let mut wplan = plan_for(&gpu, s, wide);
+    let a = step_copy(&gpu, &mut wplan, &dev, &c.state);
+    for _ in 0..20 {
+        let b = step_copy(&gpu, &mut wplan, &dev, &c.state);
+        assert!(a.y.iter().zip(&b.y).all(|(p, q)| bits(*p) == bits(*q)), "wide: y_t differs between calls");
+        assert!(a.state.iter().zip(&b.state).all(|(p, q)| bits(*p) == bits(*q)), "wide: state differs between calls");
+    }
     // The two-launch finish does the same arithmetic in the same order: the same bits.
     for rows_per_thread in [0, 1000] {
         let cfg = |finish| DecodeConfig { rows_per_thread, finish, ..DecodeConfig::default() };
@@ -387,7 +480,7 @@ fn repeated_calls_are_bitwise_identical() {
 
 /// The ring-buffer step and the seed contract agree bit for bit, step after step.
 fn ring_vs_copy<T: DecodeElem>(gpu: &Gpu, rng: &mut StdRng, s: EngramDecodeShape, steps: usize) {
-    for finish in [DecodeFinish::Ticket, DecodeFinish::SecondLaunch] {
+    for finish in [DecodeFinish::Ticket, DecodeFinish::SecondLaunch, DecodeFinish::Wide { elems: 0 }] {
         ring_vs_copy_with::<T>(gpu, rng, s, steps, DecodeConfig { finish, ..DecodeConfig::default() });
     }
 }
@@ -464,10 +557,21 @@ fn rel_l2<T: Half>(ours: &[T], reference: &[f64]) -> f64 {
 /// states throughout) the normwise error stays under a fixed bound at every step: it does not
 /// grow with the number of steps.
 fn rollout<T: DecodeElem>(gpu: &Gpu, rng: &mut StdRng, s: EngramDecodeShape, bound: f64) {
+    rollout_with::<T>(gpu, rng, s, bound, DecodeConfig::default());
+    rollout_with::<T>(
+        gpu,
+        rng,
+        s,
+        bound,
+        DecodeConfig { finish: DecodeFinish::Wide { elems: 0 }, ..DecodeConfig::default() },
+    );
+}
+
+fn rollout_with<T: DecodeElem>(gpu: &Gpu, rng: &mut StdRng, s: EngramDecodeShape, bound: f64, config: DecodeConfig) {
     let steps = 50;
     let mut c = gen::<T>(rng, s, VARIED);
     let l = s.lens().unwrap();
-    let mut plan = plan_for(gpu, s, DecodeConfig::default());
+    let mut plan = plan_for(gpu, s, config);
     let mut state = c.state.clone();
     let mut ref_state = c.state.clone();
     let mut worst = Worst::default();
@@ -488,8 +592,9 @@ fn rollout<T: DecodeElem>(gpu: &Gpu, rng: &mut StdRng, s: EngramDecodeShape, bou
     let head = errs[..10].iter().fold(0f64, |m, e| m.max(e.0).max(e.1));
     let tail = errs[steps - 10..].iter().fold(0f64, |m, e| m.max(e.0).max(e.1));
     println!(
-        "{} {s:?}: worst {worst:?}; rel_l2 vs f64 rollout: steps 0-9 ≤ {head:.3e}, steps 40-49 ≤ {tail:.3e}",
-        T::NAME
+        "{} {s:?} {:?}: worst {worst:?}; rel_l2 vs f64 rollout: steps 0-9 ≤ {head:.3e}, steps 40-49 ≤ {tail:.3e}",
+        T::NAME,
+        config.finish
     );
 }
 

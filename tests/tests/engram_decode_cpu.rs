@@ -5,7 +5,7 @@
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rgk::engram::{
-    finish_launch_mode, DecodeConfig, DecodeFinish, DecodeGeometry, DecodeProjection, EngramDecodeShape,
+    finish_launch_mode, wide_finish, DecodeConfig, DecodeFinish, DecodeGeometry, DecodeProjection, EngramDecodeShape,
 };
 use rgk::reference::{self as rf, DecodeGiven, DecodeRefInputs};
 use rgk::verify::{check_half, Half};
@@ -294,7 +294,12 @@ fn ring_addressing_is_the_shift() {
 /// same finishing formulas (lane-strided sums, butterfly warp sum, correctly rounded sqrt and
 /// division). Returns `(y, new_state, q(kk), q(vh))`.
 #[allow(clippy::needless_range_loop)] // index math mirrors the kernel's
-fn kernel_model<T: Half>(s: &EngramDecodeShape, x: &DecodeRefInputs<'_, T>, g: &DecodeGeometry) -> [Vec<T>; 4] {
+fn kernel_model<T: Half>(
+    s: &EngramDecodeShape,
+    x: &DecodeRefInputs<'_, T>,
+    g: &DecodeGeometry,
+    wide: Option<usize>,
+) -> [Vec<T>; 4] {
     let EngramDecodeShape { batch, d_mem, d, max_conv_len: l, kernel_size: k, dilation, eps } = *s;
     let f = |v: &[T], i: usize| v[i].to_f64() as f32;
     let q = |v: f32| T::round_f64(v as f64);
@@ -348,34 +353,65 @@ fn kernel_model<T: Half>(s: &EngramDecodeShape, x: &DecodeRefInputs<'_, T>, g: &
     };
     let inv_d = 1.0 / d as f32;
     let inv_sqrt_d = 1.0 / (d as f32).sqrt();
-    let rrms = |sum: f32| 1.0 / sum.mul_add(inv_d, eps).sqrt();
-    let sigmoid = |v: f32| 1.0 / (1.0 + (-v * std::f32::consts::LOG2_E).exp2());
+    // The wide finish's approx chain (rsqrt.approx + Newton, rcp.approx) is modelled by a
+    // pessimistic relative perturbation of 2^-21 on every rrms and sigmoid.
+    let approx = if wide.is_some() { 2f32.powi(-21) } else { 0.0 };
+    let rrms = |sum: f32| 1.0 / sum.mul_add(inv_d, eps).sqrt() * (1.0 + approx);
+    let sigmoid = |v: f32| 1.0 / (1.0 + (-v * std::f32::consts::LOG2_E).exp2()) * (1.0 - approx);
+    // A row sum in the kernel's order: the warp finish's lane-strided chunks and one butterfly,
+    // or the wide finish's E columns per thread, a butterfly per warp, the warps in order.
+    let row_sum = |term: &dyn Fn(usize, f32) -> f32| -> f32 {
+        match wide {
+            None => {
+                let mut lanes = [0f32; 32];
+                for (lane, acc) in lanes.iter_mut().enumerate() {
+                    for c in (lane..nch).step_by(32) {
+                        for j in c * vec..(c + 1) * vec {
+                            *acc = term(j, *acc);
+                        }
+                    }
+                }
+                warp_sum(lanes)
+            }
+            Some(e) => {
+                let threads = d.div_ceil(e).div_ceil(32) * 32;
+                let mut total = 0f32;
+                for w in 0..threads / 32 {
+                    let mut lanes = [0f32; 32];
+                    for (lane, acc) in lanes.iter_mut().enumerate() {
+                        let j0 = (w * 32 + lane) * e;
+                        for j in j0..(j0 + e).min(d) {
+                            *acc = term(j, *acc);
+                        }
+                    }
+                    total += warp_sum(lanes);
+                }
+                total
+            }
+        }
+    };
     let (mut y, mut ns) = (vec![T::round_f64(0.0); batch * d], Vec::new());
     let (mut qkk, mut qvh) = (Vec::new(), Vec::new());
     for b in 0..batch {
         let kk = &kv[b * 2 * d..b * 2 * d + d];
         let vv = &kv[b * 2 * d + d..(b + 1) * 2 * d];
-        let (mut sh, mut sk, mut dot, mut sv) = ([0f32; 32], [0f32; 32], [0f32; 32], [0f32; 32]);
-        for (lane, ((sh, sk), dot)) in sh.iter_mut().zip(&mut sk).zip(&mut dot).enumerate() {
-            for c in (lane..nch).step_by(32) {
-                for j in c * vec..(c + 1) * vec {
-                    let (h, w, qk) = (f(x.h_t, b * d + j), f(x.rms_w_h, j), qf(kk[j]));
-                    *sh = h.mul_add(h, *sh);
-                    *sk = qk.mul_add(qk, *sk);
-                    *dot = (h * w * w).mul_add(qk, *dot);
-                }
-            }
-        }
-        let alpha = sigmoid(warp_sum(dot) * rrms(warp_sum(sh)) * rrms(warp_sum(sk)) * inv_sqrt_d);
-        for (lane, sv) in sv.iter_mut().enumerate() {
-            for c in (lane..nch).step_by(32) {
-                for &v in &vv[c * vec..(c + 1) * vec] {
-                    let qv = qf(alpha * v);
-                    *sv = qv.mul_add(qv, *sv);
-                }
-            }
-        }
-        let rv = rrms(warp_sum(sv));
+        let sh = row_sum(&|j, a| {
+            let h = f(x.h_t, b * d + j);
+            h.mul_add(h, a)
+        });
+        let sk = row_sum(&|j, a| {
+            let qk = qf(kk[j]);
+            qk.mul_add(qk, a)
+        });
+        let dot = row_sum(&|j, a| {
+            let (h, w) = (f(x.h_t, b * d + j), f(x.rms_w_h, j));
+            (h * w * w).mul_add(qf(kk[j]), a)
+        });
+        let alpha = sigmoid(dot * rrms(sh) * rrms(sk) * inv_sqrt_d);
+        let rv = rrms(row_sum(&|j, a| {
+            let qv = qf(alpha * vv[j]);
+            qv.mul_add(qv, a)
+        }));
         let mut u_row = Vec::new();
         for j in 0..d {
             let vh = alpha * vv[j];
@@ -416,41 +452,50 @@ fn f32_kernel_model_passes_the_chain_of_checks() {
             let vec = if d % 8 == 0 { 8 } else { 1 };
             let simt = DecodeConfig { projection: DecodeProjection::Simt, ..DecodeConfig::default() };
             let g = DecodeGeometry::new(&s, &simt, vec).unwrap();
-            macro_rules! run {
-                ($t:ty) => {{
-                    let c = Host::<$t>::gen(&mut rng, s);
-                    let x = c.refs(&c.v[2]);
-                    let [y, ns, qkk, qvh] = kernel_model(&s, &x, &g);
-                    let proj = rf::decode_projections(&s, &x);
-                    let own = rf::engram_decode_fwd_from(&s, &x, &proj, DecodeGiven::default());
-                    let rk = check_half(&qkk, &own.kk, 1.0);
-                    assert!(rk.passed(), "{s:?}: q(kk) {rk}");
-                    let g1 = rf::engram_decode_fwd_from(&s, &x, &proj, DecodeGiven { q_kk: Some(&qkk), q_vh: None });
-                    let rv = check_half(&qvh, &g1.vh, 1.0);
-                    assert!(rv.passed(), "{s:?}: q(vh) {rv}");
-                    let g2 =
-                        rf::engram_decode_fwd_from(&s, &x, &proj, DecodeGiven { q_kk: Some(&qkk), q_vh: Some(&qvh) });
-                    let ry = check_half(&y, &g2.y_t, 2.0);
-                    assert!(ry.passed(), "{s:?}: y_t {ry}");
-                    let rs = check_half(&ns, &g2.new_conv_state, 2.0);
-                    assert!(rs.passed(), "{s:?}: state {rs}");
-                    flips.0 += qkk
-                        .iter()
-                        .zip(&own.kk.value)
-                        .filter(|(a, &r)| a.to_f64() != <$t>::round_f64(r).to_f64())
-                        .count();
-                    flips.1 += qvh
-                        .iter()
-                        .zip(&g1.vh.value)
-                        .filter(|(a, &r)| a.to_f64() != <$t>::round_f64(r).to_f64())
-                        .count();
-                    flips.2 += qkk.len();
-                }};
-            }
-            if bf {
-                run!(bf16)
-            } else {
-                run!(f16)
+            // The warp finish, then the wide finish at every element width its layout allows.
+            let widths: &[Option<usize>] = if vec == 8 { &[None, Some(1), Some(2), Some(4)] } else { &[None, Some(1)] };
+            for &wide in widths {
+                macro_rules! run {
+                    ($t:ty) => {{
+                        let c = Host::<$t>::gen(&mut rng, s);
+                        let x = c.refs(&c.v[2]);
+                        let [y, ns, qkk, qvh] = kernel_model(&s, &x, &g, wide);
+                        let proj = rf::decode_projections(&s, &x);
+                        let own = rf::engram_decode_fwd_from(&s, &x, &proj, DecodeGiven::default());
+                        let rk = check_half(&qkk, &own.kk, 1.0);
+                        assert!(rk.passed(), "{s:?}: q(kk) {rk}");
+                        let g1 =
+                            rf::engram_decode_fwd_from(&s, &x, &proj, DecodeGiven { q_kk: Some(&qkk), q_vh: None });
+                        let rv = check_half(&qvh, &g1.vh, 1.0);
+                        assert!(rv.passed(), "{s:?}: q(vh) {rv}");
+                        let g2 = rf::engram_decode_fwd_from(
+                            &s,
+                            &x,
+                            &proj,
+                            DecodeGiven { q_kk: Some(&qkk), q_vh: Some(&qvh) },
+                        );
+                        let ry = check_half(&y, &g2.y_t, 2.0);
+                        assert!(ry.passed(), "{s:?}: y_t {ry}");
+                        let rs = check_half(&ns, &g2.new_conv_state, 2.0);
+                        assert!(rs.passed(), "{s:?}: state {rs}");
+                        flips.0 += qkk
+                            .iter()
+                            .zip(&own.kk.value)
+                            .filter(|(a, &r)| a.to_f64() != <$t>::round_f64(r).to_f64())
+                            .count();
+                        flips.1 += qvh
+                            .iter()
+                            .zip(&g1.vh.value)
+                            .filter(|(a, &r)| a.to_f64() != <$t>::round_f64(r).to_f64())
+                            .count();
+                        flips.2 += qkk.len();
+                    }};
+                }
+                if bf {
+                    run!(bf16)
+                } else {
+                    run!(f16)
+                }
             }
         }
     }
@@ -649,5 +694,58 @@ fn second_launch_geometry() {
             }
         }
         assert!(seen.iter().all(|&n| n == 1));
+    }
+}
+
+/// The wide finish's block choice: every column owned by exactly one thread (`E·t`, `E`
+/// columns), blocks a multiple of 32 within the kernel's register limit, widths 2 and 4 only on
+/// the vectorised layout, the automatic width the smallest with ≤ 256 threads; rows too wide
+/// fall back (None).
+#[test]
+fn wide_finish_geometry() {
+    for d in [1, 7, 8, 24, 64, 100, 256, 512, 1000, 1024, 2048, 2056, 4096] {
+        let s = EngramDecodeShape::new(2, 10, d, 4, 2, 1);
+        for aligned in [false, true] {
+            for elems in [0, 1, 2, 4] {
+                let Some((e, threads)) = wide_finish(&s, elems, aligned) else {
+                    let ok = |e: usize| e == 1 || (aligned && d % 8 == 0);
+                    let lim = |e: usize| if e == 1 { 512 } else { 256 };
+                    let cands: Vec<usize> = if elems == 0 { vec![1, 2, 4] } else { vec![elems as usize] };
+                    for e in cands {
+                        assert!(!ok(e) || d.div_ceil(e).div_ceil(32) * 32 > lim(e), "d {d} E {e}: refused but fits");
+                    }
+                    continue;
+                };
+                assert!(elems == 0 || e == elems);
+                assert!(e == 1 || (aligned && d % 8 == 0), "d {d}: E {e} on an unaligned layout");
+                assert!(threads % 32 == 0 && threads <= if e == 1 { 512 } else { 256 });
+                let mut seen = vec![0u8; d];
+                for t in 0..threads as usize {
+                    let j0 = t * e as usize;
+                    if j0 < d {
+                        assert!(j0 + e as usize <= d, "d {d} E {e}: a partial group");
+                        for n in &mut seen[j0..j0 + e as usize] {
+                            *n += 1;
+                        }
+                    }
+                }
+                assert!(seen.iter().all(|&n| n == 1), "d {d} E {e}");
+                if elems == 0 && threads > 256 {
+                    for w in [1u32, 2, 4] {
+                        if w == 1 || (aligned && d % 8 == 0) {
+                            assert!(d.div_ceil(w as usize).div_ceil(32) * 32 > 256, "d {d}: E {w} would fit 256");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let seeds = [(1, 512, 256, 12), (4, 1024, 512, 20), (8, 512, 256, 18)];
+    for (b, dm, d, l) in seeds {
+        let s = EngramDecodeShape::new(b, dm, d, l, 4, 3);
+        assert_eq!(wide_finish(&s, 0, true).map(|x| x.1), Some(256), "{s:?}");
+        let c = DecodeConfig::for_shape(&s);
+        assert_eq!(c.block, 256);
+        assert!(matches!(c.finish, DecodeFinish::SecondLaunch | DecodeFinish::Wide { .. }));
     }
 }

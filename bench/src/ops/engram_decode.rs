@@ -30,24 +30,41 @@ impl BenchElem for bf16 {
 /// The seed's workloads; with `variants`, also launch configurations and the in-place ring
 /// step (rows named `WORKLOAD@tag`, for tuning).
 pub fn workloads(variants: bool) -> Vec<Workload> {
-    let mut configs: Vec<(Option<String>, DecodeConfig, bool)> = vec![(None, DecodeConfig::default(), false)];
+    // `None`: the planner's per-shape choice (`DecodeConfig::for_shape`), resolved per workload.
+    let mut configs: Vec<(Option<String>, Option<DecodeConfig>, bool)> = vec![(None, None, false)];
+    let mut add = |tag: &str, cfg: DecodeConfig, ring: bool| configs.push((Some(tag.into()), Some(cfg), ring));
     if variants {
-        configs.push((Some("ring".into()), DecodeConfig::default(), true));
+        // v4: the wide finish (a row over a whole block, approx scalar chain); `finw` on the
+        // projection of the run-8 winners (block 256, MMA), `-simt` with the SIMT projection,
+        // `-eE` a fixed element width, `-b128` the old projection block.
+        let wide = |elems| DecodeConfig { block: 256, finish: DecodeFinish::Wide { elems }, ..DecodeConfig::default() };
+        add("finw", wide(0), false);
+        add("finw-ring", wide(0), true);
+        add("finw-simt", DecodeConfig { projection: DecodeProjection::Simt, ..wide(0) }, false);
+        add("finw-e1", wide(1), false);
+        add("finw-e2", wide(2), false);
+        add("finw-e4", wide(4), false);
+        add("finw-b128", DecodeConfig { block: 128, ..wide(0) }, false);
+        add("finw-r2", DecodeConfig { rows_per_thread: 2, ..wide(0) }, false);
+        add("plain-default", DecodeConfig::default(), false);
+    }
+    if variants {
+        add("ring", DecodeConfig::default(), true);
         let ticket = DecodeConfig { finish: DecodeFinish::Ticket, ..DecodeConfig::default() };
-        configs.push((Some("ticket".into()), ticket, false));
-        configs.push((Some("ticket-ring".into()), ticket, true));
+        add("ticket", ticket, false);
+        add("ticket-ring", ticket, true);
         // The two-launch finish (projection kernel, then one block per batch row): no fences or
         // atomics on the critical path; `-bN` sets both kernels' block, `-rN` the split depth.
         let two = DecodeConfig { finish: DecodeFinish::SecondLaunch, ..DecodeConfig::default() };
-        configs.push((Some("2launch".into()), two, false));
-        configs.push((Some("2launch-ring".into()), two, true));
+        add("2launch", two, false);
+        add("2launch-ring", two, true);
         for (tag, cfg) in [
             ("2launch-b64", DecodeConfig { block: 64, ..two }),
             ("2launch-b256", DecodeConfig { block: 256, ..two }),
             ("2launch-r2", DecodeConfig { rows_per_thread: 2, ..two }),
             ("2launch-b256-r2", DecodeConfig { block: 256, rows_per_thread: 2, ..two }),
         ] {
-            configs.push((Some(tag.into()), cfg, false));
+            add(tag, cfg, false);
         }
         for (projection, tag, depths) in
             [(DecodeProjection::Mma, "mma", [0, 2, 4]), (DecodeProjection::Simt, "simt", [0, 2, 8])]
@@ -55,7 +72,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
             for block in [64, 128, 256] {
                 for rpt in depths {
                     let cfg = DecodeConfig { projection, block, rows_per_thread: rpt, ..DecodeConfig::default() };
-                    configs.push((Some(format!("{tag}-b{block}-r{rpt}")), cfg, false));
+                    add(&format!("{tag}-b{block}-r{rpt}"), cfg, false);
                 }
             }
         }
@@ -69,7 +86,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
     for (name, s, is_bf16) in seeds {
         for (tag, cfg, ring) in &configs {
             let name = variant_name(name, tag.as_deref());
-            let (cfg, ring) = (*cfg, *ring);
+            let (cfg, ring) = (cfg.unwrap_or_else(|| DecodeConfig::for_shape(&s)), *ring);
             let EngramDecodeShape { batch: b, d_mem: dm, d, max_conv_len: l, kernel_size: k, dilation: dil, .. } = s;
             out.push(Workload {
                 op: "EngramDecodeFwd",

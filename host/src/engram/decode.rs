@@ -33,6 +33,12 @@ pub(crate) const KERNELS: &[&str] = &[
     "engram_decode_f16_fin1",
     "engram_decode_bf16_fin8",
     "engram_decode_bf16_fin1",
+    "engram_decode_f16_finw4",
+    "engram_decode_f16_finw2",
+    "engram_decode_f16_finw1",
+    "engram_decode_bf16_finw4",
+    "engram_decode_bf16_finw2",
+    "engram_decode_bf16_finw1",
 ];
 
 /// Number of SMs of the H200 the default launch geometry is sized for.
@@ -173,6 +179,47 @@ pub enum DecodeFinish {
     /// block per batch row, sums the row's partials into shared memory and finishes it. No
     /// fences or atomics; costs a second kernel start instead.
     SecondLaunch,
+    /// Two launches, the second spreading each batch row over a whole block (v4): thread `t`
+    /// owns `elems` consecutive columns (1, 2 or 4; 0 = automatic, see [`wide_finish`]), every
+    /// load is issued up front, the row sums are block reductions, and the scalar chain uses
+    /// `rsqrt.approx` + Newton and `rcp.approx` (within the tolerance chain, not bitwise the
+    /// other finishes). Shapes it cannot take (a row wider than its block limit) use
+    /// [`DecodeFinish::SecondLaunch`]'s kernel.
+    Wide { elems: u32 },
+}
+
+/// Largest block of the wide finishing kernel per element width `E` = 4, 2, 1 (its registers:
+/// up to 16 splits' partials per thread are loaded up front; `cargo xtask build`: `_finw4`
+/// 177–179, `_finw2` 124–126, `_finw1` 80 registers; 65536 per block allow 256 / 512 / 768
+/// threads, `_finw2` is kept at 256 for margin).
+const WIDE_MAX_THREADS: [(u32, u32); 3] = [(4, 256), (2, 256), (1, 512)];
+
+/// Automatic element width of the wide finish: the smallest `E` whose block (one thread per
+/// `E` columns) has at most this many threads.
+const WIDE_AUTO_THREADS: u32 = 256;
+
+/// The wide finishing kernel's `(E, threads)` for `shape` (public for tests): `elems` = 0 picks
+/// the smallest `E` whose block has ≤ 256 threads, else the smallest that fits its limit; `E`
+/// of 2 or 4 needs the vectorised layout (`aligned`: `d % 8 == 0`, 16-byte aligned buffers).
+/// `None`: no width fits (the step then uses the [`DecodeFinish::SecondLaunch`] kernel).
+#[doc(hidden)]
+pub fn wide_finish(shape: &EngramDecodeShape, elems: u32, aligned: bool) -> Option<(u32, u32)> {
+    let fits = |e: u32| -> Option<(u32, u32)> {
+        let &(_, max) = WIDE_MAX_THREADS.iter().find(|(w, _)| *w == e)?;
+        if e > 1 && !(aligned && shape.d.is_multiple_of(8)) {
+            return None;
+        }
+        let threads = (shape.d.div_ceil(e as usize).div_ceil(32) * 32) as u32;
+        (threads <= max).then_some((e, threads))
+    };
+    if elems != 0 {
+        return fits(elems);
+    }
+    [1, 2, 4]
+        .into_iter()
+        .filter_map(fits)
+        .find(|&(_, t)| t <= WIDE_AUTO_THREADS)
+        .or_else(|| [1, 2, 4].into_iter().find_map(fits))
 }
 
 /// Launch configuration knobs of the decode kernel (defaults are the tuned choice; see
@@ -204,6 +251,21 @@ impl Default for DecodeConfig {
             // (kernels-gpu/src/engram/NOTES.md); the bench's `@ticket` row measures the other.
             finish: DecodeFinish::SecondLaunch,
         }
+    }
+}
+
+/// The finish [`DecodeConfig::for_shape`] plans. One-line switch for the lead: the wide finish
+/// (`DecodeFinish::Wide { elems: 0 }`, bench rows `@finw*`) once measured faster.
+const PLANNED_FINISH: DecodeFinish = DecodeFinish::SecondLaunch;
+
+impl DecodeConfig {
+    /// The planner's configuration for `shape` ([`EngramDecodePlan::new`] uses it): block 256
+    /// (run 8 sweep: better than 128 on every seed row, b4 by 3 µs), the SIMT projection for
+    /// one batch row (b1: 7.33 µs against 8.26 for MMA at block 256), MMA otherwise, and
+    /// [`PLANNED_FINISH`].
+    pub fn for_shape(shape: &EngramDecodeShape) -> Self {
+        let projection = if shape.batch == 1 { DecodeProjection::Simt } else { DecodeProjection::Mma };
+        Self { projection, block: 256, finish: PLANNED_FINISH, ..Self::default() }
     }
 }
 
@@ -404,11 +466,12 @@ impl<'a, T, B: DevicePtr<T>> DecodeInputs<'a, T, B> {
 }
 
 impl EngramDecodePlan {
-    /// Plans `shape` with the default configuration and allocates its workspace on `gpu`.
+    /// Plans `shape` with the planner's configuration ([`DecodeConfig::for_shape`]) and
+    /// allocates its workspace on `gpu`.
     ///
     /// Errors: the shape's [`EngramDecodeShape::lens`] errors; a driver error on allocation.
     pub fn new(gpu: &Gpu, shape: EngramDecodeShape) -> Result<Self> {
-        Self::with_config(gpu, shape, DecodeConfig::default())
+        Self::with_config(gpu, shape, DecodeConfig::for_shape(&shape))
     }
 
     /// As [`EngramDecodePlan::new`] with an explicit launch configuration.
@@ -646,7 +709,7 @@ impl EngramDecodePlan {
         let (mut l, mut k, mut dil) = (s.max_conv_len as u32, s.kernel_size as u32, s.dilation as u32);
         let (mut pos, mut wpos, mut copy) = (pos, wpos, copy as u32);
         let (mut splits, mut rs, mut cl_log, mut eps) = (g.splits, g.rows_per_split, g.cl_log, s.eps);
-        let two = self.finish == DecodeFinish::SecondLaunch;
+        let two = self.finish != DecodeFinish::Ticket;
         let mut mode = two as u32;
         macro_rules! args {
             () => {
@@ -685,6 +748,18 @@ impl EngramDecodePlan {
         launch(f, dims, stream, args!())?;
         if !two {
             return Ok(());
+        }
+        if let DecodeFinish::Wide { elems } = self.finish {
+            if let Some((e, threads)) = wide_finish(&s, elems, aligned) {
+                let idx = match e {
+                    4 => 0,
+                    2 => 1,
+                    _ => 2,
+                } + if dtype == DecodeDtype::F16 { 0 } else { 3 };
+                let fin = gpu.function(KERNELS[16 + idx])?;
+                let dims = LaunchDims { grid: (s.batch as u32, 1, 1), block: (threads, 1, 1), shared_bytes: 640 };
+                return launch(fin, dims, stream, args!());
+            }
         }
         let fin = gpu.function(g.finish_kernel(dtype))?;
         let (m, shared_bytes) = finish_launch_mode(&s);

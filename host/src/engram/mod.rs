@@ -9,7 +9,7 @@ pub(crate) const GATE_CONV_KERNELS: &[&str] = gate_conv::KERNELS;
 pub(crate) const DECODE_KERNELS: &[&str] = decode::KERNELS;
 
 pub use decode::{
-    finish_launch_mode, DecodeConfig, DecodeDtype, DecodeElem, DecodeFinish, DecodeGeometry, DecodeInputs,
+    finish_launch_mode, wide_finish, DecodeConfig, DecodeDtype, DecodeElem, DecodeFinish, DecodeGeometry, DecodeInputs,
     DecodeInputsRaw, DecodeLens, DecodeProjection, EngramDecodePlan, EngramDecodeShape,
 };
 pub use gate_conv::{

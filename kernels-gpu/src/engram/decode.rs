@@ -15,7 +15,7 @@
 //!    the dilated conv over the state taps, `y_t = q(silu(conv) + vh)` and the state row `q(u)`.
 //!
 //! The state shift of the seed contract (`new_conv_state[:, :L-1] = conv_state[:, 1:]`) is
-//! spread over every thread of the grid: the first unit is loaded at kernel start and stored
+//! spread over every thread of the grid: its first two units are loaded at kernel start and stored
 //! when the thread leaves, so its DRAM latency overlaps the projection. The ring-buffer step
 //! (`copy = 0`) reads the taps at physical rows `(pos + t) mod L` and writes `q(u)` over
 //! slot `wpos = pos` in place; the thread that reads a slot is the thread that overwrites it.
@@ -229,7 +229,8 @@ struct Unit<const VEC: usize> {
 unsafe fn copy_load<const VEC: usize>(a: &Args, g: u32) -> Unit<VEC> {
     let nch = a.d / VEC as u32;
     let per = (a.l - 1) * nch;
-    let b = g / per;
+    // `per > 0` whenever a unit exists (L ≥ 2); `checked_div` keeps the kernel free of a panic path.
+    let b = g.checked_div(per).unwrap_or(0);
     let r = g - b * per;
     let dst = (b * a.l * a.d) as usize + (r as usize) * VEC;
     let src = dst + a.d as usize;
@@ -259,14 +260,17 @@ unsafe fn copy_store<const VEC: usize>(a: &Args, u: &Unit<VEC>) {
     }
 }
 
-/// Stores this thread's preloaded copy unit and does any further units (grid-stride), then the
-/// thread is done with the shift.
+/// Stores this thread's preloaded copy units (`first` = unit `g`, `second` = unit `g + total`)
+/// and does any further units (grid-stride), then the thread is done with the shift.
 #[inline(always)]
-unsafe fn copy_finish<const VEC: usize>(a: &Args, first: &Unit<VEC>, have_first: bool, g: u32, total: u32, n: u32) {
-    if have_first {
-        copy_store(a, first);
+unsafe fn copy_finish<const VEC: usize>(a: &Args, pre: &[(Unit<VEC>, bool); 2], g: u32, total: u32, n: u32) {
+    if pre[0].1 {
+        copy_store(a, &pre[0].0);
     }
-    let mut k = g as u64 + total as u64;
+    if pre[1].1 {
+        copy_store(a, &pre[1].0);
+    }
+    let mut k = g as u64 + 2 * total as u64;
     while k < n as u64 {
         let u = copy_load::<VEC>(a, k as u32);
         copy_store(a, &u);
@@ -287,6 +291,9 @@ fn phys_row(pos: u32, t: u32, l: u32) -> u32 {
 
 /// Prefetches into L2 the lines of everything the finishing block reads from the inputs:
 /// `h_t`, `rms_w_h`, `rms_w_v`, `conv_w` and the `K−1` state tap rows of every batch row.
+/// No divisions (it runs before the W loads of the threads that do it): a tap item is one
+/// (batch row, lane) pair, `b = j / 32`, and the lane takes lines `lane, lane + 32, …` of each
+/// of the row's taps.
 #[inline(always)]
 unsafe fn prefetch_tail(a: &Args, g: u32, total: u32) {
     let row_bytes = a.d as u64 * 2;
@@ -294,8 +301,9 @@ unsafe fn prefetch_tail(a: &Args, g: u32, total: u32) {
     let nh = lines(row_bytes * a.b as u64);
     let nw = lines(row_bytes);
     let nc = lines(row_bytes * a.k as u64);
-    let taps = (a.k - 1) as u64;
-    let nt = lines(row_bytes) * taps * a.b as u64;
+    let taps = a.k - 1;
+    let nl = lines(row_bytes);
+    let nt = if taps > 0 { 32 * a.b as u64 } else { 0 };
     let all = nh + 2 * nw + nc + nt;
     let at = |p: *const u16, bytes: u64, line: u64| {
         let off = (line * 128).min(bytes - 1);
@@ -318,15 +326,20 @@ unsafe fn prefetch_tail(a: &Args, g: u32, total: u32) {
                     at(a.cw, row_bytes * a.k as u64, j);
                 } else {
                     j -= nc;
-                    let nl = lines(row_bytes);
-                    let bp = j / nl;
-                    let line = j - bp * nl;
-                    let b = bp / taps;
-                    let p = (bp - b * taps) as u32;
-                    let t = a.l - (a.k - 1 - p) * a.dil;
-                    let row = phys_row(a.pos, t, a.l);
-                    let base = a.s_in.add(((b as u32 * a.l + row) * a.d) as usize);
-                    at(base, row_bytes, line);
+                    let b = (j >> 5) as u32;
+                    let lane = j & 31;
+                    let mut p = 0u32;
+                    while p < taps {
+                        let t = a.l - (taps - p) * a.dil;
+                        let row = phys_row(a.pos, t, a.l);
+                        let base = a.s_in.add(((b * a.l + row) * a.d) as usize);
+                        let mut line = lane;
+                        while line < nl {
+                            at(base, row_bytes, line);
+                            line += 32;
+                        }
+                        p += 1;
+                    }
                 }
             }
         }
@@ -964,10 +977,16 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const
     let blocks = tiles * grid_dim_y();
     let g = (block_idx_y() * tiles + block_idx_x()) * nt + thread_idx_x();
     let total = blocks * nt;
-    // The state shift: this thread's first unit is loaded now and stored on the way out.
+    // The state shift: this thread's first two units are loaded now and stored on the way out.
     let ncopy = if a.copy != 0 { a.b * (a.l - 1) * (a.d / VEC as u32) } else { 0 };
-    let have_first = g < ncopy;
-    let first = if have_first { copy_load::<VEC>(&a, g) } else { Unit { dst: 0, w: [0; 4], s: [0; VEC] } };
+    // Up to two units per thread are loaded up front (serving-b8 has 4352 units for 4096
+    // threads: a second unit loaded only on the way out was a serial DRAM round trip).
+    let none = Unit { dst: 0, w: [0; 4], s: [0; VEC] };
+    let g2 = g as u64 + total as u64;
+    let pre = [
+        if g < ncopy { (copy_load::<VEC>(&a, g), true) } else { (none, false) },
+        if g2 < ncopy as u64 { (copy_load::<VEC>(&a, g2 as u32), true) } else { (none, false) },
+    ];
     prefetch_tail(&a, g, total);
     let smem = dyn_smem::<f32>();
     let flag = if MMA {
@@ -982,22 +1001,22 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const
     }
     if a.mode == 1 {
         // The first of two launches: the finishing kernel sums the partials.
-        copy_finish(&a, &first, have_first, g, total, ncopy);
+        copy_finish(&a, &pre, g, total, ncopy);
         return;
     }
     if a.splits > 1 {
         if !ticket(a.cnt.add(block_idx_x() as usize), a.splits - 1, flag) {
-            copy_finish(&a, &first, have_first, g, total, ncopy);
+            copy_finish(&a, &pre, g, total, ncopy);
             return;
         }
         tile_reduce::<VEC>(&a);
     }
     if !ticket(a.cnt.add(tiles as usize), tiles - 1, flag) {
-        copy_finish(&a, &first, have_first, g, total, ncopy);
+        copy_finish(&a, &pre, g, total, ncopy);
         return;
     }
     finish::<D, VEC>(&a);
-    copy_finish(&a, &first, have_first, g, total, ncopy);
+    copy_finish(&a, &pre, g, total, ncopy);
 }
 
 /// The finishing kernel's phase A: `kv` row `b` (`[k|v][d]`, f32) into `dst` as the sum of
@@ -1111,6 +1130,298 @@ unsafe fn finish_launch<D: Dt, const VEC: usize>(a: Args) {
     }
 }
 
+// ---------------------------------------------------------------- wide finish (v4)
+
+/// `E` (1, 2, 4) consecutive 16-bit inputs as raw words (element `v` in half `v & 1` of word
+/// `v >> 1`), through the read-only path.
+#[inline(always)]
+unsafe fn ld_e_nc<const E: usize>(p: *const u16) -> [u32; 2] {
+    if E == 4 {
+        let (x, y) = ld_nc_v2_u32(p as *const u32);
+        [x, y]
+    } else if E == 2 {
+        [*(p as *const u32), 0]
+    } else {
+        [*p as u32, 0]
+    }
+}
+
+/// As [`ld_e_nc`] through L2 only (the state, which this launch writes).
+#[inline(always)]
+unsafe fn ld_e_cg<const E: usize>(p: *const u16) -> [u32; 2] {
+    if E == 4 {
+        ld_cg_v2_u32(p as *const u32)
+    } else if E == 2 {
+        [ld_cg_f32(p as *const f32).to_bits(), 0]
+    } else {
+        [ld_cg_u16(p) as u32, 0]
+    }
+}
+
+/// Element `v` of [`ld_e_nc`]'s words, widened to f32.
+#[inline(always)]
+fn wide_e<D: Dt>(w: &[u32; 2], v: usize) -> f32 {
+    D::to_f32((w[v >> 1] >> (16 * (v & 1))) as u16)
+}
+
+/// `E` f32 of the workspace through L2 only (one 16-, 8- or 4-byte load).
+#[inline(always)]
+unsafe fn ld_part_e<const E: usize>(p: *const f32) -> [f32; E] {
+    let mut o = [0f32; E];
+    if E == 4 {
+        let w = ld_cg_v4_u32(p as *const u32);
+        let mut k = 0;
+        while k < 4 {
+            o[k] = f32::from_bits(w[k]);
+            k += 1;
+        }
+    } else if E == 2 {
+        let w = ld_cg_v2_u32(p as *const u32);
+        o[0] = f32::from_bits(w[0]);
+        o[1] = f32::from_bits(w[1]);
+    } else {
+        o[0] = ld_cg_f32(p);
+    }
+    o
+}
+
+/// Stores `E` values rounded to the dtype (one 8-, 4- or 2-byte store).
+#[inline(always)]
+unsafe fn st_e<D: Dt, const E: usize>(p: *mut u16, v: &[f32; E]) {
+    if E == 4 {
+        let lo = D::from_f32(v[0]) as u32 | (D::from_f32(v[1]) as u32) << 16;
+        let hi = D::from_f32(v[2]) as u32 | (D::from_f32(v[3]) as u32) << 16;
+        *(p as *mut u64) = lo as u64 | (hi as u64) << 32;
+    } else if E == 2 {
+        *(p as *mut u32) = D::from_f32(v[0]) as u32 | (D::from_f32(v[1]) as u32) << 16;
+    } else {
+        *p = D::from_f32(v[0]);
+    }
+}
+
+/// `1/sqrt(sum_sq·inv_d + eps)`: `rsqrt.approx` and one Newton step (≲ 2 ulp of f32; an
+/// infinite estimate, mean + eps = 0, is kept as is).
+#[inline(always)]
+fn rrms_fast(sum_sq: f32, inv_d: f32, eps: f32) -> f32 {
+    let x = fma(sum_sq, inv_d, eps);
+    let r = rsqrt_approx(x);
+    let n = r * fma(-0.5 * x, r * r, 1.5);
+    if r == f32::INFINITY {
+        r
+    } else {
+        n
+    }
+}
+
+/// σ(x) through `ex2.approx` and `rcp.approx` (a few ulp of f32).
+#[inline(always)]
+fn sigmoid_fast(v: f32) -> f32 {
+    rcp_approx(1.0 + exp_f32(-v))
+}
+
+/// Block sum of three values: warp butterflies (interleaved), one shared-memory slot of four
+/// floats per warp at `red`, one barrier, then every thread adds the warps' sums in warp order.
+#[inline(always)]
+unsafe fn block_sum3(red: *mut f32, mut x: f32, mut y: f32, mut z: f32) -> (f32, f32, f32) {
+    let mut m = 16;
+    while m > 0 {
+        let (sx, sy, sz) = (shfl_xor_f32(x, m), shfl_xor_f32(y, m), shfl_xor_f32(z, m));
+        x += sx;
+        y += sy;
+        z += sz;
+        m >>= 1;
+    }
+    let warp = thread_idx_x() >> 5;
+    if lane_id() == 0 {
+        let p = red.add(4 * warp as usize);
+        *p = x;
+        *p.add(1) = y;
+        *p.add(2) = z;
+    }
+    sync_threads();
+    let nw = block_dim_x() >> 5;
+    let (mut sx, mut sy, mut sz) = (0f32, 0f32, 0f32);
+    let mut w = 0;
+    while w < nw {
+        let p = red.add(4 * w as usize);
+        sx += *p;
+        sy += *p.add(1);
+        sz += *p.add(2);
+        w += 1;
+    }
+    (sx, sy, sz)
+}
+
+/// Block sum of one value (as [`block_sum3`], one float per warp at `red`).
+#[inline(always)]
+unsafe fn block_sum1(red: *mut f32, mut x: f32) -> f32 {
+    x = warp_sum_f32(x);
+    let warp = thread_idx_x() >> 5;
+    if lane_id() == 0 {
+        *red.add(warp as usize) = x;
+    }
+    sync_threads();
+    let nw = block_dim_x() >> 5;
+    let mut s = 0f32;
+    let mut w = 0;
+    while w < nw {
+        s += *red.add(w as usize);
+        w += 1;
+    }
+    s
+}
+
+/// The wide finishing launch (`DecodeFinish::Wide`): block `b` finishes batch row `b` with all
+/// its threads; thread `t` owns columns `[E·t, E·t + E)` (`block·E ≥ d`, `d % E == 0`, the
+/// inputs `2E`-byte aligned). Every load of the thread's columns (the split partials of `kk` and
+/// `vv`, up to 16 splits; `h_t`, the weights, the state taps for `K ≤ 4`) is issued up front;
+/// the partials are summed in split order from 0 (bitwise [`tile_reduce`]'s `kv`), the three
+/// row sums and `Σ q(vh)²` are block reductions (warp butterflies + one barrier each), and the
+/// scalar chain uses `rsqrt.approx` + Newton and `rcp.approx`. Dynamic shared memory: 640 bytes.
+#[inline(always)]
+unsafe fn finish_wide<D: Dt, const E: usize>(a: Args) {
+    let bu = block_idx_x() as usize;
+    let d = a.d as usize;
+    let l = a.l as usize;
+    let j0 = thread_idx_x() as usize * E;
+    let on = j0 < d;
+    let taps = a.k - 1;
+    let (src, splits) = if a.splits > 1 { (a.part as *const f32, a.splits) } else { (a.kv as *const f32, 1) };
+    let stride = a.b as usize * 2 * d;
+    let krow = src.add(bu * 2 * d + j0);
+    let vrow = krow.add(d);
+    // 1. Every load of the thread's columns, up front.
+    let z = [0u32; 2];
+    let (mut hw, mut whw, mut wvw, mut clw) = (z, z, z, z);
+    let mut sw = [z; 3];
+    let mut cww = [z; 3];
+    let mut pk = [[0f32; E]; 16];
+    let mut pv = [[0f32; E]; 16];
+    if on {
+        unroll8!(s, 8, {
+            if (s as u32) < splits {
+                pk[s] = ld_part_e::<E>(krow.add(s * stride));
+                pv[s] = ld_part_e::<E>(vrow.add(s * stride));
+            }
+        });
+        unroll8!(s, 8, {
+            if (s as u32) + 8 < splits {
+                pk[s + 8] = ld_part_e::<E>(krow.add((s + 8) * stride));
+                pv[s + 8] = ld_part_e::<E>(vrow.add((s + 8) * stride));
+            }
+        });
+        hw = ld_e_nc::<E>(a.h.add(bu * d + j0));
+        whw = ld_e_nc::<E>(a.rwh.add(j0));
+        wvw = ld_e_nc::<E>(a.rwv.add(j0));
+        clw = ld_e_nc::<E>(a.cw.add(taps as usize * d + j0));
+        unroll8!(p, 3, {
+            if (p as u32) < taps {
+                let t = a.l - (taps - p as u32) * a.dil;
+                let row = phys_row(a.pos, t, a.l) as usize;
+                sw[p] = ld_e_cg::<E>(a.s_in.add((bu * l + row) * d + j0));
+                cww[p] = ld_e_nc::<E>(a.cw.add(p * d + j0));
+            }
+        });
+    }
+    let (inv_d, inv_sqrt_d) = row_scales(&a);
+    // 2. kk, vv: the partials in split order from 0.
+    let mut kk = [0f32; E];
+    let mut vv = [0f32; E];
+    unroll8!(s, 8, {
+        if (s as u32) < splits {
+            unroll8!(v, E, {
+                kk[v] += pk[s][v];
+                vv[v] += pv[s][v];
+            });
+        }
+    });
+    unroll8!(s, 8, {
+        if (s as u32) + 8 < splits {
+            unroll8!(v, E, {
+                kk[v] += pk[s + 8][v];
+                vv[v] += pv[s + 8][v];
+            });
+        }
+    });
+    if on {
+        let mut sp = 16u32;
+        while sp < splits {
+            let pk = ld_part_e::<E>(krow.add(sp as usize * stride));
+            let pv = ld_part_e::<E>(vrow.add(sp as usize * stride));
+            unroll8!(v, E, {
+                kk[v] += pk[v];
+                vv[v] += pv[v];
+            });
+            sp += 1;
+        }
+    }
+    // 3. Σh², Σq(kk)², Σ h·w_h²·q(kk) → alpha.
+    let (mut sh, mut sk, mut dot) = (0f32, 0f32, 0f32);
+    let mut qk = [0f32; E];
+    if on {
+        unroll8!(v, E, {
+            let h = wide_e::<D>(&hw, v);
+            let w = wide_e::<D>(&whw, v);
+            qk[v] = q::<D>(kk[v]);
+            sh = fma(h, h, sh);
+            sk = fma(qk[v], qk[v], sk);
+            dot = fma(h * w * w, qk[v], dot);
+        });
+        if !a.dbg.is_null() {
+            st_e::<D, E>(a.dbg.add(bu * d + j0), &qk);
+        }
+    }
+    let red = dyn_smem::<f32>();
+    let (sh, sk, dot) = block_sum3(red, sh, sk, dot);
+    let rh = rrms_fast(sh, inv_d, a.eps);
+    let rk = rrms_fast(sk, inv_d, a.eps);
+    let alpha = sigmoid_fast(dot * rh * rk * inv_sqrt_d);
+    // 4. vh, Σ q(vh)² → rrms_v.
+    let mut vh = [0f32; E];
+    let mut sv = 0f32;
+    unroll8!(v, E, {
+        vh[v] = alpha * vv[v];
+        let qv = q::<D>(vh[v]);
+        sv = fma(qv, qv, sv);
+    });
+    if on && !a.dbg.is_null() {
+        st_e::<D, E>(a.dbg.add((a.b as usize + bu) * d + j0), &vh);
+    }
+    let rv = rrms_fast(block_sum1(red.add(128), sv), inv_d, a.eps);
+    if !on {
+        return;
+    }
+    // 5. u, the conv over the taps, y_t and the state row q(u).
+    let mut u = [0f32; E];
+    let mut out = [0f32; E];
+    unroll8!(v, E, {
+        u[v] = q::<D>(vh[v]) * rv * wide_e::<D>(&wvw, v);
+        let mut conv = wide_e::<D>(&clw, v) * u[v];
+        unroll8!(p, 3, {
+            if (p as u32) < taps {
+                conv = fma(wide_e::<D>(&cww[p], v), wide_e::<D>(&sw[p], v), conv);
+            }
+        });
+        out[v] = conv;
+    });
+    let mut p = 3u32;
+    while p < taps {
+        let t = a.l - (taps - p) * a.dil;
+        let row = phys_row(a.pos, t, a.l) as usize;
+        let s = ld_e_cg::<E>(a.s_in.add((bu * l + row) * d + j0));
+        let c = ld_e_nc::<E>(a.cw.add(p as usize * d + j0));
+        unroll8!(v, E, {
+            out[v] = fma(wide_e::<D>(&c, v), wide_e::<D>(&s, v), out[v]);
+        });
+        p += 1;
+    }
+    unroll8!(v, E, {
+        out[v] = out[v] * sigmoid_fast(out[v]) + vh[v];
+    });
+    st_e::<D, E>(a.y.add(bu * d + j0), &out);
+    st_e::<D, E>(a.s_out.add((bu * l + a.wpos as usize) * d + j0), &u);
+}
+
 macro_rules! decode_entry {
     ($name:ident, $body:expr) => {
         /// EngramDecodeFwd (see the module docs). `decode` entries: the one-launch step
@@ -1201,3 +1512,9 @@ decode_entry!(engram_decode_f16_fin8, finish_launch::<F16, 8>);
 decode_entry!(engram_decode_f16_fin1, finish_launch::<F16, 1>);
 decode_entry!(engram_decode_bf16_fin8, finish_launch::<Bf16, 8>);
 decode_entry!(engram_decode_bf16_fin1, finish_launch::<Bf16, 1>);
+decode_entry!(engram_decode_f16_finw4, finish_wide::<F16, 4>);
+decode_entry!(engram_decode_f16_finw2, finish_wide::<F16, 2>);
+decode_entry!(engram_decode_f16_finw1, finish_wide::<F16, 1>);
+decode_entry!(engram_decode_bf16_finw4, finish_wide::<Bf16, 4>);
+decode_entry!(engram_decode_bf16_finw2, finish_wide::<Bf16, 2>);
+decode_entry!(engram_decode_bf16_finw1, finish_wide::<Bf16, 1>);

@@ -595,6 +595,28 @@ pub unsafe fn st_v4_generic(p: *mut u32, v: [u32; 4]) {
 // ---------------------------------------------------------------- EngramGateConvFwd/Bwd (v2)
 
 /// `rcp.approx.f32`: 1/x to about 1 ulp (no subnormal flush); 1/±inf = ±0.
+// ---------------------------------------------------------------- EngramDecodeFwd (engram/decode), wide finish
+
+/// `ld.global.cg.v2.u32`: an 8-byte load through L2 only (see [`ld_cg_v4_u32`]). `p` must be
+/// 8-byte aligned.
+#[inline(always)]
+pub unsafe fn ld_cg_v2_u32(p: *const u32) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    asm!("ld.global.cg.v2.u32 {{{}, {}}}, [{}];",
+         out(reg32) a, out(reg32) b, in(reg64) p,
+         options(readonly, nostack));
+    [a, b]
+}
+
+/// `rsqrt.approx.f32`: 1/sqrt(x), max relative error about 2^-22.9 (ftz off).
+#[inline(always)]
+pub fn rsqrt_approx(v: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("rsqrt.approx.f32 {}, {};", out(reg32) r, in(reg32) v, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `rcp.approx.f32`: 1/x, max relative error about 1 ulp (ftz off).
 #[inline(always)]
 pub fn rcp_approx(v: f32) -> f32 {
     let r: f32;
