@@ -17,6 +17,10 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PATH=/usr/local/cuda/bin:$PATH
 export RGK_COMMIT=$(cat .device/COMMIT 2>/dev/null || echo unknown)
 fail=0
+# device-pack ships the test executables as one xz tarball (they share the embedded PTX).
+if [ -f .device/tests.tar.xz ] && [ ! -d .device/tests ]; then
+  python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .device/tests.tar.xz .device
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
 tests=${RGK_TESTS:-$(ls .device/tests)}
 

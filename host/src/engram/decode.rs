@@ -254,9 +254,10 @@ impl Default for DecodeConfig {
     }
 }
 
-/// The finish [`DecodeConfig::for_shape`] plans. One-line switch for the lead: the wide finish
-/// (`DecodeFinish::Wide { elems: 0 }`, bench rows `@finw*`) once measured faster.
-const PLANNED_FINISH: DecodeFinish = DecodeFinish::SecondLaunch;
+/// The finish [`DecodeConfig::for_shape`] plans: the wide finish (bench rows `@finw*`),
+/// measured faster than the one-warp finish on every seed row (H200, 2026-11-29 session 3:
+/// finish kernel 2.4–2.9 µs against 3.7–9.1).
+const PLANNED_FINISH: DecodeFinish = DecodeFinish::Wide { elems: 0 };
 
 impl DecodeConfig {
     /// The planner's configuration for `shape` ([`EngramDecodePlan::new`] uses it): block 256

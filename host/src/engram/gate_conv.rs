@@ -211,17 +211,13 @@ impl Default for GateFwdConfig {
 }
 
 impl GateFwdConfig {
-    /// The planner's choice for `shape` (what [`gate_conv_fwd`] runs). Rows per block from the
-    /// measured sweep (2026-11-29, H200): R = 1 at d ≥ 768, 2 at d ≥ 512, else 5.
+    /// The planner's choice for `shape` (what [`gate_conv_fwd`] runs): the v2 kernel with the
+    /// approximate silu, R = 3 at d ≥ 768, else 2 (measured sweep, 2026-11-29, H200).
     pub fn for_shape(shape: EngramGateShape) -> Self {
-        let rows_per_block = if shape.d >= 768 {
-            1
-        } else if shape.d >= 512 {
-            2
-        } else {
-            5
-        };
-        Self { rows_per_block, kernel: GateFwdKernel::V1 }
+        // Measured on the H200 (2026-11-29 session 3, `--variants`): v2 with the approximate
+        // silu is fastest on every seed row, R = 2 (d ≤ 512) or 3 (d = 768).
+        let rows_per_block = if shape.d >= 768 { 3 } else { 2 };
+        Self { rows_per_block, kernel: GateFwdKernel::SmemUApprox }
     }
 }
 
@@ -250,7 +246,9 @@ impl GateBwdConfig {
     /// [`bwd_workspace_len`] sizes). From the measured sweep (2026-11-29, H200): S = 16 best
     /// or tied everywhere; R = 3 for T ≥ 96, else 2.
     pub fn for_shape(shape: EngramGateShape) -> Self {
-        Self { rows_per_block: if shape.t >= 96 { 3 } else { 2 }, reduce_segments: 16, smem_u: false }
+        // Measured on the H200 (session 3): the v2 main kernel with R = 2 (d ≤ 512) or 3
+        // (d = 768) and S = 16 is fastest on every seed row.
+        Self { rows_per_block: if shape.d >= 768 { 3 } else { 2 }, reduce_segments: 16, smem_u: true }
     }
 }
 
