@@ -187,3 +187,38 @@ pub(crate) unsafe fn launch_cluster(
     sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()).result()?;
     Ok(())
 }
+
+/// Launches `f` on `stream` as a programmatic dependent launch (`cuLaunchKernelEx` with
+/// `PROGRAMMATIC_STREAM_SERIALIZATION`): it may start before the previous kernel on the stream
+/// completes, once that kernel executes `griddepcontrol.launch_dependents` (or finishes); the
+/// kernel must execute `griddepcontrol.wait` (prim `grid_dependency_wait`) before touching
+/// anything the previous kernel writes. Used to overlap a second kernel's launch and
+/// independent loads with the first kernel of the same op.
+///
+/// # Safety
+/// As [`launch`], plus the kernel's `griddepcontrol.wait` discipline above.
+pub(crate) unsafe fn launch_pdl(
+    f: &CudaFunction,
+    dims: LaunchDims,
+    stream: sys::CUstream,
+    args: &mut [&mut dyn KernelArg],
+) -> Result<()> {
+    let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a.as_param()).collect();
+    let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: dims.grid.0,
+        gridDimY: dims.grid.1,
+        gridDimZ: dims.grid.2,
+        blockDimX: dims.block.0,
+        blockDimY: dims.block.1,
+        blockDimZ: dims.block.2,
+        sharedMemBytes: dims.shared_bytes,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()).result()?;
+    Ok(())
+}

@@ -207,8 +207,9 @@ fn every_launch_config_matches_reference() {
         for block in [32, 64, 128, 256, 512, 1024] {
             for max_grid in [None, Some(1), Some(7), Some(64)] {
                 for mix_block in [32, 96, 256, 1024] {
+                    let pdl = block != 64; // both launch modes of kernel 2
                     let config =
-                        PreConfig { path: PrePath::TwoLaunch, block, max_grid, mix_block, ..PreConfig::default() };
+                        PreConfig { path: PrePath::TwoLaunch, block, max_grid, mix_block, pdl, ..PreConfig::default() };
                     let mut op = match MhcPre::with_config(&gpu, s, config) {
                         Ok(op) => op,
                         // 1024 threads may exceed the register file: a clean error, no launch.

@@ -16,6 +16,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut configs = vec![(None, PreConfig::default())];
     if variants {
         use rgk::mhc::PrePath;
+        configs.push((Some("nopdl".into()), PreConfig { pdl: false, ..PreConfig::default() }));
         let fused = PreConfig { path: PrePath::Fused, ..PreConfig::default() };
         configs.push((Some("fused".into()), fused));
         for cluster in [4, 8] {

@@ -5,7 +5,7 @@ use cudarc::driver::{sys, sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr,
 use half::bf16;
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_cluster, max_active_clusters, LaunchDims};
+use crate::runtime::{launch, launch_cluster, launch_pdl, max_active_clusters, LaunchDims};
 use crate::{Error, Gpu, Result};
 
 pub(crate) const KERNEL_PARTIAL: &str = "mhc_pre_partial";
@@ -173,6 +173,9 @@ pub struct PreConfig {
     /// Threads per block of kernel 2 (reduction, coefficients, mixing), a multiple of 32 in
     /// 32..=1024; each block mixes up to this many channel columns of one batch row.
     pub mix_block: u32,
+    /// Launch kernel 2 as a programmatic dependent launch (its start-up and x loads overlap
+    /// kernel 1; it waits for kernel 1's partials in `griddepcontrol.wait`).
+    pub pdl: bool,
 }
 
 impl Default for PreConfig {
@@ -187,6 +190,7 @@ impl Default for PreConfig {
             block: 256,
             max_grid: None,
             mix_block: 256,
+            pdl: true,
         }
     }
 }
@@ -698,7 +702,8 @@ pub unsafe fn pre_fwd_raw(
         block: (geo.mix_block, 1, 1),
         shared_bytes: geo.mix_smem,
     };
-    launch(
+    let launch2 = if plan.config.pdl { launch_pdl } else { launch };
+    launch2(
         f2,
         dims,
         stream,

@@ -283,6 +283,8 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_partial(
     mc_magic: u64,
     jc_magic: u64,
 ) {
+    // Kernel 2 (launched as a programmatic dependent) may start its prologue now.
+    grid_launch_dependents();
     let t = thread_idx_x();
     let nt = block_dim_x();
     let g = block_idx_x();
@@ -484,6 +486,8 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix(
         u += 1;
     }
     let bias_t = if t < m { *bias.add(t as usize) } else { 0.0 };
+    // Everything above is independent of kernel 1; its partials are read only after it is done.
+    grid_dependency_wait();
 
     // ---- reduction of the G partials of each quantity: thread (q, s) sums g = s, s+S, ...
     let part_b = part_ws.add((beta * mq * grid1) as usize);

@@ -623,3 +623,20 @@ pub fn rcp_approx(v: f32) -> f32 {
     unsafe { asm!("rcp.approx.f32 {}, {};", out(reg32) r, in(reg32) v, options(pure, nomem, nostack)) };
     r
 }
+
+// ---------------------------------------------------------------- programmatic dependent launch
+
+/// `griddepcontrol.launch_dependents`: lets the next kernel on the stream, if launched as a
+/// programmatic dependent launch, start now (it still waits in [`grid_dependency_wait`] for
+/// this grid's completion before reading its results). No effect otherwise.
+#[inline(always)]
+pub fn grid_launch_dependents() {
+    unsafe { asm!("griddepcontrol.launch_dependents;", options(nostack)) };
+}
+
+/// `griddepcontrol.wait`: waits until the grids this one depends on (programmatic dependent
+/// launch) have completed and their memory is visible. Returns at once without such grids.
+#[inline(always)]
+pub fn grid_dependency_wait() {
+    unsafe { asm!("griddepcontrol.wait;", options(nostack)) };
+}
