@@ -16,7 +16,7 @@ fn run(gpu: &Gpu, rng: &mut StdRng, n: usize, batch: usize, prec: Precision, in_
 }
 
 fn opts(persist: Persist, stage_twiddles: bool) -> FftOptions {
-    FftOptions { persist, stage_twiddles }
+    FftOptions { persist, stage_twiddles, hoist_twiddles: true }
 }
 
 fn run_with(
@@ -126,8 +126,10 @@ fn seed_shapes() {
 }
 
 /// The stage-table kernels (`FftOptions::stage_twiddles`, bench rows `@st*`): every length
-/// 2^1..2^22 in both precisions, the ten seed shapes, odd batches, in place; every pass of a
-/// plan must run a stage-table kernel except where the kernel allows too few threads.
+/// 2^1..2^22 in both precisions, the ten seed shapes, odd batches, in place, persistent
+/// grids; and the same without hoisting (`hoist_twiddles: false`, bench rows `@stn`). Each
+/// case prints how many of its passes run a stage-table kernel (a pass whose kernel allows
+/// too few threads keeps the W_Lt kernel).
 #[test]
 fn stage_table_kernels() {
     let Some(gpu) = gpu_or_skip("fft::stage_table_kernels") else { return };
@@ -164,6 +166,24 @@ fn stage_table_kernels() {
         for persist in [Persist::Auto, Persist::Never, Persist::PerSm(2)] {
             run_with(&gpu, &mut rng, n, batch, prec, false, opts(persist, true));
         }
+        // `_stn`: the same tables, loaded in each stage.
+        run_with(
+            &gpu,
+            &mut rng,
+            n,
+            batch,
+            prec,
+            false,
+            FftOptions { hoist_twiddles: false, ..opts(Persist::Auto, true) },
+        );
+    }
+    for prec in [Precision::C64, Precision::C128] {
+        let stn = FftOptions { hoist_twiddles: false, ..o };
+        for log_n in 1..=22 {
+            run_with(&gpu, &mut rng, 1 << log_n, batch_for(log_n), prec, false, stn);
+        }
+        run_with(&gpu, &mut rng, 4096, 3, prec, true, stn);
+        run_with(&gpu, &mut rng, 64, 1001, prec, false, opts(Persist::PerSm(1), true));
     }
 }
 

@@ -33,9 +33,9 @@ const ROWS: [(&str, &[usize], usize, Precision); 10] = [
 /// The seed's workloads; with `variants`, also each row under every persistent-grid choice
 /// (rows named `WORKLOAD@never`, `@sm1`, `@sm2`, `@sm4`) and with the stage-table kernels
 /// (`@st`: per-stage coalesced twiddle tables loaded at kernel start; `@st-never`,
-/// `@st-sm2`), for tuning.
+/// `@st-sm2`; `@stn`: the same tables loaded in each stage, no extra registers), for tuning.
 pub fn workloads(variants: bool) -> Vec<Workload> {
-    let opts = |persist, stage_twiddles| FftOptions { persist, stage_twiddles };
+    let opts = |persist, stage_twiddles| FftOptions { persist, stage_twiddles, hoist_twiddles: true };
     let mut configs = vec![(None, FftOptions::default())];
     if variants {
         configs.push((Some("never"), opts(Persist::Never, false)));
@@ -45,6 +45,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         configs.push((Some("st"), opts(Persist::Auto, true)));
         configs.push((Some("st-never"), opts(Persist::Never, true)));
         configs.push((Some("st-sm2"), opts(Persist::PerSm(2), true)));
+        configs.push((Some("stn"), FftOptions { hoist_twiddles: false, ..opts(Persist::Auto, true) }));
     }
     ROWS.iter()
         .flat_map(|r| configs.iter().map(move |c| (r, *c)))

@@ -148,7 +148,20 @@ kernels!(
     fft_c64_l10_st,
     fft_c64_l11_st,
     fft_c64_l12_st,
-    fft_c64_l13_st
+    fft_c64_l13_st,
+    fft_c64_l1_stn,
+    fft_c64_l2_stn,
+    fft_c64_l3_stn,
+    fft_c64_l4_stn,
+    fft_c64_l5_stn,
+    fft_c64_l6_stn,
+    fft_c64_l7_stn,
+    fft_c64_l8_stn,
+    fft_c64_l9_stn,
+    fft_c64_l10_stn,
+    fft_c64_l11_stn,
+    fft_c64_l12_stn,
+    fft_c64_l13_stn
 );
 kernels!(
     f64,
@@ -176,7 +189,19 @@ kernels!(
     fft_c128_l9_st,
     fft_c128_l10_st,
     fft_c128_l11_st,
-    fft_c128_l12_st
+    fft_c128_l12_st,
+    fft_c128_l1_stn,
+    fft_c128_l2_stn,
+    fft_c128_l3_stn,
+    fft_c128_l4_stn,
+    fft_c128_l5_stn,
+    fft_c128_l6_stn,
+    fft_c128_l7_stn,
+    fft_c128_l8_stn,
+    fft_c128_l9_stn,
+    fft_c128_l10_stn,
+    fft_c128_l11_stn,
+    fft_c128_l12_stn
 );
 
 /// Device memory of the emulation: a 16-byte aligned buffer of `len` complex elements.
@@ -357,15 +382,16 @@ mod tests {
     /// [`case`] with the stage-table kernels when `st` is `Some(max_threads)`: each pass shrunk
     /// to at most that many threads, or left on the `W_Lt` kernel if one transform needs more
     /// (as `FftPlan::new_opts` does for a kernel that allows fewer threads).
-    fn case_st<T: Elem>(log_n: u32, batch: usize, in_place: bool, grid: Option<u32>, st: Option<u32>) -> f64 {
+    fn case_st<T: Elem>(log_n: u32, batch: usize, in_place: bool, grid: Option<u32>, st: Option<(u32, bool)>) -> f64 {
         let elem = T::BYTES;
         let mut passes = if log_n == 0 { vec![] } else { decompose(log_n, batch, elem, max_single_log(elem)) };
-        if let Some(m) = st {
+        if let Some((m, hoist)) = st {
             for p in passes.iter_mut() {
                 let mut q = p.clone();
                 if q.shrink_to(m) {
                     *p = q;
                     p.st = true;
+                    p.hoist = hoist;
                 }
             }
         }
@@ -426,7 +452,7 @@ mod tests {
         }
     }
 
-    /// The stage-table kernels (`_st`): every length to 2^16 in both precisions (one- and
+    /// The stage-table kernels (`_st`, and `_stn` without hoisting): every length to 2^16 in both precisions (one- and
     /// two-pass plans), blocks shrunk to 256 and to 128 threads, in place, odd batches and
     /// persistent grids.
     #[test]
@@ -434,18 +460,26 @@ mod tests {
         for log_n in 1..=16 {
             let batches: &[usize] = if log_n <= 10 { &[1, 3] } else { &[1, 2] };
             for &b in batches {
-                case_st::<f32>(log_n, b, false, None, Some(512));
-                case_st::<f64>(log_n, b, false, None, Some(256));
+                case_st::<f32>(log_n, b, false, None, Some((512, true)));
+                case_st::<f64>(log_n, b, false, None, Some((256, true)));
             }
         }
         for (log_n, b) in [(12, 3), (13, 3), (15, 3), (16, 1)] {
-            case_st::<f32>(log_n, b, true, None, Some(128));
-            case_st::<f64>(log_n, b, false, None, Some(128));
+            case_st::<f32>(log_n, b, true, None, Some((128, true)));
+            case_st::<f64>(log_n, b, false, None, Some((128, true)));
         }
         for (log_n, b) in [(6, 1001), (9, 300), (10, 37), (12, 5)] {
-            case_st::<f32>(log_n, b, false, Some(5), Some(512));
-            case_st::<f64>(log_n, b, false, Some(3), Some(256));
+            case_st::<f32>(log_n, b, false, Some(5), Some((512, true)));
+            case_st::<f64>(log_n, b, false, Some(3), Some((256, true)));
         }
-        case_st::<f32>(17, 1, false, None, Some(512));
+        case_st::<f32>(17, 1, false, None, Some((512, true)));
+        // Without hoisting (`_stn`).
+        for log_n in 1..=16 {
+            let b = if log_n <= 10 { 3 } else { 2 };
+            case_st::<f32>(log_n, b, false, None, Some((512, false)));
+            case_st::<f64>(log_n, b, false, None, Some((512, false)));
+        }
+        case_st::<f32>(9, 300, false, Some(5), Some((512, false)));
+        case_st::<f64>(12, 3, true, None, Some((256, false)));
     }
 }

@@ -94,6 +94,37 @@ const KERNELS_C128_ST: [&str; 12] = [
     "fft_c128_l12_st",
 ];
 
+/// The stage-table kernels without hoisting (`_stn`): twiddles loaded in each stage.
+const KERNELS_C64_STN: [&str; 13] = [
+    "fft_c64_l1_stn",
+    "fft_c64_l2_stn",
+    "fft_c64_l3_stn",
+    "fft_c64_l4_stn",
+    "fft_c64_l5_stn",
+    "fft_c64_l6_stn",
+    "fft_c64_l7_stn",
+    "fft_c64_l8_stn",
+    "fft_c64_l9_stn",
+    "fft_c64_l10_stn",
+    "fft_c64_l11_stn",
+    "fft_c64_l12_stn",
+    "fft_c64_l13_stn",
+];
+const KERNELS_C128_STN: [&str; 12] = [
+    "fft_c128_l1_stn",
+    "fft_c128_l2_stn",
+    "fft_c128_l3_stn",
+    "fft_c128_l4_stn",
+    "fft_c128_l5_stn",
+    "fft_c128_l6_stn",
+    "fft_c128_l7_stn",
+    "fft_c128_l8_stn",
+    "fft_c128_l9_stn",
+    "fft_c128_l10_stn",
+    "fft_c128_l11_stn",
+    "fft_c128_l12_stn",
+];
+
 /// PTX entries of the FFT.
 pub(crate) const KERNELS: &[&str] = &[
     KERNELS_C64[0],
@@ -146,6 +177,31 @@ pub(crate) const KERNELS: &[&str] = &[
     KERNELS_C128_ST[9],
     KERNELS_C128_ST[10],
     KERNELS_C128_ST[11],
+    KERNELS_C64_STN[0],
+    KERNELS_C64_STN[1],
+    KERNELS_C64_STN[2],
+    KERNELS_C64_STN[3],
+    KERNELS_C64_STN[4],
+    KERNELS_C64_STN[5],
+    KERNELS_C64_STN[6],
+    KERNELS_C64_STN[7],
+    KERNELS_C64_STN[8],
+    KERNELS_C64_STN[9],
+    KERNELS_C64_STN[10],
+    KERNELS_C64_STN[11],
+    KERNELS_C64_STN[12],
+    KERNELS_C128_STN[0],
+    KERNELS_C128_STN[1],
+    KERNELS_C128_STN[2],
+    KERNELS_C128_STN[3],
+    KERNELS_C128_STN[4],
+    KERNELS_C128_STN[5],
+    KERNELS_C128_STN[6],
+    KERNELS_C128_STN[7],
+    KERNELS_C128_STN[8],
+    KERNELS_C128_STN[9],
+    KERNELS_C128_STN[10],
+    KERNELS_C128_STN[11],
 ];
 
 /// The complex storage type of a transform.
@@ -199,12 +255,16 @@ pub struct FftOptions {
     /// whose stage-table kernel allows fewer threads per block than the plan chose takes fewer
     /// transforms per block, or the `W_Lt`-table kernel if even one is too many.
     pub stage_twiddles: bool,
+    /// With `stage_twiddles`: load every stage's twiddles at kernel start (`_st` kernels, more
+    /// registers); `false`: in each stage, after its barrier (`_stn`, the registers of the
+    /// `W_Lt` kernels).
+    pub hoist_twiddles: bool,
 }
 
 impl Default for FftOptions {
     fn default() -> Self {
         // The default plan (switch `stage_twiddles` here once the device prefers it).
-        FftOptions { persist: Persist::Auto, stage_twiddles: false }
+        FftOptions { persist: Persist::Auto, stage_twiddles: false, hoist_twiddles: true }
     }
 }
 
@@ -312,13 +372,14 @@ impl FftPlan {
             .unwrap_or(DEFAULT_SMS);
         for p in passes.iter_mut() {
             if opts.stage_twiddles {
-                let f = gpu.function(Self::kernel_names_st(precision)[p.log_l as usize - 1])?;
+                let mut q = p.clone();
+                q.st = true;
+                q.hoist = opts.hoist_twiddles;
+                let f = gpu.function(Self::pass_kernel(precision, &q))?;
                 let max_threads =
                     f.get_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
-                let mut q = p.clone();
                 if q.shrink_to(max_threads as u32) {
                     *p = q;
-                    p.st = true;
                 }
             }
             let f = gpu.function(Self::pass_kernel(precision, p))?;
@@ -372,16 +433,18 @@ impl FftPlan {
         Ok(Self { n, batch, precision, passes, tw, twlo, twhi, work, stw, stw_ptrs, ptrs, log_lt })
     }
 
-    fn kernel_names_st(p: Precision) -> &'static [&'static str] {
-        match p {
-            Precision::C64 => &KERNELS_C64_ST,
-            Precision::C128 => &KERNELS_C128_ST,
+    fn kernel_names_st(p: Precision, hoist: bool) -> &'static [&'static str] {
+        match (p, hoist) {
+            (Precision::C64, true) => &KERNELS_C64_ST,
+            (Precision::C128, true) => &KERNELS_C128_ST,
+            (Precision::C64, false) => &KERNELS_C64_STN,
+            (Precision::C128, false) => &KERNELS_C128_STN,
         }
     }
 
     /// The kernel of a pass (its length, precision and table kind).
     fn pass_kernel(prec: Precision, p: &Pass) -> &'static str {
-        let names = if p.st { Self::kernel_names_st(prec) } else { Self::kernel_names(prec) };
+        let names = if p.st { Self::kernel_names_st(prec, p.hoist) } else { Self::kernel_names(prec) };
         names[p.log_l as usize - 1]
     }
 

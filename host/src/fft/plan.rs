@@ -63,6 +63,9 @@ pub(crate) struct Pass {
     /// The pass runs the stage-table kernel (`fft_*_l*_st`: twiddles from [`stage_table`],
     /// coalesced, loaded at kernel start); `false`: the `W_Lt` table kernel.
     pub st: bool,
+    /// With `st`: the hoisting kernel (`_st`, twiddles loaded at kernel start) rather than
+    /// `_stn` (loaded in each stage).
+    pub hoist: bool,
 }
 
 impl Pass {
@@ -175,6 +178,7 @@ fn pass(
         src,
         dst,
         st: false,
+        hoist: false,
     }
 }
 

@@ -446,3 +446,31 @@ entry!(fft_c128_l9_st, f64, 9, 8, true, true);
 entry!(fft_c128_l10_st, f64, 10, 8, true, true);
 entry!(fft_c128_l11_st, f64, 11, 8, true, true);
 entry!(fft_c128_l12_st, f64, 12, 16, true, false);
+
+// Stage tables without hoisting (`_stn`): coalesced per-stage twiddles loaded in each stage
+// (after its barrier), the registers of the W_Lt kernels.
+entry!(fft_c64_l1_stn, f32, 1, 2, true, false);
+entry!(fft_c64_l2_stn, f32, 2, 4, true, false);
+entry!(fft_c64_l3_stn, f32, 3, 8, true, false);
+entry!(fft_c64_l4_stn, f32, 4, 16, true, false);
+entry!(fft_c64_l5_stn, f32, 5, 8, true, false);
+entry!(fft_c64_l6_stn, f32, 6, 8, true, false);
+entry!(fft_c64_l7_stn, f32, 7, 16, true, false);
+entry!(fft_c64_l8_stn, f32, 8, 16, true, false);
+entry!(fft_c64_l9_stn, f32, 9, 8, true, false);
+entry!(fft_c64_l10_stn, f32, 10, 16, true, false);
+entry!(fft_c64_l11_stn, f32, 11, 16, true, false);
+entry!(fft_c64_l12_stn, f32, 12, 16, true, false);
+entry!(fft_c64_l13_stn, f32, 13, 16, true, false);
+entry!(fft_c128_l1_stn, f64, 1, 2, true, false);
+entry!(fft_c128_l2_stn, f64, 2, 4, true, false);
+entry!(fft_c128_l3_stn, f64, 3, 8, true, false);
+entry!(fft_c128_l4_stn, f64, 4, 8, true, false);
+entry!(fft_c128_l5_stn, f64, 5, 8, true, false);
+entry!(fft_c128_l6_stn, f64, 6, 8, true, false);
+entry!(fft_c128_l7_stn, f64, 7, 8, true, false);
+entry!(fft_c128_l8_stn, f64, 8, 8, true, false);
+entry!(fft_c128_l9_stn, f64, 9, 8, true, false);
+entry!(fft_c128_l10_stn, f64, 10, 8, true, false);
+entry!(fft_c128_l11_stn, f64, 11, 8, true, false);
+entry!(fft_c128_l12_stn, f64, 12, 16, true, false);
