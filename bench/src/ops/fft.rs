@@ -36,16 +36,19 @@ const ROWS: [(&str, &[usize], usize, Precision); 10] = [
 /// `@st-sm2`; `@stn`: the same tables loaded in each stage, no extra registers), for tuning.
 pub fn workloads(variants: bool) -> Vec<Workload> {
     let opts = |persist, stage_twiddles| FftOptions { persist, stage_twiddles, hoist_twiddles: true };
-    let mut configs = vec![(None, FftOptions::default())];
+    // `None`: the planner's options for the row (`FftOptions::for_shape`); `v1`: the v1 kernels.
+    let mut configs: Vec<(Option<&'static str>, Option<FftOptions>)> = vec![(None, None)];
     if variants {
-        configs.push((Some("never"), opts(Persist::Never, false)));
+        let mut push = |tag, o| configs.push((Some(tag), Some(o)));
+        push("v1", FftOptions::default());
+        push("never", opts(Persist::Never, false));
         for k in [1, 2, 4] {
-            configs.push((Some(["", "sm1", "sm2", "", "sm4"][k as usize]), opts(Persist::PerSm(k), false)));
+            push(["", "sm1", "sm2", "", "sm4"][k as usize], opts(Persist::PerSm(k), false));
         }
-        configs.push((Some("st"), opts(Persist::Auto, true)));
-        configs.push((Some("st-never"), opts(Persist::Never, true)));
-        configs.push((Some("st-sm2"), opts(Persist::PerSm(2), true)));
-        configs.push((Some("stn"), FftOptions { hoist_twiddles: false, ..opts(Persist::Auto, true) }));
+        push("st", opts(Persist::Auto, true));
+        push("st-never", opts(Persist::Never, true));
+        push("st-sm2", opts(Persist::PerSm(2), true));
+        push("stn", FftOptions { hoist_twiddles: false, ..opts(Persist::Auto, true) });
     }
     ROWS.iter()
         .flat_map(|r| configs.iter().map(move |c| (r, *c)))
@@ -64,7 +67,14 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                 bytes: (2 * n * batch * prec.element_bytes()) as f64,
                 peak_flops: if c128 { FP64_PEAK } else { FP32_PEAK },
                 prepare: Box::new(move |gpu, rng| {
-                    Ok(Box::new(FftCase::new(gpu, rng, bdims, n, prec, o)?) as Box<dyn Case>)
+                    Ok(Box::new(FftCase::new(
+                        gpu,
+                        rng,
+                        bdims,
+                        n,
+                        prec,
+                        o.unwrap_or_else(|| FftOptions::for_shape(n, batch, prec)),
+                    )?) as Box<dyn Case>)
                 }),
             }
         })

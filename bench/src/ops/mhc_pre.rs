@@ -18,14 +18,12 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         use rgk::mhc::PrePath;
         configs.push((Some("nopdl".into()), PreConfig { pdl: false, ..PreConfig::default() }));
         configs.push((Some("fma1".into()), PreConfig { mma_partials: false, ..PreConfig::default() }));
-        for mma_block in [64, 256] {
+        for mma_block in [128, 512] {
             configs.push((Some(format!("mb{mma_block}")), PreConfig { mma_block, ..PreConfig::default() }));
         }
         let fused = PreConfig { path: PrePath::Fused, ..PreConfig::default() };
         configs.push((Some("fused".into()), fused));
-        for cluster in [4, 8] {
-            configs.push((Some(format!("fused-c{cluster}")), PreConfig { cluster, ..fused }));
-        }
+        configs.push((Some("fused-c8".into()), PreConfig { cluster: 8, ..fused }));
         for batch_per_cluster in [1, 2] {
             configs.push((Some(format!("fused-bpc{batch_per_cluster}")), PreConfig { batch_per_cluster, ..fused }));
         }

@@ -262,9 +262,25 @@ pub struct FftOptions {
 }
 
 impl Default for FftOptions {
+    /// The v1 kernels (`W_Lt` twiddle tables read after each barrier), persistent grids `Auto`.
     fn default() -> Self {
-        // The default plan (switch `stage_twiddles` here once the device prefers it).
         FftOptions { persist: Persist::Auto, stage_twiddles: false, hoist_twiddles: true }
+    }
+}
+
+impl FftOptions {
+    /// What [`FftPlan::new`] plans for `n` (measured on the H200, 2026-11-29 session 3, bench
+    /// `--variants`): the stage-table kernels everywhere (latency-4k 5.86 → 3.65 µs,
+    /// throughput-4k 6.66 → 4.38, fnet-512 16.38 → 12.83); their twiddles hoisted to kernel start
+    /// except for n ≥ 2^20 (scientific-1m: hoisted 176.8, in-stage 138.3, v1 155.8 — the
+    /// hoisting kernels' registers shrink the 1024-point column passes); no persistent grid for
+    /// n ≤ 64 (shortconv-64: 19.54 against 21.12).
+    pub fn for_shape(n: usize, _batch: usize, _precision: Precision) -> Self {
+        FftOptions {
+            persist: if n <= 64 { Persist::Never } else { Persist::Auto },
+            stage_twiddles: true,
+            hoist_twiddles: n < 1 << 20,
+        }
     }
 }
 
@@ -348,7 +364,7 @@ impl FftPlan {
     /// `batch` (0); [`Error::Overflow`] naming `batch` when `n·batch` exceeds
     /// [`MAX_ELEMENTS`]; a driver error from the uploads or the allocation.
     pub fn new(gpu: &Gpu, n: usize, batch: usize, precision: Precision) -> Result<Self> {
-        Self::new_with(gpu, n, batch, precision, Persist::Auto)
+        Self::new_opts(gpu, n, batch, precision, FftOptions::for_shape(n, batch, precision))
     }
 
     /// [`FftPlan::new`] with an explicit persistent-grid choice (for tuning and its bench rows).

@@ -197,7 +197,7 @@ impl Default for PreConfig {
             max_grid: None,
             mix_block: 256,
             mma_partials: true,
-            mma_block: 128,
+            mma_block: 256,
             pdl: true,
         }
     }
@@ -439,6 +439,16 @@ impl PreGeometry {
     }
 }
 
+/// Raises (never lowers: other plans of the same kernel may need more) the kernel's dynamic
+/// shared memory limit to `smem` bytes when that exceeds the default 48 KiB.
+fn raise_smem_limit(f: &cudarc::driver::CudaFunction, smem: u32) -> Result<()> {
+    let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    if smem as usize > SMEM_DEFAULT && f.get_attribute(attr)? < smem as i32 {
+        f.set_attribute(attr, smem as i32)?;
+    }
+    Ok(())
+}
+
 /// A validated shape with its launch geometry on one device (no device memory).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PrePlan {
@@ -469,12 +479,7 @@ impl PrePlan {
             [(k1, k1_arg, k1_block, k1_smem), (KERNEL_MIX, "config.mix_block", geometry.mix_block, geometry.mix_smem)]
         {
             let f = gpu.function(name)?;
-            if smem as usize > SMEM_DEFAULT {
-                f.set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
-                )?;
-            }
+            raise_smem_limit(f, smem)?;
             let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)?;
             if per_sm == 0 {
                 return Err(Error::Shape {
@@ -498,12 +503,7 @@ impl PrePlan {
         let mut cluster = config.cluster;
         loop {
             let g = FusedGeometry::new(shape, max_smem, config, cluster)?;
-            if g.smem as usize > SMEM_DEFAULT {
-                f.set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    g.smem as i32,
-                )?;
-            }
+            raise_smem_limit(f, g.smem)?;
             let dims = LaunchDims { grid: (g.cluster, g.groups, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
             if max_active_clusters(f, dims, g.cluster, gpu.stream().cu_stream())? > 0 {
                 return Ok(g);
