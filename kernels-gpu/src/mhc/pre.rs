@@ -544,82 +544,14 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix(
     }
     sync_threads();
 
-    // ---- coefficients: logits z = alpha·h/r + b in f64; H_pre, h_post; residual logits to zr.
-    let r = sqrt_rn_f64(*sm.tot.add(m as usize)) * inv_sqrt_nc + 1e-4;
-    let mut e = t;
-    while e < m {
-        let alpha = if e < n {
-            alpha_pre
-        } else if e < 2 * n {
-            alpha_post
-        } else {
-            alpha_res
-        };
-        let bq = if e == t { bias_t } else { *bias.add(e as usize) };
-        let z = alpha as f64 * *sm.tot.add(e as usize) / r + bq as f64;
-        if e < n {
-            *sm.hs.add(e as usize) = sigmoid_f64_arg(z);
-        } else if e < 2 * n {
-            if tile == 0 {
-                *h_post.add((beta * n + e - n) as usize) = 2.0 * sigmoid_f64_arg(z);
-            }
-        } else {
-            *sm.zr.add((e - 2 * n) as usize) = z;
-        }
-        e += nt;
+    // ---- coefficients, by warp 0 (warp barriers only; the other warps wait once).
+    if t < 32 {
+        let hp = if tile == 0 { h_post.add((beta * n) as usize) } else { core::ptr::null_mut() };
+        let out = CoefOut { hs: sm.hs, zr: sm.zr, ra: sm.ra, rb: sm.rb, h_post: hp };
+        let coef = PreCoef { alpha_pre, alpha_post, alpha_res, repeat, eps, inv_sqrt_nc };
+        coefficients_warp(sm.tot, |e| if e == t { bias_t } else { *bias.add(e as usize) }, n, coef, out, t);
     }
     sync_threads();
-    // R = exp(z − row max), one element per thread.
-    let mut e = t;
-    while e < nn {
-        let i = e / n;
-        let row = sm.zr.add((i * n) as usize);
-        let mut zmax = *row;
-        let mut k = 1;
-        while k < n {
-            let zk = *row.add(k as usize);
-            if zk > zmax {
-                zmax = zk;
-            }
-            k += 1;
-        }
-        *sm.ra.add(e as usize) = exp_le1(*sm.zr.add(e as usize) - zmax);
-        e += nt;
-    }
-    sync_threads();
-    // Sinkhorn: rows (ra → rb), then columns (rb → ra); sums in index order.
-    let mut rep = 0;
-    while rep < repeat {
-        let mut e = t;
-        while e < nn {
-            let i = e / n;
-            let row = sm.ra.add((i * n) as usize);
-            let mut s = 0f32;
-            let mut k = 0;
-            while k < n {
-                s += *row.add(k as usize);
-                k += 1;
-            }
-            *sm.rb.add(e as usize) = div_rn(*sm.ra.add(e as usize), s + eps);
-            e += nt;
-        }
-        sync_threads();
-        let mut e = t;
-        while e < nn {
-            let i = e / n;
-            let col = sm.rb.add((e - i * n) as usize);
-            let mut s = 0f32;
-            let mut ii = 0;
-            while ii < n {
-                s += *col.add((ii * n) as usize);
-                ii += 1;
-            }
-            *sm.ra.add(e as usize) = div_rn(*sm.rb.add(e as usize), s + eps);
-            e += nt;
-        }
-        sync_threads();
-        rep += 1;
-    }
 
     // ---- mixing of the staged tile.
     let mut jj = t;
@@ -800,6 +732,109 @@ struct PreCoef {
     repeat: u32,
     eps: f32,
     inv_sqrt_nc: f64,
+}
+
+/// Where [`coefficients_warp`] puts one batch row's coefficients: `hs[n]` H_pre, `zr[n²]`
+/// residual logits (f64), `ra[n²]` R (after Sinkhorn), `rb[n²]` scratch; `h_post[n]` (global,
+/// null: not written).
+struct CoefOut {
+    hs: *mut f32,
+    zr: *mut f64,
+    ra: *mut f32,
+    rb: *mut f32,
+    h_post: *mut f32,
+}
+
+/// One batch row's coefficients by one warp (lane `lane`), from the totals `tot[0..m]` (logits)
+/// and `tot[m]` (Σx²): `r` and the logits in f64, H_pre and h_post = 2σ, R = exp(z − row max)
+/// then `repeat` Sinkhorn rounds (`div.rn`, sums in index order). Element-parallel over the
+/// lanes with warp barriers only; the same arithmetic as v2's block-parallel code, so the same
+/// bits. Every lane of the warp must call it.
+#[inline(always)]
+unsafe fn coefficients_warp(
+    tot: *const f64,
+    bias: impl Fn(u32) -> f32,
+    n: u32,
+    coef: PreCoef,
+    out: CoefOut,
+    lane: u32,
+) {
+    let PreCoef { alpha_pre, alpha_post, alpha_res, repeat, eps, inv_sqrt_nc } = coef;
+    let m = n * n + 2 * n;
+    let nn = n * n;
+    let CoefOut { hs, zr, ra, rb, h_post } = out;
+    let r = sqrt_rn_f64(*tot.add(m as usize)) * inv_sqrt_nc + 1e-4;
+    let mut e = lane;
+    while e < m {
+        let alpha = if e < n {
+            alpha_pre
+        } else if e < 2 * n {
+            alpha_post
+        } else {
+            alpha_res
+        };
+        let z = alpha as f64 * *tot.add(e as usize) / r + bias(e) as f64;
+        if e < n {
+            *hs.add(e as usize) = sigmoid_f64_arg(z);
+        } else if e < 2 * n {
+            if !h_post.is_null() {
+                *h_post.add((e - n) as usize) = 2.0 * sigmoid_f64_arg(z);
+            }
+        } else {
+            *zr.add((e - 2 * n) as usize) = z;
+        }
+        e += 32;
+    }
+    sync_warp();
+    let mut e = lane;
+    while e < nn {
+        let i = e / n;
+        let row = zr.add((i * n) as usize);
+        let mut zmax = *row;
+        let mut k = 1;
+        while k < n {
+            let zk = *row.add(k as usize);
+            if zk > zmax {
+                zmax = zk;
+            }
+            k += 1;
+        }
+        *ra.add(e as usize) = exp_le1(*zr.add(e as usize) - zmax);
+        e += 32;
+    }
+    sync_warp();
+    let mut rep = 0;
+    while rep < repeat {
+        let mut e = lane;
+        while e < nn {
+            let i = e / n;
+            let row = ra.add((i * n) as usize);
+            let mut s = 0f32;
+            let mut k = 0;
+            while k < n {
+                s += *row.add(k as usize);
+                k += 1;
+            }
+            *rb.add(e as usize) = div_rn(*ra.add(e as usize), s + eps);
+            e += 32;
+        }
+        sync_warp();
+        let mut e = lane;
+        while e < nn {
+            let i = e / n;
+            let col = rb.add((e - i * n) as usize);
+            let mut s = 0f32;
+            let mut ii = 0;
+            while ii < n {
+                s += *col.add((ii * n) as usize);
+                ii += 1;
+            }
+            *ra.add(e as usize) = div_rn(*rb.add(e as usize), s + eps);
+            e += 32;
+        }
+        sync_warp();
+        rep += 1;
+    }
 }
 
 /// The body of [`mhc_pre_fused`] (`part_ws` null: cluster exchange, coefficients, mixing) and
@@ -1019,83 +1054,15 @@ unsafe fn pre_mma_body(
         // ---- coefficients: warp β handles batch row b0 + β.
         let mut bl = warp;
         while bl < bga {
-            let tot = sm.tot.add((bl * mq) as usize);
-            let zr = sm.zr.add((bl * nn) as usize);
-            let ra = sm.ra.add((bl * nn) as usize);
-            let rb = sm.rb.add((bl * nn) as usize);
-            let hs = sm.hs.add((bl * n) as usize);
-            let r = sqrt_rn_f64(*tot.add(m as usize)) * inv_sqrt_nc + 1e-4;
-            let mut e = lane;
-            while e < m {
-                let alpha = if e < n {
-                    alpha_pre
-                } else if e < 2 * n {
-                    alpha_post
-                } else {
-                    alpha_res
-                };
-                let z = alpha as f64 * *tot.add(e as usize) / r + *sm.bs.add(e as usize) as f64;
-                if e < n {
-                    *hs.add(e as usize) = sigmoid_f64_arg(z);
-                } else if e < 2 * n {
-                    if rank == 0 {
-                        *h_post.add(((b0 + bl) * n + e - n) as usize) = 2.0 * sigmoid_f64_arg(z);
-                    }
-                } else {
-                    *zr.add((e - 2 * n) as usize) = z;
-                }
-                e += 32;
-            }
-            sync_warp();
-            let mut e = lane;
-            while e < nn {
-                let i = e / n;
-                let row = zr.add((i * n) as usize);
-                let mut zmax = *row;
-                let mut k = 1;
-                while k < n {
-                    let zk = *row.add(k as usize);
-                    if zk > zmax {
-                        zmax = zk;
-                    }
-                    k += 1;
-                }
-                *ra.add(e as usize) = exp_le1(*zr.add(e as usize) - zmax);
-                e += 32;
-            }
-            sync_warp();
-            let mut rep = 0;
-            while rep < repeat {
-                let mut e = lane;
-                while e < nn {
-                    let i = e / n;
-                    let row = ra.add((i * n) as usize);
-                    let mut s = 0f32;
-                    let mut k = 0;
-                    while k < n {
-                        s += *row.add(k as usize);
-                        k += 1;
-                    }
-                    *rb.add(e as usize) = div_rn(*ra.add(e as usize), s + eps);
-                    e += 32;
-                }
-                sync_warp();
-                let mut e = lane;
-                while e < nn {
-                    let i = e / n;
-                    let col = rb.add((e - i * n) as usize);
-                    let mut s = 0f32;
-                    let mut ii = 0;
-                    while ii < n {
-                        s += *col.add((ii * n) as usize);
-                        ii += 1;
-                    }
-                    *ra.add(e as usize) = div_rn(*rb.add(e as usize), s + eps);
-                    e += 32;
-                }
-                sync_warp();
-                rep += 1;
-            }
+            let hp = if rank == 0 { h_post.add(((b0 + bl) * n) as usize) } else { core::ptr::null_mut() };
+            let out = CoefOut {
+                hs: sm.hs.add((bl * n) as usize),
+                zr: sm.zr.add((bl * nn) as usize),
+                ra: sm.ra.add((bl * nn) as usize),
+                rb: sm.rb.add((bl * nn) as usize),
+                h_post: hp,
+            };
+            coefficients_warp(sm.tot.add((bl * mq) as usize), |e| *sm.bs.add(e as usize), n, coef, out, lane);
             bl += nw;
         }
         sync_threads();
