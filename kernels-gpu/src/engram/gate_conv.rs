@@ -848,8 +848,13 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
         };
         // s1 = Σ du·wv·vh
         let mut s1 = 0f32;
+        // v3 (resident): du of this lane's chunks kept for the second pass (bitwise the same)
+        let mut dus: [F8; NV] = [[0f32; 8]; NV];
         each_chunk!(NV, lane, nch, |n, c| {
             let du = du_of(i, c);
+            if SW && NV > 0 {
+                *dus.get_unchecked_mut(n) = du;
+            }
             let (wvv, vv) = (wld8(0, c), get(&vres, vr, n, c));
             for q in 0..8 {
                 s1 = fma(du[q] * wvv[q], a * vv[q], s1);
@@ -861,7 +866,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
         let mut s2 = 0f32;
         let dvr = rowp(dv, tu) as *mut u16;
         each_chunk!(NV, lane, nch, |n, c| {
-            let du = du_of(i, c);
+            let du = if SW && NV > 0 { *dus.get_unchecked(n) } else { du_of(i, c) };
             let (wvv, vv, gg) = (wld8(0, c), get(&vres, vr, n, c), get(&gres, gr, n, c));
             let mut o = [0f32; 8];
             for q in 0..8 {
