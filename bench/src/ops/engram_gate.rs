@@ -79,6 +79,19 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                 bwd_cfgs.push((Some(format!("{kt}-r{r}-s16")), Some(GateBwdConfig { rows_per_block: r, ..c })));
             }
         }
+        // with the reduce kernel resident early (pdl), more segments cost no start-up: S = 32
+        // halves each thread's serial loads after the wait
+        for r in [1, 2, 3, 4] {
+            let c = GateBwdConfig {
+                rows_per_block: r,
+                reduce_segments: 32,
+                smem_u: true,
+                smem_w: true,
+                approx: true,
+                ..base
+            };
+            bwd_cfgs.push((Some(format!("v3a-r{r}-s32")), Some(c)));
+        }
         bwd_cfgs.push((Some("nopdl".into()), None));
         bwd_cfgs.push((
             Some("v3a-nopdl".into()),
