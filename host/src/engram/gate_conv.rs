@@ -221,6 +221,10 @@ const FWD2_WL: usize = 5;
 /// Largest dynamic shared memory used without opting in (bytes).
 const SMEM_DEFAULT: usize = 48 * 1024;
 
+/// Largest dynamic shared memory of the v3 backward main kernel (opted in above 48 KiB; well
+/// inside sm_90's 227 KiB, leaving room for the reduce kernel's blocks beside it under PDL).
+const BWD3_SMEM_MAX: usize = 64 * 1024;
+
 /// Sizes of one EngramGateConv call: `m` sequences of `t` rows of `d` channels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngramGateShape {
@@ -313,7 +317,8 @@ pub struct GateBwdConfig {
     pub smem_u: bool,
     /// v3 main kernel (with `smem_u`): `rms_w_v`, `rms_w_h`, `conv_w` loaded by 16-byte loads
     /// issued before the row loads into shared memory (stages 2–4 read them there instead of
-    /// through L1 after a prefetch); bitwise v2. Same layouts as v2 (plus `12·ceil(d/8)·8` B).
+    /// through L1 after a prefetch); bitwise v2. Where v2 runs (plus `12·ceil(d/8)·8` B of
+    /// shared memory, opted in up to 64 KiB: d = 768 with R ≤ 3 fits).
     pub smem_w: bool,
     /// With `smem_w`: σ in `silu'` of stage 2 as `rcp.approx(1 + ex2.approx(−x·log2 e))`
     /// instead of the correctly rounded division, `rrms_v'` by `rsqrt.approx` + one Newton
@@ -768,10 +773,17 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
     let u_bytes = 4 * (r as usize + 6) * d.div_ceil(8) * 8;
     let v2 = config.smem_u && var < 4 && in_smem && bwd_smem_bytes(d, r, true) + u_bytes <= SMEM_DEFAULT;
     let w_bytes = 2 * 6 * d.div_ceil(8) * 8;
-    // v3 needs 6·ceil(d/8) ≤ BWD3_WL·threads weight chunks: ceil(d/8) ≤ 128 (var < 4), threads ≥ 224
-    let v3 = v2 && config.smem_w && bwd_smem_bytes(d, r, true) + u_bytes + w_bytes <= SMEM_DEFAULT;
+    // v3 needs 6·ceil(d/8) ≤ BWD3_WL·threads weight chunks: ceil(d/8) ≤ 128 (var < 4), threads ≥ 224.
+    // Its weights may take it past 48 KiB (d = 768, R = 3: 54 KiB): opted in up to BWD3_SMEM_MAX.
+    let v3_bytes = bwd_smem_bytes(d, r, true) + u_bytes + w_bytes;
+    let v3 = v2 && config.smem_w && v3_bytes <= BWD3_SMEM_MAX;
     let (f, shared_bytes) = if v3 {
-        (gpu.function(BWD3[config.approx as usize][dt][var])?, bwd_smem_bytes(d, r, true) + u_bytes + w_bytes)
+        let f = gpu.function(BWD3[config.approx as usize][dt][var])?;
+        let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        if v3_bytes > SMEM_DEFAULT && f.get_attribute(attr)? < v3_bytes as i32 {
+            f.set_attribute(attr, v3_bytes as i32)?;
+        }
+        (f, v3_bytes)
     } else if v2 {
         (gpu.function(BWD2[dt][var])?, bwd_smem_bytes(d, r, true) + u_bytes)
     } else {
