@@ -125,15 +125,24 @@ fn every_launch_config_matches_reference() {
         let f0 = saved_from_reference(&x);
         for r in [1, 2, 4, 6, 10, 19, 26] {
             for sg in [1, 8, 16, 32] {
-                let c = GateBwdConfig { rows_per_block: r, reduce_segments: sg, smem_u: false };
+                // the reduce kernel with and without programmatic dependent launch (both S parities)
+                let pdl = sg % 16 == 0;
+                let c = GateBwdConfig { rows_per_block: r, reduce_segments: sg, pdl, ..GateBwdConfig::default() };
                 let what = format!("bwd {s:?} {c:?}");
                 wd.step(&what);
                 let Some(b) = run_bwd(&gpu, &x, &f0, 0, Some(c), 0.0) else { continue };
                 check_bwd(&what, &x, &b);
-                // v2 (`u` in smem): bitwise v1 at the same configuration
-                let c2 = GateBwdConfig { smem_u: true, ..c };
+                // v2 (`u` in smem), v3 (weights too): bitwise v1 at the same configuration
+                let c2 = GateBwdConfig { smem_u: true, pdl: !pdl, ..c };
                 let Some(b2) = run_bwd(&gpu, &x, &f0, 0, Some(c2), f32::NAN) else { continue };
                 assert_bwd_bitwise(&format!("{what} smem_u"), &b, &b2);
+                let c3 = GateBwdConfig { smem_u: true, smem_w: true, ..c };
+                let Some(b3) = run_bwd(&gpu, &x, &f0, 0, Some(c3), f32::NAN) else { continue };
+                assert_bwd_bitwise(&format!("{what} smem_w"), &b, &b3);
+                // v3a (approximate σ in silu'): within the reference's tolerances
+                let c4 = GateBwdConfig { smem_u: true, smem_w: true, approx: true, pdl: !pdl, ..c };
+                let Some(b4) = run_bwd(&gpu, &x, &f0, 0, Some(c4), f32::NAN) else { continue };
+                check_bwd(&format!("{what} approx"), &x, &b4);
             }
         }
     }
@@ -155,8 +164,33 @@ fn assert_bwd_bitwise<T: Half>(what: &str, b1: &BwdOut<T>, b2: &BwdOut<T>) {
     assert_eq!(bits_f(&b1.dconv_w), bits_f(&b2.dconv_w), "{what}: dconv_w differs");
 }
 
-/// The v2 main kernel on the seed shapes and odd shapes, both dtypes, both scales: bitwise v1
-/// at the same configuration, and within the reference's tolerances.
+/// v1 (`c`, reduce without PDL) against v2 and v3 (with PDL: bitwise v1, and checked) and v3a
+/// (approximate σ in silu', with and without PDL: checked, and the two bitwise equal).
+fn versions_match<T: Half + rgk::cudarc::driver::DeviceRepr>(
+    gpu: &Gpu,
+    what: &str,
+    x: &GateInputs<T>,
+    c: GateBwdConfig,
+) {
+    let f0 = saved_from_reference(x);
+    let b1 = run_bwd(gpu, x, &f0, 0, Some(c), 0.0).unwrap();
+    let v2 = GateBwdConfig { smem_u: true, pdl: true, ..c };
+    let b2 = run_bwd(gpu, x, &f0, 0, Some(v2), 0.0).unwrap();
+    check_bwd(&format!("{what} v2"), x, &b2);
+    assert_bwd_bitwise(&format!("{what} v2"), &b1, &b2);
+    let v3 = GateBwdConfig { smem_w: true, ..v2 };
+    let b3 = run_bwd(gpu, x, &f0, 0, Some(v3), f32::NAN).unwrap();
+    check_bwd(&format!("{what} v3"), x, &b3);
+    assert_bwd_bitwise(&format!("{what} v3"), &b1, &b3);
+    let v3a = GateBwdConfig { approx: true, ..v3 };
+    let b4 = run_bwd(gpu, x, &f0, 0, Some(v3a), f32::NAN).unwrap();
+    check_bwd(&format!("{what} v3a"), x, &b4);
+    let b5 = run_bwd(gpu, x, &f0, 0, Some(GateBwdConfig { pdl: false, ..v3a }), 0.0).unwrap();
+    assert_bwd_bitwise(&format!("{what} v3a pdl/nopdl"), &b4, &b5);
+}
+
+/// The v2/v3 main kernels on the seed shapes and odd shapes, both dtypes, both scales: bitwise
+/// v1 at the same configuration (v3a: within the reference's tolerances).
 #[test]
 fn v2_main_kernel_matches_v1() {
     let Some((gpu, wd, mut rng)) = start("engram_gate_bwd::v2_main_kernel") else { return };
@@ -173,23 +207,16 @@ fn v2_main_kernel_matches_v1() {
         let s = EngramGateShape { m, t, d };
         for scale in [1.0, 100.0] {
             for r in [1, 2, 3, 4] {
-                let c = GateBwdConfig { rows_per_block: r, reduce_segments: 16, smem_u: false };
-                let what = format!("bwd v2 {s:?} scale {scale} R {r}");
+                let c =
+                    GateBwdConfig { rows_per_block: r, reduce_segments: 16, pdl: false, ..GateBwdConfig::default() };
+                let what = format!("bwd v2/v3 {s:?} scale {scale} R {r}");
                 wd.step(&what);
                 if is_f16 {
                     let x = gen::<f16>(&mut rng, s, scale, false);
-                    let f0 = saved_from_reference(&x);
-                    let b1 = run_bwd(&gpu, &x, &f0, 0, Some(c), 0.0).unwrap();
-                    let b2 = run_bwd(&gpu, &x, &f0, 0, Some(GateBwdConfig { smem_u: true, ..c }), 0.0).unwrap();
-                    check_bwd(&what, &x, &b2);
-                    assert_bwd_bitwise(&what, &b1, &b2);
+                    versions_match(&gpu, &what, &x, c);
                 } else {
                     let x = gen::<bf16>(&mut rng, s, scale, false);
-                    let f0 = saved_from_reference(&x);
-                    let b1 = run_bwd(&gpu, &x, &f0, 0, Some(c), 0.0).unwrap();
-                    let b2 = run_bwd(&gpu, &x, &f0, 0, Some(GateBwdConfig { smem_u: true, ..c }), 0.0).unwrap();
-                    check_bwd(&what, &x, &b2);
-                    assert_bwd_bitwise(&what, &b1, &b2);
+                    versions_match(&gpu, &what, &x, c);
                 }
             }
         }

@@ -384,13 +384,17 @@ fn bad_shapes_are_errors_naming_the_argument() {
         }
     }
     let s = EngramGateShape { m: 3, t: 96, d: 768 };
-    // the planner's R = 3 (T ≥ 96): 96 blocks · 6 · 768 partials; dconv fits in shared memory.
+    // the planner's R = 3 (d ≥ 768): 96 blocks · 6 · 768 partials; dconv fits in shared memory.
     assert_eq!(bwd_workspace_len(s).unwrap(), 96 * 6 * 768);
-    // d = 4100 does not fit: global dconv scratch of (R+3) padded rows per block (R = 2).
+    // d = 4100 does not fit: global dconv scratch of (R+3) padded rows per block (R = 3:
+    // ceil(5/3) = 2 blocks).
     let big = EngramGateShape { m: 1, t: 5, d: 4100 };
-    assert_eq!(bwd_workspace_len(big).unwrap(), 3 * 6 * 4100 + 3 * 5 * 4104);
+    assert_eq!(bwd_workspace_len(big).unwrap(), 2 * 6 * 4100 + 2 * 6 * 4104);
     for r in [0, 27] {
-        match bwd_workspace_len_with(s, GateBwdConfig { rows_per_block: r, reduce_segments: 8, smem_u: false }) {
+        match bwd_workspace_len_with(
+            s,
+            GateBwdConfig { rows_per_block: r, reduce_segments: 8, ..GateBwdConfig::default() },
+        ) {
             Err(Error::Shape { arg, .. }) => assert_eq!(arg, "config.rows_per_block"),
             other => panic!("R = {r}: expected a Shape error, got {other:?}"),
         }

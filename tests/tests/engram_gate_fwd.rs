@@ -104,16 +104,24 @@ fn every_launch_config_matches_reference() {
         let x = gen::<f16>(&mut rng, s, 1.0, false);
         for r in [1, 2, 3, 5, 8, 13, 29] {
             for kernel in KERNELS {
-                let what = format!("fwd {s:?} R {r} {kernel:?}");
-                wd.step(&what);
-                let Some(f) = run_fwd(&gpu, &x, 0, Some(GateFwdConfig { rows_per_block: r, kernel })) else { continue };
-                check_fwd(&what, &x, &f);
+                // extra warps (v2 kernels: weight loads and phase 2 only)
+                for extra_warps in [0, 3] {
+                    if extra_warps > 0 && kernel == GateFwdKernel::V1 {
+                        continue;
+                    }
+                    let c = GateFwdConfig { rows_per_block: r, kernel, extra_warps };
+                    let what = format!("fwd {s:?} {c:?}");
+                    wd.step(&what);
+                    let Some(f) = run_fwd(&gpu, &x, 0, Some(c)) else { continue };
+                    check_fwd(&what, &x, &f);
+                }
             }
         }
     }
 }
 
-const KERNELS: [GateFwdKernel; 3] = [GateFwdKernel::V1, GateFwdKernel::SmemU, GateFwdKernel::SmemUApprox];
+const KERNELS: [GateFwdKernel; 4] =
+    [GateFwdKernel::V1, GateFwdKernel::SmemU, GateFwdKernel::SmemUApprox, GateFwdKernel::SmemUFast];
 
 fn bits_h<T: Half>(v: &[T]) -> Vec<u64> {
     v.iter().map(|x| x.to_f64().to_bits()).collect()
@@ -135,7 +143,7 @@ fn v2_case<T: Half + rgk::cudarc::driver::DeviceRepr>(
 ) {
     let x = gen::<T>(rng, s, scale, false);
     for r in [1, 2, 3, 5, 8] {
-        let run = |kernel| run_fwd(gpu, &x, 0, Some(GateFwdConfig { rows_per_block: r, kernel }));
+        let run = |kernel| run_fwd(gpu, &x, 0, Some(GateFwdConfig { rows_per_block: r, kernel, extra_warps: 0 }));
         let what = format!("fwd v2 {} {s:?} scale {scale} R {r}", T::NAME);
         wd.step(&what);
         let Some(f1) = run(GateFwdKernel::V1) else { continue };
@@ -155,6 +163,29 @@ fn v2_case<T: Half + rgk::cudarc::driver::DeviceRepr>(
         assert_eq!(bits_h(&f1.y), bits_h(&f2.y), "{what}: SmemU Y differs from v1");
         let flips = f1.y.iter().zip(&f3.y).filter(|(a, b)| a.to_f64() != b.to_f64()).count();
         println!("{what}: SmemUApprox Y differs from v1 in {flips} of {} elements", f1.y.len());
+        // SmemUFast (approximate scalars): within the tolerances
+        let Some(f4) = run(GateFwdKernel::SmemUFast) else { continue };
+        check_fwd(&format!("{what} SmemUFast"), &x, &f4);
+        let flips = f1.vhat.iter().zip(&f4.vhat).filter(|(a, b)| a.to_f64() != b.to_f64()).count();
+        println!("{what}: SmemUFast vhat differs from v1 in {flips} of {} elements", f1.vhat.len());
+        // extra warps: bitwise the same outputs as without
+        for (kernel, f0) in [(GateFwdKernel::SmemUApprox, &f3), (GateFwdKernel::SmemUFast, &f4)] {
+            for extra_warps in [1, 3, 6] {
+                let c = GateFwdConfig { rows_per_block: r, kernel, extra_warps };
+                let Some(f) = run_fwd(gpu, &x, 0, Some(c)) else { continue };
+                let what = format!("{what} {c:?}");
+                assert_eq!(bits_h(&f0.y), bits_h(&f.y), "{what}: Y differs");
+                assert_eq!(bits_h(&f0.vhat), bits_h(&f.vhat), "{what}: vhat differs");
+                for (a, b, n) in [
+                    (&f0.alpha, &f.alpha, "alpha"),
+                    (&f0.rrms_h, &f.rrms_h, "rrms_h"),
+                    (&f0.rrms_k, &f.rrms_k, "rrms_k"),
+                    (&f0.rrms_v, &f.rrms_v, "rrms_v"),
+                ] {
+                    assert_eq!(bits_f(a), bits_f(b), "{what}: {n} differs");
+                }
+            }
+        }
     }
 }
 

@@ -26,8 +26,10 @@ const F32_REL: f64 = 1e-4;
 /// Forward rows then backward rows (the planner's configuration, `GateFwdConfig::for_shape` /
 /// `GateBwdConfig::for_shape`); with `variants`, also every rows-per-block choice
 /// (`WORKLOAD@rR` v1, `WORKLOAD@v2-rR` / `WORKLOAD@v2a-rR` the shared-memory-`u` kernels
-/// (exact / approximate silu), `WORKLOAD@v2` / `WORKLOAD@v2a` those at the planner's R;
-/// backward `WORKLOAD@rR-sS`).
+/// (exact / approximate silu), `WORKLOAD@v2f-rR` (approximate scalars too), `WORKLOAD@v2` /
+/// `WORKLOAD@v2a` / `WORKLOAD@v2f` those at the planner's R, `-xX` with X extra warps;
+/// backward `WORKLOAD@rR-sS` v1, `WORKLOAD@{v2,v3,v3a}[-rR-s16]` the main-kernel versions,
+/// `WORKLOAD@nopdl` / `WORKLOAD@v3a-nopdl` with the reduce kernel launched without PDL).
 pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut v = Vec::new();
     // None = the planner's choice for the shape
@@ -36,31 +38,65 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
     if variants {
         for r in [1, 2, 3, 5, 8, 13] {
             fwd_cfgs
-                .push((Some(format!("r{r}")), Some(GateFwdConfig { rows_per_block: r, kernel: GateFwdKernel::V1 })));
+                .push((Some(format!("r{r}")), Some(GateFwdConfig { rows_per_block: r, ..GateFwdConfig::default() })));
         }
-        for (kt, kernel) in [("v2", GateFwdKernel::SmemU), ("v2a", GateFwdKernel::SmemUApprox)] {
-            fwd_cfgs.push((Some(kt.to_string()), Some(GateFwdConfig { rows_per_block: 0, kernel })));
+        for (kt, kernel) in
+            [("v2", GateFwdKernel::SmemU), ("v2a", GateFwdKernel::SmemUApprox), ("v2f", GateFwdKernel::SmemUFast)]
+        {
+            let c = GateFwdConfig { rows_per_block: 0, kernel, extra_warps: 0 };
+            fwd_cfgs.push((Some(kt.to_string()), Some(c)));
             for r in [1, 2, 3, 5, 8] {
-                fwd_cfgs.push((Some(format!("{kt}-r{r}")), Some(GateFwdConfig { rows_per_block: r, kernel })));
+                fwd_cfgs.push((Some(format!("{kt}-r{r}")), Some(GateFwdConfig { rows_per_block: r, ..c })));
+            }
+        }
+        // extra warps (weight loads and phase 2 only) on the approximate kernels
+        for (kt, kernel) in [("v2a", GateFwdKernel::SmemUApprox), ("v2f", GateFwdKernel::SmemUFast)] {
+            for x in [2, 3, 5] {
+                let c = GateFwdConfig { rows_per_block: 0, kernel, extra_warps: x };
+                fwd_cfgs.push((Some(format!("{kt}-x{x}")), Some(c)));
+            }
+            for (r, x) in [(1, 2), (2, 3), (3, 3), (3, 6), (5, 4)] {
+                let c = GateFwdConfig { rows_per_block: r, kernel, extra_warps: x };
+                fwd_cfgs.push((Some(format!("{kt}-r{r}-x{x}")), Some(c)));
             }
         }
         for r in [1, 2, 3, 4, 6, 10] {
             for sg in [4, 8, 16] {
                 bwd_cfgs.push((
                     Some(format!("r{r}-s{sg}")),
-                    Some(GateBwdConfig { rows_per_block: r, reduce_segments: sg, smem_u: false }),
+                    Some(GateBwdConfig { rows_per_block: r, reduce_segments: sg, ..GateBwdConfig::default() }),
                 ));
             }
         }
-        // v2 main kernel (`u` in smem): at the planner's R/S (rows_per_block 0) and R 1..4, S 16
-        bwd_cfgs
-            .push((Some("v2".into()), Some(GateBwdConfig { rows_per_block: 0, reduce_segments: 16, smem_u: true })));
-        for r in [1, 2, 3, 4] {
-            bwd_cfgs.push((
-                Some(format!("v2-r{r}-s16")),
-                Some(GateBwdConfig { rows_per_block: r, reduce_segments: 16, smem_u: true }),
-            ));
+        // main kernels v2 (`u` in smem), v3 (weights too), v3a (plus approximate σ in silu'):
+        // at the planner's R/S (rows_per_block 0) and R 1..4, S 16; all with the reduce kernel
+        // as a programmatic dependent (the default), `nopdl` the planner's config without it
+        let base = GateBwdConfig { rows_per_block: 0, reduce_segments: 16, ..GateBwdConfig::default() };
+        for (kt, smem_w, approx) in [("v2", false, false), ("v3", true, false), ("v3a", true, true)] {
+            let c = GateBwdConfig { smem_u: true, smem_w, approx, ..base };
+            bwd_cfgs.push((Some(kt.into()), Some(c)));
+            for r in [1, 2, 3, 4] {
+                bwd_cfgs.push((Some(format!("{kt}-r{r}-s16")), Some(GateBwdConfig { rows_per_block: r, ..c })));
+            }
         }
+        // with the reduce kernel resident early (pdl), more segments cost no start-up: S = 32
+        // halves each thread's serial loads after the wait
+        for r in [1, 2, 3, 4] {
+            let c = GateBwdConfig {
+                rows_per_block: r,
+                reduce_segments: 32,
+                smem_u: true,
+                smem_w: true,
+                approx: true,
+                ..base
+            };
+            bwd_cfgs.push((Some(format!("v3a-r{r}-s32")), Some(c)));
+        }
+        bwd_cfgs.push((Some("nopdl".into()), None));
+        bwd_cfgs.push((
+            Some("v3a-nopdl".into()),
+            Some(GateBwdConfig { smem_u: true, smem_w: true, approx: true, pdl: false, ..base }),
+        ));
     }
     for &(name, m, t, d, is_f16) in &SEED {
         let s = EngramGateShape { m, t, d };
@@ -69,7 +105,9 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
             // rows_per_block 0: the planner's R with the given kernel
             let cfg = match cfg {
                 None => GateFwdConfig::for_shape(s),
-                Some(c) if c.rows_per_block == 0 => GateFwdConfig { kernel: c.kernel, ..GateFwdConfig::for_shape(s) },
+                Some(c) if c.rows_per_block == 0 => {
+                    GateFwdConfig { kernel: c.kernel, extra_warps: c.extra_warps, ..GateFwdConfig::for_shape(s) }
+                }
                 Some(c) => c,
             };
             v.push(Workload {
@@ -97,8 +135,15 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         let (n, rows) = ((m * t * d) as f64, (m * t) as f64);
         for (tag, cfg) in bwd_cfgs.clone() {
             let cfg = match cfg {
+                None if tag.as_deref() == Some("nopdl") => GateBwdConfig { pdl: false, ..GateBwdConfig::for_shape(s) },
                 None => GateBwdConfig::for_shape(s),
-                Some(c) if c.rows_per_block == 0 => GateBwdConfig { smem_u: c.smem_u, ..GateBwdConfig::for_shape(s) },
+                Some(c) if c.rows_per_block == 0 => GateBwdConfig {
+                    smem_u: c.smem_u,
+                    smem_w: c.smem_w,
+                    approx: c.approx,
+                    pdl: c.pdl,
+                    ..GateBwdConfig::for_shape(s)
+                },
                 Some(c) => c,
             };
             v.push(Workload {

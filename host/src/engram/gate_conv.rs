@@ -7,7 +7,7 @@
 use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, DevicePtr, DevicePtrMut};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, LaunchDims};
+use crate::runtime::{launch, launch_pdl, LaunchDims};
 use crate::verify::Half;
 use crate::{Error, Gpu, Result};
 
@@ -57,7 +57,7 @@ const BWD: [[&str; 6]; 2] = [
 ];
 /// Forward v2 kernels (`u` in shared memory), `[approx][dtype][NV−1]`: approx 0 = correctly
 /// rounded silu (bitwise v1), 1 = `rcp.approx` silu.
-const FWD2: [[[&str; 4]; 2]; 2] = [
+const FWD2: [[[&str; 4]; 2]; 3] = [
     [
         [
             "engram_gate_fwd2s_bf16_r1",
@@ -86,11 +86,56 @@ const FWD2: [[[&str; 4]; 2]; 2] = [
             "engram_gate_fwd2a_f16_r4",
         ],
     ],
+    [
+        [
+            "engram_gate_fwd2f_bf16_r1",
+            "engram_gate_fwd2f_bf16_r2",
+            "engram_gate_fwd2f_bf16_r3",
+            "engram_gate_fwd2f_bf16_r4",
+        ],
+        [
+            "engram_gate_fwd2f_f16_r1",
+            "engram_gate_fwd2f_f16_r2",
+            "engram_gate_fwd2f_f16_r3",
+            "engram_gate_fwd2f_f16_r4",
+        ],
+    ],
 ];
 /// Backward v2 main kernels (`u` in shared memory), `[dtype][NV−1]`.
 const BWD2: [[&str; 4]; 2] = [
     ["engram_gate_bwd2_bf16_r1", "engram_gate_bwd2_bf16_r2", "engram_gate_bwd2_bf16_r3", "engram_gate_bwd2_bf16_r4"],
     ["engram_gate_bwd2_f16_r1", "engram_gate_bwd2_f16_r2", "engram_gate_bwd2_f16_r3", "engram_gate_bwd2_f16_r4"],
+];
+/// Backward v3 main kernels (weights in shared memory too), `[exact, approx silu'][dtype][NV−1]`.
+const BWD3: [[[&str; 4]; 2]; 2] = [
+    [
+        [
+            "engram_gate_bwd3s_bf16_r1",
+            "engram_gate_bwd3s_bf16_r2",
+            "engram_gate_bwd3s_bf16_r3",
+            "engram_gate_bwd3s_bf16_r4",
+        ],
+        [
+            "engram_gate_bwd3s_f16_r1",
+            "engram_gate_bwd3s_f16_r2",
+            "engram_gate_bwd3s_f16_r3",
+            "engram_gate_bwd3s_f16_r4",
+        ],
+    ],
+    [
+        [
+            "engram_gate_bwd3a_bf16_r1",
+            "engram_gate_bwd3a_bf16_r2",
+            "engram_gate_bwd3a_bf16_r3",
+            "engram_gate_bwd3a_bf16_r4",
+        ],
+        [
+            "engram_gate_bwd3a_f16_r1",
+            "engram_gate_bwd3a_f16_r2",
+            "engram_gate_bwd3a_f16_r3",
+            "engram_gate_bwd3a_f16_r4",
+        ],
+    ],
 ];
 const BWD_REDUCE: &str = "engram_gate_bwd_reduce";
 
@@ -136,6 +181,14 @@ pub(crate) const KERNELS: &[&str] = &[
     FWD2[1][1][1],
     FWD2[1][1][2],
     FWD2[1][1][3],
+    FWD2[2][0][0],
+    FWD2[2][0][1],
+    FWD2[2][0][2],
+    FWD2[2][0][3],
+    FWD2[2][1][0],
+    FWD2[2][1][1],
+    FWD2[2][1][2],
+    FWD2[2][1][3],
     BWD2[0][0],
     BWD2[0][1],
     BWD2[0][2],
@@ -144,6 +197,22 @@ pub(crate) const KERNELS: &[&str] = &[
     BWD2[1][1],
     BWD2[1][2],
     BWD2[1][3],
+    BWD3[0][0][0],
+    BWD3[0][0][1],
+    BWD3[0][0][2],
+    BWD3[0][0][3],
+    BWD3[0][1][0],
+    BWD3[0][1][1],
+    BWD3[0][1][2],
+    BWD3[0][1][3],
+    BWD3[1][0][0],
+    BWD3[1][0][1],
+    BWD3[1][0][2],
+    BWD3[1][0][3],
+    BWD3[1][1][0],
+    BWD3[1][1][1],
+    BWD3[1][1][2],
+    BWD3[1][1][3],
 ];
 
 /// Weight chunks per thread of the v2 forward (`kernels-gpu` `FWD2_WL`).
@@ -151,6 +220,10 @@ const FWD2_WL: usize = 5;
 
 /// Largest dynamic shared memory used without opting in (bytes).
 const SMEM_DEFAULT: usize = 48 * 1024;
+
+/// Largest dynamic shared memory of the v3 backward main kernel (opted in above 48 KiB; well
+/// inside sm_90's 227 KiB, leaving room for the reduce kernel's blocks beside it under PDL).
+const BWD3_SMEM_MAX: usize = 64 * 1024;
 
 /// Sizes of one EngramGateConv call: `m` sequences of `t` rows of `d` channels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,6 +264,10 @@ pub enum GateFwdKernel {
     /// `SmemU` with the silu's division by `rcp.approx` (≈ 1 ulp f32; `Y` may differ from
     /// `V1` by a 16-bit rounding flip).
     SmemUApprox,
+    /// `SmemUApprox` with approximate per-row scalars too: `rrms` by `rsqrt.approx` + one
+    /// Newton step, `alpha`'s σ by `rcp.approx`, no divisions on the chain (≈ 1–2 ulp f32 in
+    /// `alpha`, `rrms_*`; `vhat` may flip at a 16-bit rounding tie).
+    SmemUFast,
 }
 
 /// Launch configuration of the forward. Blocks above 512 threads may exceed what a kernel's
@@ -202,11 +279,15 @@ pub struct GateFwdConfig {
     pub rows_per_block: u32,
     /// The kernel.
     pub kernel: GateFwdKernel,
+    /// v2 kernels only (ignored by `V1`): warps added to the block beyond the `R+3` row warps;
+    /// they take part in the weight loads and phase 2 (more threads for phase 2's
+    /// `R·ceil(d/8)` chunks: one round instead of two at d = 768, R = 3 with 3 extra warps).
+    pub extra_warps: u32,
 }
 
 impl Default for GateFwdConfig {
     fn default() -> Self {
-        Self { rows_per_block: 5, kernel: GateFwdKernel::V1 }
+        Self { rows_per_block: 5, kernel: GateFwdKernel::V1, extra_warps: 0 }
     }
 }
 
@@ -217,7 +298,8 @@ impl GateFwdConfig {
         // Measured on the H200 (2026-11-29 session 3, `--variants`): v2 with the approximate
         // silu is fastest on every seed row, R = 2 (d ≤ 512) or 3 (d = 768).
         let rows_per_block = if shape.d >= 768 { 3 } else { 2 };
-        Self { rows_per_block, kernel: GateFwdKernel::SmemUApprox }
+        // (`kernel: SmemUFast` / `extra_warps` are the session-4 candidates: switch here once measured)
+        Self { rows_per_block, kernel: GateFwdKernel::SmemUApprox, extra_warps: 0 }
     }
 }
 
@@ -233,11 +315,25 @@ pub struct GateBwdConfig {
     /// bitwise the same outputs. Resident layouts whose shared memory (`u` and `dconv`) fits in
     /// 48 KiB only; other calls run v1.
     pub smem_u: bool,
+    /// v3 main kernel (with `smem_u`): `rms_w_v`, `rms_w_h`, `conv_w` loaded by 16-byte loads
+    /// issued before the row loads into shared memory (stages 2–4 read them there instead of
+    /// through L1 after a prefetch); bitwise v2. Where v2 runs (plus `12·ceil(d/8)·8` B of
+    /// shared memory, opted in up to 64 KiB: d = 768 with R ≤ 3 fits).
+    pub smem_w: bool,
+    /// With `smem_w`: σ in `silu'` of stage 2 as `rcp.approx(1 + ex2.approx(−x·log2 e))`
+    /// instead of the correctly rounded division, `rrms_v'` by `rsqrt.approx` + one Newton
+    /// step, the two per-row divisions by d as products with 1/d (each ≈ 1–2 ulp f32; not
+    /// bitwise v2).
+    pub approx: bool,
+    /// Launch the reduce kernel as a programmatic dependent of the main kernel (its launch
+    /// and start-up overlap the main kernel; it waits for the main kernel's partials with
+    /// `griddepcontrol.wait`). Bitwise the same outputs either way.
+    pub pdl: bool,
 }
 
 impl Default for GateBwdConfig {
     fn default() -> Self {
-        Self { rows_per_block: 4, reduce_segments: 8, smem_u: false }
+        Self { rows_per_block: 4, reduce_segments: 8, smem_u: false, smem_w: false, approx: false, pdl: true }
     }
 }
 
@@ -248,7 +344,15 @@ impl GateBwdConfig {
     pub fn for_shape(shape: EngramGateShape) -> Self {
         // Measured on the H200 (session 3): the v2 main kernel with R = 2 (d ≤ 512) or 3
         // (d = 768) and S = 16 is fastest on every seed row.
-        Self { rows_per_block: if shape.d >= 768 { 3 } else { 2 }, reduce_segments: 16, smem_u: true }
+        Self {
+            rows_per_block: if shape.d >= 768 { 3 } else { 2 },
+            reduce_segments: 16,
+            smem_u: true,
+            // v3 (weights in smem) / v3a (plus approximate σ in silu'): switch here once measured
+            smem_w: false,
+            approx: false,
+            pdl: true,
+        }
     }
 }
 
@@ -420,16 +524,24 @@ pub unsafe fn gate_conv_fwd_raw_with<T: Half>(
         GateFwdKernel::V1 => None,
         GateFwdKernel::SmemU => Some(0),
         GateFwdKernel::SmemUApprox => Some(1),
+        GateFwdKernel::SmemUFast => Some(2),
     });
     let (f, shared_bytes) = match v2 {
         Some(ap) => (gpu.function(FWD2[ap][dt][var])?, fwd2_smem_bytes(shape.d, r) as u32),
         None => (gpu.function(FWD[dt][var])?, 8 * (r + 3)),
     };
-    check_block_fits(f, (r + 3) * 32, 3)?;
+    let warps = if v2.is_some() { r + 3 + config.extra_warps } else { r + 3 };
+    if warps > 32 {
+        return Err(Error::Shape {
+            arg: "config.extra_warps",
+            msg: format!("{} extra warps with {r} rows per block: more than 32 warps", config.extra_warps),
+        });
+    }
+    check_block_fits(f, warps * 32, 3)?;
     let ntiles = shape.t.div_ceil(r as usize);
     let blocks = u32::try_from(shape.m * ntiles)
         .map_err(|_| Error::Overflow { arg: "m", msg: format!("{} blocks", shape.m * ntiles) })?;
-    let dims = LaunchDims { grid: (blocks, 1, 1), block: ((r + 3) * 32, 1, 1), shared_bytes };
+    let dims = LaunchDims { grid: (blocks, 1, 1), block: (warps * 32, 1, 1), shared_bytes };
     let [mut a0, mut a1, mut a2, mut a3, mut a4, mut a5] = inputs;
     let [mut o0, mut o1, mut o2, mut o3, mut o4, mut o5] = outputs;
     let (mut tl, mut d, mut rr, mut nt, mut eps) = (shape.t as u32, shape.d as u32, r, ntiles as u32, EPS);
@@ -660,7 +772,19 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
     let scratch: CUdeviceptr = if in_smem { 0 } else { workspace + (nblocks * 6 * d * 4) as u64 };
     let u_bytes = 4 * (r as usize + 6) * d.div_ceil(8) * 8;
     let v2 = config.smem_u && var < 4 && in_smem && bwd_smem_bytes(d, r, true) + u_bytes <= SMEM_DEFAULT;
-    let (f, shared_bytes) = if v2 {
+    let w_bytes = 2 * 6 * d.div_ceil(8) * 8;
+    // v3 needs 6·ceil(d/8) ≤ BWD3_WL·threads weight chunks: ceil(d/8) ≤ 128 (var < 4), threads ≥ 224.
+    // Its weights may take it past 48 KiB (d = 768, R = 3: 54 KiB): opted in up to BWD3_SMEM_MAX.
+    let v3_bytes = bwd_smem_bytes(d, r, true) + u_bytes + w_bytes;
+    let v3 = v2 && config.smem_w && v3_bytes <= BWD3_SMEM_MAX;
+    let (f, shared_bytes) = if v3 {
+        let f = gpu.function(BWD3[config.approx as usize][dt][var])?;
+        let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        if v3_bytes > SMEM_DEFAULT && f.get_attribute(attr)? < v3_bytes as i32 {
+            f.set_attribute(attr, v3_bytes as i32)?;
+        }
+        (f, v3_bytes)
+    } else if v2 {
         (gpu.function(BWD2[dt][var])?, bwd_smem_bytes(d, r, true) + u_bytes)
     } else {
         (gpu.function(BWD[dt][var])?, bwd_smem_bytes(d, r, in_smem))
@@ -684,5 +808,6 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
     let f2 = gpu.function(BWD_REDUCE)?;
     let dims2 = LaunchDims { grid: ((6 * d).div_ceil(32) as u32, 1, 1), block: (32, sg, 1), shared_bytes: 4 * 32 * sg };
     let (mut pt2, mut nb, mut d2) = (part, blocks, d as u32);
-    launch(f2, dims2, stream, &mut [&mut pt2, &mut dwh, &mut dwv, &mut dcw, &mut nb, &mut d2])
+    let launch2 = if config.pdl { launch_pdl } else { launch };
+    launch2(f2, dims2, stream, &mut [&mut pt2, &mut dwh, &mut dwv, &mut dcw, &mut nb, &mut d2])
 }

@@ -133,6 +133,19 @@ fn rrms(sum: f32, d: f32, eps: f32) -> f32 {
     rcp_rn(sqrt_rn(div_rn(sum, d) + eps))
 }
 
+/// [`rrms`] by `rsqrt.approx` and one Newton step (≈ 1–2 ulp f32), `inv_d` = 1/d.
+#[inline(always)]
+fn rrms_fast(sum: f32, inv_d: f32, eps: f32) -> f32 {
+    let x = fma(sum, inv_d, eps);
+    let r = rsqrt_approx(x);
+    let n = r * fma(-0.5 * x, r * r, 1.5);
+    if r == f32::INFINITY {
+        r
+    } else {
+        n
+    }
+}
+
 /// Runs `$body` for each chunk `$c` of this lane with its resident index `$n`: unrolled over
 /// `n < NV` (constant indices, so resident arrays stay in registers) when `NV > 0`, a loop
 /// over `c = lane + 32·n < nch` otherwise.
@@ -368,7 +381,7 @@ fn silu<const APPROX: bool>(x: f32) -> f32 {
 /// a zero `u` row before t = 0 adds `fma(cw, 0, +0) = +0`, as v1's skipped term).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool>(
+unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool>(
     h: *const u16,
     k: *const u16,
     v: *const u16,
@@ -399,6 +412,8 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool>(
     let s_u = sm;
     let s_vh = sm.add((r as usize + 3) * dpad);
     let s_w = sm.add((2 * r as usize + 3) * dpad) as *mut u16;
+    // FS: 1/d and 1/sqrt(d) once (off the loads' critical path) for the approximate scalars
+    let (inv_d, inv_sqrt_d) = if FS { (div_rn(1.0, df), div_rn(1.0, sqrt_rn(df))) } else { (0.0, 0.0) };
 
     // ---- weights: every thread issues its (≤ FWD2_WL) 16-byte chunks first
     let nw = 5 * nch;
@@ -418,11 +433,13 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool>(
     // ---- phase 1: per-row scalars of every tile row (warp i ↔ t = t0 − 3 + i), then u (and vh)
     let t = (t0 + i) as i32 - 3;
     let urow = s_u.add(i as usize * dpad);
-    if t < 0 {
+    // warps past the tile (`extra_warps` of the launch) only load weights and run phase 2
+    let in_tile = i < r + 3;
+    if in_tile && t < 0 {
         each_chunk!(NV, lane, nch, |n, c| {
             st8_f32(urow, c, [0f32; 8]);
         });
-    } else if (t as u32) < t_len {
+    } else if in_tile && (t as u32) < t_len {
         let row = (m * t_len + t as u32) as usize * d as usize;
         let (hr, kr, vr) = (h.add(row), k.add(row), v.add(row));
         let owned = i >= 3;
@@ -448,9 +465,13 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool>(
             }
         });
         let (shh, skk, shk) = (warp_sum_f32(shh), warp_sum_f32(skk), warp_sum_f32(shk));
-        let rh = rrms(shh, df, eps);
-        let rk = rrms(skk, df, eps);
-        let alpha = sigmoid(div_rn(shk * rh * rk, sqrt_rn(df)));
+        let (rh, rk, alpha) = if FS {
+            let (rh, rk) = (rrms_fast(shh, inv_d, eps), rrms_fast(skk, inv_d, eps));
+            (rh, rk, rcp_approx(1.0 + exp_f32(-(shk * rh * rk * inv_sqrt_d))))
+        } else {
+            let (rh, rk) = (rrms(shh, df, eps), rrms(skk, df, eps));
+            (rh, rk, sigmoid(div_rn(shk * rh * rk, sqrt_rn(df))))
+        };
         let vq_out = vhat.add(row);
         let mut svv = 0f32;
         each_chunk!(NV, lane, nch, |n, c| {
@@ -464,7 +485,7 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool>(
                 st8::<D, true>(vq_out, c, d, o);
             }
         });
-        let rv = rrms(warp_sum_f32(svv), df, eps);
+        let rv = if FS { rrms_fast(warp_sum_f32(svv), inv_d, eps) } else { rrms(warp_sum_f32(svv), df, eps) };
         let vhrow = s_vh.add(if owned { (i - 3) as usize * dpad } else { 0 });
         each_chunk!(NV, lane, nch, |n, c| {
             let (vv, wvv) = (unpack8::<D>(res(&vres, n)), unpack8::<D>(res(&wvres, n)));
@@ -531,6 +552,33 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool>(
 
 // ---------------------------------------------------------------- backward
 
+/// Weight chunks (16 B) one thread of the v3 backward holds during stage 1: `6·ceil(d/8) ≤ 768`
+/// chunks over `(R+6)·32 ≥ 224` threads.
+pub const BWD3_WL: usize = 4;
+
+/// `(wq / nch, wq % nch)` for `wq < 6·nch`, by at most 5 subtractions.
+#[inline(always)]
+fn split6(wq: u32, nch: u32) -> (u32, u32) {
+    let (mut p, mut c) = (0, wq);
+    while p < 5 && c >= nch {
+        c -= nch;
+        p += 1;
+    }
+    (p, c)
+}
+
+/// Global weight row `wr` of the backward: 0 = `rms_w_v`, 1 = `rms_w_h`, 2 + p = `conv_w[p]`.
+#[inline(always)]
+fn wrow_g(wv: *const u16, wh: *const u16, cw: *const u16, d: u32, wr: u32) -> *const u16 {
+    if wr == 0 {
+        wv
+    } else if wr == 1 {
+        wh
+    } else {
+        cw.wrapping_add((wr - 2) as usize * d as usize)
+    }
+}
+
 /// Smem (f32) of the backward's main kernel: `rrms_v'[R+6]`, `2·dz·s·rh·rk [R]`, padded to 4,
 /// then with `SU` (v2) `u[(R+6)][ceil(d/8)·8]`, then (when no global scratch is given)
 /// `dconv[(R+3)][ceil(d/8)·8]`.
@@ -545,7 +593,7 @@ pub const fn bwd_smem_scalar_floats(r: u32) -> u32 {
 /// (`drms_w_h, drms_w_v, dconv_w[0..4]`), reduced by [`engram_gate_bwd_reduce`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool>(
+unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW: bool, const AP: bool>(
     g: *const u16,
     h: *const u16,
     k: *const u16,
@@ -567,6 +615,9 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool>(
     ntiles: u32,
     eps: f32,
 ) {
+    // The reduce kernel (launched as a programmatic dependent) may start now: it only waits
+    // (`grid_dependency_wait`) and then reads `part`, so its launch overlaps this kernel.
+    grid_launch_dependents();
     let lane = lane_id();
     let i = thread_idx_x() / 32;
     let m = block_idx_x() / ntiles;
@@ -576,6 +627,8 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool>(
     let dpad = (nch * 8) as usize;
     let df = d as f32;
     let s = div_rn(1.0, sqrt_rn(df));
+    // AP: 1/d once; the per-row divisions by d become products (≈ 1 ulp)
+    let inv_d = if AP { div_rn(1.0, df) } else { 0.0 };
     let sm = dyn_smem::<f32>();
     let s_rv = sm;
     let s_ch = sm.add((r + 6) as usize);
@@ -583,8 +636,47 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool>(
     let s_u = sm.add(bwd_smem_scalar_floats(r) as usize);
     let su_len = if SU { (r as usize + 6) * dpad } else { 0 };
     let scr = if scratch.is_null() { s_u.add(su_len) } else { scratch.add(blk * (r as usize + 3) * dpad) };
+    // v3 (`SW`, with SU and smem scratch only): raw 16-bit weights after the scratch, rows
+    // 0 = rms_w_v, 1 = rms_w_h, 2..6 = conv_w[0..4]
+    let s_w = scr.add((r as usize + 3) * dpad) as *mut u16;
     let base = (m * t_len) as usize; // first row of sequence m
     let rowp = |p: *const u16, t: u32| p.wrapping_add((base + t as usize) * d as usize);
+    // weight row `wr` (0 = rms_w_v, 1 = rms_w_h, 2 + p = conv_w[p]): smem (v3) or global
+    let wrow = |wr: u32| -> *const u16 {
+        if SW {
+            s_w.add(wr as usize * dpad) as *const u16
+        } else if wr == 0 {
+            wv
+        } else if wr == 1 {
+            wh
+        } else {
+            cw.add((wr - 2) as usize * d as usize)
+        }
+    };
+    // a chunk of a weight row (16-byte smem read in v3)
+    let wld8 = |wr: u32, c: u32| -> F8 {
+        if SW {
+            unpack8::<D>(*(s_w.add(wr as usize * dpad + c as usize * 8) as *const Raw))
+        } else {
+            ld8::<D, FAST>(wrow(wr), c, d)
+        }
+    };
+
+    // ---- v3: every thread issues its (≤ BWD3_WL) 16-byte weight chunks first
+    let nthr = block_dim_x();
+    let nw = 6 * nch;
+    let mut wraw: [Raw; BWD3_WL] = [[0; 4]; BWD3_WL];
+    if SW {
+        let mut q = 0;
+        while q < BWD3_WL {
+            let wq = thread_idx_x() + q as u32 * nthr;
+            if wq < nw {
+                let (p, c) = split6(wq, nch);
+                wraw[q] = ld_raw(wrow_g(wv, wh, cw, d, p), c);
+            }
+            q += 1;
+        }
+    }
 
     let t = (t0 + i) as i32 - 3;
     let valid = i < r + 6 && t >= 0 && (t as u32) < t_len;
@@ -627,7 +719,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool>(
             }
         });
         // the conv weights for stage 2 (one warp suffices: L1 is per SM)
-        if i == 3 {
+        if !SW && i == 3 {
             let mut c = lane;
             while c < nch {
                 prefetch_conv_weights(cw, wv, c, d);
@@ -651,7 +743,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool>(
                 }
             }
         });
-        let rv = rrms(warp_sum_f32(svv), df, eps);
+        let rv = if AP { rrms_fast(warp_sum_f32(svv), inv_d, eps) } else { rrms(warp_sum_f32(svv), df, eps) };
         p_sum = warp_sum_f32(p_sum);
         if lane == 0 {
             *s_rv.add(i as usize) = rv;
@@ -667,6 +759,20 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool>(
                 }
                 st8_f32(urow, c, o);
             });
+        }
+    }
+    if SW {
+        let mut q = 0;
+        while q < BWD3_WL {
+            let wq = thread_idx_x() + q as u32 * nthr;
+            if wq < nw {
+                let (p, c) = split6(wq, nch);
+                let dst = s_w.add(p as usize * dpad + c as usize * 8) as *mut u32;
+                for e in 0..4 {
+                    *dst.add(e) = wraw[q][e];
+                }
+            }
+            q += 1;
         }
     }
     sync_threads();
@@ -699,7 +805,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool>(
                 for p in 0..4u32 {
                     if tu + p >= 3 {
                         let uu = u_of(i - 3 + p, c, &wvv);
-                        let cwp = ld8::<D, FAST>(cw.add(p as usize * d as usize), c, d);
+                        let cwp = wld8(2 + p, c);
                         for q in 0..8 {
                             conv[q] = fma(cwp[q], uu[q], conv[q]);
                         }
@@ -707,7 +813,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool>(
                 }
                 let gg = if NV > 0 { unpack8::<D>(res(&gres, n)) } else { ld8::<D, FAST>(gr, c, d) };
                 for q in 0..8 {
-                    let sg = sigmoid(conv[q]);
+                    let sg = if AP { rcp_approx(1.0 + exp_f32(-conv[q])) } else { sigmoid(conv[q]) };
                     dc[q] = gg[q] * (sg * (1.0 + conv[q] * (1.0 - sg)));
                 }
             }
@@ -720,7 +826,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool>(
     let du_of = |ii: u32, c: u32| -> F8 {
         let mut o = [0f32; 8];
         for p in 0..4u32 {
-            let cwp = ld8::<D, FAST>(cw.add(p as usize * d as usize), c, d);
+            let cwp = wld8(2 + p, c);
             let dc = ld8_f32(scr.add((ii - p) as usize * dpad), c);
             for q in 0..8 {
                 o[q] = fma(cwp[q], dc[q], o[q]);
@@ -742,21 +848,26 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool>(
         };
         // s1 = Σ du·wv·vh
         let mut s1 = 0f32;
+        // v3 (resident): du of this lane's chunks kept for the second pass (bitwise the same)
+        let mut dus: [F8; NV] = [[0f32; 8]; NV];
         each_chunk!(NV, lane, nch, |n, c| {
             let du = du_of(i, c);
-            let (wvv, vv) = (ld8::<D, FAST>(wv, c, d), get(&vres, vr, n, c));
+            if SW && NV > 0 {
+                *dus.get_unchecked_mut(n) = du;
+            }
+            let (wvv, vv) = (wld8(0, c), get(&vres, vr, n, c));
             for q in 0..8 {
                 s1 = fma(du[q] * wvv[q], a * vv[q], s1);
             }
         });
         let s1 = warp_sum_f32(s1);
-        let c1 = rv * rv * rv * div_rn(s1, df);
+        let c1 = rv * rv * rv * if AP { s1 * inv_d } else { div_rn(s1, df) };
         // dvh = g + rv·du·wv − vh·c1; dv = alpha·dvh; s2 = Σ dvh·v
         let mut s2 = 0f32;
         let dvr = rowp(dv, tu) as *mut u16;
         each_chunk!(NV, lane, nch, |n, c| {
-            let du = du_of(i, c);
-            let (wvv, vv, gg) = (ld8::<D, FAST>(wv, c, d), get(&vres, vr, n, c), get(&gres, gr, n, c));
+            let du = if SW && NV > 0 { *dus.get_unchecked(n) } else { du_of(i, c) };
+            let (wvv, vv, gg) = (wld8(0, c), get(&vres, vr, n, c), get(&gres, gr, n, c));
             let mut o = [0f32; 8];
             for q in 0..8 {
                 let dvh = gg[q] + (rv * (du[q] * wvv[q]) - (a * vv[q]) * c1);
@@ -768,11 +879,11 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool>(
         let s2 = warp_sum_f32(s2);
         let dz = a * (1.0 - a) * s2;
         let aa = dz * s * rh * rk;
-        let pd = div_rn(p_sum, df);
+        let pd = if AP { p_sum * inv_d } else { div_rn(p_sum, df) };
         let (ch, ck) = (rh * rh * pd, rk * rk * pd);
         let (dhr, dkr) = (rowp(dh, tu) as *mut u16, rowp(dk, tu) as *mut u16);
         each_chunk!(NV, lane, nch, |n, c| {
-            let (hh, kk, ww) = (get(&hres, hr, n, c), get(&kres, kr, n, c), ld8::<D, FAST>(wh, c, d));
+            let (hh, kk, ww) = (get(&hres, hr, n, c), get(&kres, kr, n, c), wld8(1, c));
             let (mut oh, mut ok) = ([0f32; 8], [0f32; 8]);
             for q in 0..8 {
                 let w2 = ww[q] * ww[q];
@@ -795,8 +906,15 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool>(
     let ld1 = |p: *const u16, j: u32| D::to_f32(*p.add(j as usize));
     let mut j = thread_idx_x();
     while j < d {
-        let (wvj, whj) = (ld1(wv, j), ld1(wh, j));
-        let cwj = [ld1(cw, j), ld1(cw, d + j), ld1(cw, 2 * d + j), ld1(cw, 3 * d + j)];
+        let wj = |wr: u32| -> f32 {
+            if SW {
+                D::to_f32(*s_w.add(wr as usize * dpad + j as usize))
+            } else {
+                ld1(wrow(wr), j)
+            }
+        };
+        let (wvj, whj) = (wj(0), wj(1));
+        let cwj = [wj(2), wj(3), wj(4), wj(5)];
         // u of tile row ip (t' = t0 − 3 + ip, 0 ≤ t' < T), column j
         let u1 = |ip: u32| -> f32 {
             if SU {
@@ -877,6 +995,9 @@ pub unsafe extern "ptx-kernel" fn engram_gate_bwd_reduce(
     let e = block_idx_x() * 32 + x;
     let n6 = 6 * d;
     let sm = dyn_smem::<f32>();
+    // launched as a programmatic dependent of the main kernel: its partials are complete and
+    // visible after this (returns at once under an ordinary launch)
+    grid_dependency_wait();
     let mut acc = 0f32;
     if e < n6 {
         // 4 loads in flight, then added in increasing b (the same order as one at a time)
@@ -944,6 +1065,9 @@ macro_rules! fwd_entry {
 
 macro_rules! fwd2_entry {
     ($name:ident, $dt:ty, $nv:expr, $approx:expr) => {
+        fwd2_entry!($name, $dt, $nv, $approx, false);
+    };
+    ($name:ident, $dt:ty, $nv:expr, $approx:expr, $fs:expr) => {
         /// EngramGateConvFwd v2 entry (see [`fwd2`] for the launch contract).
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(
@@ -965,16 +1089,19 @@ macro_rules! fwd2_entry {
             ntiles: u32,
             eps: f32,
         ) {
-            fwd2::<$dt, $nv, $approx>(h, k, v, wh, wv, cw, y, vhat, alpha, rh, rk, rv, t_len, d, r, ntiles, eps)
+            fwd2::<$dt, $nv, $approx, $fs>(h, k, v, wh, wv, cw, y, vhat, alpha, rh, rk, rv, t_len, d, r, ntiles, eps)
         }
     };
 }
 
 macro_rules! bwd_entry {
     ($name:ident, $dt:ty, $fast:expr, $nv:expr) => {
-        bwd_entry!($name, $dt, $fast, $nv, false);
+        bwd_entry!($name, $dt, $fast, $nv, false, false, false);
     };
     ($name:ident, $dt:ty, $fast:expr, $nv:expr, $su:expr) => {
+        bwd_entry!($name, $dt, $fast, $nv, $su, false, false);
+    };
+    ($name:ident, $dt:ty, $fast:expr, $nv:expr, $su:expr, $sw:expr, $ap:expr) => {
         /// EngramGateConvBwd main entry (see [`bwd`] for the launch contract).
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(
@@ -999,7 +1126,7 @@ macro_rules! bwd_entry {
             ntiles: u32,
             eps: f32,
         ) {
-            bwd::<$dt, $fast, $nv, $su>(
+            bwd::<$dt, $fast, $nv, $su, $sw, $ap>(
                 g, h, k, v, wh, wv, cw, alpha, rh, rk, dh, dk, dv, part, scratch, t_len, d, r, ntiles, eps,
             )
         }
@@ -1035,6 +1162,14 @@ fwd2_entry!(engram_gate_fwd2a_f16_r1, F16, 1, true);
 fwd2_entry!(engram_gate_fwd2a_f16_r2, F16, 2, true);
 fwd2_entry!(engram_gate_fwd2a_f16_r3, F16, 3, true);
 fwd2_entry!(engram_gate_fwd2a_f16_r4, F16, 4, true);
+fwd2_entry!(engram_gate_fwd2f_bf16_r1, Bf16, 1, true, true);
+fwd2_entry!(engram_gate_fwd2f_bf16_r2, Bf16, 2, true, true);
+fwd2_entry!(engram_gate_fwd2f_bf16_r3, Bf16, 3, true, true);
+fwd2_entry!(engram_gate_fwd2f_bf16_r4, Bf16, 4, true, true);
+fwd2_entry!(engram_gate_fwd2f_f16_r1, F16, 1, true, true);
+fwd2_entry!(engram_gate_fwd2f_f16_r2, F16, 2, true, true);
+fwd2_entry!(engram_gate_fwd2f_f16_r3, F16, 3, true, true);
+fwd2_entry!(engram_gate_fwd2f_f16_r4, F16, 4, true, true);
 
 bwd_entry!(engram_gate_bwd_bf16_r1, Bf16, true, 1);
 bwd_entry!(engram_gate_bwd_bf16_r2, Bf16, true, 2);
@@ -1057,3 +1192,20 @@ bwd_entry!(engram_gate_bwd2_f16_r1, F16, true, 1, true);
 bwd_entry!(engram_gate_bwd2_f16_r2, F16, true, 2, true);
 bwd_entry!(engram_gate_bwd2_f16_r3, F16, true, 3, true);
 bwd_entry!(engram_gate_bwd2_f16_r4, F16, true, 4, true);
+
+bwd_entry!(engram_gate_bwd3s_bf16_r1, Bf16, true, 1, true, true, false);
+bwd_entry!(engram_gate_bwd3s_bf16_r2, Bf16, true, 2, true, true, false);
+bwd_entry!(engram_gate_bwd3s_bf16_r3, Bf16, true, 3, true, true, false);
+bwd_entry!(engram_gate_bwd3s_bf16_r4, Bf16, true, 4, true, true, false);
+bwd_entry!(engram_gate_bwd3s_f16_r1, F16, true, 1, true, true, false);
+bwd_entry!(engram_gate_bwd3s_f16_r2, F16, true, 2, true, true, false);
+bwd_entry!(engram_gate_bwd3s_f16_r3, F16, true, 3, true, true, false);
+bwd_entry!(engram_gate_bwd3s_f16_r4, F16, true, 4, true, true, false);
+bwd_entry!(engram_gate_bwd3a_bf16_r1, Bf16, true, 1, true, true, true);
+bwd_entry!(engram_gate_bwd3a_bf16_r2, Bf16, true, 2, true, true, true);
+bwd_entry!(engram_gate_bwd3a_bf16_r3, Bf16, true, 3, true, true, true);
+bwd_entry!(engram_gate_bwd3a_bf16_r4, Bf16, true, 4, true, true, true);
+bwd_entry!(engram_gate_bwd3a_f16_r1, F16, true, 1, true, true, true);
+bwd_entry!(engram_gate_bwd3a_f16_r2, F16, true, 2, true, true, true);
+bwd_entry!(engram_gate_bwd3a_f16_r3, F16, true, 3, true, true, true);
+bwd_entry!(engram_gate_bwd3a_f16_r4, F16, true, 4, true, true, true);
