@@ -295,11 +295,18 @@ impl GateFwdConfig {
     /// The planner's choice for `shape` (what [`gate_conv_fwd`] runs): the v2 kernel with the
     /// approximate silu, R = 3 at d ≥ 768, else 2 (measured sweep, 2026-11-29, H200).
     pub fn for_shape(shape: EngramGateShape) -> Self {
-        // Measured on the H200 (2026-11-29 session 3, `--variants`): v2 with the approximate
-        // silu is fastest on every seed row, R = 2 (d ≤ 512) or 3 (d = 768).
+        // Measured on the H200 (2026-11-29 session 3, `--variants`): v2f (approximate per-row
+        // scalars and silu) is fastest on every seed row, R = 2 (d ≤ 512) or 3 (d = 768), with
+        // extra phase-2 warps at d ≥ 512 (s64 x2: 3.49 µs against 3.68; s96 x5: 4.54 against 4.70).
         let rows_per_block = if shape.d >= 768 { 3 } else { 2 };
-        // (`kernel: SmemUFast` / `extra_warps` are the session-4 candidates: switch here once measured)
-        Self { rows_per_block, kernel: GateFwdKernel::SmemUApprox, extra_warps: 0 }
+        let extra_warps = if shape.d >= 768 {
+            5
+        } else if shape.d >= 512 {
+            2
+        } else {
+            0
+        };
+        Self { rows_per_block, kernel: GateFwdKernel::SmemUFast, extra_warps }
     }
 }
 
@@ -342,15 +349,17 @@ impl GateBwdConfig {
     /// [`bwd_workspace_len`] sizes). From the measured sweep (2026-11-29, H200): S = 16 best
     /// or tied everywhere; R = 3 for T ≥ 96, else 2.
     pub fn for_shape(shape: EngramGateShape) -> Self {
-        // Measured on the H200 (session 3): the v2 main kernel with R = 2 (d ≤ 512) or 3
-        // (d = 768) and S = 16 is fastest on every seed row.
+        // Measured on the H200 (session 3): the v3a main kernel (u and the weights in shared
+        // memory, approximate σ in silu') with R = 2 (d ≤ 512) or 3 (d = 768) and S = 16 is
+        // fastest on every seed row (5.95 / 8.77 / 5.89 / 12.8 µs against v2's 6.5 / 10.5 /
+        // 6.6 / 15.1). The dependent launch of the reduce kernel measured no gain (the reduce
+        // kernel's own interval is unchanged) but costs nothing.
         Self {
             rows_per_block: if shape.d >= 768 { 3 } else { 2 },
             reduce_segments: 16,
             smem_u: true,
-            // v3 (weights in smem) / v3a (plus approximate σ in silu'): switch here once measured
-            smem_w: false,
-            approx: false,
+            smem_w: true,
+            approx: true,
             pdl: true,
         }
     }
