@@ -207,15 +207,17 @@ fn table(root: &Path, file: Option<&str>) -> Result<(), String> {
         doc["gpu"].as_str().unwrap_or("?"),
         doc["commit"].as_str().unwrap_or("?")
     );
-    println!("| op | workload | dtype | ours µs | fastest alternative | alt µs | ratio | rel_l2 ours | rel_l2 alt | verified |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| op | workload | dtype | ours µs | fastest alternative | alt µs | ratio | rel_l2 ours | rel_l2 alt | max abs err ours | verified |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for r in doc["rows"].as_array().into_iter().flatten() {
         let us = |v: &serde_json::Value| v.as_f64().map_or("—".to_string(), |ms| format!("{:.2}", ms * 1e3));
         let e = |v: &serde_json::Value| v.as_f64().map_or("—".to_string(), |x| format!("{x:.1e}"));
         let fastest = r["fastest_alternative"].as_str().unwrap_or("—");
         let alt = &r["alternatives"][fastest];
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r["op"].as_str().unwrap_or(""),
             r["workload"].as_str().unwrap_or(""),
             r["dtype"].as_str().unwrap_or(""),
@@ -225,6 +227,7 @@ fn table(root: &Path, file: Option<&str>) -> Result<(), String> {
             r["ratio"].as_f64().map_or("—".to_string(), |x| format!("{x:.2}")),
             e(&r["rel_l2_err"]),
             e(&alt["rel_l2_err"]),
+            e(&r["max_abs_err"]),
             if r["verified"] == true { "yes" } else { "NO" },
         );
     }
