@@ -13,7 +13,7 @@ use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, Devi
 use half::{bf16, f16};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, LaunchDims};
+use crate::runtime::{launch, launch_pdl, LaunchDims};
 use crate::{Error, Gpu, Result};
 
 pub(crate) const KERNELS: &[&str] = &[
@@ -39,6 +39,8 @@ pub(crate) const KERNELS: &[&str] = &[
     "engram_decode_bf16_finw4",
     "engram_decode_bf16_finw2",
     "engram_decode_bf16_finw1",
+    "engram_decode_f16_mmal",
+    "engram_decode_bf16_mmal",
 ];
 
 /// Number of SMs of the H200 the default launch geometry is sized for.
@@ -238,6 +240,15 @@ pub struct DecodeConfig {
     pub max_blocks: u32,
     /// One launch with tickets, or a second finishing launch (which uses `block` threads).
     pub finish: DecodeFinish,
+    /// Two-launch finishes: launch the finishing kernel as a programmatic dependent
+    /// ([`crate::runtime`]'s `launch_pdl`): it starts while the projection kernel runs, loads
+    /// its inputs (`h_t`, weights, state taps) and waits in `griddepcontrol.wait` before it
+    /// reads the partials; the projection kernel then skips its L2 prefetch of those inputs.
+    pub pdl: bool,
+    /// Two-launch finishes with the `Mma` projection: the lean projection kernel (`_mmal`:
+    /// bitwise the same partials, a shorter per-warp chain) where it applies — see
+    /// [`lean_applies`]; elsewhere the `_mma` kernel.
+    pub lean: bool,
 }
 
 impl Default for DecodeConfig {
@@ -250,6 +261,8 @@ impl Default for DecodeConfig {
             // Two launches: predicted ≈2× faster than the one-launch ticket chain
             // (kernels-gpu/src/engram/NOTES.md); the bench's `@ticket` row measures the other.
             finish: DecodeFinish::SecondLaunch,
+            pdl: true,
+            lean: false,
         }
     }
 }
@@ -259,6 +272,27 @@ impl Default for DecodeConfig {
 /// finish kernel 2.4–2.9 µs against 3.7–9.1).
 const PLANNED_FINISH: DecodeFinish = DecodeFinish::Wide { elems: 0 };
 
+/// Whether [`DecodeConfig::for_shape`] plans the lean MMA projection kernel (bench rows
+/// `@lean*`; `@nolean` is the planner with the `_mma` kernel). Bitwise the same partials as
+/// `_mma` from fewer instructions per warp (same work minus the per-row bounds, the 2-byte
+/// `e_t` loads, the scalar shared-memory traffic); one-line switch.
+const PLANNED_LEAN: bool = true;
+
+/// Whether a call of `shape` with `config` takes the lean MMA projection kernel (`_mmal`):
+/// `config.lean`, the `Mma` projection on the vectorised layout (`aligned`: `d % 8 == 0`,
+/// 16-byte aligned buffers), a two-launch finish, `batch ≤ 8` (one MMA batch group) and
+/// `d_mem % 16 == 0` (whole k-steps). Public for tests.
+#[doc(hidden)]
+pub fn lean_applies(shape: &EngramDecodeShape, config: &DecodeConfig, aligned: bool) -> bool {
+    config.lean
+        && config.projection == DecodeProjection::Mma
+        && config.finish != DecodeFinish::Ticket
+        && aligned
+        && shape.d.is_multiple_of(8)
+        && shape.batch <= 8
+        && shape.d_mem.is_multiple_of(16)
+}
+
 impl DecodeConfig {
     /// The planner's configuration for `shape` ([`EngramDecodePlan::new`] uses it): block 256
     /// (run 8 sweep: better than 128 on every seed row, b4 by 3 µs), the SIMT projection for
@@ -266,7 +300,7 @@ impl DecodeConfig {
     /// [`PLANNED_FINISH`].
     pub fn for_shape(shape: &EngramDecodeShape) -> Self {
         let projection = if shape.batch == 1 { DecodeProjection::Simt } else { DecodeProjection::Mma };
-        Self { projection, block: 256, finish: PLANNED_FINISH, ..Self::default() }
+        Self { projection, block: 256, finish: PLANNED_FINISH, lean: PLANNED_LEAN, ..Self::default() }
     }
 }
 
@@ -427,6 +461,7 @@ impl DecodeGeometry {
 pub struct EngramDecodePlan {
     shape: EngramDecodeShape,
     finish: DecodeFinish,
+    config: DecodeConfig,
     lens: DecodeLens,
     geo: [DecodeGeometry; 2],
     part: Option<CudaSlice<f32>>,
@@ -495,6 +530,7 @@ impl EngramDecodePlan {
         Ok(Self {
             shape,
             finish: config.finish,
+            config,
             lens,
             geo: [g8, g1],
             part,
@@ -684,7 +720,9 @@ impl EngramDecodePlan {
         let aligned = s.d.is_multiple_of(8)
             && [i.e_t, i.h_t, i.w_k, i.w_v, i.rms_w_h, i.rms_w_v, i.conv_w, s_in, s_out, y].iter().all(|p| p % 16 == 0);
         let g = self.geometry(aligned);
-        let f = gpu.function(g.kernel(dtype))?;
+        let lean = lean_applies(&s, &self.config, aligned);
+        let f =
+            gpu.function(if lean { KERNELS[22 + (dtype == DecodeDtype::Bf16) as usize] } else { g.kernel(dtype) })?;
         let dims = LaunchDims { grid: (g.tiles, g.splits, 1), block: (g.block, 1, 1), shared_bytes: g.shared_bytes() };
         let st = gpu.stream();
         let (part, _g0) = match &self.part {
@@ -711,7 +749,11 @@ impl EngramDecodePlan {
         let (mut pos, mut wpos, mut copy) = (pos, wpos, copy as u32);
         let (mut splits, mut rs, mut cl_log, mut eps) = (g.splits, g.rows_per_split, g.cl_log, s.eps);
         let two = self.finish != DecodeFinish::Ticket;
-        let mut mode = two as u32;
+        let pdl = two && self.config.pdl;
+        // 0: one launch (tickets); 1: the projection launch; 5: the same without the L2
+        // prefetch of the finish's inputs (the dependent finish kernel loads them itself).
+        let mut mode = if pdl { 5 } else { two as u32 };
+        let launch_fin = if pdl { launch_pdl } else { launch };
         macro_rules! args {
             () => {
                 &mut [
@@ -759,14 +801,14 @@ impl EngramDecodePlan {
                 } + if dtype == DecodeDtype::F16 { 0 } else { 3 };
                 let fin = gpu.function(KERNELS[16 + idx])?;
                 let dims = LaunchDims { grid: (s.batch as u32, 1, 1), block: (threads, 1, 1), shared_bytes: 640 };
-                return launch(fin, dims, stream, args!());
+                return launch_fin(fin, dims, stream, args!());
             }
         }
         let fin = gpu.function(g.finish_kernel(dtype))?;
         let (m, shared_bytes) = finish_launch_mode(&s);
         mode = m;
         let dims = LaunchDims { grid: (s.batch as u32, 1, 1), block: (g.block, 1, 1), shared_bytes };
-        launch(fin, dims, stream, args!())
+        launch_fin(fin, dims, stream, args!())
     }
 }
 

@@ -573,6 +573,145 @@ unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32) {
     }
 }
 
+/// One lane's (or one reduced item's) four MMA accumulators of mma `u` → the partial rows:
+/// `s[0]` = (batch `2t`, column `c`), `s[1]` = (`2t + 1`, `c`), `s[2]` = (`2t`, `c + 1`),
+/// `s[3]` = (`2t + 1`, `c + 1`) with `c = c0 + 8g + 2u` (the D fragment under the column map of
+/// [`project_mma`]); two 8-byte stores, batch rows `≥ B` and columns `≥ d` skipped.
+#[inline(always)]
+unsafe fn store_lean_pair(a: &Args, split: u32, m: u32, c: u32, tq: u32, s: [f32; 4]) {
+    if c >= a.d {
+        return;
+    }
+    let (ba, bb) = (2 * tq, 2 * tq + 1);
+    let base = if a.splits > 1 { a.part.add((split * a.b * 2 * a.d) as usize) } else { a.kv };
+    if ba < a.b {
+        let p = base.add(((ba * 2 + m) * a.d + c) as usize) as *mut u64;
+        *p = s[0].to_bits() as u64 | (s[2].to_bits() as u64) << 32;
+    }
+    if bb < a.b {
+        let p = base.add(((bb * 2 + m) * a.d + c) as usize) as *mut u64;
+        *p = s[1].to_bits() as u64 | (s[3].to_bits() as u64) << 32;
+    }
+}
+
+/// Phase 1 on tensor cores, lean (v5; the projection launch of the two-launch step only,
+/// `B ≤ 8`, `d_mem % 16 == 0`, vectorised layout): the same MMAs on the same fragments as
+/// [`project_mma`], hence bitwise its partials, with a shorter chain per warp. Every k-step is
+/// whole (no per-row bounds), `e_t` pairs come as one 4-byte load each (rows `2t, 2t+1` and
+/// `2t+8, 2t+9` of the B fragment are adjacent in memory), the warp partials go through shared
+/// memory as eight 16-byte stores per lane in fragment order (`[warp][m][u][lane]`), and after
+/// one barrier thread `i` sums fragment item `i` (and `i + block`, …; 256 items) over the warps
+/// in warp order with 16-byte loads and writes it as two 8-byte stores. One warp per block:
+/// straight from the registers, no shared memory, no barrier.
+#[inline(always)]
+unsafe fn project_mma_lean<D: Dt>(a: &Args, smem: *mut f32) {
+    let nt = block_dim_x();
+    let nw = nt >> 5;
+    let tid = thread_idx_x();
+    let warp = tid >> 5;
+    let lane = tid & 31;
+    let g = lane >> 2;
+    let tq = lane & 3;
+    let c0 = block_idx_x() * 64;
+    let col = c0 + 8 * g;
+    let col_ok = col < a.d;
+    let split = block_idx_y();
+    let r0 = split * a.rs;
+    let r1 = if r0 + a.rs < a.dm { r0 + a.rs } else { a.dm };
+    let d = a.d as usize;
+    let b_ok = g < a.b;
+    let wkp = a.wk.add(col as usize);
+    let wvp = a.wv.add(col as usize);
+    let ep = a.e.add((if b_ok { g } else { 0 }) as usize * a.dm as usize + 2 * tq as usize);
+    let mut acc = [[[0f32; 4]; 4]; 2];
+    let mut i0 = r0 + 16 * warp;
+    while i0 < r1 {
+        // Two k-steps per round (rows i0 and i0 + 16·nw), every load issued before the MMAs.
+        let mut wk = [[0u32; 4]; 8];
+        let mut wv = [[0u32; 4]; 8];
+        let mut ef = [[0u32; 2]; 2];
+        unroll8!(s, 2, {
+            let base = i0 + s as u32 * 16 * nw;
+            if base < r1 {
+                let off = (base + 2 * tq) as usize * d;
+                if col_ok {
+                    unroll8!(r, 4, {
+                        let o = off + [0, d, 8 * d, 9 * d][r];
+                        wk[4 * s + r] = ld_nc_v4(wkp.add(o) as *const u32);
+                        wv[4 * s + r] = ld_nc_v4(wvp.add(o) as *const u32);
+                    });
+                }
+                if b_ok {
+                    let e2 = ep.add(base as usize) as *const u32;
+                    ef[s] = [*e2, *e2.add(4)];
+                }
+            }
+        });
+        unroll8!(s, 2, {
+            if i0 + (s as u32) * 16 * nw < r1 {
+                unroll8!(u, 4, {
+                    let (k0, k1, k8, k9) = (wk[4 * s][u], wk[4 * s + 1][u], wk[4 * s + 2][u], wk[4 * s + 3][u]);
+                    let fk = [
+                        prmt_b32(k0, k1, 0x5410),
+                        prmt_b32(k0, k1, 0x7632),
+                        prmt_b32(k8, k9, 0x5410),
+                        prmt_b32(k8, k9, 0x7632),
+                    ];
+                    acc[0][u] = D::mma(fk, ef[s], acc[0][u]);
+                    let (v0, v1, v8, v9) = (wv[4 * s][u], wv[4 * s + 1][u], wv[4 * s + 2][u], wv[4 * s + 3][u]);
+                    let fv = [
+                        prmt_b32(v0, v1, 0x5410),
+                        prmt_b32(v0, v1, 0x7632),
+                        prmt_b32(v8, v9, 0x5410),
+                        prmt_b32(v8, v9, 0x7632),
+                    ];
+                    acc[1][u] = D::mma(fv, ef[s], acc[1][u]);
+                });
+            }
+        });
+        i0 += 32 * nw;
+    }
+    if nw == 1 {
+        if 2 * tq < a.b {
+            unroll8!(m, 2, {
+                unroll8!(u, 4, {
+                    store_lean_pair(a, split, m as u32, col + 2 * u as u32, tq, acc[m][u]);
+                });
+            });
+        }
+        return;
+    }
+    // Fragment order: item (m, u, lane) at float4 index (m·4 + u)·32 + lane of the warp's slab.
+    let wbase = smem.add((warp * 1024 + lane * 4) as usize);
+    unroll8!(m, 2, {
+        unroll8!(u, 4, {
+            let v = acc[m][u];
+            let w = [v[0].to_bits(), v[1].to_bits(), v[2].to_bits(), v[3].to_bits()];
+            st_v4_generic(wbase.add((m * 4 + u) * 128) as *mut u32, w);
+        });
+    });
+    sync_threads();
+    let mut it = tid;
+    while it < 256 {
+        let ln = it & 31;
+        let tq2 = ln & 3;
+        if 2 * tq2 < a.b {
+            let mut sum = [0f32; 4];
+            let mut w = 0;
+            while w < nw {
+                let v = ld_v4(smem.add((w * 1024 + it * 4) as usize) as *const u32);
+                unroll8!(i, 4, {
+                    sum[i] += f32::from_bits(v[i]);
+                });
+                w += 1;
+            }
+            let (m, u) = (it >> 7, (it >> 5) & 3);
+            store_lean_pair(a, split, m, c0 + 8 * (ln >> 2) + 2 * u, tq2, sum);
+        }
+        it += nt;
+    }
+}
+
 /// `arr[bb]` through compile-time indices only (a runtime index would put `arr` on the stack).
 #[inline(always)]
 fn pick<const BB: usize, const VEC: usize>(arr: &[[f32; VEC]; BB], bb: usize) -> [f32; VEC] {
@@ -971,7 +1110,10 @@ unsafe fn finish_row_passes<D: Dt, const VEC: usize>(
 }
 
 #[inline(always)]
-unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const MMA: bool>(a: Args) {
+unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const MMA: bool, const LEAN: bool>(a: Args) {
+    // A finishing kernel launched as a programmatic dependent (`mode` 5) may start its
+    // prologue now; it waits in `griddepcontrol.wait` before reading this launch's partials.
+    grid_launch_dependents();
     let nt = block_dim_x();
     let tiles = grid_dim_x();
     let blocks = tiles * grid_dim_y();
@@ -987,19 +1129,25 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const
         if g < ncopy { (copy_load::<VEC>(&a, g), true) } else { (none, false) },
         if g2 < ncopy as u64 { (copy_load::<VEC>(&a, g2 as u32), true) } else { (none, false) },
     ];
-    prefetch_tail(&a, g, total);
+    // `mode` 5: the finishing kernel is a programmatic dependent that loads its inputs itself
+    // while this launch runs; no L2 prefetch for it (block 0's warps start their W loads sooner).
+    if a.mode != 5 {
+        prefetch_tail(&a, g, total);
+    }
     let smem = dyn_smem::<f32>();
     let flag = if MMA {
         smem.add(((nt >> 5) * 1024) as usize) as *mut u32
     } else {
         smem.add((nt * 2 * VEC as u32) as usize) as *mut u32
     };
-    if MMA {
+    if LEAN {
+        project_mma_lean::<D>(&a, smem);
+    } else if MMA {
         project_mma::<D>(&a, smem);
     } else {
         project::<D, VEC, BB, U>(&a, smem);
     }
-    if a.mode == 1 {
+    if LEAN || a.mode == 1 || a.mode == 5 {
         // The first of two launches: the finishing kernel sums the partials.
         copy_finish(&a, &pre, g, total, ncopy);
         return;
@@ -1114,6 +1262,9 @@ unsafe fn finish_launch<D: Dt, const VEC: usize>(a: Args) {
         RowIn { hw: [z; 2], whw: [z; 2], wvw: [z; 2], clw: [z; 2], sw: [[z; 3]; 2], cww: [[z; 3]; 2] }
     };
     let row = if shared { dyn_smem::<f32>() } else { a.kv.add(bu * 2 * d) };
+    // Launched as a programmatic dependent: the input loads above overlapped the projection
+    // launch; its partials are read only after it has completed.
+    grid_dependency_wait();
     if shared || a.splits > 1 {
         sum_splits_row::<VEC>(&a, b, row);
     }
@@ -1290,26 +1441,12 @@ unsafe fn finish_wide<D: Dt, const E: usize>(a: Args) {
     let stride = a.b as usize * 2 * d;
     let krow = src.add(bu * 2 * d + j0);
     let vrow = krow.add(d);
-    // 1. Every load of the thread's columns, up front.
+    // 1. The loads that do not depend on the projection launch (inputs only), up front.
     let z = [0u32; 2];
     let (mut hw, mut whw, mut wvw, mut clw) = (z, z, z, z);
     let mut sw = [z; 3];
     let mut cww = [z; 3];
-    let mut pk = [[0f32; E]; 16];
-    let mut pv = [[0f32; E]; 16];
     if on {
-        unroll8!(s, 8, {
-            if (s as u32) < splits {
-                pk[s] = ld_part_e::<E>(krow.add(s * stride));
-                pv[s] = ld_part_e::<E>(vrow.add(s * stride));
-            }
-        });
-        unroll8!(s, 8, {
-            if (s as u32) + 8 < splits {
-                pk[s + 8] = ld_part_e::<E>(krow.add((s + 8) * stride));
-                pv[s + 8] = ld_part_e::<E>(vrow.add((s + 8) * stride));
-            }
-        });
         hw = ld_e_nc::<E>(a.h.add(bu * d + j0));
         whw = ld_e_nc::<E>(a.rwh.add(j0));
         wvw = ld_e_nc::<E>(a.rwv.add(j0));
@@ -1324,35 +1461,47 @@ unsafe fn finish_wide<D: Dt, const E: usize>(a: Args) {
         });
     }
     let (inv_d, inv_sqrt_d) = row_scales(&a);
-    // 2. kk, vv: the partials in split order from 0.
+    // Launched as a programmatic dependent: everything above overlapped the projection launch;
+    // its partials are read only after it has completed (a no-op for an ordinary launch).
+    grid_dependency_wait();
+    // 2. kk, vv: the partials in split order from 0, 16 splits' loads in flight per round.
     let mut kk = [0f32; E];
     let mut vv = [0f32; E];
-    unroll8!(s, 8, {
-        if (s as u32) < splits {
-            unroll8!(v, E, {
-                kk[v] += pk[s][v];
-                vv[v] += pv[s][v];
-            });
-        }
-    });
-    unroll8!(s, 8, {
-        if (s as u32) + 8 < splits {
-            unroll8!(v, E, {
-                kk[v] += pk[s + 8][v];
-                vv[v] += pv[s + 8][v];
-            });
-        }
-    });
     if on {
-        let mut sp = 16u32;
+        let mut sp = 0u32;
         while sp < splits {
-            let pk = ld_part_e::<E>(krow.add(sp as usize * stride));
-            let pv = ld_part_e::<E>(vrow.add(sp as usize * stride));
-            unroll8!(v, E, {
-                kk[v] += pk[v];
-                vv[v] += pv[v];
+            let mut pk = [[0f32; E]; 16];
+            let mut pv = [[0f32; E]; 16];
+            let (kr, vr) = (krow.add(sp as usize * stride), vrow.add(sp as usize * stride));
+            unroll8!(s, 8, {
+                if sp + (s as u32) < splits {
+                    pk[s] = ld_part_e::<E>(kr.add(s * stride));
+                    pv[s] = ld_part_e::<E>(vr.add(s * stride));
+                }
             });
-            sp += 1;
+            unroll8!(s, 8, {
+                if sp + (s as u32) + 8 < splits {
+                    pk[s + 8] = ld_part_e::<E>(kr.add((s + 8) * stride));
+                    pv[s + 8] = ld_part_e::<E>(vr.add((s + 8) * stride));
+                }
+            });
+            unroll8!(s, 8, {
+                if sp + (s as u32) < splits {
+                    unroll8!(v, E, {
+                        kk[v] += pk[s][v];
+                        vv[v] += pv[s][v];
+                    });
+                }
+            });
+            unroll8!(s, 8, {
+                if sp + (s as u32) + 8 < splits {
+                    unroll8!(v, E, {
+                        kk[v] += pk[s + 8][v];
+                        vv[v] += pv[s + 8][v];
+                    });
+                }
+            });
+            sp += 16;
         }
     }
     // 3. Σh², Σq(kk)², Σ h·w_h²·q(kk) → alpha.
@@ -1496,18 +1645,18 @@ macro_rules! decode_entry {
     };
 }
 
-decode_entry!(engram_decode_f16_v8_b1, decode::<F16, 8, 1, 4, false>);
-decode_entry!(engram_decode_f16_v8_b2, decode::<F16, 8, 2, 4, false>);
-decode_entry!(engram_decode_f16_v8_b4, decode::<F16, 8, 4, 4, false>);
-decode_entry!(engram_decode_f16_v8_b8, decode::<F16, 8, 8, 2, false>);
-decode_entry!(engram_decode_f16_v1_b4, decode::<F16, 1, 4, 4, false>);
-decode_entry!(engram_decode_bf16_v8_b1, decode::<Bf16, 8, 1, 4, false>);
-decode_entry!(engram_decode_bf16_v8_b2, decode::<Bf16, 8, 2, 4, false>);
-decode_entry!(engram_decode_bf16_v8_b4, decode::<Bf16, 8, 4, 4, false>);
-decode_entry!(engram_decode_bf16_v8_b8, decode::<Bf16, 8, 8, 2, false>);
-decode_entry!(engram_decode_bf16_v1_b4, decode::<Bf16, 1, 4, 4, false>);
-decode_entry!(engram_decode_f16_mma, decode::<F16, 8, 8, 2, true>);
-decode_entry!(engram_decode_bf16_mma, decode::<Bf16, 8, 8, 2, true>);
+decode_entry!(engram_decode_f16_v8_b1, decode::<F16, 8, 1, 4, false, false>);
+decode_entry!(engram_decode_f16_v8_b2, decode::<F16, 8, 2, 4, false, false>);
+decode_entry!(engram_decode_f16_v8_b4, decode::<F16, 8, 4, 4, false, false>);
+decode_entry!(engram_decode_f16_v8_b8, decode::<F16, 8, 8, 2, false, false>);
+decode_entry!(engram_decode_f16_v1_b4, decode::<F16, 1, 4, 4, false, false>);
+decode_entry!(engram_decode_bf16_v8_b1, decode::<Bf16, 8, 1, 4, false, false>);
+decode_entry!(engram_decode_bf16_v8_b2, decode::<Bf16, 8, 2, 4, false, false>);
+decode_entry!(engram_decode_bf16_v8_b4, decode::<Bf16, 8, 4, 4, false, false>);
+decode_entry!(engram_decode_bf16_v8_b8, decode::<Bf16, 8, 8, 2, false, false>);
+decode_entry!(engram_decode_bf16_v1_b4, decode::<Bf16, 1, 4, 4, false, false>);
+decode_entry!(engram_decode_f16_mma, decode::<F16, 8, 8, 2, true, false>);
+decode_entry!(engram_decode_bf16_mma, decode::<Bf16, 8, 8, 2, true, false>);
 decode_entry!(engram_decode_f16_fin8, finish_launch::<F16, 8>);
 decode_entry!(engram_decode_f16_fin1, finish_launch::<F16, 1>);
 decode_entry!(engram_decode_bf16_fin8, finish_launch::<Bf16, 8>);
@@ -1518,3 +1667,5 @@ decode_entry!(engram_decode_f16_finw1, finish_wide::<F16, 1>);
 decode_entry!(engram_decode_bf16_finw4, finish_wide::<Bf16, 4>);
 decode_entry!(engram_decode_bf16_finw2, finish_wide::<Bf16, 2>);
 decode_entry!(engram_decode_bf16_finw1, finish_wide::<Bf16, 1>);
+decode_entry!(engram_decode_f16_mmal, decode::<F16, 8, 8, 2, true, true>);
+decode_entry!(engram_decode_bf16_mmal, decode::<Bf16, 8, 8, 2, true, true>);
