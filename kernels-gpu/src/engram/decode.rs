@@ -350,7 +350,12 @@ unsafe fn prefetch_tail(a: &Args, g: u32, total: u32) {
 /// Phase 1: this block's partial projections for its tile's columns over its split's rows.
 /// Writes `part[split][b][k|v][col]` (or `kv[b][k|v][col]` when there is one split).
 #[inline(always)]
-unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(a: &Args, smem: *mut f32) {
+unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(
+    a: &Args,
+    smem: *mut f32,
+    hook: &mut impl FnMut(),
+) {
+    let mut hooked = false;
     let nt = block_dim_x();
     let tid = thread_idx_x();
     let cl = 1u32 << a.cl_log;
@@ -397,6 +402,11 @@ unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(a: &
                     }
                     u += 1;
                 }
+                if !hooked {
+                    // The first round's loads are out: the caller's independent loads next.
+                    hook();
+                    hooked = true;
+                }
                 unroll8!(u, U, {
                     unroll8!(v, VEC, {
                         let xk = widen::<D, VEC>(&wk[u], v);
@@ -409,6 +419,10 @@ unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(a: &
                 });
                 i += U as u32 * rl;
             }
+        }
+        if !hooked {
+            hook();
+            hooked = true;
         }
         // Sum the rl row lanes, one batch row at a time, through shared memory (fixed order).
         let mut bb = 0;
@@ -465,7 +479,8 @@ unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(a: &
 /// each), and `prmt` pairs the rows' halves into A fragments. The k-reduction happens inside
 /// the MMA; the warps are summed through shared memory in warp order.
 #[inline(always)]
-unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32) {
+unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32, hook: &mut impl FnMut()) {
+    let mut hooked = false;
     let nt = block_dim_x();
     let nw = nt >> 5;
     let warp = thread_idx_x() >> 5;
@@ -511,6 +526,11 @@ unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32) {
                 });
                 ef[s] = [ew[0] | ew[1] << 16, ew[2] | ew[3] << 16];
             });
+            if !hooked {
+                // The first round's loads are out: the caller's independent loads next.
+                hook();
+                hooked = true;
+            }
             unroll8!(s, 2, {
                 unroll8!(u, 4, {
                     let (k0, k1, k8, k9) = (wk[4 * s][u], wk[4 * s + 1][u], wk[4 * s + 2][u], wk[4 * s + 3][u]);
@@ -532,6 +552,10 @@ unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32) {
                 });
             });
             i0 += 32 * nw;
+        }
+        if !hooked {
+            hook();
+            hooked = true;
         }
         // Warp partials → shared [warp][k|v][b 0..8][col 0..64], then summed in warp order.
         sync_threads();
@@ -594,17 +618,22 @@ unsafe fn store_lean_pair(a: &Args, split: u32, m: u32, c: u32, tq: u32, s: [f32
     }
 }
 
-/// Phase 1 on tensor cores, lean (v5; the projection launch of the two-launch step only,
-/// `B ≤ 8`, `d_mem % 16 == 0`, vectorised layout): the same MMAs on the same fragments as
-/// [`project_mma`], hence bitwise its partials, with a shorter chain per warp. Every k-step is
-/// whole (no per-row bounds), `e_t` pairs come as one 4-byte load each (rows `2t, 2t+1` and
-/// `2t+8, 2t+9` of the B fragment are adjacent in memory), the warp partials go through shared
-/// memory as eight 16-byte stores per lane in fragment order (`[warp][m][u][lane]`), and after
-/// one barrier thread `i` sums fragment item `i` (and `i + block`, …; 256 items) over the warps
-/// in warp order with 16-byte loads and writes it as two 8-byte stores. One warp per block:
-/// straight from the registers, no shared memory, no barrier.
+/// The lean MMA projection launch (v5, `_mmal`; the projection launch of the two-launch step
+/// only, `B ≤ 8`, `d_mem % 16 == 0`, vectorised layout): the same MMAs on the same fragments
+/// as [`project_mma`], hence bitwise its partials, with a short chain per warp:
+/// - the first k-step's `W` loads are the kernel's first instructions (32-bit offsets, no
+///   bounds: every k-step is whole; a lane past `d` or `B` loads column 0 / batch row 0 instead
+///   and its D entries, which only feed unstored outputs, are dropped); the state-shift units
+///   and the L2 prefetch are issued after them;
+/// - `e_t` pairs come as one 4-byte load each (rows `2t, 2t+1` and `2t+8, 2t+9` of the B
+///   fragment are adjacent in memory);
+/// - the warp partials go through shared memory as eight 16-byte stores per lane in fragment
+///   order (`[warp][m][u][lane]`); after one barrier thread `i` sums fragment item `i` (and
+///   `i + block`, …; 256 items) over the warps in warp order with 16-byte loads and writes it
+///   as two 8-byte stores. One warp per block: straight from the registers.
 #[inline(always)]
-unsafe fn project_mma_lean<D: Dt>(a: &Args, smem: *mut f32) {
+unsafe fn decode_lean<D: Dt>(a: Args) {
+    grid_launch_dependents();
     let nt = block_dim_x();
     let nw = nt >> 5;
     let tid = thread_idx_x();
@@ -614,102 +643,136 @@ unsafe fn project_mma_lean<D: Dt>(a: &Args, smem: *mut f32) {
     let tq = lane & 3;
     let c0 = block_idx_x() * 64;
     let col = c0 + 8 * g;
-    let col_ok = col < a.d;
     let split = block_idx_y();
     let r0 = split * a.rs;
     let r1 = if r0 + a.rs < a.dm { r0 + a.rs } else { a.dm };
-    let d = a.d as usize;
-    let b_ok = g < a.b;
-    let wkp = a.wk.add(col as usize);
-    let wvp = a.wv.add(col as usize);
-    let ep = a.e.add((if b_ok { g } else { 0 }) as usize * a.dm as usize + 2 * tq as usize);
+    let d = a.d;
+    // Lanes past the row or the batch read valid data whose products are never stored.
+    let colc = if col < d { col } else { 0 };
+    let bc = if g < a.b { g } else { 0 };
+    let wkp = a.wk.add(colc as usize);
+    let wvp = a.wv.add(colc as usize);
+    let ep = a.e.add((bc * a.dm + 2 * tq) as usize);
+    let offs = [0, d, 8 * d, 9 * d];
+    // One 16-row k-step: W rows base + {2t, 2t+1, 2t+8, 2t+9} × 8 columns, e pairs.
+    let load = |base: u32| -> ([[u32; 4]; 4], [[u32; 4]; 4], [u32; 2]) {
+        let mut wk = [[0u32; 4]; 4];
+        let mut wv = [[0u32; 4]; 4];
+        let off = (base + 2 * tq) * d;
+        unroll8!(r, 4, {
+            wk[r] = ld_nc_v4(wkp.add((off + offs[r]) as usize) as *const u32);
+            wv[r] = ld_nc_v4(wvp.add((off + offs[r]) as usize) as *const u32);
+        });
+        let e2 = ep.add(base as usize) as *const u32;
+        (wk, wv, [*e2, *e2.add(4)])
+    };
+    let mma_step = |acc: &mut [[[f32; 4]; 4]; 2], wk: &[[u32; 4]; 4], wv: &[[u32; 4]; 4], ef: [u32; 2]| {
+        unroll8!(u, 4, {
+            let (k0, k1, k8, k9) = (wk[0][u], wk[1][u], wk[2][u], wk[3][u]);
+            let fk = [
+                prmt_b32(k0, k1, 0x5410),
+                prmt_b32(k0, k1, 0x7632),
+                prmt_b32(k8, k9, 0x5410),
+                prmt_b32(k8, k9, 0x7632),
+            ];
+            acc[0][u] = D::mma(fk, ef, acc[0][u]);
+            let (v0, v1, v8, v9) = (wv[0][u], wv[1][u], wv[2][u], wv[3][u]);
+            let fv = [
+                prmt_b32(v0, v1, 0x5410),
+                prmt_b32(v0, v1, 0x7632),
+                prmt_b32(v8, v9, 0x5410),
+                prmt_b32(v8, v9, 0x7632),
+            ];
+            acc[1][u] = D::mma(fv, ef, acc[1][u]);
+        });
+    };
     let mut acc = [[[0f32; 4]; 4]; 2];
-    let mut i0 = r0 + 16 * warp;
-    while i0 < r1 {
-        // Two k-steps per round (rows i0 and i0 + 16·nw), every load issued before the MMAs.
-        let mut wk = [[0u32; 4]; 8];
-        let mut wv = [[0u32; 4]; 8];
-        let mut ef = [[0u32; 2]; 2];
-        unroll8!(s, 2, {
-            let base = i0 + s as u32 * 16 * nw;
-            if base < r1 {
-                let off = (base + 2 * tq) as usize * d;
-                if col_ok {
-                    unroll8!(r, 4, {
-                        let o = off + [0, d, 8 * d, 9 * d][r];
-                        wk[4 * s + r] = ld_nc_v4(wkp.add(o) as *const u32);
-                        wv[4 * s + r] = ld_nc_v4(wvp.add(o) as *const u32);
-                    });
-                }
-                if b_ok {
-                    let e2 = ep.add(base as usize) as *const u32;
-                    ef[s] = [*e2, *e2.add(4)];
-                }
-            }
-        });
-        unroll8!(s, 2, {
-            if i0 + (s as u32) * 16 * nw < r1 {
-                unroll8!(u, 4, {
-                    let (k0, k1, k8, k9) = (wk[4 * s][u], wk[4 * s + 1][u], wk[4 * s + 2][u], wk[4 * s + 3][u]);
-                    let fk = [
-                        prmt_b32(k0, k1, 0x5410),
-                        prmt_b32(k0, k1, 0x7632),
-                        prmt_b32(k8, k9, 0x5410),
-                        prmt_b32(k8, k9, 0x7632),
-                    ];
-                    acc[0][u] = D::mma(fk, ef[s], acc[0][u]);
-                    let (v0, v1, v8, v9) = (wv[4 * s][u], wv[4 * s + 1][u], wv[4 * s + 2][u], wv[4 * s + 3][u]);
-                    let fv = [
-                        prmt_b32(v0, v1, 0x5410),
-                        prmt_b32(v0, v1, 0x7632),
-                        prmt_b32(v8, v9, 0x5410),
-                        prmt_b32(v8, v9, 0x7632),
-                    ];
-                    acc[1][u] = D::mma(fv, ef[s], acc[1][u]);
-                });
-            }
-        });
-        i0 += 32 * nw;
+    // Warp `w` takes k-steps w, w + nw, …; the first step's loads go out before anything else
+    // (a split of `16·nw·k` rows gives every warp at least one step when `d_mem` allows).
+    let i0 = r0 + 16 * warp;
+    let first = i0 < r1;
+    let (wk0, wv0, e0) = if first { load(i0) } else { ([[0; 4]; 4], [[0; 4]; 4], [0; 2]) };
+    // The state shift's units (stored on the way out) and the L2 prefetch, behind the W loads.
+    let tiles = grid_dim_x();
+    let blocks = tiles * grid_dim_y();
+    let gt = (split * tiles + block_idx_x()) * nt + tid;
+    let total = blocks * nt;
+    let ncopy = if a.copy != 0 { a.b * (a.l - 1) * (a.d / 8) } else { 0 };
+    let none = Unit { dst: 0, w: [0; 4], s: [0; 8] };
+    let g2 = gt as u64 + total as u64;
+    let pre = [
+        if gt < ncopy { (copy_load::<8>(&a, gt), true) } else { (none, false) },
+        if g2 < ncopy as u64 { (copy_load::<8>(&a, g2 as u32), true) } else { (none, false) },
+    ];
+    if a.mode != 5 {
+        prefetch_tail(&a, gt, total);
     }
+    if first {
+        // Further steps (rare: deeper splits) two at a time, the next pair's loads issued before
+        // the current pair's MMAs; MMA order = step order (bitwise `project_mma`'s chain).
+        let z = ([[0u32; 4]; 4], [[0u32; 4]; 4], [0u32; 2]);
+        let pair = |i: u32| {
+            let x = if i < r1 { load(i) } else { z };
+            let y = if i + 16 * nw < r1 { load(i + 16 * nw) } else { z };
+            (x, y)
+        };
+        let mut i = i0 + 16 * nw;
+        let mut p = if i < r1 { pair(i) } else { (z, z) };
+        mma_step(&mut acc, &wk0, &wv0, e0);
+        while i < r1 {
+            let (x, y) = p;
+            let next = i + 32 * nw;
+            if next < r1 {
+                p = pair(next);
+            }
+            mma_step(&mut acc, &x.0, &x.1, x.2);
+            if i + 16 * nw < r1 {
+                mma_step(&mut acc, &y.0, &y.1, y.2);
+            }
+            i = next;
+        }
+    }
+    let smem = dyn_smem::<f32>();
     if nw == 1 {
         if 2 * tq < a.b {
             unroll8!(m, 2, {
                 unroll8!(u, 4, {
-                    store_lean_pair(a, split, m as u32, col + 2 * u as u32, tq, acc[m][u]);
+                    store_lean_pair(&a, split, m as u32, col + 2 * u as u32, tq, acc[m][u]);
                 });
             });
         }
-        return;
-    }
-    // Fragment order: item (m, u, lane) at float4 index (m·4 + u)·32 + lane of the warp's slab.
-    let wbase = smem.add((warp * 1024 + lane * 4) as usize);
-    unroll8!(m, 2, {
-        unroll8!(u, 4, {
-            let v = acc[m][u];
-            let w = [v[0].to_bits(), v[1].to_bits(), v[2].to_bits(), v[3].to_bits()];
-            st_v4_generic(wbase.add((m * 4 + u) * 128) as *mut u32, w);
+    } else {
+        // Fragment order: item (m, u, lane) at float4 index (m·4 + u)·32 + lane of the warp's slab.
+        let wbase = smem.add((warp * 1024 + lane * 4) as usize);
+        unroll8!(m, 2, {
+            unroll8!(u, 4, {
+                let v = acc[m][u];
+                let w = [v[0].to_bits(), v[1].to_bits(), v[2].to_bits(), v[3].to_bits()];
+                st_v4_generic(wbase.add((m * 4 + u) * 128) as *mut u32, w);
+            });
         });
-    });
-    sync_threads();
-    let mut it = tid;
-    while it < 256 {
-        let ln = it & 31;
-        let tq2 = ln & 3;
-        if 2 * tq2 < a.b {
-            let mut sum = [0f32; 4];
-            let mut w = 0;
-            while w < nw {
-                let v = ld_v4(smem.add((w * 1024 + it * 4) as usize) as *const u32);
-                unroll8!(i, 4, {
-                    sum[i] += f32::from_bits(v[i]);
-                });
-                w += 1;
+        sync_threads();
+        let mut it = tid;
+        while it < 256 {
+            let ln = it & 31;
+            let tq2 = ln & 3;
+            if 2 * tq2 < a.b {
+                let mut sum = [0f32; 4];
+                let mut w = 0;
+                while w < nw {
+                    let v = ld_v4(smem.add((w * 1024 + it * 4) as usize) as *const u32);
+                    unroll8!(i, 4, {
+                        sum[i] += f32::from_bits(v[i]);
+                    });
+                    w += 1;
+                }
+                let (m, u) = (it >> 7, (it >> 5) & 3);
+                store_lean_pair(&a, split, m, c0 + 8 * (ln >> 2) + 2 * u, tq2, sum);
             }
-            let (m, u) = (it >> 7, (it >> 5) & 3);
-            store_lean_pair(a, split, m, c0 + 8 * (ln >> 2) + 2 * u, tq2, sum);
+            it += nt;
         }
-        it += nt;
     }
+    copy_finish(&a, &pre, gt, total, ncopy);
 }
 
 /// `arr[bb]` through compile-time indices only (a runtime index would put `arr` on the stack).
@@ -1110,7 +1173,7 @@ unsafe fn finish_row_passes<D: Dt, const VEC: usize>(
 }
 
 #[inline(always)]
-unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const MMA: bool, const LEAN: bool>(a: Args) {
+unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const MMA: bool>(a: Args) {
     // A finishing kernel launched as a programmatic dependent (`mode` 5) may start its
     // prologue now; it waits in `griddepcontrol.wait` before reading this launch's partials.
     grid_launch_dependents();
@@ -1123,31 +1186,33 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const
     let ncopy = if a.copy != 0 { a.b * (a.l - 1) * (a.d / VEC as u32) } else { 0 };
     // Up to two units per thread are loaded up front (serving-b8 has 4352 units for 4096
     // threads: a second unit loaded only on the way out was a serial DRAM round trip).
+    // They (and the L2 prefetch) are issued right after the projection's first W loads (`hook`).
     let none = Unit { dst: 0, w: [0; 4], s: [0; VEC] };
     let g2 = g as u64 + total as u64;
-    let pre = [
-        if g < ncopy { (copy_load::<VEC>(&a, g), true) } else { (none, false) },
-        if g2 < ncopy as u64 { (copy_load::<VEC>(&a, g2 as u32), true) } else { (none, false) },
-    ];
-    // `mode` 5: the finishing kernel is a programmatic dependent that loads its inputs itself
-    // while this launch runs; no L2 prefetch for it (block 0's warps start their W loads sooner).
-    if a.mode != 5 {
-        prefetch_tail(&a, g, total);
-    }
+    let mut pre = [(none, false), (none, false)];
+    let mut hook = || {
+        pre = [
+            if g < ncopy { (copy_load::<VEC>(&a, g), true) } else { (none, false) },
+            if g2 < ncopy as u64 { (copy_load::<VEC>(&a, g2 as u32), true) } else { (none, false) },
+        ];
+        // `mode` 5: the finishing kernel is a programmatic dependent that loads its inputs
+        // itself while this launch runs; no L2 prefetch for it.
+        if a.mode != 5 {
+            prefetch_tail(&a, g, total);
+        }
+    };
     let smem = dyn_smem::<f32>();
     let flag = if MMA {
         smem.add(((nt >> 5) * 1024) as usize) as *mut u32
     } else {
         smem.add((nt * 2 * VEC as u32) as usize) as *mut u32
     };
-    if LEAN {
-        project_mma_lean::<D>(&a, smem);
-    } else if MMA {
-        project_mma::<D>(&a, smem);
+    if MMA {
+        project_mma::<D>(&a, smem, &mut hook);
     } else {
-        project::<D, VEC, BB, U>(&a, smem);
+        project::<D, VEC, BB, U>(&a, smem, &mut hook);
     }
-    if LEAN || a.mode == 1 || a.mode == 5 {
+    if a.mode == 1 || a.mode == 5 {
         // The first of two launches: the finishing kernel sums the partials.
         copy_finish(&a, &pre, g, total, ncopy);
         return;
@@ -1645,18 +1710,18 @@ macro_rules! decode_entry {
     };
 }
 
-decode_entry!(engram_decode_f16_v8_b1, decode::<F16, 8, 1, 4, false, false>);
-decode_entry!(engram_decode_f16_v8_b2, decode::<F16, 8, 2, 4, false, false>);
-decode_entry!(engram_decode_f16_v8_b4, decode::<F16, 8, 4, 4, false, false>);
-decode_entry!(engram_decode_f16_v8_b8, decode::<F16, 8, 8, 2, false, false>);
-decode_entry!(engram_decode_f16_v1_b4, decode::<F16, 1, 4, 4, false, false>);
-decode_entry!(engram_decode_bf16_v8_b1, decode::<Bf16, 8, 1, 4, false, false>);
-decode_entry!(engram_decode_bf16_v8_b2, decode::<Bf16, 8, 2, 4, false, false>);
-decode_entry!(engram_decode_bf16_v8_b4, decode::<Bf16, 8, 4, 4, false, false>);
-decode_entry!(engram_decode_bf16_v8_b8, decode::<Bf16, 8, 8, 2, false, false>);
-decode_entry!(engram_decode_bf16_v1_b4, decode::<Bf16, 1, 4, 4, false, false>);
-decode_entry!(engram_decode_f16_mma, decode::<F16, 8, 8, 2, true, false>);
-decode_entry!(engram_decode_bf16_mma, decode::<Bf16, 8, 8, 2, true, false>);
+decode_entry!(engram_decode_f16_v8_b1, decode::<F16, 8, 1, 4, false>);
+decode_entry!(engram_decode_f16_v8_b2, decode::<F16, 8, 2, 4, false>);
+decode_entry!(engram_decode_f16_v8_b4, decode::<F16, 8, 4, 4, false>);
+decode_entry!(engram_decode_f16_v8_b8, decode::<F16, 8, 8, 2, false>);
+decode_entry!(engram_decode_f16_v1_b4, decode::<F16, 1, 4, 4, false>);
+decode_entry!(engram_decode_bf16_v8_b1, decode::<Bf16, 8, 1, 4, false>);
+decode_entry!(engram_decode_bf16_v8_b2, decode::<Bf16, 8, 2, 4, false>);
+decode_entry!(engram_decode_bf16_v8_b4, decode::<Bf16, 8, 4, 4, false>);
+decode_entry!(engram_decode_bf16_v8_b8, decode::<Bf16, 8, 8, 2, false>);
+decode_entry!(engram_decode_bf16_v1_b4, decode::<Bf16, 1, 4, 4, false>);
+decode_entry!(engram_decode_f16_mma, decode::<F16, 8, 8, 2, true>);
+decode_entry!(engram_decode_bf16_mma, decode::<Bf16, 8, 8, 2, true>);
 decode_entry!(engram_decode_f16_fin8, finish_launch::<F16, 8>);
 decode_entry!(engram_decode_f16_fin1, finish_launch::<F16, 1>);
 decode_entry!(engram_decode_bf16_fin8, finish_launch::<Bf16, 8>);
@@ -1667,5 +1732,5 @@ decode_entry!(engram_decode_f16_finw1, finish_wide::<F16, 1>);
 decode_entry!(engram_decode_bf16_finw4, finish_wide::<Bf16, 4>);
 decode_entry!(engram_decode_bf16_finw2, finish_wide::<Bf16, 2>);
 decode_entry!(engram_decode_bf16_finw1, finish_wide::<Bf16, 1>);
-decode_entry!(engram_decode_f16_mmal, decode::<F16, 8, 8, 2, true, true>);
-decode_entry!(engram_decode_bf16_mmal, decode::<Bf16, 8, 8, 2, true, true>);
+decode_entry!(engram_decode_f16_mmal, decode_lean::<F16>);
+decode_entry!(engram_decode_bf16_mmal, decode_lean::<Bf16>);
