@@ -245,6 +245,12 @@ fn seed_workloads() {
     // the bench's `@lean*` rows (lean MMA projection + wide finish, each block, both launch modes).
     cfgs.push(("planned-nopdl", Box::new(|s| DecodeConfig { pdl: false, ..DecodeConfig::for_shape(s) })));
     cfgs.push(("planned-nolean", Box::new(|s| DecodeConfig { lean: false, ..DecodeConfig::for_shape(s) })));
+    for pdl in [true, false] {
+        cfgs.push((
+            "planned-cf",
+            Box::new(move |s| DecodeConfig { copy_in_finish: true, pdl, ..DecodeConfig::for_shape(s) }),
+        ));
+    }
     for block in [64, 128, 256] {
         for pdl in [true, false] {
             cfgs.push((
@@ -375,7 +381,17 @@ fn every_config_matches_reference() {
                     for max_blocks in [1, 264, 100000] {
                         // Both launch modes of the finish, the lean and the `_mma` projection.
                         let (pdl, lean) = (block != 64, rows_per_thread != 2);
-                        let cfg = DecodeConfig { projection, block, rows_per_thread, max_blocks, finish, pdl, lean };
+                        let copy_in_finish = max_blocks != 1;
+                        let cfg = DecodeConfig {
+                            projection,
+                            block,
+                            rows_per_thread,
+                            max_blocks,
+                            finish,
+                            pdl,
+                            lean,
+                            copy_in_finish,
+                        };
                         one::<f16>(&gpu, &mut rng, EngramDecodeShape::new(4, 1024, 512, 20, 4, 5), VARIED, cfg);
                         one::<bf16>(&gpu, &mut rng, EngramDecodeShape::new(8, 512, 256, 18, 4, 3), VARIED, cfg);
                         one::<f16>(&gpu, &mut rng, EngramDecodeShape::new(5, 300, 24, 3, 2, 3), VARIED, cfg);
@@ -454,6 +470,7 @@ fn wide_finish_on_every_path() {
                     finish: DecodeFinish::Wide { elems },
                     pdl: elems != 1,
                     lean: block != 64 || elems != 2,
+                    copy_in_finish: elems != 4,
                 };
                 worst = worst.max(one::<f16>(&gpu, &mut rng, s, VARIED, cfg));
                 worst = worst.max(one::<bf16>(&gpu, &mut rng, s, SPEC, cfg));
@@ -471,10 +488,11 @@ fn wide_finish_on_every_path() {
     // its launch modes over many ring steps.
     for pdl in [true, false] {
         let s = EngramDecodeShape::new(8, 512, 256, 18, 4, 3);
-        let cfg = DecodeConfig { pdl, ..DecodeConfig::for_shape(&s) };
+        let cfg = DecodeConfig { pdl, copy_in_finish: pdl, ..DecodeConfig::for_shape(&s) };
         ring_vs_copy_with::<bf16>(&gpu, &mut rng, s, 40, cfg);
         let s = EngramDecodeShape::new(4, 1024, 512, 20, 4, 5);
-        ring_vs_copy_with::<f16>(&gpu, &mut rng, s, 25, DecodeConfig { pdl, ..DecodeConfig::for_shape(&s) });
+        let cfg = DecodeConfig { pdl, copy_in_finish: !pdl, ..DecodeConfig::for_shape(&s) };
+        ring_vs_copy_with::<f16>(&gpu, &mut rng, s, 25, cfg);
     }
 }
 
@@ -513,8 +531,8 @@ fn lean_projection_is_bitwise_the_mma_projection() {
                     };
                     let a = step_copy(&gpu, &mut plan_for(&gpu, s, base), &dev, &c.state);
                     check(&c, &c.state, &a, "lean baseline");
-                    for pdl in [false, true] {
-                        let cfg = DecodeConfig { lean: true, pdl, ..base };
+                    for (pdl, copy_in_finish) in [(false, false), (true, false), (true, true), (false, true)] {
+                        let cfg = DecodeConfig { lean: true, pdl, copy_in_finish, ..base };
                         let b = step_copy(&gpu, &mut plan_for(&gpu, s, cfg), &dev, &c.state);
                         let what = format!("{s:?} {cfg:?}");
                         assert!(a.y.iter().zip(&b.y).all(|(p, q)| bits(*p) == bits(*q)), "y_t: lean ≠ mma, {what}");

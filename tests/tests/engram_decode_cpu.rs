@@ -67,6 +67,7 @@ fn configs() -> Vec<DecodeConfig> {
                         finish: DecodeFinish::Ticket,
                         pdl: false,
                         lean: false,
+                        copy_in_finish: false,
                     });
                     v.push(DecodeConfig {
                         projection,
@@ -76,6 +77,7 @@ fn configs() -> Vec<DecodeConfig> {
                         finish: DecodeFinish::SecondLaunch,
                         pdl: true,
                         lean: true,
+                        copy_in_finish: true,
                     });
                 }
             }

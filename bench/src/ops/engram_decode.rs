@@ -73,6 +73,15 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
             rows_per_thread,
             ..wide(0)
         };
+        // The state shift in extra blocks of the wide finish (under PDL: while the projection runs).
+        add_for("cf", Box::new(|s| DecodeConfig { copy_in_finish: true, ..DecodeConfig::for_shape(s) }), false);
+        add_for(
+            "cf-nopdl",
+            Box::new(|s| DecodeConfig { copy_in_finish: true, pdl: false, ..DecodeConfig::for_shape(s) }),
+            false,
+        );
+        add!("lean-cf", DecodeConfig { copy_in_finish: true, ..lean(256) }, false);
+        add!("lean-b128-cf", DecodeConfig { copy_in_finish: true, ..lean(128) }, false);
         add!("simt-fw-b128", simt(128, 0), false);
         add!("simt-fw-b64-r2", simt(64, 2), false);
     }

@@ -191,9 +191,9 @@ pub enum DecodeFinish {
 }
 
 /// Largest block of the wide finishing kernel per element width `E` = 4, 2, 1 (its registers:
-/// up to 16 splits' partials per thread are loaded up front; `cargo xtask build`: `_finw4`
-/// 177–179, `_finw2` 124–126, `_finw1` 80 registers; 65536 per block allow 256 / 512 / 768
-/// threads, `_finw2` is kept at 256 for margin).
+/// up to 16 splits' partials per thread are loaded at once; `cargo xtask build` (v5): `_finw4`
+/// 207–209, `_finw2` 72, `_finw1` 56 registers; 65536 per block allow 256 / 768+ / 1024
+/// threads; the v4 limits are kept for margin).
 const WIDE_MAX_THREADS: [(u32, u32); 3] = [(4, 256), (2, 256), (1, 512)];
 
 /// Automatic element width of the wide finish: the smallest `E` whose block (one thread per
@@ -249,6 +249,10 @@ pub struct DecodeConfig {
     /// bitwise the same partials, a shorter per-warp chain) where it applies — see
     /// [`lean_applies`]; elsewhere the `_mma` kernel.
     pub lean: bool,
+    /// Seed-contract steps with the wide finish on the vectorised layout: the state shift is
+    /// done by extra blocks of the finishing launch (after the batch rows' blocks; under PDL
+    /// they run while the projection does) instead of by the projection launch.
+    pub copy_in_finish: bool,
 }
 
 impl Default for DecodeConfig {
@@ -263,6 +267,7 @@ impl Default for DecodeConfig {
             finish: DecodeFinish::SecondLaunch,
             pdl: true,
             lean: false,
+            copy_in_finish: false,
         }
     }
 }
@@ -746,7 +751,19 @@ impl EngramDecodePlan {
         let (mut part, mut kv, mut cnt, mut dbg) = (part, kv, cnt, dbg);
         let (mut b, mut dm, mut d) = (s.batch as u32, s.d_mem as u32, s.d as u32);
         let (mut l, mut k, mut dil) = (s.max_conv_len as u32, s.kernel_size as u32, s.dilation as u32);
-        let (mut pos, mut wpos, mut copy) = (pos, wpos, copy as u32);
+        // The wide finish's extra blocks take the shift (`copy_in_finish`): `fin_copy` of them.
+        let wide = match self.finish {
+            DecodeFinish::Wide { elems } => wide_finish(&s, elems, aligned),
+            _ => None,
+        };
+        let fin_copy = match wide {
+            Some((_, threads)) if copy && aligned && self.config.copy_in_finish => {
+                let units = s.batch * (s.max_conv_len - 1) * (s.d / 8);
+                units.div_ceil(threads as usize) as u32
+            }
+            _ => 0,
+        };
+        let (mut pos, mut wpos, mut copy) = (pos, wpos, (copy && fin_copy == 0) as u32);
         let (mut splits, mut rs, mut cl_log, mut eps) = (g.splits, g.rows_per_split, g.cl_log, s.eps);
         let two = self.finish != DecodeFinish::Ticket;
         let pdl = two && self.config.pdl;
@@ -792,17 +809,17 @@ impl EngramDecodePlan {
         if !two {
             return Ok(());
         }
-        if let DecodeFinish::Wide { elems } = self.finish {
-            if let Some((e, threads)) = wide_finish(&s, elems, aligned) {
-                let idx = match e {
-                    4 => 0,
-                    2 => 1,
-                    _ => 2,
-                } + if dtype == DecodeDtype::F16 { 0 } else { 3 };
-                let fin = gpu.function(KERNELS[16 + idx])?;
-                let dims = LaunchDims { grid: (s.batch as u32, 1, 1), block: (threads, 1, 1), shared_bytes: 640 };
-                return launch_fin(fin, dims, stream, args!());
-            }
+        if let Some((e, threads)) = wide {
+            copy = (fin_copy > 0) as u32;
+            let idx = match e {
+                4 => 0,
+                2 => 1,
+                _ => 2,
+            } + if dtype == DecodeDtype::F16 { 0 } else { 3 };
+            let fin = gpu.function(KERNELS[16 + idx])?;
+            let dims =
+                LaunchDims { grid: (s.batch as u32 + fin_copy, 1, 1), block: (threads, 1, 1), shared_bytes: 640 };
+            return launch_fin(fin, dims, stream, args!());
         }
         let fin = gpu.function(g.finish_kernel(dtype))?;
         let (m, shared_bytes) = finish_launch_mode(&s);

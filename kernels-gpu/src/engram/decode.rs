@@ -1496,6 +1496,21 @@ unsafe fn block_sum1(red: *mut f32, mut x: f32) -> f32 {
 /// scalar chain uses `rsqrt.approx` + Newton and `rcp.approx`. Dynamic shared memory: 640 bytes.
 #[inline(always)]
 unsafe fn finish_wide<D: Dt, const E: usize>(a: Args) {
+    if block_idx_x() >= a.b {
+        // Blocks past the batch rows (`copy` ≠ 0, vectorised layout): the seed contract's state
+        // shift, one 16-byte unit per thread (grid-stride beyond), independent of the
+        // projection launch — under PDL it runs while the projection does.
+        let nt = block_dim_x();
+        let n = a.b * (a.l - 1) * (a.d / 8);
+        let total = (grid_dim_x() - a.b) * nt;
+        let mut k = (block_idx_x() - a.b) * nt + thread_idx_x();
+        while k < n {
+            let u = copy_load::<8>(&a, k);
+            copy_store(&a, &u);
+            k += total;
+        }
+        return;
+    }
     let bu = block_idx_x() as usize;
     let d = a.d as usize;
     let l = a.l as usize;
