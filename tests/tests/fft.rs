@@ -4,7 +4,7 @@
 //! (`rgk::reference::fft_error_bound`) grows like √log2 n. Outputs are poisoned (NaN) first.
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal};
-use rgk::fft::{FftPlan, Persist, Precision};
+use rgk::fft::{FftOptions, FftPlan, Persist, Precision};
 use rgk::reference::{fft_c2c_fwd, fft_error, fft_error_bound};
 use rgk::{Error, Gpu};
 use rgk_tests::{fresh_rng, gpu_or_skip, randn_f32};
@@ -12,7 +12,11 @@ use rgk_tests::{fresh_rng, gpu_or_skip, randn_f32};
 /// Runs one plan out of place (or in place) on fresh randn input; returns the rel L2 error
 /// after asserting it is within the bar.
 fn run(gpu: &Gpu, rng: &mut StdRng, n: usize, batch: usize, prec: Precision, in_place: bool) -> f64 {
-    run_with(gpu, rng, n, batch, prec, in_place, Persist::Auto)
+    run_with(gpu, rng, n, batch, prec, in_place, FftOptions::default())
+}
+
+fn opts(persist: Persist, stage_twiddles: bool) -> FftOptions {
+    FftOptions { persist, stage_twiddles, hoist_twiddles: true }
 }
 
 fn run_with(
@@ -22,12 +26,12 @@ fn run_with(
     batch: usize,
     prec: Precision,
     in_place: bool,
-    persist: Persist,
+    opts: FftOptions,
 ) -> f64 {
     let len = 2 * n * batch;
     let st = gpu.stream();
     let mut plan =
-        FftPlan::new_with(gpu, n, batch, prec, persist).unwrap_or_else(|e| panic!("plan n={n} batch={batch}: {e}"));
+        FftPlan::new_opts(gpu, n, batch, prec, opts).unwrap_or_else(|e| panic!("plan n={n} batch={batch}: {e}"));
     let (ours, x64): (Vec<f64>, Vec<f64>) = match prec {
         Precision::C64 => {
             let x = randn_f32(rng, len, 1.0);
@@ -63,10 +67,11 @@ fn run_with(
     let (rel, max_abs) = fft_error(&ours, &reference);
     let bound = fft_error_bound(n, prec == Precision::C128);
     println!(
-        "{prec:?} n=2^{} batch={batch}{}: rel_l2 {rel:.3e} (bar {bound:.1e}), max_abs {max_abs:.3e}, {} launch(es)",
+        "{prec:?} n=2^{} batch={batch}{}: rel_l2 {rel:.3e} (bar {bound:.1e}), max_abs {max_abs:.3e}, {} launch(es), {} stage-table",
         n.trailing_zeros(),
         if in_place { " in place" } else { "" },
-        plan.launches()
+        plan.launches(),
+        plan.stage_table_passes()
     );
     assert!(rel <= bound, "{prec:?} n={n} batch={batch}: rel_l2 {rel:e} above {bound:e}");
     rel
@@ -120,6 +125,68 @@ fn seed_shapes() {
     }
 }
 
+/// The stage-table kernels (`FftOptions::stage_twiddles`, bench rows `@st*`): every length
+/// 2^1..2^22 in both precisions, the ten seed shapes, odd batches, in place, persistent
+/// grids; and the same without hoisting (`hoist_twiddles: false`, bench rows `@stn`). Each
+/// case prints how many of its passes run a stage-table kernel (a pass whose kernel allows
+/// too few threads keeps the W_Lt kernel).
+#[test]
+fn stage_table_kernels() {
+    let Some(gpu) = gpu_or_skip("fft::stage_table_kernels") else { return };
+    let mut rng = fresh_rng("fft::stage_table_kernels");
+    let o = opts(Persist::Auto, true);
+    for prec in [Precision::C64, Precision::C128] {
+        for log_n in 1..=22 {
+            run_with(&gpu, &mut rng, 1 << log_n, batch_for(log_n), prec, false, o);
+        }
+        for n in [2, 64, 1024, 4096, 1 << 13, 1 << 15] {
+            for batch in [1, 7, 33] {
+                if n * batch <= 1 << 19 {
+                    run_with(&gpu, &mut rng, n, batch, prec, false, o);
+                }
+            }
+            run_with(&gpu, &mut rng, n, 3, prec, true, o);
+        }
+        run_with(&gpu, &mut rng, 64, 1001, prec, false, o);
+        run_with(&gpu, &mut rng, 1 << 20, 1, prec, true, o);
+    }
+    let rows: [(usize, usize, Precision); 10] = [
+        (1, 4096, Precision::C64),
+        (64, 4096, Precision::C64),
+        (64, 4096, Precision::C128),
+        (64, 16384, Precision::C64),
+        (8, 65536, Precision::C64),
+        (256, 1024, Precision::C64),
+        (4096, 512, Precision::C64),
+        (65536, 64, Precision::C64),
+        (4, 1 << 20, Precision::C128),
+        (300, 1024, Precision::C64),
+    ];
+    for (batch, n, prec) in rows {
+        for persist in [Persist::Auto, Persist::Never, Persist::PerSm(2)] {
+            run_with(&gpu, &mut rng, n, batch, prec, false, opts(persist, true));
+        }
+        // `_stn`: the same tables, loaded in each stage.
+        run_with(
+            &gpu,
+            &mut rng,
+            n,
+            batch,
+            prec,
+            false,
+            FftOptions { hoist_twiddles: false, ..opts(Persist::Auto, true) },
+        );
+    }
+    for prec in [Precision::C64, Precision::C128] {
+        let stn = FftOptions { hoist_twiddles: false, ..o };
+        for log_n in 1..=22 {
+            run_with(&gpu, &mut rng, 1 << log_n, batch_for(log_n), prec, false, stn);
+        }
+        run_with(&gpu, &mut rng, 4096, 3, prec, true, stn);
+        run_with(&gpu, &mut rng, 64, 1001, prec, false, opts(Persist::PerSm(1), true));
+    }
+}
+
 #[test]
 fn odd_batches() {
     let Some(gpu) = gpu_or_skip("fft::odd_batches") else { return };
@@ -157,9 +224,11 @@ fn persistent_grids() {
     for prec in [Precision::C64, Precision::C128] {
         for (n, batch) in [(2, 40_000), (64, 20_001), (512, 1001), (1024, 700), (4096, 300)] {
             for k in [1, 2] {
-                run_with(&gpu, &mut rng, n, batch, prec, false, Persist::PerSm(k));
+                run_with(&gpu, &mut rng, n, batch, prec, false, opts(Persist::PerSm(k), false));
+                run_with(&gpu, &mut rng, n, batch, prec, false, opts(Persist::PerSm(k), true));
             }
-            run_with(&gpu, &mut rng, n, batch, prec, true, Persist::PerSm(1));
+            run_with(&gpu, &mut rng, n, batch, prec, true, opts(Persist::PerSm(1), false));
+            run_with(&gpu, &mut rng, n, batch, prec, true, opts(Persist::PerSm(1), true));
         }
     }
 }

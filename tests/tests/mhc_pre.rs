@@ -208,8 +208,18 @@ fn every_launch_config_matches_reference() {
             for max_grid in [None, Some(1), Some(7), Some(64)] {
                 for mix_block in [32, 96, 256, 1024] {
                     let pdl = block != 64; // both launch modes of kernel 2
-                    let config =
-                        PreConfig { path: PrePath::TwoLaunch, block, max_grid, mix_block, pdl, ..PreConfig::default() };
+                                           // Both kernel-1 versions (tensor-core where n ≤ 4, FMA), every block size.
+                    let (mma_partials, mma_block) = (block != 256, block.min(512));
+                    let config = PreConfig {
+                        path: PrePath::TwoLaunch,
+                        block,
+                        max_grid,
+                        mix_block,
+                        pdl,
+                        mma_partials,
+                        mma_block,
+                        ..PreConfig::default()
+                    };
                     let mut op = match MhcPre::with_config(&gpu, s, config) {
                         Ok(op) => op,
                         // 1024 threads may exceed the register file: a clean error, no launch.

@@ -4,7 +4,7 @@ use cudarc::cufft::{result as cufft_result, sys as cufft_sys, CudaFft};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal};
-use rgk::fft::{FftPlan, Persist, Precision};
+use rgk::fft::{FftOptions, FftPlan, Persist, Precision};
 use rgk::reference::{fft_c2c_fwd, fft_error, fft_error_bound};
 use rgk::{Error, Gpu};
 
@@ -31,18 +31,25 @@ const ROWS: [(&str, &[usize], usize, Precision); 10] = [
 ];
 
 /// The seed's workloads; with `variants`, also each row under every persistent-grid choice
-/// (rows named `WORKLOAD@never`, `@sm1`, `@sm2`, `@sm4`, for tuning).
+/// (rows named `WORKLOAD@never`, `@sm1`, `@sm2`, `@sm4`) and with the stage-table kernels
+/// (`@st`: per-stage coalesced twiddle tables loaded at kernel start; `@st-never`,
+/// `@st-sm2`; `@stn`: the same tables loaded in each stage, no extra registers), for tuning.
 pub fn workloads(variants: bool) -> Vec<Workload> {
-    let mut configs = vec![(None, Persist::Auto)];
+    let opts = |persist, stage_twiddles| FftOptions { persist, stage_twiddles, hoist_twiddles: true };
+    let mut configs = vec![(None, FftOptions::default())];
     if variants {
-        configs.push((Some("never"), Persist::Never));
+        configs.push((Some("never"), opts(Persist::Never, false)));
         for k in [1, 2, 4] {
-            configs.push((Some(["", "sm1", "sm2", "", "sm4"][k as usize]), Persist::PerSm(k)));
+            configs.push((Some(["", "sm1", "sm2", "", "sm4"][k as usize]), opts(Persist::PerSm(k), false)));
         }
+        configs.push((Some("st"), opts(Persist::Auto, true)));
+        configs.push((Some("st-never"), opts(Persist::Never, true)));
+        configs.push((Some("st-sm2"), opts(Persist::PerSm(2), true)));
+        configs.push((Some("stn"), FftOptions { hoist_twiddles: false, ..opts(Persist::Auto, true) }));
     }
     ROWS.iter()
         .flat_map(|r| configs.iter().map(move |c| (r, *c)))
-        .map(|(&(name, bdims, n, prec), (tag, persist))| {
+        .map(|(&(name, bdims, n, prec), (tag, o))| {
             let name = variant_name(name, tag);
             let batch: usize = bdims.iter().product();
             let mut dims = bdims.to_vec();
@@ -57,7 +64,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                 bytes: (2 * n * batch * prec.element_bytes()) as f64,
                 peak_flops: if c128 { FP64_PEAK } else { FP32_PEAK },
                 prepare: Box::new(move |gpu, rng| {
-                    Ok(Box::new(FftCase::new(gpu, rng, bdims, n, prec, persist)?) as Box<dyn Case>)
+                    Ok(Box::new(FftCase::new(gpu, rng, bdims, n, prec, o)?) as Box<dyn Case>)
                 }),
             }
         })
@@ -94,7 +101,7 @@ impl FftCase {
         bdims: &[usize],
         n: usize,
         prec: Precision,
-        persist: Persist,
+        opts: FftOptions,
     ) -> rgk::Result<Self> {
         let batch: usize = bdims.iter().product();
         let len = 2 * n * batch;
@@ -116,7 +123,7 @@ impl FftCase {
             }
         };
         let reference = fft_c2c_fwd(n, batch, &x);
-        let plan = FftPlan::new_with(gpu, n, batch, prec, persist)?;
+        let plan = FftPlan::new_opts(gpu, n, batch, prec, opts)?;
         // cuFFT's plan is made here, outside the timed calls (as ours).
         let cufft = if unsafe { cufft_sys::is_culib_present() } {
             let ty = match prec {
@@ -175,8 +182,9 @@ impl Case for FftCase {
             max_abs_err: max_abs,
             rel_l2_err: rel,
             detail: format!(
-                "y: rel_l2 {rel:.3e} (bar {bound:.1e}), max_abs {max_abs:.3e}, {} launch(es)",
-                self.plan.launches()
+                "y: rel_l2 {rel:.3e} (bar {bound:.1e}), max_abs {max_abs:.3e}, {} launch(es), {} stage-table",
+                self.plan.launches(),
+                self.plan.stage_table_passes()
             ),
         })
     }

@@ -17,6 +17,10 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
     if variants {
         use rgk::mhc::PrePath;
         configs.push((Some("nopdl".into()), PreConfig { pdl: false, ..PreConfig::default() }));
+        configs.push((Some("fma1".into()), PreConfig { mma_partials: false, ..PreConfig::default() }));
+        for mma_block in [64, 256] {
+            configs.push((Some(format!("mb{mma_block}")), PreConfig { mma_block, ..PreConfig::default() }));
+        }
         let fused = PreConfig { path: PrePath::Fused, ..PreConfig::default() };
         configs.push((Some("fused".into()), fused));
         for cluster in [4, 8] {

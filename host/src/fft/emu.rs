@@ -10,7 +10,7 @@
 use std::cell::Cell;
 use std::sync::{Arc, Barrier};
 
-use super::plan::{pass_args, twiddle_tables, Buf, Pass, PassArgs, PlanPtrs};
+use super::plan::{pass_args, stage_table, twiddle_tables, Buf, Pass, PassArgs, PlanPtrs};
 
 /// The kernels' primitives, in software (only those the FFT kernels use).
 #[allow(dead_code)]
@@ -135,7 +135,33 @@ kernels!(
     fft_c64_l10,
     fft_c64_l11,
     fft_c64_l12,
-    fft_c64_l13
+    fft_c64_l13,
+    fft_c64_l1_st,
+    fft_c64_l2_st,
+    fft_c64_l3_st,
+    fft_c64_l4_st,
+    fft_c64_l5_st,
+    fft_c64_l6_st,
+    fft_c64_l7_st,
+    fft_c64_l8_st,
+    fft_c64_l9_st,
+    fft_c64_l10_st,
+    fft_c64_l11_st,
+    fft_c64_l12_st,
+    fft_c64_l13_st,
+    fft_c64_l1_stn,
+    fft_c64_l2_stn,
+    fft_c64_l3_stn,
+    fft_c64_l4_stn,
+    fft_c64_l5_stn,
+    fft_c64_l6_stn,
+    fft_c64_l7_stn,
+    fft_c64_l8_stn,
+    fft_c64_l9_stn,
+    fft_c64_l10_stn,
+    fft_c64_l11_stn,
+    fft_c64_l12_stn,
+    fft_c64_l13_stn
 );
 kernels!(
     f64,
@@ -151,7 +177,31 @@ kernels!(
     fft_c128_l9,
     fft_c128_l10,
     fft_c128_l11,
-    fft_c128_l12
+    fft_c128_l12,
+    fft_c128_l1_st,
+    fft_c128_l2_st,
+    fft_c128_l3_st,
+    fft_c128_l4_st,
+    fft_c128_l5_st,
+    fft_c128_l6_st,
+    fft_c128_l7_st,
+    fft_c128_l8_st,
+    fft_c128_l9_st,
+    fft_c128_l10_st,
+    fft_c128_l11_st,
+    fft_c128_l12_st,
+    fft_c128_l1_stn,
+    fft_c128_l2_stn,
+    fft_c128_l3_stn,
+    fft_c128_l4_stn,
+    fft_c128_l5_stn,
+    fft_c128_l6_stn,
+    fft_c128_l7_stn,
+    fft_c128_l8_stn,
+    fft_c128_l9_stn,
+    fft_c128_l10_stn,
+    fft_c128_l11_stn,
+    fft_c128_l12_stn
 );
 
 /// Device memory of the emulation: a 16-byte aligned buffer of `len` complex elements.
@@ -288,13 +338,16 @@ pub(crate) fn execute<T: Elem>(passes: &[Pass], log_n: u32, batch: usize, x: &[f
         work: work.as_mut().map_or(0, |b| b.addr()),
     };
     let (xa, ya) = if in_place { (xb.addr(), xb.addr()) } else { (xb.addr(), yb.addr()) };
-    let names: &[&str] =
-        super::FftPlan::kernel_names(if T::BYTES == 8 { super::Precision::C64 } else { super::Precision::C128 });
-    for p in passes {
-        let a = pass_args(p, log_n, log_lt, ptrs, xa, ya);
+    let prec = if T::BYTES == 8 { super::Precision::C64 } else { super::Precision::C128 };
+    // Stage-table passes: each its own table, exactly its size (rounded up to 256 bytes, NaN
+    // after it: an index past the table shows as a NaN result).
+    let stw: Vec<Option<(DevBuf, Vec<u64>)>> =
+        passes.iter().map(|p| p.st.then(|| upload_tables::<T>(&[&stage_table(p.log_l, p.e)]))).collect();
+    for (p, st) in passes.iter().zip(&stw) {
+        let a = pass_args(p, log_n, log_lt, ptrs, st.as_ref().map_or(0, |t| t.1[0]), xa, ya);
         // Every buffer a pass names is one the plan holds.
         assert!(p.src != Buf::Work || work.is_some(), "{p:?}");
-        launch(T::kernel(names[p.log_l as usize - 1]), &a);
+        launch(T::kernel(super::FftPlan::pass_kernel(prec, p)), &a);
     }
     if passes.is_empty() {
         return x.iter().map(|&v| T::from_f64(v).to_f64()).collect();
@@ -323,8 +376,25 @@ mod tests {
     /// Runs the plan for `(n, batch)` through the emulated kernels; returns the rel L2 error
     /// after asserting it is within the GPU tests' bar.
     fn case<T: Elem>(log_n: u32, batch: usize, in_place: bool, grid: Option<u32>) -> f64 {
+        case_st::<T>(log_n, batch, in_place, grid, None)
+    }
+
+    /// [`case`] with the stage-table kernels when `st` is `Some(max_threads)`: each pass shrunk
+    /// to at most that many threads, or left on the `W_Lt` kernel if one transform needs more
+    /// (as `FftPlan::new_opts` does for a kernel that allows fewer threads).
+    fn case_st<T: Elem>(log_n: u32, batch: usize, in_place: bool, grid: Option<u32>, st: Option<(u32, bool)>) -> f64 {
         let elem = T::BYTES;
         let mut passes = if log_n == 0 { vec![] } else { decompose(log_n, batch, elem, max_single_log(elem)) };
+        if let Some((m, hoist)) = st {
+            for p in passes.iter_mut() {
+                let mut q = p.clone();
+                if q.shrink_to(m) {
+                    *p = q;
+                    p.st = true;
+                    p.hoist = hoist;
+                }
+            }
+        }
         if let Some(g) = grid {
             for p in passes.iter_mut().filter(|p| p.flags == 0 && p.log_min == 0) {
                 p.grid = p.grid.min(g);
@@ -338,7 +408,7 @@ mod tests {
         let bound = fft_error_bound(n, elem == 16);
         assert!(
             rel <= bound,
-            "emulated c{} n=2^{log_n} batch={batch} in_place={in_place} grid={grid:?}: rel {rel:e} > {bound:e}\n{passes:#?}",
+            "emulated c{} n=2^{log_n} batch={batch} in_place={in_place} grid={grid:?} st={st:?}: rel {rel:e} > {bound:e}\n{passes:#?}",
             elem * 8
         );
         rel
@@ -380,5 +450,36 @@ mod tests {
             case::<f32>(log_n, b, false, Some(5));
             case::<f64>(log_n, b, false, Some(3));
         }
+    }
+
+    /// The stage-table kernels (`_st`, and `_stn` without hoisting): every length to 2^16 in both precisions (one- and
+    /// two-pass plans), blocks shrunk to 256 and to 128 threads, in place, odd batches and
+    /// persistent grids.
+    #[test]
+    fn emulated_stage_table_kernels() {
+        for log_n in 1..=16 {
+            let batches: &[usize] = if log_n <= 10 { &[1, 3] } else { &[1, 2] };
+            for &b in batches {
+                case_st::<f32>(log_n, b, false, None, Some((512, true)));
+                case_st::<f64>(log_n, b, false, None, Some((256, true)));
+            }
+        }
+        for (log_n, b) in [(12, 3), (13, 3), (15, 3), (16, 1)] {
+            case_st::<f32>(log_n, b, true, None, Some((128, true)));
+            case_st::<f64>(log_n, b, false, None, Some((128, true)));
+        }
+        for (log_n, b) in [(6, 1001), (9, 300), (10, 37), (12, 5)] {
+            case_st::<f32>(log_n, b, false, Some(5), Some((512, true)));
+            case_st::<f64>(log_n, b, false, Some(3), Some((256, true)));
+        }
+        case_st::<f32>(17, 1, false, None, Some((512, true)));
+        // Without hoisting (`_stn`).
+        for log_n in 1..=16 {
+            let b = if log_n <= 10 { 3 } else { 2 };
+            case_st::<f32>(log_n, b, false, None, Some((512, false)));
+            case_st::<f64>(log_n, b, false, None, Some((512, false)));
+        }
+        case_st::<f32>(9, 300, false, Some(5), Some((512, false)));
+        case_st::<f64>(12, 3, true, None, Some((256, false)));
     }
 }

@@ -62,6 +62,69 @@ const KERNELS_C128: [&str; 12] = [
     "fft_c128_l12",
 ];
 
+/// The stage-table kernels (same lengths, `_st`): per-stage coalesced twiddle tables, loaded
+/// at kernel start.
+const KERNELS_C64_ST: [&str; 13] = [
+    "fft_c64_l1_st",
+    "fft_c64_l2_st",
+    "fft_c64_l3_st",
+    "fft_c64_l4_st",
+    "fft_c64_l5_st",
+    "fft_c64_l6_st",
+    "fft_c64_l7_st",
+    "fft_c64_l8_st",
+    "fft_c64_l9_st",
+    "fft_c64_l10_st",
+    "fft_c64_l11_st",
+    "fft_c64_l12_st",
+    "fft_c64_l13_st",
+];
+const KERNELS_C128_ST: [&str; 12] = [
+    "fft_c128_l1_st",
+    "fft_c128_l2_st",
+    "fft_c128_l3_st",
+    "fft_c128_l4_st",
+    "fft_c128_l5_st",
+    "fft_c128_l6_st",
+    "fft_c128_l7_st",
+    "fft_c128_l8_st",
+    "fft_c128_l9_st",
+    "fft_c128_l10_st",
+    "fft_c128_l11_st",
+    "fft_c128_l12_st",
+];
+
+/// The stage-table kernels without hoisting (`_stn`): twiddles loaded in each stage.
+const KERNELS_C64_STN: [&str; 13] = [
+    "fft_c64_l1_stn",
+    "fft_c64_l2_stn",
+    "fft_c64_l3_stn",
+    "fft_c64_l4_stn",
+    "fft_c64_l5_stn",
+    "fft_c64_l6_stn",
+    "fft_c64_l7_stn",
+    "fft_c64_l8_stn",
+    "fft_c64_l9_stn",
+    "fft_c64_l10_stn",
+    "fft_c64_l11_stn",
+    "fft_c64_l12_stn",
+    "fft_c64_l13_stn",
+];
+const KERNELS_C128_STN: [&str; 12] = [
+    "fft_c128_l1_stn",
+    "fft_c128_l2_stn",
+    "fft_c128_l3_stn",
+    "fft_c128_l4_stn",
+    "fft_c128_l5_stn",
+    "fft_c128_l6_stn",
+    "fft_c128_l7_stn",
+    "fft_c128_l8_stn",
+    "fft_c128_l9_stn",
+    "fft_c128_l10_stn",
+    "fft_c128_l11_stn",
+    "fft_c128_l12_stn",
+];
+
 /// PTX entries of the FFT.
 pub(crate) const KERNELS: &[&str] = &[
     KERNELS_C64[0],
@@ -89,6 +152,56 @@ pub(crate) const KERNELS: &[&str] = &[
     KERNELS_C128[9],
     KERNELS_C128[10],
     KERNELS_C128[11],
+    KERNELS_C64_ST[0],
+    KERNELS_C64_ST[1],
+    KERNELS_C64_ST[2],
+    KERNELS_C64_ST[3],
+    KERNELS_C64_ST[4],
+    KERNELS_C64_ST[5],
+    KERNELS_C64_ST[6],
+    KERNELS_C64_ST[7],
+    KERNELS_C64_ST[8],
+    KERNELS_C64_ST[9],
+    KERNELS_C64_ST[10],
+    KERNELS_C64_ST[11],
+    KERNELS_C64_ST[12],
+    KERNELS_C128_ST[0],
+    KERNELS_C128_ST[1],
+    KERNELS_C128_ST[2],
+    KERNELS_C128_ST[3],
+    KERNELS_C128_ST[4],
+    KERNELS_C128_ST[5],
+    KERNELS_C128_ST[6],
+    KERNELS_C128_ST[7],
+    KERNELS_C128_ST[8],
+    KERNELS_C128_ST[9],
+    KERNELS_C128_ST[10],
+    KERNELS_C128_ST[11],
+    KERNELS_C64_STN[0],
+    KERNELS_C64_STN[1],
+    KERNELS_C64_STN[2],
+    KERNELS_C64_STN[3],
+    KERNELS_C64_STN[4],
+    KERNELS_C64_STN[5],
+    KERNELS_C64_STN[6],
+    KERNELS_C64_STN[7],
+    KERNELS_C64_STN[8],
+    KERNELS_C64_STN[9],
+    KERNELS_C64_STN[10],
+    KERNELS_C64_STN[11],
+    KERNELS_C64_STN[12],
+    KERNELS_C128_STN[0],
+    KERNELS_C128_STN[1],
+    KERNELS_C128_STN[2],
+    KERNELS_C128_STN[3],
+    KERNELS_C128_STN[4],
+    KERNELS_C128_STN[5],
+    KERNELS_C128_STN[6],
+    KERNELS_C128_STN[7],
+    KERNELS_C128_STN[8],
+    KERNELS_C128_STN[9],
+    KERNELS_C128_STN[10],
+    KERNELS_C128_STN[11],
 ];
 
 /// The complex storage type of a transform.
@@ -130,6 +243,31 @@ pub enum Persist {
     PerSm(u32),
 }
 
+/// Plan options (for tuning and the bench's variant rows); [`FftOptions::default`] is what
+/// [`FftPlan::new`] uses.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FftOptions {
+    /// Persistent grids of the row passes.
+    pub persist: Persist,
+    /// Run the stage-table kernels (`fft_*_l*_st`: per-stage twiddle tables read coalesced,
+    /// every stage's twiddles loaded at kernel start instead of after each barrier). A pass
+    /// whose stage-table kernel allows fewer threads per block than the plan chose takes fewer
+    /// transforms per block, or the `W_Lt`-table kernel if even one is too many.
+    pub stage_twiddles: bool,
+    /// With `stage_twiddles`: load every stage's twiddles at kernel start (`_st` kernels, more
+    /// registers); `false`: in each stage, after its barrier (`_stn`, the registers of the
+    /// `W_Lt` kernels).
+    pub hoist_twiddles: bool,
+}
+
+impl Default for FftOptions {
+    fn default() -> Self {
+        // The default plan (switch `stage_twiddles` here once the device prefers it).
+        FftOptions { persist: Persist::Auto, stage_twiddles: false, hoist_twiddles: true }
+    }
+}
+
 /// A prepared batched forward FFT of `batch` transforms of length `n` (SPEC.md §1).
 ///
 /// Holds the twiddle tables and the workspace (device memory of the [`Gpu`] it was made on).
@@ -150,6 +288,10 @@ pub struct FftPlan {
     #[allow(dead_code)]
     twhi: Option<CudaSlice<u8>>,
     work: Option<CudaSlice<u8>>,
+    /// Per pass: its stage table (stage-table passes), else `None`.
+    #[allow(dead_code)]
+    stw: Vec<Option<CudaSlice<u8>>>,
+    stw_ptrs: Vec<CUdeviceptr>,
     ptrs: [CUdeviceptr; 4],
     log_lt: u32,
 }
@@ -212,18 +354,35 @@ impl FftPlan {
     /// [`FftPlan::new`] with an explicit persistent-grid choice (for tuning and its bench rows).
     #[doc(hidden)]
     pub fn new_with(gpu: &Gpu, n: usize, batch: usize, precision: Precision, persist: Persist) -> Result<Self> {
+        Self::new_opts(gpu, n, batch, precision, FftOptions { persist, ..FftOptions::default() })
+    }
+
+    /// [`FftPlan::new`] with explicit [`FftOptions`] (for tuning and the bench's variant rows).
+    #[doc(hidden)]
+    pub fn new_opts(gpu: &Gpu, n: usize, batch: usize, precision: Precision, opts: FftOptions) -> Result<Self> {
+        let persist = opts.persist;
         let log_n = validate(n, batch, precision)?;
         let elem = precision.element_bytes();
         let mut passes = if log_n == 0 { Vec::new() } else { decompose(log_n, batch, elem, max_single_log(elem)) };
         let log_lt = passes.iter().map(|p| p.log_l).max().unwrap_or(0);
-        let names = Self::kernel_names(precision);
         let sms = gpu
             .context()
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map(|v| v.max(1) as u32)
             .unwrap_or(DEFAULT_SMS);
         for p in passes.iter_mut() {
-            let f = gpu.function(names[p.log_l as usize - 1])?;
+            if opts.stage_twiddles {
+                let mut q = p.clone();
+                q.st = true;
+                q.hoist = opts.hoist_twiddles;
+                let f = gpu.function(Self::pass_kernel(precision, &q))?;
+                let max_threads =
+                    f.get_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
+                if q.shrink_to(max_threads as u32) {
+                    *p = q;
+                }
+            }
+            let f = gpu.function(Self::pass_kernel(precision, p))?;
             let max_threads = f.get_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
             if (max_threads as u32) < p.threads {
                 return Err(Error::Shape {
@@ -263,10 +422,36 @@ impl FftPlan {
             }
         };
         let work = if four_step { Some(gpu.stream().alloc_zeros::<u8>(n * batch * elem)?) } else { None };
+        let stw = passes
+            .iter()
+            .map(|p| if p.st { upload(gpu, precision, &plan::stage_table(p.log_l, p.e)).map(Some) } else { Ok(None) })
+            .collect::<Result<Vec<_>>>()?;
+        let stw_ptrs = stw.iter().map(|s| raw_ptr(gpu, s)).collect();
         // The tables must be on the device before an execution on any other stream.
         gpu.stream().synchronize()?;
         let ptrs = [raw_ptr(gpu, &tw), raw_ptr(gpu, &twlo), raw_ptr(gpu, &twhi), raw_ptr(gpu, &work)];
-        Ok(Self { n, batch, precision, passes, tw, twlo, twhi, work, ptrs, log_lt })
+        Ok(Self { n, batch, precision, passes, tw, twlo, twhi, work, stw, stw_ptrs, ptrs, log_lt })
+    }
+
+    fn kernel_names_st(p: Precision, hoist: bool) -> &'static [&'static str] {
+        match (p, hoist) {
+            (Precision::C64, true) => &KERNELS_C64_ST,
+            (Precision::C128, true) => &KERNELS_C128_ST,
+            (Precision::C64, false) => &KERNELS_C64_STN,
+            (Precision::C128, false) => &KERNELS_C128_STN,
+        }
+    }
+
+    /// The kernel of a pass (its length, precision and table kind).
+    fn pass_kernel(prec: Precision, p: &Pass) -> &'static str {
+        let names = if p.st { Self::kernel_names_st(prec, p.hoist) } else { Self::kernel_names(prec) };
+        names[p.log_l as usize - 1]
+    }
+
+    /// How many passes run the stage-table kernels (for tests and reports).
+    #[doc(hidden)]
+    pub fn stage_table_passes(&self) -> usize {
+        self.passes.iter().filter(|p| p.st).count()
     }
 
     fn kernel_names(p: Precision) -> &'static [&'static str] {
@@ -397,13 +582,12 @@ impl FftPlan {
             }
             return Ok(());
         }
-        let names = Self::kernel_names(self.precision);
         let [tw, twlo, twhi, work] = self.ptrs;
         let ptrs = PlanPtrs { tw, twlo, twhi, work };
         let log_n = self.n.trailing_zeros();
-        for p in &self.passes {
-            let f = gpu.function(names[p.log_l as usize - 1])?;
-            let a = plan::pass_args(p, log_n, self.log_lt, ptrs, x, y);
+        for (p, &stw) in self.passes.iter().zip(&self.stw_ptrs) {
+            let f = gpu.function(Self::pass_kernel(self.precision, p))?;
+            let a = plan::pass_args(p, log_n, self.log_lt, ptrs, stw, x, y);
             let (mut src, mut dst, mut tw, mut lo, mut hi) = (a.src, a.dst, a.tw, a.lo, a.hi);
             let (mut log_c, mut log_min, mut log_mout, mut count) = (a.log_c, a.log_min, a.log_mout, a.count);
             let (mut log_lt, mut log_split, mut flags, mut sm_stride) = (a.log_lt, a.log_split, a.flags, a.sm_stride);

@@ -60,6 +60,30 @@ pub(crate) struct Pass {
     pub smem_bytes: u32,
     pub src: Buf,
     pub dst: Buf,
+    /// The pass runs the stage-table kernel (`fft_*_l*_st`: twiddles from [`stage_table`],
+    /// coalesced, loaded at kernel start); `false`: the `W_Lt` table kernel.
+    pub st: bool,
+    /// With `st`: the hoisting kernel (`_st`, twiddles loaded at kernel start) rather than
+    /// `_stn` (loaded in each stage).
+    pub hoist: bool,
+}
+
+impl Pass {
+    /// Halves the transforms per block until the block has at most `max_threads` threads (a
+    /// kernel whose registers allow fewer threads than the plan chose). `false` if even one
+    /// transform per block needs more.
+    pub(crate) fn shrink_to(&mut self, max_threads: u32) -> bool {
+        let tpt = self.threads >> self.log_c;
+        let per = self.smem_bytes >> self.log_c;
+        while self.threads > max_threads && self.log_c > 0 {
+            self.log_c -= 1;
+            self.threads = tpt << self.log_c;
+            self.blocks = (self.count as usize).div_ceil(1 << self.log_c) as u32;
+            self.grid = self.blocks;
+            self.smem_bytes = per << self.log_c;
+        }
+        self.threads <= max_threads
+    }
 }
 
 /// Elements per thread of the kernel for length `2^log_l` (must match the `entry!` table of
@@ -153,6 +177,8 @@ fn pass(
         smem_bytes: (c * sm_stride as usize * elem_bytes) as u32,
         src,
         dst,
+        st: false,
+        hoist: false,
     }
 }
 
@@ -206,6 +232,33 @@ pub(crate) fn twiddle_tables(log_n: u32, log_lt: u32, four_step: bool) -> (Vec<f
     (tw, Some((lo, hi)))
 }
 
+/// The per-stage twiddle table of the stage-table kernels for length `2^log_l` with `e`
+/// elements per thread, interleaved f64: stages `s = 1..nst` (radix `e`, `Ns = 2^(first +
+/// log_e·(s−1))`, `first = log_l − log_e·(nst−1)`) one after another, stage `s` as `[r − 1][k]`
+/// = `W_{Ns·e}^{r·k}` for `1 ≤ r < e`, `k < Ns` (the kernel's `stage_twiddles`; each value
+/// rounded once from f64, as the `W_Lt` table). Never empty (one unused element for
+/// one-stage lengths, so the table is a valid allocation).
+pub(crate) fn stage_table(log_l: u32, e: u32) -> Vec<f64> {
+    use crate::reference::twiddle;
+    let log_e = e.trailing_zeros();
+    let nst = log_l.div_ceil(log_e);
+    let first = log_l - log_e * (nst - 1);
+    let mut v = Vec::new();
+    for s in 1..nst {
+        let ls = first + log_e * (s - 1);
+        let ns = 1u64 << ls;
+        for r in 1..e as u64 {
+            for k in 0..ns {
+                v.extend(<[f64; 2]>::from(twiddle(r * k, ns * e as u64)));
+            }
+        }
+    }
+    if v.is_empty() {
+        v = vec![1.0, 0.0];
+    }
+    v
+}
+
 /// The arguments of one pass's kernel launch, in the kernel's parameter order
 /// (kernels-gpu/src/fft/stockham.rs `entry!`), and its launch shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,8 +290,9 @@ pub(crate) struct PlanPtrs {
     pub work: u64,
 }
 
-/// The launch arguments of pass `p` of a plan for `n = 2^log_n`, on buffers `x`, `y`.
-pub(crate) fn pass_args(p: &Pass, log_n: u32, log_lt: u32, ptrs: PlanPtrs, x: u64, y: u64) -> PassArgs {
+/// The launch arguments of pass `p` of a plan for `n = 2^log_n`, on buffers `x`, `y`; `stw` is
+/// the pass's stage table (used when `p.st`; 0 otherwise).
+pub(crate) fn pass_args(p: &Pass, log_n: u32, log_lt: u32, ptrs: PlanPtrs, stw: u64, x: u64, y: u64) -> PassArgs {
     let buf = |b: Buf| match b {
         Buf::X => x,
         Buf::Y => y,
@@ -247,7 +301,7 @@ pub(crate) fn pass_args(p: &Pass, log_n: u32, log_lt: u32, ptrs: PlanPtrs, x: u6
     PassArgs {
         src: buf(p.src),
         dst: buf(p.dst),
-        tw: ptrs.tw,
+        tw: if p.st { stw } else { ptrs.tw },
         // One-pass plans have no four-step tables (0); pass a valid address all the same. (Not
         // `twlo.max(tw)`: that picks `tw` whenever the allocator placed the table below it —
         // the n = 2^15 failure of the first H200 run.)
@@ -279,17 +333,73 @@ mod tests {
         for (tw, twlo, twhi, work) in [(0x1000, 0x2000, 0x3000, 0x4000), (0x9000, 0x2000, 0x3000, 0x4000)] {
             let ptrs = PlanPtrs { tw, twlo, twhi, work };
             for p in &passes {
-                let a = pass_args(p, 15, 8, ptrs, 0x10_0000, 0x20_0000);
+                let a = pass_args(p, 15, 8, ptrs, 0, 0x10_0000, 0x20_0000);
                 assert_eq!((a.tw, a.lo, a.hi), (tw, twlo, twhi));
             }
-            let a = pass_args(&passes[0], 15, 8, ptrs, 0x10_0000, 0x20_0000);
+            let a = pass_args(&passes[0], 15, 8, ptrs, 0, 0x10_0000, 0x20_0000);
             assert_eq!((a.src, a.dst), (0x10_0000, work));
-            let a = pass_args(&passes[1], 15, 8, ptrs, 0x10_0000, 0x20_0000);
+            let a = pass_args(&passes[1], 15, 8, ptrs, 0, 0x10_0000, 0x20_0000);
             assert_eq!((a.src, a.dst), (work, 0x20_0000));
         }
         // One-pass plans: no four-step tables, `tw` in their place.
         let one = decompose(10, 3, 8, max_single_log(8));
-        let a = pass_args(&one[0], 10, 10, PlanPtrs { tw: 0x5000, twlo: 0, twhi: 0, work: 0 }, 1 << 20, 2 << 20);
+        let a = pass_args(&one[0], 10, 10, PlanPtrs { tw: 0x5000, twlo: 0, twhi: 0, work: 0 }, 0, 1 << 20, 2 << 20);
         assert_eq!((a.tw, a.lo, a.hi, a.src, a.dst), (0x5000, 0x5000, 0x5000, 1 << 20, 2 << 20));
+        // Stage-table passes get their own table in `tw`.
+        let mut st = one[0].clone();
+        st.st = true;
+        let a = pass_args(&st, 10, 10, PlanPtrs { tw: 0x5000, twlo: 0, twhi: 0, work: 0 }, 0x7000, 1 << 20, 2 << 20);
+        assert_eq!((a.tw, a.lo, a.hi), (0x7000, 0x5000, 0x5000));
+    }
+
+    /// The stage table holds exactly the entries the kernel's `stage_twiddles` indexes:
+    /// stage offsets `Σ (E − 1)·Ns`, entry `(r − 1)·Ns + k` = `W_{Ns·E}^{r·k}`.
+    #[test]
+    fn stage_table_layout() {
+        use crate::reference::twiddle;
+        for elem in [8, 16] {
+            for log_l in 1..=max_single_log(elem) {
+                let e = elems_per_thread(log_l, elem);
+                let log_e = e.trailing_zeros();
+                let nst = log_l.div_ceil(log_e);
+                let first = log_l - log_e * (nst - 1);
+                let t = stage_table(log_l, e);
+                let mut off = 0usize;
+                for s in 1..nst {
+                    let ls = first + log_e * (s - 1);
+                    for r in 1..e as usize {
+                        for k in [0usize, (1 << ls) - 1, (1 << ls) / 2] {
+                            let i = off + ((r - 1) << ls) + k;
+                            let w = twiddle((r * k) as u64, (e as u64) << ls);
+                            assert_eq!((t[2 * i], t[2 * i + 1]), w, "l={log_l} s={s} r={r} k={k}");
+                        }
+                    }
+                    off += ((e - 1) as usize) << ls;
+                }
+                assert_eq!(t.len(), 2 * off.max(1), "l={log_l}");
+            }
+        }
+    }
+
+    /// Shrinking a pass to fewer threads keeps every transform covered and the geometry
+    /// consistent.
+    #[test]
+    fn shrink_keeps_the_geometry() {
+        for elem in [8, 16] {
+            for log_n in 1..=max_log_n(elem) {
+                for batch in [1, 3, 64, 300] {
+                    for p in decompose(log_n, batch, elem, max_single_log(elem)) {
+                        let mut q = p.clone();
+                        let tpt = p.threads >> p.log_c;
+                        let ok = q.shrink_to(256);
+                        assert_eq!(ok, tpt <= 256, "{p:?}");
+                        assert_eq!(q.threads, tpt << q.log_c);
+                        assert!(q.threads <= 256 || q.log_c == 0);
+                        assert!((q.blocks as usize) << q.log_c >= q.count as usize);
+                        assert_eq!(q.smem_bytes, p.smem_bytes >> (p.log_c - q.log_c));
+                    }
+                }
+            }
+        }
     }
 }

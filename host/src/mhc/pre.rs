@@ -11,7 +11,8 @@ use crate::{Error, Gpu, Result};
 pub(crate) const KERNEL_PARTIAL: &str = "mhc_pre_partial";
 pub(crate) const KERNEL_MIX: &str = "mhc_pre_mix";
 pub(crate) const KERNEL_FUSED: &str = "mhc_pre_fused";
-pub(crate) const KERNELS: &[&str] = &[KERNEL_PARTIAL, KERNEL_MIX, KERNEL_FUSED];
+pub(crate) const KERNEL_PARTIAL_MMA: &str = "mhc_pre_partial_mma";
+pub(crate) const KERNELS: &[&str] = &[KERNEL_PARTIAL, KERNEL_MIX, KERNEL_FUSED, KERNEL_PARTIAL_MMA];
 
 /// Batch rows per group in kernel 1 (the kernel's `BT`).
 const BT: usize = 4;
@@ -173,6 +174,11 @@ pub struct PreConfig {
     /// Threads per block of kernel 2 (reduction, coefficients, mixing), a multiple of 32 in
     /// 32..=1024; each block mixes up to this many channel columns of one batch row.
     pub mix_block: u32,
+    /// Two-launch path: kernel 1 on fp64 tensor cores (`mhc_pre_partial_mma`) where the shape
+    /// allows it (n ≤ 4, the block's slab within shared memory), else the FMA kernel.
+    pub mma_partials: bool,
+    /// Threads per block of the tensor-core kernel 1, a multiple of 32 in 32..=512.
+    pub mma_block: u32,
     /// Launch kernel 2 as a programmatic dependent launch (its start-up and x loads overlap
     /// kernel 1; it waits for kernel 1's partials in `griddepcontrol.wait`).
     pub pdl: bool,
@@ -190,6 +196,8 @@ impl Default for PreConfig {
             block: 256,
             max_grid: None,
             mix_block: 256,
+            mma_partials: true,
+            mma_block: 128,
             pdl: true,
         }
     }
@@ -309,6 +317,9 @@ pub struct PreGeometry {
     pub mix_smem: u32,
     /// Workspace length, u64 words (`batch·(n²+2n+1)·grid` f64 partials).
     pub workspace: usize,
+    /// Kernel 1 runs on fp64 tensor cores (`mhc_pre_partial_mma`): `(block, shared bytes,
+    /// batch rows per y-block, y-blocks)`; `None`: the FMA kernel (`mhc_pre_partial`).
+    pub mma: Option<(u32, u32, u32, u32)>,
 }
 
 /// The kernels' `FastDiv` magic for divisor `d`: `⌊2^32/d⌋ + 1`; `(a·magic) >> 32 = a / d`
@@ -398,6 +409,18 @@ impl PreGeometry {
         if workspace >= 1 << 31 || mix_grid >= 1 << 31 || lens.x_layer >= 1 << 31 {
             return Err(Error::Overflow { arg: "x", msg: format!("batch {batch}: workspace or grid exceeds 2^31") });
         }
+        let mb = config.mma_block;
+        let mma_ok = config.mma_partials
+            && n <= NMAX_FUSED
+            && mb >= 32
+            && mb.is_multiple_of(32)
+            && mb <= MAX_FUSED_BLOCK
+            && fused_smem_bytes(mb as usize, n, cols) <= max_smem
+            && BTF * n * cols <= 1 << 16;
+        let mma = mma_ok.then(|| {
+            let bpc = BTF.min(batch);
+            (mb, fused_smem_bytes(mb as usize, n, cols) as u32, bpc as u32, batch.div_ceil(bpc) as u32)
+        });
         Ok(Self {
             grid: grid as u32,
             block,
@@ -411,6 +434,7 @@ impl PreGeometry {
             slices_log2,
             mix_smem: mix_smem as u32,
             workspace,
+            mma,
         })
     }
 }
@@ -437,10 +461,13 @@ impl PrePlan {
         let sms = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         let max_smem = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
         let geometry = PreGeometry::new(shape, sms, max_smem, config)?;
-        for (name, arg, block, smem) in [
-            (KERNEL_PARTIAL, "config.block", geometry.block, geometry.smem),
-            (KERNEL_MIX, "config.mix_block", geometry.mix_block, geometry.mix_smem),
-        ] {
+        let (k1, k1_arg, k1_block, k1_smem) = match geometry.mma {
+            Some((block, smem, _, _)) => (KERNEL_PARTIAL_MMA, "config.mma_block", block, smem),
+            None => (KERNEL_PARTIAL, "config.block", geometry.block, geometry.smem),
+        };
+        for (name, arg, block, smem) in
+            [(k1, k1_arg, k1_block, k1_smem), (KERNEL_MIX, "config.mix_block", geometry.mix_block, geometry.mix_smem)]
+        {
             let f = gpu.function(name)?;
             if smem as usize > SMEM_DEFAULT {
                 f.set_attribute(
@@ -652,9 +679,29 @@ pub unsafe fn pre_fwd_raw(
     if !workspace.is_multiple_of(8) {
         return Err(Error::Shape { arg: "workspace", msg: "not 8-byte aligned".into() });
     }
-    let f1 = gpu.function(KERNEL_PARTIAL)?;
-    let f2 = gpu.function(KERNEL_MIX)?;
+    if let Some((block, smem, bpc, groups)) = geo.mma {
+        let f = gpu.function(KERNEL_PARTIAL_MMA)?;
+        let (mut phi, mut xp, mut w) = (phi, x, workspace);
+        let (mut batch, mut n, mut c, mut cw, mut bpc) = (s.batch as u32, s.n as u32, s.c as u32, geo.cols, bpc);
+        let dims = LaunchDims { grid: (geo.grid, groups, 1), block: (block, 1, 1), shared_bytes: smem };
+        launch(f, dims, stream, &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc])?;
+    } else {
+        launch_partial(plan, phi, x, workspace, stream, gpu)?;
+    }
+    launch_mix(plan, params, x, b, x_res, x_layer, h_post, workspace, stream, gpu)
+}
 
+/// Kernel 1, FMA version (`mhc_pre_partial`).
+unsafe fn launch_partial(
+    plan: &PrePlan,
+    phi: CUdeviceptr,
+    x: CUdeviceptr,
+    workspace: CUdeviceptr,
+    stream: CUstream,
+    gpu: &Gpu,
+) -> Result<()> {
+    let (s, geo) = (plan.shape, plan.geometry);
+    let f1 = gpu.function(KERNEL_PARTIAL)?;
     // Kernel 1: split-K partials.
     let (mut phi, mut xp, mut w) = (phi, x, workspace);
     let (mut batch, mut n, mut c) = (s.batch as u32, s.n as u32, s.c as u32);
@@ -687,7 +734,25 @@ pub unsafe fn pre_fwd_raw(
         ],
     )?;
 
-    // Kernel 2: reduction, coefficients, mixing (stream order: after kernel 1).
+    Ok(())
+}
+
+/// Kernel 2: reduction, coefficients, mixing (stream order: after kernel 1).
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch_mix(
+    plan: &PrePlan,
+    params: MhcPreParams,
+    x: CUdeviceptr,
+    b: CUdeviceptr,
+    x_res: CUdeviceptr,
+    x_layer: CUdeviceptr,
+    h_post: CUdeviceptr,
+    workspace: CUdeviceptr,
+    stream: CUstream,
+    gpu: &Gpu,
+) -> Result<()> {
+    let (s, geo) = (plan.shape, plan.geometry);
+    let f2 = gpu.function(KERNEL_MIX)?;
     let (mut xp, mut bp, mut w) = (x, b, workspace);
     let (mut r, mut y, mut h) = (x_res, x_layer, h_post);
     let (mut n, mut c, mut grid1) = (s.n as u32, s.c as u32, geo.grid);

@@ -85,7 +85,25 @@ unsafe fn prefetch_table(p: *const u8, bytes: u32, tid: u32, nthreads: u32, keep
     }
 }
 
-/// One Stockham stage of radix `R` (a no-op unless `R ≤ E`); `ls = log2 Ns`.
+/// Stage-table twiddles of a stage with `R = E` (one butterfly per thread, `j = jt`): element
+/// `r` is `W_{Ns·E}^{r·k}` (`k = jt mod Ns`, `Ns = 2^ls`) from the per-stage table at `off`,
+/// laid out `[r − 1][k]` so consecutive threads read consecutive entries (coalesced); element
+/// 0 is unused.
+#[inline(always)]
+unsafe fn stage_twiddles<T: Mem, const E: usize>(tw: *const Cx<T>, jt: u32, ls: u32, off: u32) -> [Cx<T>; E] {
+    let mut w = [Cx::<T>::zero(); E];
+    let k = jt & ((1u32 << ls) - 1);
+    unroll!(E, r, {
+        if r != 0 {
+            w[r] = T::ld_ro(tw.add((off + ((r as u32 - 1) << ls) + k) as usize));
+        }
+    });
+    w
+}
+
+/// One Stockham stage of radix `R` (a no-op unless `R ≤ E`); `ls = log2 Ns`. With `pre`
+/// (stage tables; then `R = E` for every stage with `ls > 0`), `w` holds this stage's
+/// twiddles (`stage_twiddles`) instead of loading them from the `W_Lt` table.
 #[inline(always)]
 unsafe fn stage<T: Mem, const E: usize, const R: usize>(
     c: &Ctx<T>,
@@ -93,6 +111,8 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
     ls: u32,
     from_global: bool,
     to_global: bool,
+    pre: bool,
+    w: &[Cx<T>; E],
 ) {
     if R > E {
         return;
@@ -120,7 +140,13 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
     }
     // Twiddle and butterfly.
     let ns_mask = (1u32 << ls) - 1;
-    if ls > 0 {
+    if ls > 0 && pre {
+        unroll!(E, e, {
+            if e % R != 0 {
+                v[e] = v[e].cmul(w[e]);
+            }
+        });
+    } else if ls > 0 {
         let sh = c.log_lt - ls - lr;
         unroll!(E, e, {
             let r = (e % R) as u32;
@@ -159,7 +185,7 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
 /// thread, block size `C·L/E` threads.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize>(
+unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const ST: bool, const HOIST: bool>(
     x: *const Cx<T>,
     y: *mut Cx<T>,
     tw: *const Cx<T>,
@@ -188,7 +214,9 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize>(
     // an L2 flush they would otherwise cost one DRAM round trip per stage).
     let nthreads = block_dim_x();
     let esz = core::mem::size_of::<Cx<T>>() as u32;
-    prefetch_table(tw as *const u8, esz << log_lt, tid, nthreads, true);
+    if !ST {
+        prefetch_table(tw as *const u8, esz << log_lt, tid, nthreads, true);
+    }
     if flags & TW4 != 0 {
         prefetch_table(twlo as *const u8, esz << log_split, tid, nthreads, true);
         prefetch_table(twhi as *const u8, esz << (log_l + log_min).saturating_sub(log_split), tid, nthreads, true);
@@ -196,6 +224,23 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize>(
     let nst = (LOG_L as usize).div_ceil(log_e as usize);
     let first = log_l - log_e * (nst as u32 - 1);
     let out_smem = flags & OUT_SMEM != 0;
+    // Stage tables (`ST`): stage s ≥ 1 (radix E, Ns = 2^(first + log_e·(s−1))) starts at
+    // `off[s − 1] = Σ_{s' < s} (E − 1)·Ns'`. With `HOIST` every stage's twiddles are loaded here,
+    // once, before any data: no twiddle load waits behind a barrier (they depend only on `jt`).
+    let mut off = [0u32; 3];
+    unroll!(3, s, {
+        if s >= 1 {
+            off[s] = off[s - 1] + (((E as u32) - 1) << (first + log_e * (s as u32 - 1)));
+        }
+    });
+    let mut tws = [[Cx::<T>::zero(); E]; 3];
+    if ST && HOIST {
+        unroll!(nst, s, {
+            if s >= 1 && s <= 3 {
+                tws[s - 1] = stage_twiddles::<T, E>(tw, jt, first + log_e * (s as u32 - 1), off[s - 1]);
+            }
+        });
+    }
     // Groups of 2^log_c transforms; a grid smaller than the group count loops (persistent
     // blocks), prefetching the next group's rows into L2 while this one computes and stores.
     let ngroups = (count + (1 << log_c) - 1) >> log_c;
@@ -239,12 +284,19 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize>(
             let ls = if s == 0 { 0 } else { first + log_e * (s as u32 - 1) };
             let from_global = s == 0;
             let to_global = s == nst - 1 && !out_smem;
+            let w = if ST && !HOIST && s >= 1 && s <= 3 {
+                stage_twiddles::<T, E>(tw, jt, ls, off[s - 1])
+            } else if s >= 1 && s <= 3 {
+                tws[s - 1]
+            } else {
+                tws[0]
+            };
             match lr {
-                1 => stage::<T, E, 2>(&c, &mut v, ls, from_global, to_global),
-                2 => stage::<T, E, 4>(&c, &mut v, ls, from_global, to_global),
-                3 => stage::<T, E, 8>(&c, &mut v, ls, from_global, to_global),
-                4 => stage::<T, E, 16>(&c, &mut v, ls, from_global, to_global),
-                _ => stage::<T, E, 32>(&c, &mut v, ls, from_global, to_global),
+                1 => stage::<T, E, 2>(&c, &mut v, ls, from_global, to_global, ST, &w),
+                2 => stage::<T, E, 4>(&c, &mut v, ls, from_global, to_global, ST, &w),
+                3 => stage::<T, E, 8>(&c, &mut v, ls, from_global, to_global, ST, &w),
+                4 => stage::<T, E, 16>(&c, &mut v, ls, from_global, to_global, ST, &w),
+                _ => stage::<T, E, 32>(&c, &mut v, ls, from_global, to_global, ST, &w),
             }
         });
         if out_smem {
@@ -281,6 +333,9 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize>(
 #[cfg(target_arch = "nvptx64")]
 macro_rules! entry {
     ($name:ident, $t:ty, $log_l:literal, $e:literal) => {
+        entry!($name, $t, $log_l, $e, false, false);
+    };
+    ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal) => {
         /// One FFT pass (module doc) of length `2^LOG_L`, `E` elements per thread.
         #[no_mangle]
         #[allow(clippy::too_many_arguments)]
@@ -299,7 +354,7 @@ macro_rules! entry {
             flags: u32,
             sm_stride: u32,
         ) {
-            fft_block::<$t, $log_l, $e>(
+            fft_block::<$t, $log_l, $e, $st, $hoist>(
                 x, y, tw, twlo, twhi, log_c, log_min, log_mout, count, log_lt, log_split, flags, sm_stride,
             )
         }
@@ -309,6 +364,9 @@ macro_rules! entry {
 #[cfg(not(target_arch = "nvptx64"))]
 macro_rules! entry {
     ($name:ident, $t:ty, $log_l:literal, $e:literal) => {
+        entry!($name, $t, $log_l, $e, false, false);
+    };
+    ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal) => {
         /// Host build of the entry (CPU emulation only).
         #[allow(clippy::too_many_arguments, dead_code)]
         pub unsafe fn $name(
@@ -326,7 +384,7 @@ macro_rules! entry {
             flags: u32,
             sm_stride: u32,
         ) {
-            fft_block::<$t, $log_l, $e>(
+            fft_block::<$t, $log_l, $e, $st, $hoist>(
                 x, y, tw, twlo, twhi, log_c, log_min, log_mout, count, log_lt, log_split, flags, sm_stride,
             )
         }
@@ -359,3 +417,60 @@ entry!(fft_c128_l9, f64, 9, 8);
 entry!(fft_c128_l10, f64, 10, 8);
 entry!(fft_c128_l11, f64, 11, 8);
 entry!(fft_c128_l12, f64, 12, 16);
+
+// Stage-table variants (`_st`): `tw` is the pass's per-stage table (host `stage_table`), read
+// coalesced; `HOIST` (the last flag) loads every stage's twiddles at kernel start (off for the
+// lengths whose registers would not allow it).
+entry!(fft_c64_l1_st, f32, 1, 2, true, true);
+entry!(fft_c64_l2_st, f32, 2, 4, true, true);
+entry!(fft_c64_l3_st, f32, 3, 8, true, true);
+entry!(fft_c64_l4_st, f32, 4, 16, true, true);
+entry!(fft_c64_l5_st, f32, 5, 8, true, true);
+entry!(fft_c64_l6_st, f32, 6, 8, true, true);
+entry!(fft_c64_l7_st, f32, 7, 16, true, true);
+entry!(fft_c64_l8_st, f32, 8, 16, true, true);
+entry!(fft_c64_l9_st, f32, 9, 8, true, true);
+entry!(fft_c64_l10_st, f32, 10, 16, true, true);
+entry!(fft_c64_l11_st, f32, 11, 16, true, true);
+entry!(fft_c64_l12_st, f32, 12, 16, true, true);
+entry!(fft_c64_l13_st, f32, 13, 16, true, false);
+entry!(fft_c128_l1_st, f64, 1, 2, true, true);
+entry!(fft_c128_l2_st, f64, 2, 4, true, true);
+entry!(fft_c128_l3_st, f64, 3, 8, true, true);
+entry!(fft_c128_l4_st, f64, 4, 8, true, true);
+entry!(fft_c128_l5_st, f64, 5, 8, true, true);
+entry!(fft_c128_l6_st, f64, 6, 8, true, true);
+entry!(fft_c128_l7_st, f64, 7, 8, true, true);
+entry!(fft_c128_l8_st, f64, 8, 8, true, true);
+entry!(fft_c128_l9_st, f64, 9, 8, true, true);
+entry!(fft_c128_l10_st, f64, 10, 8, true, true);
+entry!(fft_c128_l11_st, f64, 11, 8, true, true);
+entry!(fft_c128_l12_st, f64, 12, 16, true, false);
+
+// Stage tables without hoisting (`_stn`): coalesced per-stage twiddles loaded in each stage
+// (after its barrier), the registers of the W_Lt kernels.
+entry!(fft_c64_l1_stn, f32, 1, 2, true, false);
+entry!(fft_c64_l2_stn, f32, 2, 4, true, false);
+entry!(fft_c64_l3_stn, f32, 3, 8, true, false);
+entry!(fft_c64_l4_stn, f32, 4, 16, true, false);
+entry!(fft_c64_l5_stn, f32, 5, 8, true, false);
+entry!(fft_c64_l6_stn, f32, 6, 8, true, false);
+entry!(fft_c64_l7_stn, f32, 7, 16, true, false);
+entry!(fft_c64_l8_stn, f32, 8, 16, true, false);
+entry!(fft_c64_l9_stn, f32, 9, 8, true, false);
+entry!(fft_c64_l10_stn, f32, 10, 16, true, false);
+entry!(fft_c64_l11_stn, f32, 11, 16, true, false);
+entry!(fft_c64_l12_stn, f32, 12, 16, true, false);
+entry!(fft_c64_l13_stn, f32, 13, 16, true, false);
+entry!(fft_c128_l1_stn, f64, 1, 2, true, false);
+entry!(fft_c128_l2_stn, f64, 2, 4, true, false);
+entry!(fft_c128_l3_stn, f64, 3, 8, true, false);
+entry!(fft_c128_l4_stn, f64, 4, 8, true, false);
+entry!(fft_c128_l5_stn, f64, 5, 8, true, false);
+entry!(fft_c128_l6_stn, f64, 6, 8, true, false);
+entry!(fft_c128_l7_stn, f64, 7, 8, true, false);
+entry!(fft_c128_l8_stn, f64, 8, 8, true, false);
+entry!(fft_c128_l9_stn, f64, 9, 8, true, false);
+entry!(fft_c128_l10_stn, f64, 10, 8, true, false);
+entry!(fft_c128_l11_stn, f64, 11, 8, true, false);
+entry!(fft_c128_l12_stn, f64, 12, 16, true, false);

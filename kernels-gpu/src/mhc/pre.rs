@@ -760,10 +760,73 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fused(
     eps: f32,
     inv_sqrt_nc: f64,
 ) {
+    let p = PreCoef { alpha_pre, alpha_post, alpha_res, repeat, eps, inv_sqrt_nc };
+    let null = core::ptr::null_mut();
+    pre_mma_body(phi, x, bias, x_res, x_layer, h_post, batch, n, c, cw, bpc, p, null);
+}
+
+crate::entry_directive!("mhc_pre_partial_mma", ".maxntid 512, 1, 1 .minnctapersm 1");
+
+/// Kernel 1 of the two-launch path on fp64 tensor cores (replaces [`mhc_pre_partial`] where
+/// the shape allows: n ≤ [`NMAX_FUSED`]): grid `(G, groups)`, block `(T, 1, 1)`; block `g`
+/// owns the channel columns `[g·cw, min((g+1)·cw, c))` and writes its partial logits and Σx²
+/// of every batch row of its y range to `part[(β·(m+1) + q)·G + g]` (f64), the layout
+/// [`mhc_pre_mix`] reads; the same slab staging, DMMA product and fixed-order warp sums as
+/// [`mhc_pre_fused`], no cluster. Triggers the dependent launch of kernel 2 at entry.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma(
+    phi: *const f32,
+    x: *const u16,
+    part_ws: *mut f64,
+    batch: u32,
+    n: u32,
+    c: u32,
+    cw: u32,
+    bpc: u32,
+) {
+    grid_launch_dependents();
+    let p = PreCoef { alpha_pre: 0.0, alpha_post: 0.0, alpha_res: 0.0, repeat: 0, eps: 0.0, inv_sqrt_nc: 0.0 };
+    let null = core::ptr::null_mut();
+    pre_mma_body(phi, x, null, null as *mut u16, null as *mut u16, null as *mut f32, batch, n, c, cw, bpc, p, part_ws);
+}
+
+/// The scalar parameters of the coefficient phase.
+#[derive(Clone, Copy)]
+struct PreCoef {
+    alpha_pre: f32,
+    alpha_post: f32,
+    alpha_res: f32,
+    repeat: u32,
+    eps: f32,
+    inv_sqrt_nc: f64,
+}
+
+/// The body of [`mhc_pre_fused`] (`part_ws` null: cluster exchange, coefficients, mixing) and
+/// of [`mhc_pre_partial_mma`] (`part_ws` set: block partials to global memory, then done).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pre_mma_body(
+    phi: *const f32,
+    x: *const u16,
+    bias: *const f32,
+    x_res: *mut u16,
+    x_layer: *mut u16,
+    h_post: *mut f32,
+    batch: u32,
+    n: u32,
+    c: u32,
+    cw: u32,
+    bpc: u32,
+    coef: PreCoef,
+    part_ws: *mut f64,
+) {
+    let PreCoef { alpha_pre, alpha_post, alpha_res, repeat, eps, inv_sqrt_nc } = coef;
+    let partial = !part_ws.is_null();
     let t = thread_idx_x();
     let nt = block_dim_x();
-    let rank = cluster_ctarank();
-    let cs = cluster_nctarank();
+    let rank = if partial { block_idx_x() } else { cluster_ctarank() };
+    let cs = if partial { grid_dim_x() } else { cluster_nctarank() };
     let m = n * n + 2 * n;
     let mq = m + 1;
     let nn = n * n;
@@ -804,7 +867,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fused(
         }
         k += 1;
     }
-    if t < m {
+    if !partial && t < m {
         *sm.bs.add(t as usize) = *bias.add(t as usize);
     }
 
@@ -905,6 +968,19 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fused(
                 *sm.part.add((i >> 2) as usize) = sum;
             }
             i0 += nt;
+        }
+        if partial {
+            // Two-launch path: this block's partials of the group, then the next group.
+            sync_threads();
+            let mut i = t;
+            while i < items {
+                let (bl, q) = divrem_u32(i, mq);
+                *part_ws.add((((b0 + bl) * mq + q) * cs + rank) as usize) = *sm.part.add(i as usize);
+                i += nt;
+            }
+            sync_threads();
+            b0 += bga;
+            continue;
         }
         // ---- the cluster's partials, summed in rank order by every block.
         cluster_arrive();
