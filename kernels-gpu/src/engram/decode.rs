@@ -1541,6 +1541,17 @@ unsafe fn finish_wide<D: Dt, const E: usize>(a: Args) {
         });
     }
     let (inv_d, inv_sqrt_d) = row_scales(&a);
+    // Σh² and h·w_h² need only the inputs: computed before the wait (same operations, same bits).
+    let mut sh = 0f32;
+    let mut hww = [0f32; E];
+    if on {
+        unroll8!(v, E, {
+            let h = wide_e::<D>(&hw, v);
+            let w = wide_e::<D>(&whw, v);
+            sh = fma(h, h, sh);
+            hww[v] = h * w * w;
+        });
+    }
     // Launched as a programmatic dependent: everything above overlapped the projection launch;
     // its partials are read only after it has completed (a no-op for an ordinary launch).
     grid_dependency_wait();
@@ -1585,16 +1596,13 @@ unsafe fn finish_wide<D: Dt, const E: usize>(a: Args) {
         }
     }
     // 3. Σh², Σq(kk)², Σ h·w_h²·q(kk) → alpha.
-    let (mut sh, mut sk, mut dot) = (0f32, 0f32, 0f32);
+    let (mut sk, mut dot) = (0f32, 0f32);
     let mut qk = [0f32; E];
     if on {
         unroll8!(v, E, {
-            let h = wide_e::<D>(&hw, v);
-            let w = wide_e::<D>(&whw, v);
             qk[v] = q::<D>(kk[v]);
-            sh = fma(h, h, sh);
             sk = fma(qk[v], qk[v], sk);
-            dot = fma(h * w * w, qk[v], dot);
+            dot = fma(hww[v], qk[v], dot);
         });
         if !a.dbg.is_null() {
             st_e::<D, E>(a.dbg.add(bu * d + j0), &qk);
