@@ -241,6 +241,31 @@ fn seed_workloads() {
             ));
         }
     }
+    // v5: the planner without programmatic dependent launch, without the lean projection, and
+    // the bench's `@lean*` rows (lean MMA projection + wide finish, each block, both launch modes).
+    cfgs.push(("planned-nopdl", Box::new(|s| DecodeConfig { pdl: false, ..DecodeConfig::for_shape(s) })));
+    cfgs.push(("planned-nolean", Box::new(|s| DecodeConfig { lean: false, ..DecodeConfig::for_shape(s) })));
+    for pdl in [true, false] {
+        cfgs.push((
+            "planned-cf",
+            Box::new(move |s| DecodeConfig { copy_in_finish: true, pdl, ..DecodeConfig::for_shape(s) }),
+        ));
+    }
+    for block in [64, 128, 256] {
+        for pdl in [true, false] {
+            cfgs.push((
+                "lean",
+                Box::new(move |_| DecodeConfig {
+                    projection: DecodeProjection::Mma,
+                    block,
+                    finish: DecodeFinish::Wide { elems: 0 },
+                    lean: true,
+                    pdl,
+                    ..DecodeConfig::default()
+                }),
+            ));
+        }
+    }
     cfgs.push((
         "planned-wide",
         Box::new(|s| DecodeConfig { finish: DecodeFinish::Wide { elems: 0 }, ..DecodeConfig::for_shape(s) }),
@@ -354,10 +379,24 @@ fn every_config_matches_reference() {
             for block in [64, 128, 256] {
                 for rows_per_thread in [0, 1, 2, 4, 8, 33] {
                     for max_blocks in [1, 264, 100000] {
-                        let cfg = DecodeConfig { projection, block, rows_per_thread, max_blocks, finish };
+                        // Both launch modes of the finish, the lean and the `_mma` projection.
+                        let (pdl, lean) = (block != 64, rows_per_thread != 2);
+                        let copy_in_finish = max_blocks != 1;
+                        let cfg = DecodeConfig {
+                            projection,
+                            block,
+                            rows_per_thread,
+                            max_blocks,
+                            finish,
+                            pdl,
+                            lean,
+                            copy_in_finish,
+                        };
                         one::<f16>(&gpu, &mut rng, EngramDecodeShape::new(4, 1024, 512, 20, 4, 5), VARIED, cfg);
                         one::<bf16>(&gpu, &mut rng, EngramDecodeShape::new(8, 512, 256, 18, 4, 3), VARIED, cfg);
                         one::<f16>(&gpu, &mut rng, EngramDecodeShape::new(5, 300, 24, 3, 2, 3), VARIED, cfg);
+                        // Lean with a partial column tile (d = 40) and an odd batch.
+                        one::<bf16>(&gpu, &mut rng, EngramDecodeShape::new(3, 320, 40, 4, 3, 1), VARIED, cfg);
                     }
                 }
             }
@@ -385,7 +424,7 @@ fn second_launch_finish_on_every_path() {
         let s = EngramDecodeShape::new(batch, d_mem, d, l, k, dil);
         for rows_per_thread in [0, 1000] {
             for projection in [DecodeProjection::Simt, DecodeProjection::Mma] {
-                let cfg = DecodeConfig { projection, rows_per_thread, ..two };
+                let cfg = DecodeConfig { projection, rows_per_thread, lean: true, pdl: rows_per_thread == 0, ..two };
                 worst = worst.max(one::<f16>(&gpu, &mut rng, s, VARIED, cfg));
                 worst = worst.max(one::<bf16>(&gpu, &mut rng, s, SPEC, cfg));
             }
@@ -429,6 +468,9 @@ fn wide_finish_on_every_path() {
                     rows_per_thread,
                     max_blocks,
                     finish: DecodeFinish::Wide { elems },
+                    pdl: elems != 1,
+                    lean: block != 64 || elems != 2,
+                    copy_in_finish: elems != 4,
                 };
                 worst = worst.max(one::<f16>(&gpu, &mut rng, s, VARIED, cfg));
                 worst = worst.max(one::<bf16>(&gpu, &mut rng, s, SPEC, cfg));
@@ -441,6 +483,71 @@ fn wide_finish_on_every_path() {
         ring_vs_copy_with::<f16>(&gpu, &mut rng, EngramDecodeShape::new(4, 1024, 512, 20, 4, 5), 25, cfg);
         ring_vs_copy_with::<bf16>(&gpu, &mut rng, EngramDecodeShape::new(2, 64, 64, 6, 4, 2), 15, cfg);
         ring_vs_copy_with::<f16>(&gpu, &mut rng, EngramDecodeShape::new(3, 50, 104, 5, 6, 1), 12, cfg);
+    }
+    // The planner's configuration (lean projection, programmatic dependent launch) and both
+    // its launch modes over many ring steps.
+    for pdl in [true, false] {
+        let s = EngramDecodeShape::new(8, 512, 256, 18, 4, 3);
+        let cfg = DecodeConfig { pdl, copy_in_finish: pdl, ..DecodeConfig::for_shape(&s) };
+        ring_vs_copy_with::<bf16>(&gpu, &mut rng, s, 40, cfg);
+        let s = EngramDecodeShape::new(4, 1024, 512, 20, 4, 5);
+        let cfg = DecodeConfig { pdl, copy_in_finish: !pdl, ..DecodeConfig::for_shape(&s) };
+        ring_vs_copy_with::<f16>(&gpu, &mut rng, s, 25, cfg);
+    }
+}
+
+/// The lean MMA projection (v5) computes bitwise the `_mma` kernel's partials: every output of
+/// the step (and `q(kk)`) is bit-identical with and without it, for both launch modes of the
+/// finish, each block, one split and many, full and partial column tiles, batch 1..8 (and a
+/// batch and a `d_mem` where it does not apply: the `_mma` kernel runs in both).
+#[test]
+fn lean_projection_is_bitwise_the_mma_projection() {
+    let Some(gpu) = gpu_or_skip("engram_decode::lean") else { return };
+    let mut rng = fresh_rng("engram_decode::lean");
+    for (batch, d_mem, d, l, k, dil) in [
+        (1, 512, 256, 12, 4, 3),
+        (4, 1024, 512, 20, 4, 5),
+        (8, 512, 256, 18, 4, 3),
+        (3, 320, 40, 4, 3, 1),
+        (7, 4096, 72, 6, 2, 5),
+        (2, 16, 8, 2, 2, 1),
+        (9, 64, 64, 4, 2, 1),
+        (2, 40, 64, 4, 2, 1),
+    ] {
+        let s = EngramDecodeShape::new(batch, d_mem, d, l, k, dil);
+        let c = gen::<f16>(&mut rng, s, VARIED);
+        let dev = upload(&gpu, &c);
+        for finish in [DecodeFinish::Wide { elems: 0 }, DecodeFinish::SecondLaunch] {
+            for block in [64, 128, 256] {
+                for max_blocks in [1, 264] {
+                    let base = DecodeConfig {
+                        projection: DecodeProjection::Mma,
+                        block,
+                        max_blocks,
+                        finish,
+                        lean: false,
+                        pdl: false,
+                        ..DecodeConfig::default()
+                    };
+                    let a = step_copy(&gpu, &mut plan_for(&gpu, s, base), &dev, &c.state);
+                    check(&c, &c.state, &a, "lean baseline");
+                    for (pdl, copy_in_finish) in [(false, false), (true, false), (true, true), (false, true)] {
+                        let cfg = DecodeConfig { lean: true, pdl, copy_in_finish, ..base };
+                        let b = step_copy(&gpu, &mut plan_for(&gpu, s, cfg), &dev, &c.state);
+                        let what = format!("{s:?} {cfg:?}");
+                        assert!(a.y.iter().zip(&b.y).all(|(p, q)| bits(*p) == bits(*q)), "y_t: lean ≠ mma, {what}");
+                        assert!(
+                            a.state.iter().zip(&b.state).all(|(p, q)| bits(*p) == bits(*q)),
+                            "state: lean ≠ mma, {what}"
+                        );
+                        assert!(
+                            a.qkk.iter().zip(&b.qkk).all(|(p, q)| bits(*p) == bits(*q)),
+                            "q(kk): lean ≠ mma, {what}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
 

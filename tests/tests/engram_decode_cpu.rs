@@ -5,7 +5,8 @@
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rgk::engram::{
-    finish_launch_mode, wide_finish, DecodeConfig, DecodeFinish, DecodeGeometry, DecodeProjection, EngramDecodeShape,
+    finish_launch_mode, lean_applies, wide_finish, DecodeConfig, DecodeFinish, DecodeGeometry, DecodeProjection,
+    EngramDecodeShape,
 };
 use rgk::reference::{self as rf, DecodeGiven, DecodeRefInputs};
 use rgk::verify::{check_half, Half};
@@ -64,6 +65,9 @@ fn configs() -> Vec<DecodeConfig> {
                         rows_per_thread,
                         max_blocks,
                         finish: DecodeFinish::Ticket,
+                        pdl: false,
+                        lean: false,
+                        copy_in_finish: false,
                     });
                     v.push(DecodeConfig {
                         projection,
@@ -71,6 +75,9 @@ fn configs() -> Vec<DecodeConfig> {
                         rows_per_thread,
                         max_blocks,
                         finish: DecodeFinish::SecondLaunch,
+                        pdl: true,
+                        lean: true,
+                        copy_in_finish: true,
                     });
                 }
             }
@@ -575,6 +582,8 @@ fn mma_projection<T: Half>(s: &EngramDecodeShape, block: u32, widen: &dyn Fn(u16
             let r1 = (r0 + rs).min(d_mem);
             for b0 in (0..batch).step_by(8) {
                 let mut smem = vec![0f64; nw * 1024];
+                // The lean kernel's slab: [warp][m][u][lane][4], the accumulators in fragment order.
+                let mut slab = vec![[0f64; 4]; nw * 256];
                 for warp in 0..nw {
                     let mut acc = [[[[0f64; 4]; 32]; 4]; 2]; // [k|v][u][lane][4]
                     let mut i0 = r0 + 16 * warp;
@@ -624,6 +633,7 @@ fn mma_projection<T: Half>(s: &EngramDecodeShape, block: u32, widen: &dyn Fn(u16
                         let (gr, tq) = (lane >> 2, lane & 3);
                         for m in 0..2 {
                             for u in 0..4 {
+                                slab[warp * 256 + (m * 4 + u) * 32 + lane] = acc[m][u][lane];
                                 let p = warp * 1024 + m * 512 + 8 * gr + 2 * u;
                                 let (a, b) = (2 * tq * 64, (2 * tq + 1) * 64);
                                 smem[p + a] = acc[m][u][lane][0];
@@ -634,8 +644,36 @@ fn mma_projection<T: Half>(s: &EngramDecodeShape, block: u32, widen: &dyn Fn(u16
                         }
                     }
                 }
+                // `project_mma_lean`'s reduction: item `it` = (m, u, lane) summed over the warps in
+                // warp order, then `store_lean_pair`'s (batch, column) placement: it must give
+                // the same value as the `_mma` layout for every (b, m, column) exactly once.
+                let mut lean = vec![None; 2 * 8 * 64];
+                for it in 0..256 {
+                    let (m, u, ln) = (it >> 7, (it >> 5) & 3, it & 31);
+                    let (gq, tq) = (ln >> 2, ln & 3);
+                    let mut sum = [0f64; 4];
+                    for w in 0..nw {
+                        for (i, v) in sum.iter_mut().enumerate() {
+                            *v += slab[w * 256 + it][i];
+                        }
+                    }
+                    let c = 8 * gq + 2 * u;
+                    for (i, (bl, cc)) in
+                        [(2 * tq, c), (2 * tq + 1, c), (2 * tq, c + 1), (2 * tq + 1, c + 1)].into_iter().enumerate()
+                    {
+                        let slot = &mut lean[(m * 8 + bl) * 64 + cc];
+                        assert!(slot.is_none(), "lean item {it} writes (m {m}, b {bl}, col {cc}) twice");
+                        *slot = Some(sum[i]);
+                    }
+                }
                 for o in 0..1024 {
                     let (m, bl, c) = (o >> 9, (o >> 6) & 7, c0 + (o & 63));
+                    let old: f64 = (0..nw).map(|w| smem[w * 1024 + o]).sum();
+                    assert_eq!(
+                        lean[(m * 8 + bl) * 64 + (o & 63)],
+                        Some(old),
+                        "lean ≠ mma layout at (m {m}, b {bl}, col {c})"
+                    );
                     let b = b0 + bl;
                     if b < batch && c < d {
                         let got: f64 = (0..nw).map(|w| smem[w * 1024 + o]).sum();
@@ -748,4 +786,29 @@ fn wide_finish_geometry() {
         assert_eq!(c.block, 256);
         assert!(matches!(c.finish, DecodeFinish::SecondLaunch | DecodeFinish::Wide { .. }));
     }
+}
+
+/// Where the lean MMA projection (v5) runs: the planner takes it for the MMA seed rows (b4,
+/// b8; b1 plans the SIMT projection), and it never runs outside its kernel's limits (batch ≤ 8,
+/// whole 16-row k-steps, the vectorised layout, a two-launch finish).
+#[test]
+fn lean_projection_applies_within_its_limits() {
+    let planned = |s: EngramDecodeShape| lean_applies(&s, &DecodeConfig::for_shape(&s), true);
+    assert!(!planned(EngramDecodeShape::new(1, 512, 256, 12, 4, 3)));
+    assert!(planned(EngramDecodeShape::new(4, 1024, 512, 20, 4, 5)));
+    assert!(planned(EngramDecodeShape::new(8, 512, 256, 18, 4, 3)));
+    let lean = DecodeConfig { projection: DecodeProjection::Mma, lean: true, ..DecodeConfig::default() };
+    let s = EngramDecodeShape::new(8, 512, 256, 18, 4, 3);
+    assert!(lean_applies(&s, &lean, true));
+    assert!(!lean_applies(&s, &lean, false), "unaligned buffers");
+    assert!(!lean_applies(&s, &DecodeConfig { lean: false, ..lean }, true));
+    assert!(!lean_applies(&s, &DecodeConfig { finish: DecodeFinish::Ticket, ..lean }, true));
+    assert!(!lean_applies(&s, &DecodeConfig { projection: DecodeProjection::Simt, ..lean }, true));
+    assert!(lean_applies(&s, &DecodeConfig { finish: DecodeFinish::Wide { elems: 0 }, ..lean }, true));
+    assert!(!lean_applies(&EngramDecodeShape::new(9, 512, 256, 18, 4, 3), &lean, true), "batch > 8");
+    assert!(!lean_applies(&EngramDecodeShape::new(8, 520, 256, 18, 4, 3), &lean, true), "d_mem % 16");
+    assert!(!lean_applies(&EngramDecodeShape::new(8, 512, 252, 18, 4, 3), &lean, true), "d % 8");
+    assert!(lean_applies(&EngramDecodeShape::new(3, 16, 8, 2, 2, 1), &lean, true));
+    // Both launch modes default on: the finish as a programmatic dependent.
+    assert!(DecodeConfig::default().pdl && DecodeConfig::for_shape(&s).pdl);
 }

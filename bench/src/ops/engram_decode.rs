@@ -30,41 +30,78 @@ impl BenchElem for bf16 {
 /// The seed's workloads; with `variants`, also launch configurations and the in-place ring
 /// step (rows named `WORKLOAD@tag`, for tuning).
 pub fn workloads(variants: bool) -> Vec<Workload> {
-    // `None`: the planner's per-shape choice (`DecodeConfig::for_shape`), resolved per workload.
-    let mut configs: Vec<(Option<String>, Option<DecodeConfig>, bool)> = vec![(None, None, false)];
-    let mut add = |tag: &str, cfg: DecodeConfig, ring: bool| configs.push((Some(tag.into()), Some(cfg), ring));
+    // Configurations resolved per workload; the untagged row is the planner's per-shape choice
+    // (`DecodeConfig::for_shape`).
+    type ConfigFor = Box<dyn Fn(&EngramDecodeShape) -> DecodeConfig>;
+    let mut configs: Vec<(Option<String>, ConfigFor, bool)> = vec![(None, Box::new(DecodeConfig::for_shape), false)];
+    let mut add_for = |tag: &str, cfg: ConfigFor, ring: bool| configs.push((Some(tag.into()), cfg, ring));
+    macro_rules! add {
+        ($tag:expr, $cfg:expr, $ring:expr) => {{
+            let cfg: DecodeConfig = $cfg;
+            add_for($tag, Box::new(move |_| cfg), $ring)
+        }};
+    }
     if variants {
         // v4: the wide finish (a row over a whole block, approx scalar chain); `finw` on the
         // projection of the run-8 winners (block 256, MMA), `-simt` with the SIMT projection,
         // `-eE` a fixed element width, `-b128` the old projection block.
         let wide = |elems| DecodeConfig { block: 256, finish: DecodeFinish::Wide { elems }, ..DecodeConfig::default() };
-        add("finw", wide(0), false);
-        add("finw-ring", wide(0), true);
-        add("finw-simt", DecodeConfig { projection: DecodeProjection::Simt, ..wide(0) }, false);
-        add("finw-e1", wide(1), false);
-        add("finw-e2", wide(2), false);
-        add("finw-e4", wide(4), false);
-        add("finw-b128", DecodeConfig { block: 128, ..wide(0) }, false);
-        add("finw-r2", DecodeConfig { rows_per_thread: 2, ..wide(0) }, false);
-        add("plain-default", DecodeConfig::default(), false);
+        add!("finw", wide(0), false);
+        add!("finw-ring", wide(0), true);
+        add!("finw-simt", DecodeConfig { projection: DecodeProjection::Simt, ..wide(0) }, false);
+        add!("finw-e1", wide(1), false);
+        add!("finw-e2", wide(2), false);
+        add!("finw-e4", wide(4), false);
+        add!("finw-b128", DecodeConfig { block: 128, ..wide(0) }, false);
+        add!("finw-r2", DecodeConfig { rows_per_thread: 2, ..wide(0) }, false);
+        add!("plain-default", DecodeConfig::default(), false);
+        // v5: programmatic dependent launch of the finish (default on; `nopdl` = the planner
+        // without it) and the lean MMA projection (`lean*`: MMA + wide finish at every batch,
+        // `nolean` = the planner with the `_mma` kernel); SIMT at smaller blocks for b1.
+        add_for("nopdl", Box::new(|s| DecodeConfig { pdl: false, ..DecodeConfig::for_shape(s) }), false);
+        add_for("nolean", Box::new(|s| DecodeConfig { lean: false, ..DecodeConfig::for_shape(s) }), false);
+        let lean = |block| DecodeConfig { block, lean: true, ..wide(0) };
+        add!("lean", lean(256), false);
+        add!("lean-ring", lean(256), true);
+        add!("lean-b128", lean(128), false);
+        add!("lean-b64", lean(64), false);
+        add!("lean-nopdl", DecodeConfig { pdl: false, ..lean(256) }, false);
+        add!("finw-nopdl", DecodeConfig { pdl: false, ..wide(0) }, false);
+        let simt = |block, rows_per_thread| DecodeConfig {
+            projection: DecodeProjection::Simt,
+            block,
+            rows_per_thread,
+            ..wide(0)
+        };
+        // The state shift in extra blocks of the wide finish (under PDL: while the projection runs).
+        add_for("cf", Box::new(|s| DecodeConfig { copy_in_finish: true, ..DecodeConfig::for_shape(s) }), false);
+        add_for(
+            "cf-nopdl",
+            Box::new(|s| DecodeConfig { copy_in_finish: true, pdl: false, ..DecodeConfig::for_shape(s) }),
+            false,
+        );
+        add!("lean-cf", DecodeConfig { copy_in_finish: true, ..lean(256) }, false);
+        add!("lean-b128-cf", DecodeConfig { copy_in_finish: true, ..lean(128) }, false);
+        add!("simt-fw-b128", simt(128, 0), false);
+        add!("simt-fw-b64-r2", simt(64, 2), false);
     }
     if variants {
-        add("ring", DecodeConfig::default(), true);
+        add!("ring", DecodeConfig::default(), true);
         let ticket = DecodeConfig { finish: DecodeFinish::Ticket, ..DecodeConfig::default() };
-        add("ticket", ticket, false);
-        add("ticket-ring", ticket, true);
+        add!("ticket", ticket, false);
+        add!("ticket-ring", ticket, true);
         // The two-launch finish (projection kernel, then one block per batch row): no fences or
         // atomics on the critical path; `-bN` sets both kernels' block, `-rN` the split depth.
         let two = DecodeConfig { finish: DecodeFinish::SecondLaunch, ..DecodeConfig::default() };
-        add("2launch", two, false);
-        add("2launch-ring", two, true);
+        add!("2launch", two, false);
+        add!("2launch-ring", two, true);
         for (tag, cfg) in [
             ("2launch-b64", DecodeConfig { block: 64, ..two }),
             ("2launch-b256", DecodeConfig { block: 256, ..two }),
             ("2launch-r2", DecodeConfig { rows_per_thread: 2, ..two }),
             ("2launch-b256-r2", DecodeConfig { block: 256, rows_per_thread: 2, ..two }),
         ] {
-            add(tag, cfg, false);
+            add!(tag, cfg, false);
         }
         for (projection, tag, depths) in
             [(DecodeProjection::Mma, "mma", [0, 2, 4]), (DecodeProjection::Simt, "simt", [0, 2, 8])]
@@ -72,7 +109,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
             for block in [64, 128, 256] {
                 for rpt in depths {
                     let cfg = DecodeConfig { projection, block, rows_per_thread: rpt, ..DecodeConfig::default() };
-                    add(&format!("{tag}-b{block}-r{rpt}"), cfg, false);
+                    add!(&format!("{tag}-b{block}-r{rpt}"), cfg, false);
                 }
             }
         }
@@ -86,7 +123,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
     for (name, s, is_bf16) in seeds {
         for (tag, cfg, ring) in &configs {
             let name = variant_name(name, tag.as_deref());
-            let (cfg, ring) = (cfg.unwrap_or_else(|| DecodeConfig::for_shape(&s)), *ring);
+            let (cfg, ring) = (cfg(&s), *ring);
             let EngramDecodeShape { batch: b, d_mem: dm, d, max_conv_len: l, kernel_size: k, dilation: dil, .. } = s;
             out.push(Workload {
                 op: "EngramDecodeFwd",

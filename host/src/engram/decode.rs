@@ -13,7 +13,7 @@ use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, Devi
 use half::{bf16, f16};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, LaunchDims};
+use crate::runtime::{launch, launch_pdl, LaunchDims};
 use crate::{Error, Gpu, Result};
 
 pub(crate) const KERNELS: &[&str] = &[
@@ -39,6 +39,8 @@ pub(crate) const KERNELS: &[&str] = &[
     "engram_decode_bf16_finw4",
     "engram_decode_bf16_finw2",
     "engram_decode_bf16_finw1",
+    "engram_decode_f16_mmal",
+    "engram_decode_bf16_mmal",
 ];
 
 /// Number of SMs of the H200 the default launch geometry is sized for.
@@ -189,9 +191,9 @@ pub enum DecodeFinish {
 }
 
 /// Largest block of the wide finishing kernel per element width `E` = 4, 2, 1 (its registers:
-/// up to 16 splits' partials per thread are loaded up front; `cargo xtask build`: `_finw4`
-/// 177–179, `_finw2` 124–126, `_finw1` 80 registers; 65536 per block allow 256 / 512 / 768
-/// threads, `_finw2` is kept at 256 for margin).
+/// up to 16 splits' partials per thread are loaded at once; `cargo xtask build` (v5): `_finw4`
+/// 207–209, `_finw2` 72, `_finw1` 56 registers; 65536 per block allow 256 / 768+ / 1024
+/// threads; the v4 limits are kept for margin).
 const WIDE_MAX_THREADS: [(u32, u32); 3] = [(4, 256), (2, 256), (1, 512)];
 
 /// Automatic element width of the wide finish: the smallest `E` whose block (one thread per
@@ -238,6 +240,19 @@ pub struct DecodeConfig {
     pub max_blocks: u32,
     /// One launch with tickets, or a second finishing launch (which uses `block` threads).
     pub finish: DecodeFinish,
+    /// Two-launch finishes: launch the finishing kernel as a programmatic dependent
+    /// ([`crate::runtime`]'s `launch_pdl`): it starts while the projection kernel runs, loads
+    /// its inputs (`h_t`, weights, state taps) and waits in `griddepcontrol.wait` before it
+    /// reads the partials; the projection kernel then skips its L2 prefetch of those inputs.
+    pub pdl: bool,
+    /// Two-launch finishes with the `Mma` projection: the lean projection kernel (`_mmal`:
+    /// bitwise the same partials, a shorter per-warp chain) where it applies — see
+    /// [`lean_applies`]; elsewhere the `_mma` kernel.
+    pub lean: bool,
+    /// Seed-contract steps with the wide finish on the vectorised layout: the state shift is
+    /// done by extra blocks of the finishing launch (after the batch rows' blocks; under PDL
+    /// they run while the projection does) instead of by the projection launch.
+    pub copy_in_finish: bool,
 }
 
 impl Default for DecodeConfig {
@@ -250,6 +265,9 @@ impl Default for DecodeConfig {
             // Two launches: predicted ≈2× faster than the one-launch ticket chain
             // (kernels-gpu/src/engram/NOTES.md); the bench's `@ticket` row measures the other.
             finish: DecodeFinish::SecondLaunch,
+            pdl: true,
+            lean: false,
+            copy_in_finish: false,
         }
     }
 }
@@ -259,6 +277,27 @@ impl Default for DecodeConfig {
 /// finish kernel 2.4–2.9 µs against 3.7–9.1).
 const PLANNED_FINISH: DecodeFinish = DecodeFinish::Wide { elems: 0 };
 
+/// Whether [`DecodeConfig::for_shape`] plans the lean MMA projection kernel (bench rows
+/// `@lean*`; `@nolean` is the planner with the `_mma` kernel). Bitwise the same partials as
+/// `_mma` from fewer instructions per warp (same work minus the per-row bounds, the 2-byte
+/// `e_t` loads, the scalar shared-memory traffic); one-line switch.
+const PLANNED_LEAN: bool = true;
+
+/// Whether a call of `shape` with `config` takes the lean MMA projection kernel (`_mmal`):
+/// `config.lean`, the `Mma` projection on the vectorised layout (`aligned`: `d % 8 == 0`,
+/// 16-byte aligned buffers), a two-launch finish, `batch ≤ 8` (one MMA batch group) and
+/// `d_mem % 16 == 0` (whole k-steps). Public for tests.
+#[doc(hidden)]
+pub fn lean_applies(shape: &EngramDecodeShape, config: &DecodeConfig, aligned: bool) -> bool {
+    config.lean
+        && config.projection == DecodeProjection::Mma
+        && config.finish != DecodeFinish::Ticket
+        && aligned
+        && shape.d.is_multiple_of(8)
+        && shape.batch <= 8
+        && shape.d_mem.is_multiple_of(16)
+}
+
 impl DecodeConfig {
     /// The planner's configuration for `shape` ([`EngramDecodePlan::new`] uses it): block 256
     /// (run 8 sweep: better than 128 on every seed row, b4 by 3 µs), the SIMT projection for
@@ -266,7 +305,7 @@ impl DecodeConfig {
     /// [`PLANNED_FINISH`].
     pub fn for_shape(shape: &EngramDecodeShape) -> Self {
         let projection = if shape.batch == 1 { DecodeProjection::Simt } else { DecodeProjection::Mma };
-        Self { projection, block: 256, finish: PLANNED_FINISH, ..Self::default() }
+        Self { projection, block: 256, finish: PLANNED_FINISH, lean: PLANNED_LEAN, ..Self::default() }
     }
 }
 
@@ -427,6 +466,7 @@ impl DecodeGeometry {
 pub struct EngramDecodePlan {
     shape: EngramDecodeShape,
     finish: DecodeFinish,
+    config: DecodeConfig,
     lens: DecodeLens,
     geo: [DecodeGeometry; 2],
     part: Option<CudaSlice<f32>>,
@@ -495,6 +535,7 @@ impl EngramDecodePlan {
         Ok(Self {
             shape,
             finish: config.finish,
+            config,
             lens,
             geo: [g8, g1],
             part,
@@ -684,7 +725,9 @@ impl EngramDecodePlan {
         let aligned = s.d.is_multiple_of(8)
             && [i.e_t, i.h_t, i.w_k, i.w_v, i.rms_w_h, i.rms_w_v, i.conv_w, s_in, s_out, y].iter().all(|p| p % 16 == 0);
         let g = self.geometry(aligned);
-        let f = gpu.function(g.kernel(dtype))?;
+        let lean = lean_applies(&s, &self.config, aligned);
+        let f =
+            gpu.function(if lean { KERNELS[22 + (dtype == DecodeDtype::Bf16) as usize] } else { g.kernel(dtype) })?;
         let dims = LaunchDims { grid: (g.tiles, g.splits, 1), block: (g.block, 1, 1), shared_bytes: g.shared_bytes() };
         let st = gpu.stream();
         let (part, _g0) = match &self.part {
@@ -708,10 +751,26 @@ impl EngramDecodePlan {
         let (mut part, mut kv, mut cnt, mut dbg) = (part, kv, cnt, dbg);
         let (mut b, mut dm, mut d) = (s.batch as u32, s.d_mem as u32, s.d as u32);
         let (mut l, mut k, mut dil) = (s.max_conv_len as u32, s.kernel_size as u32, s.dilation as u32);
-        let (mut pos, mut wpos, mut copy) = (pos, wpos, copy as u32);
+        // The wide finish's extra blocks take the shift (`copy_in_finish`): `fin_copy` of them.
+        let wide = match self.finish {
+            DecodeFinish::Wide { elems } => wide_finish(&s, elems, aligned),
+            _ => None,
+        };
+        let fin_copy = match wide {
+            Some((_, threads)) if copy && aligned && self.config.copy_in_finish => {
+                let units = s.batch * (s.max_conv_len - 1) * (s.d / 8);
+                units.div_ceil(threads as usize) as u32
+            }
+            _ => 0,
+        };
+        let (mut pos, mut wpos, mut copy) = (pos, wpos, (copy && fin_copy == 0) as u32);
         let (mut splits, mut rs, mut cl_log, mut eps) = (g.splits, g.rows_per_split, g.cl_log, s.eps);
         let two = self.finish != DecodeFinish::Ticket;
-        let mut mode = two as u32;
+        let pdl = two && self.config.pdl;
+        // 0: one launch (tickets); 1: the projection launch; 5: the same without the L2
+        // prefetch of the finish's inputs (the dependent finish kernel loads them itself).
+        let mut mode = if pdl { 5 } else { two as u32 };
+        let launch_fin = if pdl { launch_pdl } else { launch };
         macro_rules! args {
             () => {
                 &mut [
@@ -750,23 +809,23 @@ impl EngramDecodePlan {
         if !two {
             return Ok(());
         }
-        if let DecodeFinish::Wide { elems } = self.finish {
-            if let Some((e, threads)) = wide_finish(&s, elems, aligned) {
-                let idx = match e {
-                    4 => 0,
-                    2 => 1,
-                    _ => 2,
-                } + if dtype == DecodeDtype::F16 { 0 } else { 3 };
-                let fin = gpu.function(KERNELS[16 + idx])?;
-                let dims = LaunchDims { grid: (s.batch as u32, 1, 1), block: (threads, 1, 1), shared_bytes: 640 };
-                return launch(fin, dims, stream, args!());
-            }
+        if let Some((e, threads)) = wide {
+            copy = (fin_copy > 0) as u32;
+            let idx = match e {
+                4 => 0,
+                2 => 1,
+                _ => 2,
+            } + if dtype == DecodeDtype::F16 { 0 } else { 3 };
+            let fin = gpu.function(KERNELS[16 + idx])?;
+            let dims =
+                LaunchDims { grid: (s.batch as u32 + fin_copy, 1, 1), block: (threads, 1, 1), shared_bytes: 640 };
+            return launch_fin(fin, dims, stream, args!());
         }
         let fin = gpu.function(g.finish_kernel(dtype))?;
         let (m, shared_bytes) = finish_launch_mode(&s);
         mode = m;
         let dims = LaunchDims { grid: (s.batch as u32, 1, 1), block: (g.block, 1, 1), shared_bytes };
-        launch(fin, dims, stream, args!())
+        launch_fin(fin, dims, stream, args!())
     }
 }
 

@@ -350,7 +350,12 @@ unsafe fn prefetch_tail(a: &Args, g: u32, total: u32) {
 /// Phase 1: this block's partial projections for its tile's columns over its split's rows.
 /// Writes `part[split][b][k|v][col]` (or `kv[b][k|v][col]` when there is one split).
 #[inline(always)]
-unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(a: &Args, smem: *mut f32) {
+unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(
+    a: &Args,
+    smem: *mut f32,
+    hook: &mut impl FnMut(),
+) {
+    let mut hooked = false;
     let nt = block_dim_x();
     let tid = thread_idx_x();
     let cl = 1u32 << a.cl_log;
@@ -397,6 +402,11 @@ unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(a: &
                     }
                     u += 1;
                 }
+                if !hooked {
+                    // The first round's loads are out: the caller's independent loads next.
+                    hook();
+                    hooked = true;
+                }
                 unroll8!(u, U, {
                     unroll8!(v, VEC, {
                         let xk = widen::<D, VEC>(&wk[u], v);
@@ -409,6 +419,10 @@ unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(a: &
                 });
                 i += U as u32 * rl;
             }
+        }
+        if !hooked {
+            hook();
+            hooked = true;
         }
         // Sum the rl row lanes, one batch row at a time, through shared memory (fixed order).
         let mut bb = 0;
@@ -465,7 +479,8 @@ unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(a: &
 /// each), and `prmt` pairs the rows' halves into A fragments. The k-reduction happens inside
 /// the MMA; the warps are summed through shared memory in warp order.
 #[inline(always)]
-unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32) {
+unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32, hook: &mut impl FnMut()) {
+    let mut hooked = false;
     let nt = block_dim_x();
     let nw = nt >> 5;
     let warp = thread_idx_x() >> 5;
@@ -511,6 +526,11 @@ unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32) {
                 });
                 ef[s] = [ew[0] | ew[1] << 16, ew[2] | ew[3] << 16];
             });
+            if !hooked {
+                // The first round's loads are out: the caller's independent loads next.
+                hook();
+                hooked = true;
+            }
             unroll8!(s, 2, {
                 unroll8!(u, 4, {
                     let (k0, k1, k8, k9) = (wk[4 * s][u], wk[4 * s + 1][u], wk[4 * s + 2][u], wk[4 * s + 3][u]);
@@ -532,6 +552,10 @@ unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32) {
                 });
             });
             i0 += 32 * nw;
+        }
+        if !hooked {
+            hook();
+            hooked = true;
         }
         // Warp partials → shared [warp][k|v][b 0..8][col 0..64], then summed in warp order.
         sync_threads();
@@ -571,6 +595,184 @@ unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32) {
         }
         b0 += 8;
     }
+}
+
+/// One lane's (or one reduced item's) four MMA accumulators of mma `u` → the partial rows:
+/// `s[0]` = (batch `2t`, column `c`), `s[1]` = (`2t + 1`, `c`), `s[2]` = (`2t`, `c + 1`),
+/// `s[3]` = (`2t + 1`, `c + 1`) with `c = c0 + 8g + 2u` (the D fragment under the column map of
+/// [`project_mma`]); two 8-byte stores, batch rows `≥ B` and columns `≥ d` skipped.
+#[inline(always)]
+unsafe fn store_lean_pair(a: &Args, split: u32, m: u32, c: u32, tq: u32, s: [f32; 4]) {
+    if c >= a.d {
+        return;
+    }
+    let (ba, bb) = (2 * tq, 2 * tq + 1);
+    let base = if a.splits > 1 { a.part.add((split * a.b * 2 * a.d) as usize) } else { a.kv };
+    if ba < a.b {
+        let p = base.add(((ba * 2 + m) * a.d + c) as usize) as *mut u64;
+        *p = s[0].to_bits() as u64 | (s[2].to_bits() as u64) << 32;
+    }
+    if bb < a.b {
+        let p = base.add(((bb * 2 + m) * a.d + c) as usize) as *mut u64;
+        *p = s[1].to_bits() as u64 | (s[3].to_bits() as u64) << 32;
+    }
+}
+
+/// The lean MMA projection launch (v5, `_mmal`; the projection launch of the two-launch step
+/// only, `B ≤ 8`, `d_mem % 16 == 0`, vectorised layout): the same MMAs on the same fragments
+/// as [`project_mma`], hence bitwise its partials, with a short chain per warp:
+/// - the first k-step's `W` loads are the kernel's first instructions (32-bit offsets, no
+///   bounds: every k-step is whole; a lane past `d` or `B` loads column 0 / batch row 0 instead
+///   and its D entries, which only feed unstored outputs, are dropped); the state-shift units
+///   and the L2 prefetch are issued after them;
+/// - `e_t` pairs come as one 4-byte load each (rows `2t, 2t+1` and `2t+8, 2t+9` of the B
+///   fragment are adjacent in memory);
+/// - the warp partials go through shared memory as eight 16-byte stores per lane in fragment
+///   order (`[warp][m][u][lane]`); after one barrier thread `i` sums fragment item `i` (and
+///   `i + block`, …; 256 items) over the warps in warp order with 16-byte loads and writes it
+///   as two 8-byte stores. One warp per block: straight from the registers.
+#[inline(always)]
+unsafe fn decode_lean<D: Dt>(a: Args) {
+    grid_launch_dependents();
+    let nt = block_dim_x();
+    let nw = nt >> 5;
+    let tid = thread_idx_x();
+    let warp = tid >> 5;
+    let lane = tid & 31;
+    let g = lane >> 2;
+    let tq = lane & 3;
+    let c0 = block_idx_x() * 64;
+    let col = c0 + 8 * g;
+    let split = block_idx_y();
+    let r0 = split * a.rs;
+    let r1 = if r0 + a.rs < a.dm { r0 + a.rs } else { a.dm };
+    let d = a.d;
+    // Lanes past the row or the batch read valid data whose products are never stored.
+    let colc = if col < d { col } else { 0 };
+    let bc = if g < a.b { g } else { 0 };
+    let wkp = a.wk.add(colc as usize);
+    let wvp = a.wv.add(colc as usize);
+    let ep = a.e.add((bc * a.dm + 2 * tq) as usize);
+    let offs = [0, d, 8 * d, 9 * d];
+    // One 16-row k-step: W rows base + {2t, 2t+1, 2t+8, 2t+9} × 8 columns, e pairs.
+    let load = |base: u32| -> ([[u32; 4]; 4], [[u32; 4]; 4], [u32; 2]) {
+        let mut wk = [[0u32; 4]; 4];
+        let mut wv = [[0u32; 4]; 4];
+        let off = (base + 2 * tq) * d;
+        unroll8!(r, 4, {
+            wk[r] = ld_nc_v4(wkp.add((off + offs[r]) as usize) as *const u32);
+            wv[r] = ld_nc_v4(wvp.add((off + offs[r]) as usize) as *const u32);
+        });
+        let e2 = ep.add(base as usize) as *const u32;
+        (wk, wv, [*e2, *e2.add(4)])
+    };
+    let mma_step = |acc: &mut [[[f32; 4]; 4]; 2], wk: &[[u32; 4]; 4], wv: &[[u32; 4]; 4], ef: [u32; 2]| {
+        unroll8!(u, 4, {
+            let (k0, k1, k8, k9) = (wk[0][u], wk[1][u], wk[2][u], wk[3][u]);
+            let fk = [
+                prmt_b32(k0, k1, 0x5410),
+                prmt_b32(k0, k1, 0x7632),
+                prmt_b32(k8, k9, 0x5410),
+                prmt_b32(k8, k9, 0x7632),
+            ];
+            acc[0][u] = D::mma(fk, ef, acc[0][u]);
+            let (v0, v1, v8, v9) = (wv[0][u], wv[1][u], wv[2][u], wv[3][u]);
+            let fv = [
+                prmt_b32(v0, v1, 0x5410),
+                prmt_b32(v0, v1, 0x7632),
+                prmt_b32(v8, v9, 0x5410),
+                prmt_b32(v8, v9, 0x7632),
+            ];
+            acc[1][u] = D::mma(fv, ef, acc[1][u]);
+        });
+    };
+    let mut acc = [[[0f32; 4]; 4]; 2];
+    // Warp `w` takes k-steps w, w + nw, …; the first step's loads go out before anything else
+    // (a split of `16·nw·k` rows gives every warp at least one step when `d_mem` allows).
+    let i0 = r0 + 16 * warp;
+    let first = i0 < r1;
+    let (wk0, wv0, e0) = if first { load(i0) } else { ([[0; 4]; 4], [[0; 4]; 4], [0; 2]) };
+    // The state shift's units (stored on the way out) and the L2 prefetch, behind the W loads.
+    let tiles = grid_dim_x();
+    let blocks = tiles * grid_dim_y();
+    let gt = (split * tiles + block_idx_x()) * nt + tid;
+    let total = blocks * nt;
+    let ncopy = if a.copy != 0 { a.b * (a.l - 1) * (a.d / 8) } else { 0 };
+    let none = Unit { dst: 0, w: [0; 4], s: [0; 8] };
+    let g2 = gt as u64 + total as u64;
+    let pre = [
+        if gt < ncopy { (copy_load::<8>(&a, gt), true) } else { (none, false) },
+        if g2 < ncopy as u64 { (copy_load::<8>(&a, g2 as u32), true) } else { (none, false) },
+    ];
+    if a.mode != 5 {
+        prefetch_tail(&a, gt, total);
+    }
+    if first {
+        // Further steps (rare: deeper splits) two at a time, the next pair's loads issued before
+        // the current pair's MMAs; MMA order = step order (bitwise `project_mma`'s chain).
+        let z = ([[0u32; 4]; 4], [[0u32; 4]; 4], [0u32; 2]);
+        let pair = |i: u32| {
+            let x = if i < r1 { load(i) } else { z };
+            let y = if i + 16 * nw < r1 { load(i + 16 * nw) } else { z };
+            (x, y)
+        };
+        let mut i = i0 + 16 * nw;
+        let mut p = if i < r1 { pair(i) } else { (z, z) };
+        mma_step(&mut acc, &wk0, &wv0, e0);
+        while i < r1 {
+            let (x, y) = p;
+            let next = i + 32 * nw;
+            if next < r1 {
+                p = pair(next);
+            }
+            mma_step(&mut acc, &x.0, &x.1, x.2);
+            if i + 16 * nw < r1 {
+                mma_step(&mut acc, &y.0, &y.1, y.2);
+            }
+            i = next;
+        }
+    }
+    let smem = dyn_smem::<f32>();
+    if nw == 1 {
+        if 2 * tq < a.b {
+            unroll8!(m, 2, {
+                unroll8!(u, 4, {
+                    store_lean_pair(&a, split, m as u32, col + 2 * u as u32, tq, acc[m][u]);
+                });
+            });
+        }
+    } else {
+        // Fragment order: item (m, u, lane) at float4 index (m·4 + u)·32 + lane of the warp's slab.
+        let wbase = smem.add((warp * 1024 + lane * 4) as usize);
+        unroll8!(m, 2, {
+            unroll8!(u, 4, {
+                let v = acc[m][u];
+                let w = [v[0].to_bits(), v[1].to_bits(), v[2].to_bits(), v[3].to_bits()];
+                st_v4_generic(wbase.add((m * 4 + u) * 128) as *mut u32, w);
+            });
+        });
+        sync_threads();
+        let mut it = tid;
+        while it < 256 {
+            let ln = it & 31;
+            let tq2 = ln & 3;
+            if 2 * tq2 < a.b {
+                let mut sum = [0f32; 4];
+                let mut w = 0;
+                while w < nw {
+                    let v = ld_v4(smem.add((w * 1024 + it * 4) as usize) as *const u32);
+                    unroll8!(i, 4, {
+                        sum[i] += f32::from_bits(v[i]);
+                    });
+                    w += 1;
+                }
+                let (m, u) = (it >> 7, (it >> 5) & 3);
+                store_lean_pair(&a, split, m, c0 + 8 * (ln >> 2) + 2 * u, tq2, sum);
+            }
+            it += nt;
+        }
+    }
+    copy_finish(&a, &pre, gt, total, ncopy);
 }
 
 /// `arr[bb]` through compile-time indices only (a runtime index would put `arr` on the stack).
@@ -972,6 +1174,9 @@ unsafe fn finish_row_passes<D: Dt, const VEC: usize>(
 
 #[inline(always)]
 unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const MMA: bool>(a: Args) {
+    // A finishing kernel launched as a programmatic dependent (`mode` 5) may start its
+    // prologue now; it waits in `griddepcontrol.wait` before reading this launch's partials.
+    grid_launch_dependents();
     let nt = block_dim_x();
     let tiles = grid_dim_x();
     let blocks = tiles * grid_dim_y();
@@ -981,13 +1186,21 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const
     let ncopy = if a.copy != 0 { a.b * (a.l - 1) * (a.d / VEC as u32) } else { 0 };
     // Up to two units per thread are loaded up front (serving-b8 has 4352 units for 4096
     // threads: a second unit loaded only on the way out was a serial DRAM round trip).
+    // They (and the L2 prefetch) are issued right after the projection's first W loads (`hook`).
     let none = Unit { dst: 0, w: [0; 4], s: [0; VEC] };
     let g2 = g as u64 + total as u64;
-    let pre = [
-        if g < ncopy { (copy_load::<VEC>(&a, g), true) } else { (none, false) },
-        if g2 < ncopy as u64 { (copy_load::<VEC>(&a, g2 as u32), true) } else { (none, false) },
-    ];
-    prefetch_tail(&a, g, total);
+    let mut pre = [(none, false), (none, false)];
+    let mut hook = || {
+        pre = [
+            if g < ncopy { (copy_load::<VEC>(&a, g), true) } else { (none, false) },
+            if g2 < ncopy as u64 { (copy_load::<VEC>(&a, g2 as u32), true) } else { (none, false) },
+        ];
+        // `mode` 5: the finishing kernel is a programmatic dependent that loads its inputs
+        // itself while this launch runs; no L2 prefetch for it.
+        if a.mode != 5 {
+            prefetch_tail(&a, g, total);
+        }
+    };
     let smem = dyn_smem::<f32>();
     let flag = if MMA {
         smem.add(((nt >> 5) * 1024) as usize) as *mut u32
@@ -995,11 +1208,11 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const
         smem.add((nt * 2 * VEC as u32) as usize) as *mut u32
     };
     if MMA {
-        project_mma::<D>(&a, smem);
+        project_mma::<D>(&a, smem, &mut hook);
     } else {
-        project::<D, VEC, BB, U>(&a, smem);
+        project::<D, VEC, BB, U>(&a, smem, &mut hook);
     }
-    if a.mode == 1 {
+    if a.mode == 1 || a.mode == 5 {
         // The first of two launches: the finishing kernel sums the partials.
         copy_finish(&a, &pre, g, total, ncopy);
         return;
@@ -1114,6 +1327,9 @@ unsafe fn finish_launch<D: Dt, const VEC: usize>(a: Args) {
         RowIn { hw: [z; 2], whw: [z; 2], wvw: [z; 2], clw: [z; 2], sw: [[z; 3]; 2], cww: [[z; 3]; 2] }
     };
     let row = if shared { dyn_smem::<f32>() } else { a.kv.add(bu * 2 * d) };
+    // Launched as a programmatic dependent: the input loads above overlapped the projection
+    // launch; its partials are read only after it has completed.
+    grid_dependency_wait();
     if shared || a.splits > 1 {
         sum_splits_row::<VEC>(&a, b, row);
     }
@@ -1280,6 +1496,21 @@ unsafe fn block_sum1(red: *mut f32, mut x: f32) -> f32 {
 /// scalar chain uses `rsqrt.approx` + Newton and `rcp.approx`. Dynamic shared memory: 640 bytes.
 #[inline(always)]
 unsafe fn finish_wide<D: Dt, const E: usize>(a: Args) {
+    if block_idx_x() >= a.b {
+        // Blocks past the batch rows (`copy` ≠ 0, vectorised layout): the seed contract's state
+        // shift, one 16-byte unit per thread (grid-stride beyond), independent of the
+        // projection launch — under PDL it runs while the projection does.
+        let nt = block_dim_x();
+        let n = a.b * (a.l - 1) * (a.d / 8);
+        let total = (grid_dim_x() - a.b) * nt;
+        let mut k = (block_idx_x() - a.b) * nt + thread_idx_x();
+        while k < n {
+            let u = copy_load::<8>(&a, k);
+            copy_store(&a, &u);
+            k += total;
+        }
+        return;
+    }
     let bu = block_idx_x() as usize;
     let d = a.d as usize;
     let l = a.l as usize;
@@ -1290,26 +1521,12 @@ unsafe fn finish_wide<D: Dt, const E: usize>(a: Args) {
     let stride = a.b as usize * 2 * d;
     let krow = src.add(bu * 2 * d + j0);
     let vrow = krow.add(d);
-    // 1. Every load of the thread's columns, up front.
+    // 1. The loads that do not depend on the projection launch (inputs only), up front.
     let z = [0u32; 2];
     let (mut hw, mut whw, mut wvw, mut clw) = (z, z, z, z);
     let mut sw = [z; 3];
     let mut cww = [z; 3];
-    let mut pk = [[0f32; E]; 16];
-    let mut pv = [[0f32; E]; 16];
     if on {
-        unroll8!(s, 8, {
-            if (s as u32) < splits {
-                pk[s] = ld_part_e::<E>(krow.add(s * stride));
-                pv[s] = ld_part_e::<E>(vrow.add(s * stride));
-            }
-        });
-        unroll8!(s, 8, {
-            if (s as u32) + 8 < splits {
-                pk[s + 8] = ld_part_e::<E>(krow.add((s + 8) * stride));
-                pv[s + 8] = ld_part_e::<E>(vrow.add((s + 8) * stride));
-            }
-        });
         hw = ld_e_nc::<E>(a.h.add(bu * d + j0));
         whw = ld_e_nc::<E>(a.rwh.add(j0));
         wvw = ld_e_nc::<E>(a.rwv.add(j0));
@@ -1324,48 +1541,68 @@ unsafe fn finish_wide<D: Dt, const E: usize>(a: Args) {
         });
     }
     let (inv_d, inv_sqrt_d) = row_scales(&a);
-    // 2. kk, vv: the partials in split order from 0.
-    let mut kk = [0f32; E];
-    let mut vv = [0f32; E];
-    unroll8!(s, 8, {
-        if (s as u32) < splits {
-            unroll8!(v, E, {
-                kk[v] += pk[s][v];
-                vv[v] += pv[s][v];
-            });
-        }
-    });
-    unroll8!(s, 8, {
-        if (s as u32) + 8 < splits {
-            unroll8!(v, E, {
-                kk[v] += pk[s + 8][v];
-                vv[v] += pv[s + 8][v];
-            });
-        }
-    });
-    if on {
-        let mut sp = 16u32;
-        while sp < splits {
-            let pk = ld_part_e::<E>(krow.add(sp as usize * stride));
-            let pv = ld_part_e::<E>(vrow.add(sp as usize * stride));
-            unroll8!(v, E, {
-                kk[v] += pk[v];
-                vv[v] += pv[v];
-            });
-            sp += 1;
-        }
-    }
-    // 3. Σh², Σq(kk)², Σ h·w_h²·q(kk) → alpha.
-    let (mut sh, mut sk, mut dot) = (0f32, 0f32, 0f32);
-    let mut qk = [0f32; E];
+    // Σh² and h·w_h² need only the inputs: computed before the wait (same operations, same bits).
+    let mut sh = 0f32;
+    let mut hww = [0f32; E];
     if on {
         unroll8!(v, E, {
             let h = wide_e::<D>(&hw, v);
             let w = wide_e::<D>(&whw, v);
-            qk[v] = q::<D>(kk[v]);
             sh = fma(h, h, sh);
+            hww[v] = h * w * w;
+        });
+    }
+    // Launched as a programmatic dependent: everything above overlapped the projection launch;
+    // its partials are read only after it has completed (a no-op for an ordinary launch).
+    grid_dependency_wait();
+    // 2. kk, vv: the partials in split order from 0, 16 splits' loads in flight per round.
+    let mut kk = [0f32; E];
+    let mut vv = [0f32; E];
+    if on {
+        let mut sp = 0u32;
+        while sp < splits {
+            let mut pk = [[0f32; E]; 16];
+            let mut pv = [[0f32; E]; 16];
+            let (kr, vr) = (krow.add(sp as usize * stride), vrow.add(sp as usize * stride));
+            unroll8!(s, 8, {
+                if sp + (s as u32) < splits {
+                    pk[s] = ld_part_e::<E>(kr.add(s * stride));
+                    pv[s] = ld_part_e::<E>(vr.add(s * stride));
+                }
+            });
+            unroll8!(s, 8, {
+                if sp + (s as u32) + 8 < splits {
+                    pk[s + 8] = ld_part_e::<E>(kr.add((s + 8) * stride));
+                    pv[s + 8] = ld_part_e::<E>(vr.add((s + 8) * stride));
+                }
+            });
+            unroll8!(s, 8, {
+                if sp + (s as u32) < splits {
+                    unroll8!(v, E, {
+                        kk[v] += pk[s][v];
+                        vv[v] += pv[s][v];
+                    });
+                }
+            });
+            unroll8!(s, 8, {
+                if sp + (s as u32) + 8 < splits {
+                    unroll8!(v, E, {
+                        kk[v] += pk[s + 8][v];
+                        vv[v] += pv[s + 8][v];
+                    });
+                }
+            });
+            sp += 16;
+        }
+    }
+    // 3. Σh², Σq(kk)², Σ h·w_h²·q(kk) → alpha.
+    let (mut sk, mut dot) = (0f32, 0f32);
+    let mut qk = [0f32; E];
+    if on {
+        unroll8!(v, E, {
+            qk[v] = q::<D>(kk[v]);
             sk = fma(qk[v], qk[v], sk);
-            dot = fma(h * w * w, qk[v], dot);
+            dot = fma(hww[v], qk[v], dot);
         });
         if !a.dbg.is_null() {
             st_e::<D, E>(a.dbg.add(bu * d + j0), &qk);
@@ -1518,3 +1755,5 @@ decode_entry!(engram_decode_f16_finw1, finish_wide::<F16, 1>);
 decode_entry!(engram_decode_bf16_finw4, finish_wide::<Bf16, 4>);
 decode_entry!(engram_decode_bf16_finw2, finish_wide::<Bf16, 2>);
 decode_entry!(engram_decode_bf16_finw1, finish_wide::<Bf16, 1>);
+decode_entry!(engram_decode_f16_mmal, decode_lean::<F16>);
+decode_entry!(engram_decode_bf16_mmal, decode_lean::<Bf16>);
