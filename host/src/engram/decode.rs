@@ -299,13 +299,19 @@ pub fn lean_applies(shape: &EngramDecodeShape, config: &DecodeConfig, aligned: b
 }
 
 impl DecodeConfig {
-    /// The planner's configuration for `shape` ([`EngramDecodePlan::new`] uses it): block 256
-    /// (run 8 sweep: better than 128 on every seed row, b4 by 3 µs), the SIMT projection for
-    /// one batch row (b1: 7.33 µs against 8.26 for MMA at block 256), MMA otherwise, and
-    /// [`PLANNED_FINISH`].
+    /// The planner's configuration for `shape` ([`EngramDecodePlan::new`] uses it), from the
+    /// H200 sweep of 2026-11-29 (session 3, `--variants`): the lean MMA projection at every
+    /// batch (b1 5.41 µs against 6.30 for SIMT), block 128 for d ≤ 256 (b1 5.38, b8 5.44) and
+    /// 256 above (b4 6.21 against 6.56), and [`PLANNED_FINISH`].
     pub fn for_shape(shape: &EngramDecodeShape) -> Self {
-        let projection = if shape.batch == 1 { DecodeProjection::Simt } else { DecodeProjection::Mma };
-        Self { projection, block: 256, finish: PLANNED_FINISH, lean: PLANNED_LEAN, ..Self::default() }
+        let block = if shape.d <= 256 { 128 } else { 256 };
+        Self {
+            projection: DecodeProjection::Mma,
+            block,
+            finish: PLANNED_FINISH,
+            lean: PLANNED_LEAN,
+            ..Self::default()
+        }
     }
 }
 
