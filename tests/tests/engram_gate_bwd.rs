@@ -143,6 +143,21 @@ fn every_launch_config_matches_reference() {
                 let c4 = GateBwdConfig { smem_u: true, smem_w: true, approx: true, pdl: !pdl, ..c };
                 let Some(b4) = run_bwd(&gpu, &x, &f0, 0, Some(c4), f32::NAN) else { continue };
                 check_bwd(&format!("{what} approx"), &x, &b4);
+                // extra warps (stage 4 and the weight loads only): bitwise the same, up to the
+                // 32-warp / register limit (a refused block size returns None)
+                for xw in [1, 32 - (r + 6).min(32)] {
+                    if xw == 0 || r + 6 + xw > 32 {
+                        continue;
+                    }
+                    let c5 = GateBwdConfig { extra_warps: xw, ..c4 };
+                    if let Some(b5) = run_bwd(&gpu, &x, &f0, 0, Some(c5), f32::NAN) {
+                        assert_bwd_bitwise(&format!("{what} approx extra_warps {xw}"), &b4, &b5);
+                    }
+                    let c6 = GateBwdConfig { extra_warps: xw, ..c };
+                    if let Some(b6) = run_bwd(&gpu, &x, &f0, 0, Some(c6), f32::NAN) {
+                        assert_bwd_bitwise(&format!("{what} v1 extra_warps {xw}"), &b, &b6);
+                    }
+                }
             }
         }
     }
@@ -187,6 +202,17 @@ fn versions_match<T: Half + rgk::cudarc::driver::DeviceRepr>(
     check_bwd(&format!("{what} v3a"), x, &b4);
     let b5 = run_bwd(gpu, x, &f0, 0, Some(GateBwdConfig { pdl: false, ..v3a }), 0.0).unwrap();
     assert_bwd_bitwise(&format!("{what} v3a pdl/nopdl"), &b4, &b5);
+    // extra warps (the bench's `v3a-w12`/`v3a-w16` rows and 3 more): bitwise without them
+    let r = c.rows_per_block;
+    for xw in [3, 12u32.saturating_sub(r + 6), 16u32.saturating_sub(r + 6)] {
+        for (name, base, want) in [("v1", c, &b1), ("v3a", v3a, &b4)] {
+            let cx = GateBwdConfig { extra_warps: xw, ..base };
+            if let Some(bx) = run_bwd(gpu, x, &f0, 0, Some(cx), f32::NAN) {
+                check_bwd(&format!("{what} {name} extra_warps {xw}"), x, &bx);
+                assert_bwd_bitwise(&format!("{what} {name} extra_warps {xw}"), want, &bx);
+            }
+        }
+    }
 }
 
 /// The v2/v3 main kernels on the seed shapes and odd shapes, both dtypes, both scales: bitwise

@@ -29,7 +29,8 @@ const F32_REL: f64 = 1e-4;
 /// (exact / approximate silu), `WORKLOAD@v2f-rR` (approximate scalars too), `WORKLOAD@v2` /
 /// `WORKLOAD@v2a` / `WORKLOAD@v2f` those at the planner's R, `-xX` with X extra warps;
 /// backward `WORKLOAD@rR-sS` v1, `WORKLOAD@{v2,v3,v3a}[-rR-s16]` the main-kernel versions,
-/// `WORKLOAD@nopdl` / `WORKLOAD@v3a-nopdl` with the reduce kernel launched without PDL).
+/// `WORKLOAD@nopdl` / `WORKLOAD@v3a-nopdl` with the reduce kernel launched without PDL,
+/// `WORKLOAD@v3a-wW` the planner's v3a with extra warps up to W per block, `WORKLOAD@v3a-x3`).
 pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut v = Vec::new();
     // None = the planner's choice for the shape
@@ -92,6 +93,14 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
             };
             bwd_cfgs.push((Some(format!("v3a-r{r}-s32")), Some(c)));
         }
+        // the planner's config with extra warps up to W warps per block (stage 4's column
+        // loop and the weight loads; `v3a-wW`), and 3 extra at the planner's R (`v3a-x3`)
+        bwd_cfgs.push((Some("v3a-w12".into()), None));
+        bwd_cfgs.push((Some("v3a-w16".into()), None));
+        bwd_cfgs.push((
+            Some("v3a-x3".into()),
+            Some(GateBwdConfig { smem_u: true, smem_w: true, approx: true, extra_warps: 3, ..base }),
+        ));
         bwd_cfgs.push((Some("nopdl".into()), None));
         bwd_cfgs.push((
             Some("v3a-nopdl".into()),
@@ -136,12 +145,18 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         for (tag, cfg) in bwd_cfgs.clone() {
             let cfg = match cfg {
                 None if tag.as_deref() == Some("nopdl") => GateBwdConfig { pdl: false, ..GateBwdConfig::for_shape(s) },
+                None if tag.as_deref().is_some_and(|t| t.starts_with("v3a-w")) => {
+                    let w: u32 = tag.as_deref().and_then(|t| t[5..].parse().ok()).unwrap_or(0);
+                    let p = GateBwdConfig::for_shape(s);
+                    GateBwdConfig { extra_warps: w.saturating_sub(p.rows_per_block + 6), ..p }
+                }
                 None => GateBwdConfig::for_shape(s),
                 Some(c) if c.rows_per_block == 0 => GateBwdConfig {
                     smem_u: c.smem_u,
                     smem_w: c.smem_w,
                     approx: c.approx,
                     pdl: c.pdl,
+                    extra_warps: c.extra_warps,
                     ..GateBwdConfig::for_shape(s)
                 },
                 Some(c) => c,

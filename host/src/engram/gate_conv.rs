@@ -336,11 +336,25 @@ pub struct GateBwdConfig {
     /// and start-up overlap the main kernel; it waits for the main kernel's partials with
     /// `griddepcontrol.wait`). Bitwise the same outputs either way.
     pub pdl: bool,
+    /// Warps beyond the `R+6` of the tile (every main kernel): they skip stages 1–3 and only
+    /// take part in the weight loads (v3) and stage 4's column loop, which strides by the
+    /// block size (d = 768 at R = 3: 3 rounds of 288 columns → 2 with 3–7 extra warps; d = 512
+    /// at R = 2: 2 rounds → 1 with 8). Bitwise the same outputs as 0. At most 32 warps in all
+    /// and what the kernel's registers allow (checked before the launch).
+    pub extra_warps: u32,
 }
 
 impl Default for GateBwdConfig {
     fn default() -> Self {
-        Self { rows_per_block: 4, reduce_segments: 8, smem_u: false, smem_w: false, approx: false, pdl: true }
+        Self {
+            rows_per_block: 4,
+            reduce_segments: 8,
+            smem_u: false,
+            smem_w: false,
+            approx: false,
+            pdl: true,
+            extra_warps: 0,
+        }
     }
 }
 
@@ -361,6 +375,7 @@ impl GateBwdConfig {
             smem_w: true,
             approx: true,
             pdl: true,
+            extra_warps: 0,
         }
     }
 }
@@ -798,8 +813,15 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
     } else {
         (gpu.function(BWD[dt][var])?, bwd_smem_bytes(d, r, in_smem))
     };
-    check_block_fits(f, (r + 6) * 32, 6)?;
-    let dims = LaunchDims { grid: (blocks, 1, 1), block: ((r + 6) * 32, 1, 1), shared_bytes: shared_bytes as u32 };
+    let warps = r + 6 + config.extra_warps;
+    if warps > 32 {
+        return Err(Error::Shape {
+            arg: "config.extra_warps",
+            msg: format!("{} extra warps with {r} rows per block: more than 32 warps", config.extra_warps),
+        });
+    }
+    check_block_fits(f, warps * 32, 6)?;
+    let dims = LaunchDims { grid: (blocks, 1, 1), block: (warps * 32, 1, 1), shared_bytes: shared_bytes as u32 };
     let [mut g, mut h, mut k, mut v, mut wh, mut wv, mut cw] = inputs;
     let [mut a, mut rh, mut rk] = saved;
     let [mut dh, mut dk, mut dv, mut dwh, mut dwv, mut dcw] = outputs;
