@@ -305,13 +305,7 @@ impl DecodeConfig {
     /// 256 above (b4 6.21 against 6.56), and [`PLANNED_FINISH`].
     pub fn for_shape(shape: &EngramDecodeShape) -> Self {
         let block = if shape.d <= 256 { 128 } else { 256 };
-        Self {
-            projection: DecodeProjection::Mma,
-            block,
-            finish: PLANNED_FINISH,
-            lean: PLANNED_LEAN,
-            ..Self::default()
-        }
+        Self { projection: DecodeProjection::Mma, block, finish: PLANNED_FINISH, lean: PLANNED_LEAN, ..Self::default() }
     }
 }
 
