@@ -119,16 +119,9 @@ pub(crate) unsafe fn launch(
     Ok(())
 }
 
-/// The `cuLaunchKernelEx` configuration for `dims` in thread-block clusters of `cluster` blocks
-/// along x. `attr` must outlive every use of the returned config (it points into it).
-fn cluster_config(
-    dims: LaunchDims,
-    cluster: u32,
-    stream: sys::CUstream,
-    attr: &mut sys::CUlaunchAttribute,
-) -> sys::CUlaunchConfig {
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cluster, y: 1, z: 1 };
+/// The `cuLaunchKernelEx` configuration for `dims` with one launch attribute. `attr` must
+/// outlive every use of the returned config (it points into it).
+fn launch_config(dims: LaunchDims, stream: sys::CUstream, attr: &mut sys::CUlaunchAttribute) -> sys::CUlaunchConfig {
     sys::CUlaunchConfig {
         gridDimX: dims.grid.0,
         gridDimY: dims.grid.1,
@@ -143,6 +136,32 @@ fn cluster_config(
     }
 }
 
+/// The attribute for thread-block clusters of `cluster` blocks along x.
+fn cluster_attr(cluster: u32) -> sys::CUlaunchAttribute {
+    // SAFETY: a zeroed attribute is valid plain data; both fields are set below.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cluster, y: 1, z: 1 };
+    attr
+}
+
+/// `cuLaunchKernelEx` of `f` with one launch attribute.
+///
+/// # Safety
+/// As [`launch`].
+unsafe fn launch_ex(
+    f: &CudaFunction,
+    dims: LaunchDims,
+    stream: sys::CUstream,
+    mut attr: sys::CUlaunchAttribute,
+    args: &mut [&mut dyn KernelArg],
+) -> Result<()> {
+    let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a.as_param()).collect();
+    let cfg = launch_config(dims, stream, &mut attr);
+    sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()).result()?;
+    Ok(())
+}
+
 /// How many clusters of `cluster` blocks (along x) with `dims`' block and shared memory can be
 /// co-resident on the device (0: such a cluster cannot be scheduled). Allows non-portable
 /// cluster sizes (> 8) on `f` first.
@@ -155,9 +174,8 @@ pub(crate) fn max_active_clusters(
     if cluster > 8 {
         f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)?;
     }
-    // SAFETY: a zeroed attribute is valid plain data; cluster_config fills it.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    let cfg = cluster_config(dims, cluster, stream, &mut attr);
+    let mut attr = cluster_attr(cluster);
+    let cfg = launch_config(dims, stream, &mut attr);
     let mut n: std::ffi::c_int = 0;
     // SAFETY: cfg and attr are valid for the call; f is a loaded function.
     let r = unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.cu_function(), &cfg) };
@@ -181,11 +199,7 @@ pub(crate) unsafe fn launch_cluster(
     stream: sys::CUstream,
     args: &mut [&mut dyn KernelArg],
 ) -> Result<()> {
-    let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a.as_param()).collect();
-    let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
-    let cfg = cluster_config(dims, cluster, stream, &mut attr);
-    sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()).result()?;
-    Ok(())
+    launch_ex(f, dims, stream, cluster_attr(cluster), args)
 }
 
 /// Launches `f` on `stream` as a programmatic dependent launch (`cuLaunchKernelEx` with
@@ -203,22 +217,8 @@ pub(crate) unsafe fn launch_pdl(
     stream: sys::CUstream,
     args: &mut [&mut dyn KernelArg],
 ) -> Result<()> {
-    let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a.as_param()).collect();
     let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attr.value.programmaticStreamSerializationAllowed = 1;
-    let cfg = sys::CUlaunchConfig {
-        gridDimX: dims.grid.0,
-        gridDimY: dims.grid.1,
-        gridDimZ: dims.grid.2,
-        blockDimX: dims.block.0,
-        blockDimY: dims.block.1,
-        blockDimZ: dims.block.2,
-        sharedMemBytes: dims.shared_bytes,
-        hStream: stream,
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
-    sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()).result()?;
-    Ok(())
+    launch_ex(f, dims, stream, attr, args)
 }
