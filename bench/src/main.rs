@@ -62,6 +62,10 @@ struct Args {
     /// Seed of the input generator.
     #[arg(long, default_value_t = 20261129)]
     seed: u64,
+    /// Diagnostic only (never for the results file): skip the L2 flush before each timed call, so
+    /// code and data may still sit in L2. Comparing against a normal run separates cold-cache cost.
+    #[arg(long)]
+    no_flush: bool,
 }
 
 fn main() -> ExitCode {
@@ -87,6 +91,11 @@ fn selected(args: &Args) -> Vec<Workload> {
 /// Returns Ok(false) when a workload failed verification.
 fn run(args: &Args) -> Result<bool, String> {
     let workloads = selected(args);
+    if args.no_flush && !args.no_alternatives {
+        return Err(
+            "--no-flush is a diagnostic: it needs --no-alternatives (the alternatives always run flushed)".into()
+        );
+    }
     if workloads.is_empty() {
         return Err("no workload matches --op/--workload".into());
     }
@@ -235,7 +244,9 @@ fn time_rust(
             let t0 = Instant::now();
             let mut n = 0;
             while n < args.min_calls || (n < args.max_calls && t0.elapsed() < Duration::from_secs_f64(args.budget_s)) {
-                flush_l2(gpu, flush, n as u8)?;
+                if !args.no_flush {
+                    flush_l2(gpu, flush, n as u8)?;
+                }
                 st.synchronize().map_err(|x| e(&x))?;
                 cupti::drain()?;
                 launch(case).map_err(|x| e(&x))?;
