@@ -145,6 +145,20 @@ fn run(args: &Args) -> Result<bool, String> {
     time_rust(args, &gpu, &mut flush, &mut cases, &mut timings, false)?;
     let mut alternatives = if args.no_alternatives { Vec::new() } else { run_alternatives(args, &manifest_path) };
     time_rust(args, &gpu, &mut flush, &mut cases, &mut timings, true)?;
+    if std::env::var_os("RGK_BENCH_GAPS").is_some() {
+        // Diagnostic: how our kernels of one call sit in time (launch latency, overlap).
+        for (w, t) in workloads.iter().zip(&timings) {
+            let gaps: Vec<String> =
+                t[0].gap_samples.iter().skip(1).map(|g| format!("{:+.2} µs", 1e3 * Stats::of(g).median)).collect();
+            println!(
+                "gaps: {} {}: host launch call {:.1} µs; next kernel's start − previous kernel's end (median): {}",
+                w.op,
+                w.name,
+                1e3 * Stats::of(&t[0].host_samples).median,
+                gaps.join(", ")
+            );
+        }
+    }
     for ((w, case), t) in workloads.iter().zip(cases.iter_mut()).zip(&timings) {
         for native in t.iter().skip(1) {
             let (rel, abs) = case.error_native(&gpu, native.name).map_err(|e| e.to_string())?;
@@ -200,12 +214,23 @@ struct Timing {
     kernels: Vec<String>,
     /// Per call, each kernel's own duration (ms), in launch order.
     kernel_samples: Vec<Vec<f64>>,
+    /// Per call, each kernel's start minus the previous kernel's end (ms; negative = overlap).
+    gap_samples: Vec<Vec<f64>>,
+    /// Per call, the host time of the launch call itself (ms).
+    host_samples: Vec<f64>,
 }
 
 fn impls(case: &dyn Case) -> Vec<Timing> {
     std::iter::once("ours")
         .chain(case.native_alternatives())
-        .map(|name| Timing { name, samples: Vec::new(), kernels: Vec::new(), kernel_samples: Vec::new() })
+        .map(|name| Timing {
+            name,
+            samples: Vec::new(),
+            kernels: Vec::new(),
+            kernel_samples: Vec::new(),
+            gap_samples: Vec::new(),
+            host_samples: Vec::new(),
+        })
         .collect()
 }
 
@@ -249,7 +274,9 @@ fn time_rust(
                 }
                 st.synchronize().map_err(|x| e(&x))?;
                 cupti::drain()?;
+                let h0 = Instant::now();
                 launch(case).map_err(|x| e(&x))?;
+                timing[k].host_samples.push(h0.elapsed().as_secs_f64() * 1e3);
                 st.synchronize().map_err(|x| e(&x))?;
                 let recs = cupti::drain()?;
                 if recs.is_empty() {
@@ -263,6 +290,12 @@ fn time_rust(
                 }
                 for (i, r) in recs.iter().enumerate() {
                     timing[k].kernel_samples[i].push(r.end.saturating_sub(r.start) as f64 * 1e-6);
+                }
+                if timing[k].gap_samples.len() < recs.len() {
+                    timing[k].gap_samples.resize(recs.len(), Vec::new());
+                }
+                for i in 1..recs.len() {
+                    timing[k].gap_samples[i].push((recs[i].start as f64 - recs[i - 1].end as f64) * 1e-6);
                 }
                 timing[k].samples.push(cupti::union_ns(&recs) as f64 * 1e-6);
                 n += 1;

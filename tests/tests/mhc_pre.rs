@@ -191,6 +191,70 @@ fn bitwise_deterministic() {
     }
 }
 
+/// `PreConfig::graph`: the call's kernels submitted as one captured CUDA graph give the same
+/// bits as direct launches — on the capturing call, on replays with new data in the same
+/// buffers (the graph reads memory when it runs), and after the buffers change (re-capture).
+#[test]
+fn graph_replay_matches_direct_launches() {
+    let Some(gpu) = gpu_or_skip("mhc_pre::graph_replay") else { return };
+    let mut rng = fresh_rng("mhc_pre::graph_replay");
+    let bits = |o: &Outputs| {
+        (
+            o.x_res.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            o.x_layer.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            o.h_post.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        )
+    };
+    let shapes = [(1, 4, 1280), (2, 4, 1920), (4, 4, 2560), (3, 3, 77), (5, 8, 1030)];
+    for (batch, n, c) in shapes {
+        let s = MhcPreShape { batch, n, c };
+        let l = s.lens().unwrap();
+        let st = gpu.stream();
+        let mut direct = MhcPre::new(&gpu, s).unwrap();
+        for pdl in [true, false] {
+            let config = PreConfig { graph: true, pdl, ..PreConfig::default() };
+            let mut graphed = MhcPre::with_config(&gpu, s, config).unwrap();
+            let mut dphi = st.alloc_zeros::<f32>(l.phi).unwrap();
+            let mut dx = st.alloc_zeros::<bf16>(l.x).unwrap();
+            let mut db = st.alloc_zeros::<f32>(l.b).unwrap();
+            let mut dr = st.alloc_zeros::<bf16>(l.x).unwrap();
+            let mut dy = st.alloc_zeros::<bf16>(l.x_layer).unwrap();
+            let mut dh = st.alloc_zeros::<f32>(l.h_post).unwrap();
+            for round in 0..3 {
+                let inp = inputs(&mut rng, s, 1.0 / ((n * c) as f32).sqrt(), 1.0);
+                let p = MhcPreParams { sinkhorn_repeat: round, ..MhcPreParams::default() };
+                st.memcpy_htod(&inp.phi, &mut dphi).unwrap();
+                st.memcpy_htod(&inp.x, &mut dx).unwrap();
+                st.memcpy_htod(&inp.b, &mut db).unwrap();
+                st.memcpy_htod(&poisoned::<bf16>(l.x), &mut dr).unwrap();
+                st.memcpy_htod(&poisoned::<bf16>(l.x_layer), &mut dy).unwrap();
+                st.memcpy_htod(&vec![f32::NAN; l.h_post], &mut dh).unwrap();
+                // Round 0 captures, round 1 replays (same key), round 2 re-captures (repeat 2).
+                for _ in 0..if round == 1 { 2 } else { 1 } {
+                    graphed.run(&gpu, p, &dphi, &dx, &db, &mut dr, &mut dy, &mut dh).unwrap();
+                }
+                let got = Outputs {
+                    x_res: st.clone_dtoh(&dr).unwrap(),
+                    x_layer: st.clone_dtoh(&dy).unwrap(),
+                    h_post: st.clone_dtoh(&dh).unwrap(),
+                };
+                let want = run(&gpu, &mut direct, p, &inp);
+                check(
+                    &format!("{s:?} graph pdl {pdl} round {round}"),
+                    &got,
+                    &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b),
+                );
+                assert!(bits(&got) == bits(&want), "{s:?} pdl {pdl} round {round}: graph differs from direct launches");
+            }
+            // New buffers: a new key, a new capture.
+            let inp = inputs(&mut rng, s, 1.0, 1.0);
+            let p = MhcPreParams::default();
+            let got = run(&gpu, &mut graphed, p, &inp);
+            assert!(bits(&got) == bits(&run(&gpu, &mut direct, p, &inp)), "{s:?}: re-captured graph differs");
+        }
+    }
+}
+
 #[test]
 fn every_launch_config_matches_reference() {
     let Some(gpu) = gpu_or_skip("mhc_pre::every_launch_config") else { return };
@@ -210,7 +274,18 @@ fn every_launch_config_matches_reference() {
                     let pdl = block != 64; // both launch modes of kernel 2
                                            // Both kernel-1 versions (tensor-core where n ≤ 4, FMA), every block size.
                     let (mma_partials, mma_block) = (block != 256, block.min(512));
+                    // Both kernel-2 versions where n ≤ 4 (lean `mhc_pre_mix4`, v2 `mhc_pre_mix`).
+                    let lean_mix = max_grid != Some(7);
+                    // Kernel 1 (tensor cores) alone and in clusters of 2–16 blocks.
+                    let partial_cluster = match mix_block {
+                        32 => 1,
+                        96 => 16,
+                        256 => 8,
+                        _ => 2,
+                    };
                     let config = PreConfig {
+                        lean_mix,
+                        partial_cluster,
                         path: PrePath::TwoLaunch,
                         block,
                         max_grid,
@@ -675,7 +750,8 @@ fn cpu_model_of_the_kernels_covers_and_matches_reference() {
     ];
     let mut worst = (0f64, 0f64);
     for (s, sms, block, mix_block) in cases {
-        let config = PreConfig { block, mix_block, ..PreConfig::default() };
+        // The model mirrors the v2 kernel 2 (`mhc_pre_mix`); the lean `mhc_pre_mix4` is judged on the GPU.
+        let config = PreConfig { block, mix_block, lean_mix: false, partial_cluster: 1, ..PreConfig::default() };
         let geo = PreGeometry::new(s, sms, 227 * 1024, config).unwrap();
         for (phi_scale, repeat) in [(1.0, 1), (1.0 / ((s.n * s.c) as f32).sqrt(), 20), (0.3, 0)] {
             let inp = inputs(&mut rng, s, phi_scale, 1.0);
@@ -709,6 +785,10 @@ fn geometry_invariants() {
                     assert!((g.bg as usize) * n * (g.jc as usize) <= 1 << 16, "{s:?} {g:?}");
                     assert!(jt >= 1 && jt <= mix_block as usize && n * jt <= UN * mix_block as usize, "{s:?} {g:?}");
                     assert!(tiles * jt >= c && (tiles - 1) * jt < c, "{s:?} {g:?}");
+                    // Kernel 1's clusters: a power of two ≤ 16 dividing the grid, only on tensor cores.
+                    let k = g.k1_cluster as usize;
+                    assert!(k.is_power_of_two() && k <= 16 && grid % k == 0, "{s:?} {g:?}");
+                    assert!(k == 1 || g.mma.is_some(), "{s:?} {g:?}");
                     let sl = 1usize << g.slices_log2;
                     assert!(sl <= 32 && sl <= grid && (mq * sl <= mix_block as usize || sl == 1), "{s:?} {g:?}");
                     assert!(g.smem <= 227 * 1024 && g.mix_smem <= 227 * 1024);

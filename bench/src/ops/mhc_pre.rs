@@ -17,19 +17,23 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
     if variants {
         use rgk::mhc::PrePath;
         configs.push((Some("nopdl".into()), PreConfig { pdl: false, ..PreConfig::default() }));
+        configs.push((Some("mix0".into()), PreConfig { lean_mix: false, ..PreConfig::default() }));
+        configs.push((Some("nograph".into()), PreConfig { graph: false, ..PreConfig::default() }));
+        configs.push((Some("graph-nopdl".into()), PreConfig { graph: true, pdl: false, ..PreConfig::default() }));
+        configs.push((Some("pc8".into()), PreConfig { partial_cluster: 8, ..PreConfig::default() }));
+        for max_grid in [32, 64] {
+            configs
+                .push((Some(format!("g{max_grid}")), PreConfig { max_grid: Some(max_grid), ..PreConfig::default() }));
+        }
+        for mix_block in [128, 256] {
+            configs.push((Some(format!("k2b{mix_block}")), PreConfig { mix_block, ..PreConfig::default() }));
+        }
         configs.push((Some("fma1".into()), PreConfig { mma_partials: false, ..PreConfig::default() }));
         for mma_block in [128, 512] {
             configs.push((Some(format!("mb{mma_block}")), PreConfig { mma_block, ..PreConfig::default() }));
         }
         let fused = PreConfig { path: PrePath::Fused, ..PreConfig::default() };
         configs.push((Some("fused".into()), fused));
-        configs.push((Some("fused-c8".into()), PreConfig { cluster: 8, ..fused }));
-        for batch_per_cluster in [1, 2] {
-            configs.push((Some(format!("fused-bpc{batch_per_cluster}")), PreConfig { batch_per_cluster, ..fused }));
-        }
-        for fused_block in [128, 256] {
-            configs.push((Some(format!("fused-t{fused_block}")), PreConfig { fused_block, ..fused }));
-        }
     }
     [("hidden-1280", 1, 1280), ("hidden-1920", 2, 1920), ("hidden-2560", 4, 2560)]
         .into_iter()

@@ -5,14 +5,19 @@ use cudarc::driver::{sys, sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr,
 use half::bf16;
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_cluster, launch_pdl, max_active_clusters, LaunchDims};
+use crate::runtime::{launch, launch_cluster, launch_pdl, max_active_clusters, GraphReplay, KernelArg, LaunchDims};
 use crate::{Error, Gpu, Result};
 
 pub(crate) const KERNEL_PARTIAL: &str = "mhc_pre_partial";
 pub(crate) const KERNEL_MIX: &str = "mhc_pre_mix";
 pub(crate) const KERNEL_FUSED: &str = "mhc_pre_fused";
 pub(crate) const KERNEL_PARTIAL_MMA: &str = "mhc_pre_partial_mma";
-pub(crate) const KERNELS: &[&str] = &[KERNEL_PARTIAL, KERNEL_MIX, KERNEL_FUSED, KERNEL_PARTIAL_MMA];
+pub(crate) const KERNEL_MIX4: &str = "mhc_pre_mix4";
+pub(crate) const KERNELS: &[&str] = &[KERNEL_PARTIAL, KERNEL_MIX, KERNEL_FUSED, KERNEL_PARTIAL_MMA, KERNEL_MIX4];
+/// Largest n of the lean kernel 2 (`mhc_pre_mix4`: a padded 4×4 R in one warp's registers).
+const NMAX_MIX4: usize = 4;
+/// Bytes of `mhc_pre_mix4`'s shared memory before its x tile (`tot[32]` f64, `hs[4]`, `ra[16]`).
+const MIX4_SMEM_HEAD: usize = 336;
 
 /// Batch rows per group in kernel 1 (the kernel's `BT`).
 const BT: usize = 4;
@@ -182,6 +187,18 @@ pub struct PreConfig {
     /// Launch kernel 2 as a programmatic dependent launch (its start-up and x loads overlap
     /// kernel 1; it waits for kernel 1's partials in `griddepcontrol.wait`).
     pub pdl: bool,
+    /// Two-launch path, n ≤ 4: kernel 2 is the lean `mhc_pre_mix4` (one warp per quantity's
+    /// partial sum, coefficients and Sinkhorn in one warp's registers); else `mhc_pre_mix`.
+    pub lean_mix: bool,
+    /// Two-launch path with the tensor-core kernel 1: launch it in thread-block clusters of up
+    /// to this many blocks (a power of two dividing its grid, ≤ 16); each cluster's rank-0 block
+    /// sums the cluster's partials through distributed shared memory, so kernel 2 reads
+    /// `G / cluster` partials per quantity instead of `G`. 1 = no clusters.
+    pub partial_cluster: u32,
+    /// [`MhcPre::run`] submits the call's kernels as one CUDA graph (captured on the first call
+    /// and replayed while the buffers and parameters are unchanged), so kernel 2's dependent
+    /// launch can overlap kernel 1. Not used by the raw entry [`pre_fwd_raw`].
+    pub graph: bool,
 }
 
 impl Default for PreConfig {
@@ -195,10 +212,13 @@ impl Default for PreConfig {
             fused_block: 512,
             block: 256,
             max_grid: None,
-            mix_block: 256,
+            mix_block: 512,
             mma_partials: true,
             mma_block: 256,
             pdl: true,
+            lean_mix: true,
+            partial_cluster: 1,
+            graph: true,
         }
     }
 }
@@ -315,6 +335,11 @@ pub struct PreGeometry {
     pub slices_log2: u32,
     /// Kernel 2 dynamic shared memory per block, bytes.
     pub mix_smem: u32,
+    /// Kernel 2 is the lean `mhc_pre_mix4` (n ≤ 4 and `config.lean_mix`), else `mhc_pre_mix`.
+    pub mix4: bool,
+    /// Kernel 1 (tensor-core version only) runs in clusters of this many blocks along x, and
+    /// writes `grid / k1_cluster` partials per quantity (1: no clusters, `grid` partials).
+    pub k1_cluster: u32,
     /// Workspace length, u64 words (`batch·(n²+2n+1)·grid` f64 partials).
     pub workspace: usize,
     /// Kernel 1 runs on fp64 tensor cores (`mhc_pre_partial_mma`): `(block, shared bytes,
@@ -400,7 +425,11 @@ impl PreGeometry {
         while slices_log2 < 5 && mq << (slices_log2 + 1) <= mb && 1 << (slices_log2 + 1) <= grid {
             slices_log2 += 1;
         }
-        let mix_smem = mix_smem_bytes(1 << slices_log2, n, jt);
+        let mix4 = config.lean_mix && n <= NMAX_MIX4;
+        let mut mix_smem = mix_smem_bytes(1 << slices_log2, n, jt);
+        if mix4 {
+            mix_smem = (MIX4_SMEM_HEAD + 2 * n * jt).next_multiple_of(16);
+        }
         if mix_smem > max_smem {
             return Err(too_big(mix_smem));
         }
@@ -433,6 +462,17 @@ impl PreGeometry {
             tiles: tiles as u32,
             slices_log2,
             mix_smem: mix_smem as u32,
+            mix4,
+            k1_cluster: match mma {
+                Some(_) => {
+                    let mut k = config.partial_cluster.clamp(1, 16).next_power_of_two();
+                    while k > 1 && (k > config.partial_cluster.max(1) || grid % k as usize != 0) {
+                        k /= 2;
+                    }
+                    k
+                }
+                None => 1,
+            },
             workspace,
             mma,
         })
@@ -475,8 +515,9 @@ impl PrePlan {
             Some((block, smem, _, _)) => (KERNEL_PARTIAL_MMA, "config.mma_block", block, smem),
             None => (KERNEL_PARTIAL, "config.block", geometry.block, geometry.smem),
         };
+        let k2 = if geometry.mix4 { KERNEL_MIX4 } else { KERNEL_MIX };
         for (name, arg, block, smem) in
-            [(k1, k1_arg, k1_block, k1_smem), (KERNEL_MIX, "config.mix_block", geometry.mix_block, geometry.mix_smem)]
+            [(k1, k1_arg, k1_block, k1_smem), (k2, "config.mix_block", geometry.mix_block, geometry.mix_smem)]
         {
             let f = gpu.function(name)?;
             raise_smem_limit(f, smem)?;
@@ -486,6 +527,19 @@ impl PrePlan {
                     arg,
                     msg: format!("{block} threads with {smem} bytes of shared memory do not fit on a multiprocessor"),
                 });
+            }
+        }
+        let mut geometry = geometry;
+        if let Some((block, smem, _, groups)) = geometry.mma {
+            if geometry.k1_cluster > 1 {
+                let f = gpu.function(KERNEL_PARTIAL_MMA)?;
+                let dims = LaunchDims { grid: (geometry.grid, groups, 1), block: (block, 1, 1), shared_bytes: smem };
+                // The largest schedulable cluster size ≤ the planned one (halving).
+                while geometry.k1_cluster > 1
+                    && max_active_clusters(f, dims, geometry.k1_cluster, gpu.stream().cu_stream())? == 0
+                {
+                    geometry.k1_cluster /= 2;
+                }
             }
         }
         let fused = match config.path {
@@ -540,6 +594,7 @@ impl PrePlan {
 pub struct MhcPre {
     plan: PrePlan,
     workspace: CudaSlice<u64>,
+    graph: GraphReplay,
 }
 
 impl MhcPre {
@@ -555,7 +610,7 @@ impl MhcPre {
         // The one-launch path needs no workspace (one word keeps the buffer non-empty).
         let words = if plan.fused.is_some() { 1 } else { plan.geometry.workspace };
         let workspace = gpu.stream().alloc_zeros::<u64>(words)?;
-        Ok(Self { plan, workspace })
+        Ok(Self { plan, workspace, graph: GraphReplay::new() })
     }
 
     pub fn plan(&self) -> &PrePlan {
@@ -605,7 +660,15 @@ impl MhcPre {
         let (w, _g7) = self.workspace.device_ptr_mut(st);
         // SAFETY: every buffer was checked to hold the elements the shape addresses; the
         // workspace belongs to this plan and is used on this stream only.
-        unsafe { pre_fwd_raw(gpu, &self.plan, params, p, xp, bp, r, y, h, w, ws_len, st.cu_stream()) }
+        let cs = st.cu_stream();
+        let call = || unsafe { pre_fwd_raw(gpu, &self.plan, params, p, xp, bp, r, y, h, w, ws_len, cs) };
+        if !self.plan.config.graph {
+            return call();
+        }
+        let scalars = [params.alpha_pre, params.alpha_post, params.alpha_res, params.sinkhorn_eps];
+        let mut key = vec![p, xp, bp, r, y, h, w, ws_len as u64, params.sinkhorn_repeat as u64];
+        key.extend(scalars.iter().map(|v| v.to_bits() as u64));
+        self.graph.run(st, key, call)
     }
 }
 
@@ -684,7 +747,13 @@ pub unsafe fn pre_fwd_raw(
         let (mut phi, mut xp, mut w) = (phi, x, workspace);
         let (mut batch, mut n, mut c, mut cw, mut bpc) = (s.batch as u32, s.n as u32, s.c as u32, geo.cols, bpc);
         let dims = LaunchDims { grid: (geo.grid, groups, 1), block: (block, 1, 1), shared_bytes: smem };
-        launch(f, dims, stream, &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc])?;
+        let args: &mut [&mut dyn KernelArg] =
+            &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc];
+        if geo.k1_cluster > 1 {
+            launch_cluster(f, dims, geo.k1_cluster, stream, args)?;
+        } else {
+            launch(f, dims, stream, args)?;
+        }
     } else {
         launch_partial(plan, phi, x, workspace, stream, gpu)?;
     }
@@ -752,10 +821,11 @@ unsafe fn launch_mix(
     gpu: &Gpu,
 ) -> Result<()> {
     let (s, geo) = (plan.shape, plan.geometry);
-    let f2 = gpu.function(KERNEL_MIX)?;
+    let f2 = gpu.function(if geo.mix4 { KERNEL_MIX4 } else { KERNEL_MIX })?;
     let (mut xp, mut bp, mut w) = (x, b, workspace);
     let (mut r, mut y, mut h) = (x_res, x_layer, h_post);
-    let (mut n, mut c, mut grid1) = (s.n as u32, s.c as u32, geo.grid);
+    // Kernel 1's partials per quantity: one per block, or one per cluster.
+    let (mut n, mut c, mut grid1) = (s.n as u32, s.c as u32, geo.grid / geo.k1_cluster);
     let (mut tiles, mut jt, mut ls) = (geo.tiles, geo.jt, geo.slices_log2);
     let mut jt_magic = fastdiv_magic(geo.jt);
     let mut jl_magic = fastdiv_magic(s.c as u32 - (geo.tiles - 1) * geo.jt);

@@ -581,6 +581,271 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix(
     }
 }
 
+// ================================================================ kernel 2, lean (n ≤ 4)
+
+/// Largest n of [`mhc_pre_mix4`] (one warp holds a padded 4×4 R, one element per lane).
+pub const NMAX_MIX4: u32 = 4;
+/// Partial loads per lane and quantity in flight in [`mhc_pre_mix4`] (`G ≤ 32·GL` in one round).
+const GL: usize = 4;
+/// Quantities per warp in flight in [`mhc_pre_mix4`].
+const QL: usize = 4;
+
+/// The logit index held by lane `l` of the coefficient warp of [`mhc_pre_mix4`], or `None`:
+/// lanes 0–3 the pre logits, 4–7 the post logits, 16–31 the residual matrix padded to 4×4
+/// (lane `16 + 4i + k` holds `R[i][k]`).
+#[inline(always)]
+fn mix4_logit(l: u32, n: u32) -> Option<u32> {
+    if l < 4 {
+        if l < n {
+            return Some(l);
+        }
+    } else if l < 8 {
+        if l - 4 < n {
+            return Some(n + l - 4);
+        }
+    } else if l >= 16 {
+        let (i, k) = ((l - 16) >> 2, (l - 16) & 3);
+        if i < n && k < n {
+            return Some(2 * n + i * n + k);
+        }
+    }
+    None
+}
+
+/// Kernel 2 for n ≤ 4 ([`NMAX_MIX4`]), the same arguments and grid as [`mhc_pre_mix`] (`ls` is
+/// unused) with a short dependent chain:
+/// - every quantity's `G` partials are summed by one warp: lane `l` adds `g = l, l+32, …` in
+///   order, then a 5-level `shfl.bfly` butterfly (IEEE addition is commutative, so every lane
+///   ends with the same bits); each warp holds up to [`QL`]·[`GL`] loads in flight;
+/// - the coefficients live in registers of warp 0, one logit per lane ([`mix4_logit`]): `r` and
+///   the logits in f64, σ as in v2, the row max by two butterfly levels, `R = exp`, and each
+///   Sinkhorn half-step as two butterfly levels (row: lanes ^1, ^2; column: ^4, ^8) and one
+///   `div.rn` per lane — no shared-memory round trips, no index divisions;
+/// - shared memory: `tot[32]` f64 | `hs[4]` f32 | `ra[16]` f32 (4×4) | x tile (`n·jt` bf16),
+///   [`MIX4_SMEM_HEAD`] bytes before the tile.
+///
+/// Sums in fixed orders: bitwise reproducible (not bitwise equal to [`mhc_pre_mix`]: the
+/// butterfly orders differ).
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn mhc_pre_mix4(
+    x: *const u16,
+    bias: *const f32,
+    part_ws: *const f64,
+    x_res: *mut u16,
+    x_layer: *mut u16,
+    h_post: *mut f32,
+    n: u32,
+    c: u32,
+    grid1: u32,
+    tiles: u32,
+    jt: u32,
+    jt_magic: u64,
+    jl_magic: u64,
+    _ls: u32,
+    alpha_pre: f32,
+    alpha_post: f32,
+    alpha_res: f32,
+    repeat: u32,
+    eps: f32,
+    inv_sqrt_nc: f64,
+) {
+    let t = thread_idx_x();
+    let nt = block_dim_x();
+    let lane = t & 31;
+    let w = t >> 5;
+    let nw = nt >> 5;
+    let b = block_idx_x();
+    let beta = b / tiles;
+    let tile = b - beta * tiles;
+    let m = n * n + 2 * n;
+    let mq = m + 1;
+    let base = dyn_smem::<u8>();
+    let tot = base as *mut f64;
+    let hs = base.add(256) as *mut f32;
+    let ra = base.add(272) as *mut f32;
+    let xs = base.add(MIX4_SMEM_HEAD as usize) as *mut u16;
+    let col0 = tile * jt;
+    let jta = min_u32(jt, c - col0);
+    let fj = if jta == jt { FastDiv { d: jt, magic: jt_magic } } else { FastDiv { d: jta, magic: jl_magic } };
+
+    // ---- prologue (independent of kernel 1): x tile and the coefficient lanes' bias.
+    let total = n * jta;
+    let xrow = x.add((beta * n * c + col0) as usize);
+    let mut xv = [0u16; UN];
+    let mut u = 0;
+    while u < UN {
+        let e = t + u as u32 * nt;
+        if e < total {
+            let (k, jj) = fj.divrem(e);
+            xv[u] = *xrow.add((k * c + jj) as usize);
+        }
+        u += 1;
+    }
+    let my_logit = mix4_logit(lane, n);
+    let bias_l = match my_logit {
+        Some(e) if w == 0 => *bias.add(e as usize),
+        _ => 0.0,
+    };
+    grid_dependency_wait();
+
+    // ---- partial sums: warp w owns quantities q = w + nw·j.
+    let part_b = part_ws.add((beta * mq * grid1) as usize);
+    let mut q0 = w;
+    while q0 < mq {
+        let mut acc = [0f64; QL];
+        let mut g0 = 0;
+        while g0 < grid1 {
+            let mut r = [[0f64; GL]; QL];
+            let mut j = 0;
+            while j < QL {
+                let q = q0 + j as u32 * nw;
+                let mut u = 0;
+                while u < GL {
+                    let g = g0 + lane + 32 * u as u32;
+                    if q < mq && g < grid1 {
+                        r[j][u] = *part_b.add((q * grid1 + g) as usize);
+                    }
+                    u += 1;
+                }
+                j += 1;
+            }
+            let mut j = 0;
+            while j < QL {
+                let mut u = 0;
+                while u < GL {
+                    if g0 + lane + 32 * (u as u32) < grid1 {
+                        acc[j] += r[j][u];
+                    }
+                    u += 1;
+                }
+                j += 1;
+            }
+            g0 += 32 * GL as u32;
+        }
+        // Butterfly, the QL quantities interleaved (independent shuffles in flight).
+        let mut k = 16;
+        while k > 0 {
+            let mut j = 0;
+            while j < QL {
+                acc[j] += shfl_xor_f64(acc[j], k);
+                j += 1;
+            }
+            k >>= 1;
+        }
+        let mut j = 0;
+        while j < QL {
+            let q = q0 + j as u32 * nw;
+            if lane == 0 && q < mq {
+                *tot.add(q as usize) = acc[j];
+            }
+            j += 1;
+        }
+        q0 += QL as u32 * nw;
+    }
+    let mut u = 0;
+    while u < UN {
+        let e = t + u as u32 * nt;
+        if e < total {
+            *xs.add(e as usize) = xv[u];
+        }
+        u += 1;
+    }
+    sync_threads();
+
+    // ---- coefficients in warp 0's registers.
+    if w == 0 {
+        let r = sqrt_rn_f64(*tot.add(m as usize)) * inv_sqrt_nc + 1e-4;
+        let (e, valid) = match my_logit {
+            Some(e) => (e, true),
+            None => (0, false),
+        };
+        let alpha = if lane < 4 {
+            alpha_pre
+        } else if lane < 8 {
+            alpha_post
+        } else {
+            alpha_res
+        };
+        let z = if valid { alpha as f64 * *tot.add(e as usize) / r + bias_l as f64 } else { f64::NEG_INFINITY };
+        if valid && lane < 8 {
+            let sg = sigmoid_f64_arg(z);
+            if lane < 4 {
+                *hs.add(lane as usize) = sg;
+            } else if tile == 0 {
+                *h_post.add((beta * n + lane - 4) as usize) = 2.0 * sg;
+            }
+        }
+        // Row max over lanes 4i..4i+3 (padding: −∞), then R = exp(z − max) (padding: 0).
+        let mut zmax = z;
+        let o = shfl_xor_f64(zmax, 1);
+        if o > zmax {
+            zmax = o;
+        }
+        let o = shfl_xor_f64(zmax, 2);
+        if o > zmax {
+            zmax = o;
+        }
+        let mut v = if valid && lane >= 16 { exp_le1(z - zmax) } else { 0.0 };
+        let mut rep = 0;
+        while rep < repeat {
+            let s = v + shfl_xor_f32(v, 1);
+            let s = s + shfl_xor_f32(s, 2);
+            v = div_rn(v, s + eps);
+            let s = v + shfl_xor_f32(v, 4);
+            let s = s + shfl_xor_f32(s, 8);
+            v = div_rn(v, s + eps);
+            rep += 1;
+        }
+        if lane >= 16 {
+            *ra.add((lane - 16) as usize) = v;
+        }
+    }
+    sync_threads();
+
+    // ---- mixing of the staged tile.
+    let mut jj = t;
+    while jj < jta {
+        let xb = xs.add(jj as usize);
+        let col = col0 + jj;
+        let mut xk = [0f32; NMAX_MIX4 as usize];
+        let mut k = 0;
+        while k < NMAX_MIX4 {
+            if k < n {
+                xk[k as usize] = bf16_to_f32(*xb.add((k * jta) as usize));
+            }
+            k += 1;
+        }
+        let mut s = 0f32;
+        let mut k = 0;
+        while k < NMAX_MIX4 {
+            if k < n {
+                s = fma(*hs.add(k as usize), xk[k as usize], s);
+            }
+            k += 1;
+        }
+        *x_layer.add((beta * c + col) as usize) = f32_to_bf16(s);
+        let mut i = 0;
+        while i < n {
+            let rrow = ra.add((4 * i) as usize);
+            let mut s = 0f32;
+            let mut k = 0;
+            while k < NMAX_MIX4 {
+                if k < n {
+                    s = fma(*rrow.add(k as usize), xk[k as usize], s);
+                }
+                k += 1;
+            }
+            *x_res.add(((beta * n + i) * c + col) as usize) = f32_to_bf16(s);
+            i += 1;
+        }
+        jj += nt;
+    }
+}
+
+/// Bytes of [`mhc_pre_mix4`]'s shared memory before the x tile.
+pub const MIX4_SMEM_HEAD: u32 = 336;
+
 // ================================================================ one launch: a cluster
 
 /// `(a / d, a % d)` by the hardware-free u32 division sequence (`d ≥ 1`; 0 for `d = 0`, no
@@ -1005,15 +1270,58 @@ unsafe fn pre_mma_body(
             i0 += nt;
         }
         if partial {
-            // Two-launch path: this block's partials of the group, then the next group.
-            sync_threads();
-            let mut i = t;
-            while i < items {
-                let (bl, q) = divrem_u32(i, mq);
-                *part_ws.add((((b0 + bl) * mq + q) * cs + rank) as usize) = *sm.part.add(i as usize);
-                i += nt;
+            let ccs = cluster_nctarank();
+            if ccs == 1 {
+                // Two-launch path: this block's partials of the group, then the next group.
+                sync_threads();
+                let mut i = t;
+                while i < items {
+                    let (bl, q) = divrem_u32(i, mq);
+                    *part_ws.add((((b0 + bl) * mq + q) * cs + rank) as usize) = *sm.part.add(i as usize);
+                    i += nt;
+                }
+                sync_threads();
+            } else {
+                // Launched in clusters of `ccs` blocks along x: the cluster's rank-0 block sums
+                // the cluster's block partials in rank order (DSMEM) and writes one partial per
+                // cluster, `part[(β·(m+1) + q)·(G/ccs) + cluster]`; the second cluster barrier
+                // keeps every block's shared memory alive until rank 0 has read it.
+                cluster_arrive();
+                cluster_wait();
+                if cluster_ctarank() == 0 {
+                    let ncl = cs / ccs;
+                    let cid = rank / ccs;
+                    let mut i = t;
+                    while i < items {
+                        let pi = sm.part.add(i as usize) as *const f64;
+                        let mut tot = 0f64;
+                        let mut r0 = 0;
+                        while r0 < ccs {
+                            let mut r = [0f64; 8];
+                            let mut u = 0;
+                            while u < 8 {
+                                let rr = r0 + u as u32;
+                                let val = *mapa(pi, if rr < ccs { rr } else { 0 });
+                                r[u] = if rr < ccs { val } else { 0.0 };
+                                u += 1;
+                            }
+                            let mut u = 0;
+                            while u < 8 {
+                                if r0 + (u as u32) < ccs {
+                                    tot += r[u];
+                                }
+                                u += 1;
+                            }
+                            r0 += 8;
+                        }
+                        let (bl, q) = divrem_u32(i, mq);
+                        *part_ws.add((((b0 + bl) * mq + q) * ncl + cid) as usize) = tot;
+                        i += nt;
+                    }
+                }
+                cluster_arrive();
+                cluster_wait();
             }
-            sync_threads();
             b0 += bga;
             continue;
         }
