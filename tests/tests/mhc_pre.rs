@@ -929,3 +929,41 @@ fn fastdiv_magic_is_exact() {
         }
     }
 }
+
+/// Host cost of one call (printed, not asserted: a diagnostic for the notes), direct launches
+/// against graph replay, 200 calls each on the same buffers; the last call's outputs are
+/// checked against the reference so the loop computes what it claims.
+#[test]
+fn host_call_cost() {
+    let Some(gpu) = gpu_or_skip("mhc_pre::host_call_cost") else { return };
+    let mut rng = fresh_rng("mhc_pre::host_call_cost");
+    let s = MhcPreShape { batch: 2, n: 4, c: 1920 };
+    let l = s.lens().unwrap();
+    let st = gpu.stream();
+    let inp = inputs(&mut rng, s, 1.0, 1.0);
+    let p = MhcPreParams::default();
+    let (dphi, dx, db) =
+        (st.clone_htod(&inp.phi).unwrap(), st.clone_htod(&inp.x).unwrap(), st.clone_htod(&inp.b).unwrap());
+    for graph in [false, true] {
+        let mut op = MhcPre::with_config(&gpu, s, PreConfig { graph, ..PreConfig::default() }).unwrap();
+        let mut dr = st.clone_htod(&poisoned::<bf16>(l.x)).unwrap();
+        let mut dy = st.clone_htod(&poisoned::<bf16>(l.x_layer)).unwrap();
+        let mut dh = st.clone_htod(&vec![f32::NAN; l.h_post]).unwrap();
+        op.run(&gpu, p, &dphi, &dx, &db, &mut dr, &mut dy, &mut dh).unwrap();
+        st.synchronize().unwrap();
+        let t0 = std::time::Instant::now();
+        for _ in 0..200 {
+            op.run(&gpu, p, &dphi, &dx, &db, &mut dr, &mut dy, &mut dh).unwrap();
+        }
+        let host = t0.elapsed().as_secs_f64() / 200.0;
+        st.synchronize().unwrap();
+        let wall = t0.elapsed().as_secs_f64() / 200.0;
+        println!("graph {graph}: {:.1} µs host per call, {:.1} µs per call to completion", host * 1e6, wall * 1e6);
+        let out = Outputs {
+            x_res: st.clone_dtoh(&dr).unwrap(),
+            x_layer: st.clone_dtoh(&dy).unwrap(),
+            h_post: st.clone_dtoh(&dh).unwrap(),
+        };
+        check(&format!("{s:?} graph {graph}"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
+    }
+}

@@ -753,9 +753,26 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix4(
     }
     sync_threads();
 
-    // ---- coefficients in warp 0's registers.
+    // ---- coefficients in warp 0's registers (short chain: Newton-refined MUFU reciprocals in
+    // place of the f64 `sqrt`/`div` and f32 `div.rn` subroutines, one exp per lane).
     if w == 0 {
-        let r = sqrt_rn_f64(*tot.add(m as usize)) * inv_sqrt_nc + 1e-4;
+        let ss = *tot.add(m as usize);
+        // 1/r, r = √ss·(1/√(nc)) + 1e-4, to f64 accuracy: rsqrt and rcp estimates (≈ 2^-22)
+        // with two Newton steps each (error squares per step: 2^-44, then below f64 rounding).
+        let mut y = rsqrt_approx_f64(ss);
+        let mut k = 0;
+        while k < 2 {
+            y = y * (1.5 - 0.5 * ss * y * y);
+            k += 1;
+        }
+        let root = if ss > 0.0 { ss * y } else { 0.0 };
+        let r = root * inv_sqrt_nc + 1e-4;
+        let mut inv_r = rcp_approx_f64(r);
+        let mut k = 0;
+        while k < 2 {
+            inv_r = inv_r + inv_r * (1.0 - r * inv_r);
+            k += 1;
+        }
         let (e, valid) = match my_logit {
             Some(e) => (e, true),
             None => (0, false),
@@ -767,16 +784,8 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix4(
         } else {
             alpha_res
         };
-        let z = if valid { alpha as f64 * *tot.add(e as usize) / r + bias_l as f64 } else { f64::NEG_INFINITY };
-        if valid && lane < 8 {
-            let sg = sigmoid_f64_arg(z);
-            if lane < 4 {
-                *hs.add(lane as usize) = sg;
-            } else if tile == 0 {
-                *h_post.add((beta * n + lane - 4) as usize) = 2.0 * sg;
-            }
-        }
-        // Row max over lanes 4i..4i+3 (padding: −∞), then R = exp(z − max) (padding: 0).
+        let z = if valid { alpha as f64 * *tot.add(e as usize) * inv_r + bias_l as f64 } else { f64::NEG_INFINITY };
+        // Row max over lanes 4i..4i+3 (padding −∞; lanes < 16 compute a max they do not use).
         let mut zmax = z;
         let o = shfl_xor_f64(zmax, 1);
         if o > zmax {
@@ -786,15 +795,42 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix4(
         if o > zmax {
             zmax = o;
         }
-        let mut v = if valid && lane >= 16 { exp_le1(z - zmax) } else { 0.0 };
+        // One exponential per lane: e^-|z| for σ (lanes < 8), e^(z − max) for R (lanes ≥ 16).
+        let arg = if lane < 8 {
+            if z >= 0.0 {
+                -z
+            } else {
+                z
+            }
+        } else {
+            z - zmax
+        };
+        let ex = if valid { exp_le1(arg) } else { 0.0 };
+        if valid && lane < 8 {
+            // σ(z) = 1/(1+e) (z ≥ 0) or e/(1+e): reciprocal estimate + one Newton step.
+            let d = 1.0 + ex;
+            let mut q = rcp_approx(d);
+            q = fma(q, fma(-d, q, 1.0), q);
+            let sg = if z >= 0.0 { q } else { ex * q };
+            if lane < 4 {
+                *hs.add(lane as usize) = sg;
+            } else if tile == 0 {
+                *h_post.add((beta * n + lane - 4) as usize) = 2.0 * sg;
+            }
+        }
+        let mut v = if lane >= 16 { ex } else { 0.0 };
         let mut rep = 0;
         while rep < repeat {
             let s = v + shfl_xor_f32(v, 1);
-            let s = s + shfl_xor_f32(s, 2);
-            v = div_rn(v, s + eps);
+            let d = s + shfl_xor_f32(s, 2) + eps;
+            let mut q = rcp_approx(d);
+            q = fma(q, fma(-d, q, 1.0), q);
+            v *= q;
             let s = v + shfl_xor_f32(v, 4);
-            let s = s + shfl_xor_f32(s, 8);
-            v = div_rn(v, s + eps);
+            let d = s + shfl_xor_f32(s, 8) + eps;
+            let mut q = rcp_approx(d);
+            q = fma(q, fma(-d, q, 1.0), q);
+            v *= q;
             rep += 1;
         }
         if lane >= 16 {

@@ -640,3 +640,21 @@ pub fn grid_launch_dependents() {
 pub fn grid_dependency_wait() {
     unsafe { asm!("griddepcontrol.wait;", options(nostack)) };
 }
+
+// ---------------------------------------------------------------- MHCPre (session 4): f64 approximations
+
+/// `rsqrt.approx.ftz.f64`: 1/√x to about 2^-22 relative (refine with Newton steps for more).
+#[inline(always)]
+pub fn rsqrt_approx_f64(v: f64) -> f64 {
+    let r: f64;
+    unsafe { asm!("rsqrt.approx.ftz.f64 {}, {};", out(reg64) r, in(reg64) v, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `rcp.approx.ftz.f64`: 1/x to about 2^-22 relative (refine with Newton steps for more).
+#[inline(always)]
+pub fn rcp_approx_f64(v: f64) -> f64 {
+    let r: f64;
+    unsafe { asm!("rcp.approx.ftz.f64 {}, {};", out(reg64) r, in(reg64) v, options(pure, nomem, nostack)) };
+    r
+}
