@@ -266,6 +266,25 @@ fn seed_workloads() {
             ));
         }
     }
+    // v6: the planner with the v5 finish kernel (`@nofx`), with the prefetch under PDL
+    // (`@fx-pf`), and the v6 finish on the lean projection at each block (`@fx-b*`).
+    cfgs.push(("planned-nofx", Box::new(|s| DecodeConfig { fast_finish: false, ..DecodeConfig::for_shape(s) })));
+    cfgs.push(("planned-pf", Box::new(|s| DecodeConfig { pdl_prefetch: true, ..DecodeConfig::for_shape(s) })));
+    for block in [128, 256] {
+        cfgs.push(("fx-b", Box::new(move |s| DecodeConfig { block, ..DecodeConfig::for_shape(s) })));
+    }
+    // v6: the bench's `@cl`, `@cl-r2` rows (one launch in a cluster on b1/b8).
+    for rows_per_thread in [0, 2] {
+        cfgs.push((
+            "cl",
+            Box::new(move |s| DecodeConfig {
+                block: 256,
+                rows_per_thread,
+                cluster: true,
+                ..DecodeConfig::for_shape(s)
+            }),
+        ));
+    }
     cfgs.push((
         "planned-wide",
         Box::new(|s| DecodeConfig { finish: DecodeFinish::Wide { elems: 0 }, ..DecodeConfig::for_shape(s) }),
@@ -391,6 +410,9 @@ fn every_config_matches_reference() {
                             pdl,
                             lean,
                             copy_in_finish,
+                            fast_finish: max_blocks != 264,
+                            pdl_prefetch: rows_per_thread == 1,
+                            cluster: block != 128,
                         };
                         one::<f16>(&gpu, &mut rng, EngramDecodeShape::new(4, 1024, 512, 20, 4, 5), VARIED, cfg);
                         one::<bf16>(&gpu, &mut rng, EngramDecodeShape::new(8, 512, 256, 18, 4, 3), VARIED, cfg);
@@ -471,6 +493,9 @@ fn wide_finish_on_every_path() {
                     pdl: elems != 1,
                     lean: block != 64 || elems != 2,
                     copy_in_finish: elems != 4,
+                    fast_finish: block != 128,
+                    pdl_prefetch: elems == 2,
+                    cluster: block == 256,
                 };
                 worst = worst.max(one::<f16>(&gpu, &mut rng, s, VARIED, cfg));
                 worst = worst.max(one::<bf16>(&gpu, &mut rng, s, SPEC, cfg));
@@ -493,6 +518,132 @@ fn wide_finish_on_every_path() {
         let s = EngramDecodeShape::new(4, 1024, 512, 20, 4, 5);
         let cfg = DecodeConfig { pdl, copy_in_finish: !pdl, ..DecodeConfig::for_shape(&s) };
         ring_vs_copy_with::<f16>(&gpu, &mut rng, s, 25, cfg);
+    }
+}
+
+/// The v6 wide finish (`_finx`, `fast_finish`) gives bitwise the v5 kernel's (`_finw`)
+/// outputs: the same arithmetic in the same order, only the loads and the block sums' shared
+/// reads reordered and `1/d`, `1/sqrt(d)` from the host. Every element width, one split and
+/// many (> 16), K > 4, odd d, batch 64, both dtypes, PDL on and off, prefetch under PDL,
+/// the state shift in either launch; plus the ring step over many steps.
+#[test]
+fn fast_finish_is_bitwise_the_wide_finish() {
+    let Some(gpu) = gpu_or_skip("engram_decode::fast_finish") else { return };
+    let mut rng = fresh_rng("engram_decode::fast_finish");
+    fn same<T: DecodeElem>(a: &Out<T>, b: &Out<T>, what: &str) {
+        assert!(a.y.iter().zip(&b.y).all(|(p, q)| bits(*p) == bits(*q)), "y_t: finx ≠ finw, {what}");
+        assert!(a.state.iter().zip(&b.state).all(|(p, q)| bits(*p) == bits(*q)), "state: finx ≠ finw, {what}");
+        assert!(a.qkk.iter().zip(&b.qkk).all(|(p, q)| bits(*p) == bits(*q)), "q(kk): finx ≠ finw, {what}");
+        assert!(a.qvh.iter().zip(&b.qvh).all(|(p, q)| bits(*p) == bits(*q)), "q(vh): finx ≠ finw, {what}");
+    }
+    fn run<T: DecodeElem>(gpu: &Gpu, rng: &mut StdRng, s: EngramDecodeShape, sc: Scales) {
+        let c = gen::<T>(rng, s, sc);
+        let dev = upload(gpu, &c);
+        for elems in [0, 1, 2, 4] {
+            for (block, max_blocks, lean) in [(128, 264, true), (256, 264, true), (64, 100000, false)] {
+                let base = DecodeConfig {
+                    block,
+                    max_blocks,
+                    lean,
+                    finish: DecodeFinish::Wide { elems },
+                    pdl: false,
+                    ..DecodeConfig::default()
+                };
+                let a = step_copy(gpu, &mut plan_for(gpu, s, base), &dev, &c.state);
+                check(&c, &c.state, &a, "finw baseline");
+                for (pdl, pdl_prefetch, copy_in_finish) in
+                    [(false, false, false), (true, false, false), (true, true, true), (false, false, true)]
+                {
+                    let cfg = DecodeConfig { fast_finish: true, pdl, pdl_prefetch, copy_in_finish, ..base };
+                    let b = step_copy(gpu, &mut plan_for(gpu, s, cfg), &dev, &c.state);
+                    same(&a, &b, &format!("{s:?} {cfg:?}"));
+                }
+            }
+        }
+    }
+    for (batch, d_mem, d, l, k, dil) in [
+        (1, 512, 256, 12, 4, 3),
+        (4, 1024, 512, 20, 4, 5),
+        (8, 512, 256, 18, 4, 3),
+        (3, 37, 7, 5, 3, 2),
+        (2, 100, 1000, 9, 4, 3),
+        (3, 64, 256, 12, 5, 2),
+        (2, 300, 24, 3, 2, 3),
+        (3, 4096, 64, 7, 1, 1),
+        (64, 100, 256, 3, 2, 1),
+        (5, 200, 136, 10, 4, 3),
+    ] {
+        let s = EngramDecodeShape::new(batch, d_mem, d, l, k, dil);
+        run::<f16>(&gpu, &mut rng, s, VARIED);
+        run::<bf16>(&gpu, &mut rng, s, SPEC);
+    }
+    for pdl_prefetch in [false, true] {
+        let s = EngramDecodeShape::new(1, 512, 256, 12, 4, 3);
+        let cfg = DecodeConfig { pdl_prefetch, ..DecodeConfig::for_shape(&s) };
+        ring_vs_copy_with::<f16>(&gpu, &mut rng, s, 30, cfg);
+        let s = EngramDecodeShape::new(3, 37, 7, 5, 3, 2);
+        ring_vs_copy_with::<bf16>(&gpu, &mut rng, s, 12, DecodeConfig { pdl_prefetch, ..DecodeConfig::for_shape(&s) });
+    }
+}
+
+/// The one-launch cluster step (v6, `_mmac`): against the reference on the seed shapes and odd
+/// ones (one tile, partial tiles, B = blocks, K = 5, one split, 2-step splits, a 16-block and
+/// an 8-block cluster), both dtypes, both scales; bitwise the two-launch `_finx1` step of the
+/// same geometry where its finishing block has the same warps (d = 256); and ring = copy over
+/// many steps. Shapes where it does not apply run the two-launch path (also checked).
+#[test]
+fn cluster_step_matches_reference() {
+    let Some(gpu) = gpu_or_skip("engram_decode::cluster") else { return };
+    let mut rng = fresh_rng("engram_decode::cluster");
+    let mut worst = Worst::default();
+    for (batch, d_mem, d, l, k, dil) in [
+        (1, 512, 256, 12, 4, 3),
+        (8, 512, 256, 18, 4, 3),
+        (4, 1024, 512, 20, 4, 5),
+        (3, 320, 40, 4, 3, 1),
+        (3, 256, 128, 9, 5, 2),
+        (1, 48, 64, 3, 2, 1),
+        (2, 48, 64, 3, 2, 1),
+        (7, 448, 200, 10, 4, 3),
+        (8, 1024, 256, 8, 4, 2),
+        (2, 40, 64, 4, 2, 1),
+        (9, 64, 64, 4, 2, 1),
+    ] {
+        let s = EngramDecodeShape::new(batch, d_mem, d, l, k, dil);
+        for rows_per_thread in [0, 1, 2, 4] {
+            let cfg = DecodeConfig { block: 256, rows_per_thread, cluster: true, ..DecodeConfig::for_shape(&s) };
+            worst = worst.max(one::<f16>(&gpu, &mut rng, s, VARIED, cfg));
+            worst = worst.max(one::<bf16>(&gpu, &mut rng, s, SPEC, cfg));
+            if d == 256 {
+                let c = gen::<bf16>(&mut rng, s, VARIED);
+                let dev = upload(&gpu, &c);
+                let two = DecodeConfig { cluster: false, finish: DecodeFinish::Wide { elems: 1 }, ..cfg };
+                let a = step_copy(&gpu, &mut plan_for(&gpu, s, two), &dev, &c.state);
+                let b = step_copy(&gpu, &mut plan_for(&gpu, s, cfg), &dev, &c.state);
+                check(&c, &c.state, &b, "cluster");
+                let what = format!("{s:?} {cfg:?}");
+                assert!(a.y.iter().zip(&b.y).all(|(p, q)| bits(*p) == bits(*q)), "y_t: cluster ≠ finx, {what}");
+                assert!(
+                    a.state.iter().zip(&b.state).all(|(p, q)| bits(*p) == bits(*q)),
+                    "state: cluster ≠ finx, {what}"
+                );
+                assert!(a.qkk.iter().zip(&b.qkk).all(|(p, q)| bits(*p) == bits(*q)), "q(kk): cluster ≠ finx, {what}");
+            }
+        }
+    }
+    println!("cluster step: worst {worst:?}");
+    for (s, steps) in [
+        (EngramDecodeShape::new(1, 512, 256, 12, 4, 3), 40),
+        (EngramDecodeShape::new(8, 512, 256, 18, 4, 3), 40),
+        (EngramDecodeShape::new(3, 320, 40, 4, 3, 1), 15),
+        (EngramDecodeShape::new(3, 256, 128, 9, 5, 2), 20),
+        (EngramDecodeShape::new(7, 448, 200, 10, 4, 3), 12),
+    ] {
+        for rows_per_thread in [0, 2] {
+            let cfg = DecodeConfig { block: 256, rows_per_thread, cluster: true, ..DecodeConfig::for_shape(&s) };
+            ring_vs_copy_with::<f16>(&gpu, &mut rng, s, steps, cfg);
+            ring_vs_copy_with::<bf16>(&gpu, &mut rng, s, steps, cfg);
+        }
     }
 }
 
@@ -590,6 +741,9 @@ fn ring_vs_copy<T: DecodeElem>(gpu: &Gpu, rng: &mut StdRng, s: EngramDecodeShape
     for finish in [DecodeFinish::Ticket, DecodeFinish::SecondLaunch, DecodeFinish::Wide { elems: 0 }] {
         ring_vs_copy_with::<T>(gpu, rng, s, steps, DecodeConfig { finish, ..DecodeConfig::default() });
     }
+    // The planner (v6 finish) and its prefetching variant.
+    ring_vs_copy_with::<T>(gpu, rng, s, steps, DecodeConfig::for_shape(&s));
+    ring_vs_copy_with::<T>(gpu, rng, s, steps, DecodeConfig { pdl_prefetch: true, ..DecodeConfig::for_shape(&s) });
 }
 
 fn ring_vs_copy_with<T: DecodeElem>(

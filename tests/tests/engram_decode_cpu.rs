@@ -5,8 +5,8 @@
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rgk::engram::{
-    finish_launch_mode, lean_applies, wide_finish, DecodeConfig, DecodeFinish, DecodeGeometry, DecodeProjection,
-    EngramDecodeShape,
+    cluster_applies, finish_launch_mode, lean_applies, wide_finish, DecodeConfig, DecodeFinish, DecodeGeometry,
+    DecodeProjection, EngramDecodeShape,
 };
 use rgk::reference::{self as rf, DecodeGiven, DecodeRefInputs};
 use rgk::verify::{check_half, Half};
@@ -68,6 +68,9 @@ fn configs() -> Vec<DecodeConfig> {
                         pdl: false,
                         lean: false,
                         copy_in_finish: false,
+                        fast_finish: false,
+                        pdl_prefetch: false,
+                        cluster: false,
                     });
                     v.push(DecodeConfig {
                         projection,
@@ -78,6 +81,9 @@ fn configs() -> Vec<DecodeConfig> {
                         pdl: true,
                         lean: true,
                         copy_in_finish: true,
+                        fast_finish: true,
+                        pdl_prefetch: true,
+                        cluster: true,
                     });
                 }
             }
@@ -811,4 +817,60 @@ fn lean_projection_applies_within_its_limits() {
     assert!(lean_applies(&EngramDecodeShape::new(3, 16, 8, 2, 2, 1), &lean, true));
     // Both launch modes default on: the finish as a programmatic dependent.
     assert!(DecodeConfig::default().pdl && DecodeConfig::for_shape(&s).pdl);
+}
+
+/// The one-launch cluster step (v6) applies where the bench's `@cl` rows expect it: serving-b1
+/// and serving-b8 at block 256 (16 blocks; 8 with 2-step splits), not serving-b4 (64 blocks,
+/// d = 512), nor without the flag, the lean projection, a wide finish, or `d ≤ block`; at most
+/// 16 blocks, at least one per batch row, a power-of-two number of tiles.
+#[test]
+fn cluster_step_applies_within_its_limits() {
+    let geo = |s: &EngramDecodeShape, c: &DecodeConfig| DecodeGeometry::new(s, c, 8).unwrap();
+    let cl = |s: &EngramDecodeShape, rows_per_thread| DecodeConfig {
+        block: 256,
+        rows_per_thread,
+        cluster: true,
+        ..DecodeConfig::for_shape(s)
+    };
+    let (b1, b4, b8) = (
+        EngramDecodeShape::new(1, 512, 256, 12, 4, 3),
+        EngramDecodeShape::new(4, 1024, 512, 20, 4, 5),
+        EngramDecodeShape::new(8, 512, 256, 18, 4, 3),
+    );
+    for s in [b1, b8] {
+        for (rpt, blocks) in [(0, 16), (2, 8)] {
+            let c = cl(&s, rpt);
+            let g = geo(&s, &c);
+            assert_eq!(g.tiles * g.splits, blocks, "{s:?}");
+            assert!(cluster_applies(&s, &c, &g, true), "{s:?} r{rpt}");
+            assert!(!cluster_applies(&s, &c, &g, false), "unaligned {s:?}");
+            let off = DecodeConfig { cluster: false, ..c };
+            assert!(!cluster_applies(&s, &off, &g, true));
+            let nolean = DecodeConfig { lean: false, ..c };
+            assert!(!cluster_applies(&s, &nolean, &g, true));
+            let two = DecodeConfig { finish: DecodeFinish::SecondLaunch, ..c };
+            assert!(!cluster_applies(&s, &two, &g, true));
+            let b128 = DecodeConfig { block: 128, ..c };
+            assert!(!cluster_applies(&s, &b128, &geo(&s, &b128), true), "d > block");
+        }
+    }
+    let c = cl(&b4, 0);
+    assert!(!cluster_applies(&b4, &c, &geo(&b4, &c), true));
+    // Every applicable geometry over a sweep: ≤ 16 blocks, ≥ B, power-of-two tiles, d ≤ block.
+    for batch in [1, 2, 3, 5, 8] {
+        for d_mem in [16, 48, 320, 448, 512, 1024, 2048] {
+            for d in [8, 40, 64, 128, 200, 256, 264] {
+                let s = EngramDecodeShape::new(batch, d_mem, d, 6, 3, 2);
+                for (block, rpt) in [(64, 0), (128, 0), (256, 0), (256, 2), (256, 4)] {
+                    let c = DecodeConfig { block, ..cl(&s, rpt) };
+                    let g = geo(&s, &c);
+                    if cluster_applies(&s, &c, &g, true) {
+                        let blocks = (g.tiles * g.splits) as usize;
+                        assert!(blocks <= 16 && blocks >= batch && g.tiles.is_power_of_two() && d <= block as usize);
+                        assert_eq!(g.tiles as usize, d.div_ceil(64));
+                    }
+                }
+            }
+        }
+    }
 }

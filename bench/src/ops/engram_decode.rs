@@ -82,6 +82,25 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         );
         add!("lean-cf", DecodeConfig { copy_in_finish: true, ..lean(256) }, false);
         add!("lean-b128-cf", DecodeConfig { copy_in_finish: true, ..lean(128) }, false);
+        // v6: the planner with the v5 finish kernel (`nofx`; the planner's `_finx` is bitwise
+        // it), with the projection's L2 prefetch of the finish's inputs kept under PDL (`fx-pf`),
+        // both without PDL, and the v6 finish on the lean projection at the other block.
+        add_for("nofx", Box::new(|s| DecodeConfig { fast_finish: false, ..DecodeConfig::for_shape(s) }), false);
+        add_for("fx-pf", Box::new(|s| DecodeConfig { pdl_prefetch: true, ..DecodeConfig::for_shape(s) }), false);
+        add_for("fx-ring", Box::new(DecodeConfig::for_shape), true);
+        add_for("fx-b256", Box::new(|s| DecodeConfig { block: 256, ..DecodeConfig::for_shape(s) }), false);
+        add_for("fx-b128", Box::new(|s| DecodeConfig { block: 128, ..DecodeConfig::for_shape(s) }), false);
+        // v6: one launch in one thread-block cluster where it applies (b1, b8; b4 runs the
+        // two-launch path at block 256), `-r2` with 2-step splits (a portable cluster of 8).
+        let cl = |s: &EngramDecodeShape, rows_per_thread| DecodeConfig {
+            block: 256,
+            rows_per_thread,
+            cluster: true,
+            ..DecodeConfig::for_shape(s)
+        };
+        add_for("cl", Box::new(move |s| cl(s, 0)), false);
+        add_for("cl-r2", Box::new(move |s| cl(s, 2)), false);
+        add_for("cl-ring", Box::new(move |s| cl(s, 0)), true);
         add!("simt-fw-b128", simt(128, 0), false);
         add!("simt-fw-b64-r2", simt(64, 2), false);
     }

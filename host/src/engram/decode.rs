@@ -13,7 +13,7 @@ use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, Devi
 use half::{bf16, f16};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_pdl, LaunchDims};
+use crate::runtime::{launch, launch_cluster, launch_pdl, max_active_clusters, LaunchDims};
 use crate::{Error, Gpu, Result};
 
 pub(crate) const KERNELS: &[&str] = &[
@@ -41,6 +41,14 @@ pub(crate) const KERNELS: &[&str] = &[
     "engram_decode_bf16_finw1",
     "engram_decode_f16_mmal",
     "engram_decode_bf16_mmal",
+    "engram_decode_f16_finx4",
+    "engram_decode_f16_finx2",
+    "engram_decode_f16_finx1",
+    "engram_decode_bf16_finx4",
+    "engram_decode_bf16_finx2",
+    "engram_decode_bf16_finx1",
+    "engram_decode_f16_mmac",
+    "engram_decode_bf16_mmac",
 ];
 
 /// Number of SMs of the H200 the default launch geometry is sized for.
@@ -253,6 +261,19 @@ pub struct DecodeConfig {
     /// done by extra blocks of the finishing launch (after the batch rows' blocks; under PDL
     /// they run while the projection does) instead of by the projection launch.
     pub copy_in_finish: bool,
+    /// The wide finish's v6 kernels (`_finx`): bitwise the `_finw` outputs from a shorter
+    /// dependent chain (the inputs' and the partials' loads issued together, `1/d` and
+    /// `1/sqrt(d)` from the host, the block sums' shared loads issued together).
+    pub fast_finish: bool,
+    /// Under PDL, the projection launch still prefetches the finishing kernel's inputs (`h_t`,
+    /// weights, state taps) into L2 (mode 1 instead of 5): if the dependent launch does not
+    /// overlap in practice, the finish then reads them from L2 instead of DRAM.
+    pub pdl_prefetch: bool,
+    /// One launch in one thread-block cluster (`_mmac`, v6) where [`cluster_applies`]: the lean
+    /// projection keeps its reduced partial tiles in shared memory and the batch rows are
+    /// finished inside the cluster through distributed shared memory (the wide finish's
+    /// arithmetic); elsewhere (or if the device cannot schedule the cluster) the two launches.
+    pub cluster: bool,
 }
 
 impl Default for DecodeConfig {
@@ -268,6 +289,9 @@ impl Default for DecodeConfig {
             pdl: true,
             lean: false,
             copy_in_finish: false,
+            fast_finish: false,
+            pdl_prefetch: false,
+            cluster: false,
         }
     }
 }
@@ -282,6 +306,11 @@ const PLANNED_FINISH: DecodeFinish = DecodeFinish::Wide { elems: 0 };
 /// `_mma` from fewer instructions per warp (same work minus the per-row bounds, the 2-byte
 /// `e_t` loads, the scalar shared-memory traffic); one-line switch.
 const PLANNED_LEAN: bool = true;
+
+/// Whether [`DecodeConfig::for_shape`] plans the v6 wide finish (`_finx`; bench rows `@nofx`
+/// = the planner with the v5 `_finw` kernel). Bitwise the `_finw` outputs from the same work
+/// minus the serial steps (same arithmetic in the same order); one-line switch.
+const PLANNED_FAST_FINISH: bool = true;
 
 /// Whether a call of `shape` with `config` takes the lean MMA projection kernel (`_mmal`):
 /// `config.lean`, the `Mma` projection on the vectorised layout (`aligned`: `d % 8 == 0`,
@@ -298,14 +327,48 @@ pub fn lean_applies(shape: &EngramDecodeShape, config: &DecodeConfig, aligned: b
         && shape.d_mem.is_multiple_of(16)
 }
 
+/// Whether [`DecodeConfig::for_shape`] plans the one-launch cluster step where it applies
+/// (bench rows `@cl`, `@cl-r2`); one-line switch. With it the planner also takes block 256
+/// for d ≤ 256 (the cluster needs one thread per column and ≤ 16 blocks).
+const PLANNED_CLUSTER: bool = false;
+
+/// Largest cluster of the one-launch cluster step (non-portable above 8).
+const CLUSTER_MAX_BLOCKS: u32 = 16;
+
+/// Whether a call of `shape` with `config` and geometry `g` takes the one-launch cluster step
+/// (`_mmac`): [`lean_applies`], `config.cluster`, a wide finish, at least two warps per block,
+/// one thread per column (`d ≤ block`), a power-of-two number of 64-column tiles, at most 16
+/// blocks, and at least one block per batch row. Public for tests.
+#[doc(hidden)]
+pub fn cluster_applies(shape: &EngramDecodeShape, config: &DecodeConfig, g: &DecodeGeometry, aligned: bool) -> bool {
+    let blocks = g.tiles * g.splits;
+    config.cluster
+        && lean_applies(shape, config, aligned)
+        && matches!(config.finish, DecodeFinish::Wide { .. })
+        && g.mma
+        && g.block >= 64
+        && shape.d <= g.block as usize
+        && g.tiles.is_power_of_two()
+        && blocks <= CLUSTER_MAX_BLOCKS
+        && shape.batch <= blocks as usize
+}
+
 impl DecodeConfig {
     /// The planner's configuration for `shape` ([`EngramDecodePlan::new`] uses it), from the
     /// H200 sweep of 2026-11-29 (session 3, `--variants`): the lean MMA projection at every
     /// batch (b1 5.41 µs against 6.30 for SIMT), block 128 for d ≤ 256 (b1 5.38, b8 5.44) and
     /// 256 above (b4 6.21 against 6.56), and [`PLANNED_FINISH`].
     pub fn for_shape(shape: &EngramDecodeShape) -> Self {
-        let block = if shape.d <= 256 { 128 } else { 256 };
-        Self { projection: DecodeProjection::Mma, block, finish: PLANNED_FINISH, lean: PLANNED_LEAN, ..Self::default() }
+        let block = if shape.d <= 256 && !PLANNED_CLUSTER { 128 } else { 256 };
+        Self {
+            projection: DecodeProjection::Mma,
+            block,
+            finish: PLANNED_FINISH,
+            lean: PLANNED_LEAN,
+            fast_finish: PLANNED_FAST_FINISH,
+            cluster: PLANNED_CLUSTER,
+            ..Self::default()
+        }
     }
 }
 
@@ -473,6 +536,8 @@ pub struct EngramDecodePlan {
     kv: CudaSlice<f32>,
     counters: CudaSlice<u32>,
     capture: Option<CudaSlice<u16>>,
+    /// Whether the device schedules this plan's cluster (asked once, on the first call).
+    cluster_ok: Option<bool>,
 }
 
 /// The input pointers of one raw call, in SPEC's order.
@@ -542,6 +607,7 @@ impl EngramDecodePlan {
             kv: st.alloc_zeros::<f32>(kv_len)?,
             counters: st.alloc_zeros::<u32>(g1.tiles.max(g8.tiles) as usize + 1)?,
             capture: None,
+            cluster_ok: None,
         })
     }
 
@@ -729,6 +795,27 @@ impl EngramDecodePlan {
         let f =
             gpu.function(if lean { KERNELS[22 + (dtype == DecodeDtype::Bf16) as usize] } else { g.kernel(dtype) })?;
         let dims = LaunchDims { grid: (g.tiles, g.splits, 1), block: (g.block, 1, 1), shared_bytes: g.shared_bytes() };
+        // The one-launch cluster step: the whole grid is one cluster; shared memory adds the
+        // partial tile (4096 bytes) and the reduction slots (640).
+        let mut cluster = None;
+        if lean && cluster_applies(&s, &self.config, &g, aligned) {
+            let fc = gpu.function(KERNELS[30 + (dtype == DecodeDtype::Bf16) as usize])?;
+            let blocks = g.tiles * g.splits;
+            let cdims =
+                LaunchDims { grid: (blocks, 1, 1), block: (g.block, 1, 1), shared_bytes: g.shared_bytes() + 4736 };
+            let ok = match self.cluster_ok {
+                Some(ok) => ok,
+                None => {
+                    let ok = max_active_clusters(fc, cdims, blocks, gpu.stream().cu_stream())? > 0;
+                    self.cluster_ok = Some(ok);
+                    ok
+                }
+            };
+            if ok {
+                cluster = Some((fc, cdims, blocks));
+            }
+        }
+        let copy_all = copy;
         let st = gpu.stream();
         let (part, _g0) = match &self.part {
             Some(p) => {
@@ -769,7 +856,7 @@ impl EngramDecodePlan {
         let pdl = two && self.config.pdl;
         // 0: one launch (tickets); 1: the projection launch; 5: the same without the L2
         // prefetch of the finish's inputs (the dependent finish kernel loads them itself).
-        let mut mode = if pdl { 5 } else { two as u32 };
+        let mut mode = if pdl && !self.config.pdl_prefetch { 5 } else { two as u32 };
         let launch_fin = if pdl { launch_pdl } else { launch };
         macro_rules! args {
             () => {
@@ -805,6 +892,14 @@ impl EngramDecodePlan {
                 ]
             };
         }
+        if let Some((fc, cdims, blocks)) = cluster {
+            // Mode 1 (the L2 prefetch of the finish's inputs), the state shift in this launch,
+            // `cl_log` = log2(tiles).
+            mode = 1;
+            copy = copy_all as u32;
+            cl_log = g.tiles.trailing_zeros();
+            return launch_cluster(fc, cdims, blocks, stream, args!());
+        }
         launch(f, dims, stream, args!())?;
         if !two {
             return Ok(());
@@ -816,7 +911,15 @@ impl EngramDecodePlan {
                 2 => 1,
                 _ => 2,
             } + if dtype == DecodeDtype::F16 { 0 } else { 3 };
-            let fin = gpu.function(KERNELS[16 + idx])?;
+            let fast = self.config.fast_finish;
+            if fast {
+                // `_finx` takes `1/d` and `1/sqrt(d)` (correctly rounded, as the kernel's
+                // `div_rn`/`sqrt_rn` give them) in the finishing launch's unused `rs`, `cl_log`.
+                let df = s.d as f32;
+                rs = (1.0f32 / df).to_bits();
+                cl_log = (1.0f32 / df.sqrt()).to_bits();
+            }
+            let fin = gpu.function(KERNELS[if fast { 24 } else { 16 } + idx])?;
             let dims =
                 LaunchDims { grid: (s.batch as u32 + fin_copy, 1, 1), block: (threads, 1, 1), shared_bytes: 640 };
             return launch_fin(fin, dims, stream, args!());

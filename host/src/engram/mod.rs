@@ -9,8 +9,9 @@ pub(crate) const GATE_CONV_KERNELS: &[&str] = gate_conv::KERNELS;
 pub(crate) const DECODE_KERNELS: &[&str] = decode::KERNELS;
 
 pub use decode::{
-    finish_launch_mode, lean_applies, wide_finish, DecodeConfig, DecodeDtype, DecodeElem, DecodeFinish, DecodeGeometry,
-    DecodeInputs, DecodeInputsRaw, DecodeLens, DecodeProjection, EngramDecodePlan, EngramDecodeShape,
+    cluster_applies, finish_launch_mode, lean_applies, wide_finish, DecodeConfig, DecodeDtype, DecodeElem,
+    DecodeFinish, DecodeGeometry, DecodeInputs, DecodeInputsRaw, DecodeLens, DecodeProjection, EngramDecodePlan,
+    EngramDecodeShape,
 };
 pub use gate_conv::{
     bwd_workspace_len, bwd_workspace_len_with, gate_conv_bwd, gate_conv_bwd_raw, gate_conv_bwd_raw_with, gate_conv_fwd,

@@ -631,9 +631,16 @@ unsafe fn store_lean_pair(a: &Args, split: u32, m: u32, c: u32, tq: u32, s: [f32
 ///   order (`[warp][m][u][lane]`); after one barrier thread `i` sums fragment item `i` (and
 ///   `i + block`, …; 256 items) over the warps in warp order with 16-byte loads and writes it
 ///   as two 8-byte stores. One warp per block: straight from the registers.
+///
+/// `CL` (`_mmac`, one launch, v6): the grid is one thread-block cluster of `tiles · splits`
+/// blocks along x (block `i` = tile `i & (tiles − 1)`, split `i >> cl_log`, `tiles = 2^cl_log`);
+/// the reduced partials stay in the block's shared memory and [`cluster_finish`] finishes the
+/// step inside the cluster (no second launch).
 #[inline(always)]
-unsafe fn decode_lean<D: Dt>(a: Args) {
-    grid_launch_dependents();
+unsafe fn decode_lean<D: Dt, const CL: bool>(a: Args) {
+    if !CL {
+        grid_launch_dependents();
+    }
     let nt = block_dim_x();
     let nw = nt >> 5;
     let tid = thread_idx_x();
@@ -641,9 +648,13 @@ unsafe fn decode_lean<D: Dt>(a: Args) {
     let lane = tid & 31;
     let g = lane >> 2;
     let tq = lane & 3;
-    let c0 = block_idx_x() * 64;
+    let (tile, split) = if CL {
+        (block_idx_x() & ((1 << a.cl_log) - 1), block_idx_x() >> a.cl_log)
+    } else {
+        (block_idx_x(), block_idx_y())
+    };
+    let c0 = tile * 64;
     let col = c0 + 8 * g;
-    let split = block_idx_y();
     let r0 = split * a.rs;
     let r1 = if r0 + a.rs < a.dm { r0 + a.rs } else { a.dm };
     let d = a.d;
@@ -693,9 +704,9 @@ unsafe fn decode_lean<D: Dt>(a: Args) {
     let first = i0 < r1;
     let (wk0, wv0, e0) = if first { load(i0) } else { ([[0; 4]; 4], [[0; 4]; 4], [0; 2]) };
     // The state shift's units (stored on the way out) and the L2 prefetch, behind the W loads.
-    let tiles = grid_dim_x();
-    let blocks = tiles * grid_dim_y();
-    let gt = (split * tiles + block_idx_x()) * nt + tid;
+    let tiles = if CL { 1 << a.cl_log } else { grid_dim_x() };
+    let blocks = if CL { grid_dim_x() } else { tiles * grid_dim_y() };
+    let gt = (split * tiles + tile) * nt + tid;
     let total = blocks * nt;
     let ncopy = if a.copy != 0 { a.b * (a.l - 1) * (a.d / 8) } else { 0 };
     let none = Unit { dst: 0, w: [0; 4], s: [0; 8] };
@@ -767,12 +778,152 @@ unsafe fn decode_lean<D: Dt>(a: Args) {
                     w += 1;
                 }
                 let (m, u) = (it >> 7, (it >> 5) & 3);
-                store_lean_pair(&a, split, m, c0 + 8 * (ln >> 2) + 2 * u, tq2, sum);
+                if CL {
+                    // [b][k|v][64 columns] of the tile in this block's shared memory.
+                    let pt = smem.add((nw * 1024 + m * 64 + 8 * (ln >> 2) + 2 * u) as usize);
+                    let (ba, bb) = (2 * tq2, 2 * tq2 + 1);
+                    *pt.add((ba * 128) as usize) = sum[0];
+                    *pt.add((ba * 128 + 1) as usize) = sum[2];
+                    if bb < a.b {
+                        *pt.add((bb * 128) as usize) = sum[1];
+                        *pt.add((bb * 128 + 1) as usize) = sum[3];
+                    }
+                } else {
+                    store_lean_pair(&a, split, m, c0 + 8 * (ln >> 2) + 2 * u, tq2, sum);
+                }
             }
             it += nt;
         }
     }
+    if CL {
+        cluster_finish::<D>(&a, smem.add((nw * 1024) as usize), blocks >> a.cl_log);
+    }
     copy_finish(&a, &pre, gt, total, ncopy);
+    if CL {
+        // No block leaves while a finishing block may still read its shared memory.
+        cluster_arrive();
+        cluster_wait();
+    }
+}
+
+/// The finish of the one-launch cluster step (`_mmac`): after a cluster barrier (every block's
+/// reduced partial tile `[b][k|v][64]` at `pt` in its shared memory), block `b < B` finishes
+/// batch row `b` with one thread per column (`d ≤ block`): the row's `splits` partials of each
+/// column are read from the tile's blocks (distributed shared memory, all issued at once) and
+/// summed in split order from 0, then exactly the arithmetic of the wide finish (`_finx`, E = 1):
+/// bitwise its outputs for the same projection geometry when its block has as many warps.
+/// Inputs are loaded between the barrier's arrive and wait. Shared memory after `pt`: 4096 bytes
+/// of partials, then 640 of reduction slots.
+#[inline(always)]
+unsafe fn cluster_finish<D: Dt>(a: &Args, pt: *mut f32, splits: u32) {
+    cluster_arrive();
+    let rank = block_idx_x();
+    let fin = rank < a.b;
+    let bu = rank as usize;
+    let d = a.d as usize;
+    let l = a.l as usize;
+    let j = thread_idx_x() as usize;
+    let on = fin && j < d;
+    let taps = a.k - 1;
+    let z = [0u32; 2];
+    let (mut hw, mut whw, mut wvw, mut clw) = (z, z, z, z);
+    let mut sw = [z; 3];
+    let mut cww = [z; 3];
+    if on {
+        hw = ld_e_nc::<1>(a.h.add(bu * d + j));
+        whw = ld_e_nc::<1>(a.rwh.add(j));
+        wvw = ld_e_nc::<1>(a.rwv.add(j));
+        clw = ld_e_nc::<1>(a.cw.add(taps as usize * d + j));
+        unroll8!(p, 3, {
+            if (p as u32) < taps {
+                let t = a.l - (taps - p as u32) * a.dil;
+                let row = phys_row(a.pos, t, a.l) as usize;
+                sw[p] = ld_e_cg::<1>(a.s_in.add((bu * l + row) * d + j));
+                cww[p] = ld_e_nc::<1>(a.cw.add(p * d + j));
+            }
+        });
+    }
+    let (inv_d, inv_sqrt_d) = if fin { row_scales(a) } else { (0.0, 0.0) };
+    cluster_wait();
+    if !fin {
+        return;
+    }
+    // kk, vv: the splits' partials of column j (tile j / 64), all loads in flight, split order.
+    let mut pk = [0f32; 16];
+    let mut pv = [0f32; 16];
+    if on {
+        let tiles_log = a.cl_log;
+        let off = bu * 128 + (j & 63);
+        unroll8!(hi, 2, {
+            unroll8!(lo, 8, {
+                let sp = (hi * 8 + lo) as u32;
+                if sp < splits {
+                    let src = (sp << tiles_log) + (j >> 6) as u32;
+                    pk[hi * 8 + lo] = *mapa(pt.add(off) as *const f32, src);
+                    pv[hi * 8 + lo] = *mapa(pt.add(off + 64) as *const f32, src);
+                }
+            });
+        });
+    }
+    let (mut kk, mut vv) = (0f32, 0f32);
+    let (mut sh, mut hww) = (0f32, 0f32);
+    if on {
+        unroll8!(hi, 2, {
+            unroll8!(lo, 8, {
+                if ((hi * 8 + lo) as u32) < splits {
+                    kk += pk[hi * 8 + lo];
+                    vv += pv[hi * 8 + lo];
+                }
+            });
+        });
+        let h = wide_e::<D>(&hw, 0);
+        let w = wide_e::<D>(&whw, 0);
+        sh = fma(h, h, sh);
+        hww = h * w * w;
+    }
+    let (mut sk, mut dot) = (0f32, 0f32);
+    if on {
+        let qk = q::<D>(kk);
+        sk = fma(qk, qk, sk);
+        dot = fma(hww, qk, dot);
+        if !a.dbg.is_null() {
+            st_e::<D, 1>(a.dbg.add(bu * d + j), &[qk]);
+        }
+    }
+    let red = pt.add(1024);
+    let (sh, sk, dot) = block_sum3_par(red, sh, sk, dot);
+    let rh = rrms_fast(sh, inv_d, a.eps);
+    let rk = rrms_fast(sk, inv_d, a.eps);
+    let alpha = sigmoid_fast(dot * rh * rk * inv_sqrt_d);
+    let vh = alpha * vv;
+    let qv = q::<D>(vh);
+    let sv = fma(qv, qv, 0f32);
+    if on && !a.dbg.is_null() {
+        st_e::<D, 1>(a.dbg.add((a.b as usize + bu) * d + j), &[vh]);
+    }
+    let rv = rrms_fast(block_sum1_par(red.add(128), sv), inv_d, a.eps);
+    if !on {
+        return;
+    }
+    let u = qv * rv * wide_e::<D>(&wvw, 0);
+    let mut out = wide_e::<D>(&clw, 0) * u;
+    unroll8!(p, 3, {
+        if (p as u32) < taps {
+            out = fma(wide_e::<D>(&cww[p], 0), wide_e::<D>(&sw[p], 0), out);
+        }
+    });
+    let mut p = 3u32;
+    while p < taps {
+        let t = a.l - (taps - p) * a.dil;
+        let row = phys_row(a.pos, t, a.l) as usize;
+        let s = ld_e_cg::<1>(a.s_in.add((bu * l + row) * d + j));
+        let c = ld_e_nc::<1>(a.cw.add(p as usize * d + j));
+        out = fma(wide_e::<D>(&c, 0), wide_e::<D>(&s, 0), out);
+        p += 1;
+    }
+    out = out * sigmoid_fast(out) + vh;
+    st_e::<D, 1>(a.y.add(bu * d + j), &[out]);
+    st_e::<D, 1>(a.s_out.add((bu * l + a.wpos as usize) * d + j), &[u]);
 }
 
 /// `arr[bb]` through compile-time indices only (a runtime index would put `arr` on the stack).
@@ -1487,6 +1638,75 @@ unsafe fn block_sum1(red: *mut f32, mut x: f32) -> f32 {
     s
 }
 
+/// [`block_sum3`] with the warps' sums read by independent 16-byte shared loads issued
+/// together (up to 16 warps), then added in warp order: bitwise its result, one shared-memory
+/// latency instead of one per warp.
+#[inline(always)]
+unsafe fn block_sum3_par(red: *mut f32, mut x: f32, mut y: f32, mut z: f32) -> (f32, f32, f32) {
+    let mut m = 16;
+    while m > 0 {
+        let (sx, sy, sz) = (shfl_xor_f32(x, m), shfl_xor_f32(y, m), shfl_xor_f32(z, m));
+        x += sx;
+        y += sy;
+        z += sz;
+        m >>= 1;
+    }
+    let warp = thread_idx_x() >> 5;
+    if lane_id() == 0 {
+        st_v4_generic(red.add(4 * warp as usize) as *mut u32, [x.to_bits(), y.to_bits(), z.to_bits(), 0]);
+    }
+    sync_threads();
+    let nw = (block_dim_x() >> 5) as usize;
+    let mut v = [[0u32; 4]; 16];
+    unroll8!(hi, 2, {
+        unroll8!(lo, 8, {
+            if hi * 8 + lo < nw {
+                v[hi * 8 + lo] = ld_v4(red.add(4 * (hi * 8 + lo)) as *const u32);
+            }
+        });
+    });
+    let (mut sx, mut sy, mut sz) = (0f32, 0f32, 0f32);
+    unroll8!(hi, 2, {
+        unroll8!(lo, 8, {
+            if hi * 8 + lo < nw {
+                let w = v[hi * 8 + lo];
+                sx += f32::from_bits(w[0]);
+                sy += f32::from_bits(w[1]);
+                sz += f32::from_bits(w[2]);
+            }
+        });
+    });
+    (sx, sy, sz)
+}
+
+/// [`block_sum1`] with the warps' sums read by four independent 16-byte shared loads (up to 16
+/// warps), added in warp order: bitwise its result. `red` 16-byte aligned.
+#[inline(always)]
+unsafe fn block_sum1_par(red: *mut f32, mut x: f32) -> f32 {
+    x = warp_sum_f32(x);
+    let warp = thread_idx_x() >> 5;
+    if lane_id() == 0 {
+        *red.add(warp as usize) = x;
+    }
+    sync_threads();
+    let nw = (block_dim_x() >> 5) as usize;
+    let mut v = [[0u32; 4]; 4];
+    unroll8!(i, 4, {
+        if 4 * i < nw {
+            v[i] = ld_v4(red.add(4 * i) as *const u32);
+        }
+    });
+    let mut s = 0f32;
+    unroll8!(i, 4, {
+        unroll8!(j, 4, {
+            if 4 * i + j < nw {
+                s += f32::from_bits(v[i][j]);
+            }
+        });
+    });
+    s
+}
+
 /// The wide finishing launch (`DecodeFinish::Wide`): block `b` finishes batch row `b` with all
 /// its threads; thread `t` owns columns `[E·t, E·t + E)` (`block·E ≥ d`, `d % E == 0`, the
 /// inputs `2E`-byte aligned). Every load of the thread's columns (the split partials of `kk` and
@@ -1494,8 +1714,15 @@ unsafe fn block_sum1(red: *mut f32, mut x: f32) -> f32 {
 /// the partials are summed in split order from 0 (bitwise [`tile_reduce`]'s `kv`), the three
 /// row sums and `Σ q(vh)²` are block reductions (warp butterflies + one barrier each), and the
 /// scalar chain uses `rsqrt.approx` + Newton and `rcp.approx`. Dynamic shared memory: 640 bytes.
+///
+/// `V6` (`_finx` entries, `DecodeConfig::fast_finish`): bitwise the same outputs from a shorter
+/// chain — no arithmetic between the input loads and the partial loads (Σh², h·w_h² after the
+/// partials are issued, so the inputs' and the partials' round trips overlap), `1/d` and
+/// `1/sqrt(d)` from the host (the bits of `rs` and `cl_log`, unused by a finishing launch,
+/// correctly rounded there as `div_rn`/`sqrt_rn` round them here), and the block sums read the
+/// warps' slots with independent loads ([`block_sum3_par`], [`block_sum1_par`]).
 #[inline(always)]
-unsafe fn finish_wide<D: Dt, const E: usize>(a: Args) {
+unsafe fn finish_wide<D: Dt, const E: usize, const V6: bool>(a: Args) {
     if block_idx_x() >= a.b {
         // Blocks past the batch rows (`copy` ≠ 0, vectorised layout): the seed contract's state
         // shift, one 16-byte unit per thread (grid-stride beyond), independent of the
@@ -1540,11 +1767,12 @@ unsafe fn finish_wide<D: Dt, const E: usize>(a: Args) {
             }
         });
     }
-    let (inv_d, inv_sqrt_d) = row_scales(&a);
-    // Σh² and h·w_h² need only the inputs: computed before the wait (same operations, same bits).
+    let (inv_d, inv_sqrt_d) = if V6 { (f32::from_bits(a.rs), f32::from_bits(a.cl_log)) } else { row_scales(&a) };
+    // Σh² and h·w_h² need only the inputs: computed before the wait (same operations, same bits);
+    // `V6` computes them after issuing the partials' loads.
     let mut sh = 0f32;
     let mut hww = [0f32; E];
-    if on {
+    if on && !V6 {
         unroll8!(v, E, {
             let h = wide_e::<D>(&hw, v);
             let w = wide_e::<D>(&whw, v);
@@ -1595,6 +1823,14 @@ unsafe fn finish_wide<D: Dt, const E: usize>(a: Args) {
             sp += 16;
         }
     }
+    if on && V6 {
+        unroll8!(v, E, {
+            let h = wide_e::<D>(&hw, v);
+            let w = wide_e::<D>(&whw, v);
+            sh = fma(h, h, sh);
+            hww[v] = h * w * w;
+        });
+    }
     // 3. Σh², Σq(kk)², Σ h·w_h²·q(kk) → alpha.
     let (mut sk, mut dot) = (0f32, 0f32);
     let mut qk = [0f32; E];
@@ -1609,7 +1845,7 @@ unsafe fn finish_wide<D: Dt, const E: usize>(a: Args) {
         }
     }
     let red = dyn_smem::<f32>();
-    let (sh, sk, dot) = block_sum3(red, sh, sk, dot);
+    let (sh, sk, dot) = if V6 { block_sum3_par(red, sh, sk, dot) } else { block_sum3(red, sh, sk, dot) };
     let rh = rrms_fast(sh, inv_d, a.eps);
     let rk = rrms_fast(sk, inv_d, a.eps);
     let alpha = sigmoid_fast(dot * rh * rk * inv_sqrt_d);
@@ -1624,7 +1860,8 @@ unsafe fn finish_wide<D: Dt, const E: usize>(a: Args) {
     if on && !a.dbg.is_null() {
         st_e::<D, E>(a.dbg.add((a.b as usize + bu) * d + j0), &vh);
     }
-    let rv = rrms_fast(block_sum1(red.add(128), sv), inv_d, a.eps);
+    let ssv = if V6 { block_sum1_par(red.add(128), sv) } else { block_sum1(red.add(128), sv) };
+    let rv = rrms_fast(ssv, inv_d, a.eps);
     if !on {
         return;
     }
@@ -1749,11 +1986,19 @@ decode_entry!(engram_decode_f16_fin8, finish_launch::<F16, 8>);
 decode_entry!(engram_decode_f16_fin1, finish_launch::<F16, 1>);
 decode_entry!(engram_decode_bf16_fin8, finish_launch::<Bf16, 8>);
 decode_entry!(engram_decode_bf16_fin1, finish_launch::<Bf16, 1>);
-decode_entry!(engram_decode_f16_finw4, finish_wide::<F16, 4>);
-decode_entry!(engram_decode_f16_finw2, finish_wide::<F16, 2>);
-decode_entry!(engram_decode_f16_finw1, finish_wide::<F16, 1>);
-decode_entry!(engram_decode_bf16_finw4, finish_wide::<Bf16, 4>);
-decode_entry!(engram_decode_bf16_finw2, finish_wide::<Bf16, 2>);
-decode_entry!(engram_decode_bf16_finw1, finish_wide::<Bf16, 1>);
-decode_entry!(engram_decode_f16_mmal, decode_lean::<F16>);
-decode_entry!(engram_decode_bf16_mmal, decode_lean::<Bf16>);
+decode_entry!(engram_decode_f16_finw4, finish_wide::<F16, 4, false>);
+decode_entry!(engram_decode_f16_finw2, finish_wide::<F16, 2, false>);
+decode_entry!(engram_decode_f16_finw1, finish_wide::<F16, 1, false>);
+decode_entry!(engram_decode_bf16_finw4, finish_wide::<Bf16, 4, false>);
+decode_entry!(engram_decode_bf16_finw2, finish_wide::<Bf16, 2, false>);
+decode_entry!(engram_decode_bf16_finw1, finish_wide::<Bf16, 1, false>);
+decode_entry!(engram_decode_f16_mmal, decode_lean::<F16, false>);
+decode_entry!(engram_decode_bf16_mmal, decode_lean::<Bf16, false>);
+decode_entry!(engram_decode_f16_finx4, finish_wide::<F16, 4, true>);
+decode_entry!(engram_decode_f16_finx2, finish_wide::<F16, 2, true>);
+decode_entry!(engram_decode_f16_finx1, finish_wide::<F16, 1, true>);
+decode_entry!(engram_decode_bf16_finx4, finish_wide::<Bf16, 4, true>);
+decode_entry!(engram_decode_bf16_finx2, finish_wide::<Bf16, 2, true>);
+decode_entry!(engram_decode_bf16_finx1, finish_wide::<Bf16, 1, true>);
+decode_entry!(engram_decode_f16_mmac, decode_lean::<F16, true>);
+decode_entry!(engram_decode_bf16_mmac, decode_lean::<Bf16, true>);
