@@ -229,47 +229,87 @@ pub(crate) unsafe fn launch_pdl(
 /// launch inside it (captured as a programmatic edge) can overlap its start-up with the
 /// previous kernel; separate host launches arrive too far apart for that.
 pub(crate) struct GraphReplay {
-    cached: Option<(Vec<u64>, cudarc::driver::CudaGraph)>,
+    /// The most recently used last, at most [`GRAPH_CACHE`] entries.
+    cached: Vec<(Vec<u64>, Graph)>,
+}
+
+/// Graphs a [`GraphReplay`] keeps (e.g. one per position of a ring-buffer state).
+const GRAPH_CACHE: usize = 32;
+
+/// An instantiated graph and its template, destroyed together.
+struct Graph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: both handles were created by this value and are destroyed once.
+        unsafe {
+            let _ = sys::cuGraphExecDestroy(self.exec);
+            let _ = sys::cuGraphDestroy(self.graph);
+        }
+    }
 }
 
 impl GraphReplay {
     pub(crate) fn new() -> Self {
-        Self { cached: None }
+        Self { cached: Vec::new() }
     }
 
-    /// Launches on `stream` the kernels `body` launches there: replays the cached graph when
-    /// `key` (every pointer and scalar the launches use) equals the previous call's; otherwise
+    /// Launches on `stream` the kernels `body` launches there: replays a cached graph when
+    /// `key` (every pointer and scalar the launches use) equals a recent call's; otherwise
     /// captures `body` (its launches are recorded, not executed), instantiates the graph, caches
-    /// it under `key` and launches it. When `stream` is already being captured by the caller,
-    /// `body` simply launches into that capture. Host cost: a replay is one `cuGraphLaunch`; a
-    /// new key costs a capture and an instantiation (tens of µs). Errors: `body`'s, or a
-    /// driver error.
-    pub(crate) fn run(
+    /// it under `key` (the least recently used of [`GRAPH_CACHE`] goes) and launches it. When
+    /// `stream` is already being captured by the caller, `body` simply launches into that
+    /// capture. Host cost: a replay is one `cuGraphLaunch`; a new key costs a capture and an
+    /// instantiation (tens of µs). Errors: `body`'s, or a driver error.
+    ///
+    /// # Safety
+    /// `stream` must be a valid stream of the current context; `body` may only enqueue work
+    /// on `stream` (kernel launches), nothing that synchronizes or reads back.
+    pub(crate) unsafe fn run(
         &mut self,
-        stream: &Arc<CudaStream>,
+        stream: sys::CUstream,
         key: Vec<u64>,
         body: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
-        if let Some((k, g)) = &self.cached {
-            if *k == key {
-                g.launch()?;
-                return Ok(());
-            }
+        if let Some(i) = self.cached.iter().position(|(k, _)| *k == key) {
+            let entry = self.cached.remove(i);
+            sys::cuGraphLaunch(entry.1.exec, stream).result()?;
+            self.cached.push(entry);
+            return Ok(());
         }
-        // Inside the caller's own stream capture: launch directly (into the caller's graph).
-        if stream.capture_status()? != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        sys::cuStreamIsCapturing(stream, &mut status).result()?;
+        if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            // Inside the caller's own capture: launch into it.
             return body();
         }
-        self.cached = None;
-        stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).result()?;
         let launched = body();
-        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-        launched?;
-        let Some(graph) = graph? else {
-            return Err(Error::Shape { arg: "graph", msg: "stream capture recorded no kernel".into() });
-        };
-        graph.launch()?;
-        self.cached = Some((key, graph));
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        let ended = sys::cuStreamEndCapture(stream, &mut graph).result();
+        if let Err(e) = launched.and(ended.map_err(Error::from)) {
+            if !graph.is_null() {
+                let _ = sys::cuGraphDestroy(graph);
+            }
+            return Err(e);
+        }
+        if graph.is_null() {
+            return Err(Error::Shape { arg: "graph", msg: "stream capture recorded nothing".into() });
+        }
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        if let Err(e) = sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0).result() {
+            let _ = sys::cuGraphDestroy(graph);
+            return Err(e.into());
+        }
+        let g = Graph { graph, exec };
+        sys::cuGraphLaunch(g.exec, stream).result()?;
+        if self.cached.len() == GRAPH_CACHE {
+            self.cached.remove(0);
+        }
+        self.cached.push((key, g));
         Ok(())
     }
 }

@@ -413,6 +413,7 @@ fn every_config_matches_reference() {
                             fast_finish: max_blocks != 264,
                             pdl_prefetch: rows_per_thread == 1,
                             cluster: block != 128,
+                            graph: max_blocks != 1,
                         };
                         one::<f16>(&gpu, &mut rng, EngramDecodeShape::new(4, 1024, 512, 20, 4, 5), VARIED, cfg);
                         one::<bf16>(&gpu, &mut rng, EngramDecodeShape::new(8, 512, 256, 18, 4, 3), VARIED, cfg);
@@ -496,6 +497,7 @@ fn wide_finish_on_every_path() {
                     fast_finish: block != 128,
                     pdl_prefetch: elems == 2,
                     cluster: block == 256,
+                    graph: elems != 0,
                 };
                 worst = worst.max(one::<f16>(&gpu, &mut rng, s, VARIED, cfg));
                 worst = worst.max(one::<bf16>(&gpu, &mut rng, s, SPEC, cfg));
@@ -733,6 +735,52 @@ fn repeated_calls_are_bitwise_identical() {
         assert!(a.y.iter().zip(&b.y).all(|(p, q)| bits(*p) == bits(*q)), "y_t: two launches ≠ one");
         assert!(a.state.iter().zip(&b.state).all(|(p, q)| bits(*p) == bits(*q)), "state: two launches ≠ one");
         assert!(a.qkk.iter().zip(&b.qkk).all(|(p, q)| bits(*p) == bits(*q)), "q(kk): two launches ≠ one");
+    }
+}
+
+/// `DecodeConfig::graph`: a step submitted as a captured CUDA graph (capture, then replays on
+/// the same buffers with new data) gives the bits of direct launches, at every seed shape.
+#[test]
+fn graph_replay_is_bitwise_direct_launches() {
+    let Some(gpu) = gpu_or_skip("engram_decode::graph_replay") else { return };
+    let mut rng = fresh_rng("engram_decode::graph_replay");
+    for s in [
+        EngramDecodeShape::new(1, 512, 256, 12, 4, 3),
+        EngramDecodeShape::new(4, 1024, 512, 20, 4, 5),
+        EngramDecodeShape::new(8, 512, 256, 18, 4, 3),
+        EngramDecodeShape::new(3, 100, 40, 7, 2, 2),
+    ] {
+        let st = gpu.stream();
+        let direct = DecodeConfig { graph: false, ..DecodeConfig::for_shape(&s) };
+        let mut dplan = plan_for(&gpu, s, direct);
+        let mut gplan = EngramDecodePlan::with_config(&gpu, s, DecodeConfig::for_shape(&s)).unwrap();
+        let l = gplan.lens();
+        let c0 = gen::<f16>(&mut rng, s, VARIED);
+        let mut dev = upload(&gpu, &c0);
+        let mut ds = st.clone_htod(&c0.state).unwrap();
+        let mut y = st.alloc_zeros::<f16>(l.h).unwrap();
+        let mut ns = st.alloc_zeros::<f16>(l.state).unwrap();
+        for round in 0..3 {
+            let c = gen::<f16>(&mut rng, s, VARIED);
+            for (d, h) in [(&mut dev.e, &c.e), (&mut dev.h, &c.h), (&mut dev.wk, &c.wk), (&mut dev.wv, &c.wv)] {
+                st.memcpy_htod(h, d).unwrap();
+            }
+            st.memcpy_htod(&c.state, &mut ds).unwrap();
+            st.memcpy_htod(&poisoned::<f16>(l.h), &mut y).unwrap();
+            st.memcpy_htod(&poisoned::<f16>(l.state), &mut ns).unwrap();
+            gplan.forward(&gpu, &dev.inputs(), &ds, &mut y, &mut ns).unwrap();
+            let gy: Vec<f16> = st.clone_dtoh(&y).unwrap();
+            let gs: Vec<f16> = st.clone_dtoh(&ns).unwrap();
+            let want = step_copy(&gpu, &mut dplan, &dev, &c.state);
+            assert!(
+                gy.iter().zip(&want.y).all(|(p, q)| bits(*p) == bits(*q)),
+                "{s:?} round {round}: y_t graph ≠ direct"
+            );
+            assert!(
+                gs.iter().zip(&want.state).all(|(p, q)| bits(*p) == bits(*q)),
+                "{s:?} round {round}: state graph ≠ direct"
+            );
+        }
     }
 }
 

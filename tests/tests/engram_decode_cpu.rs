@@ -71,6 +71,7 @@ fn configs() -> Vec<DecodeConfig> {
                         fast_finish: false,
                         pdl_prefetch: false,
                         cluster: false,
+                        graph: false,
                     });
                     v.push(DecodeConfig {
                         projection,
@@ -84,6 +85,7 @@ fn configs() -> Vec<DecodeConfig> {
                         fast_finish: true,
                         pdl_prefetch: true,
                         cluster: true,
+                        graph: true,
                     });
                 }
             }

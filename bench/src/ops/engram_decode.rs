@@ -1,9 +1,7 @@
 //! EngramDecodeFwd workloads (SPEC.md §6 and the seed table).
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use rand::rngs::StdRng;
-use rgk::engram::{
-    DecodeConfig, DecodeElem, DecodeFinish, DecodeInputsRaw, DecodeProjection, EngramDecodePlan, EngramDecodeShape,
-};
+use rgk::engram::{DecodeConfig, DecodeElem, DecodeInputsRaw, EngramDecodePlan, EngramDecodeShape};
 use rgk::reference::{self as rf, DecodeGiven, DecodeRef, DecodeRefInputs};
 use rgk::verify::{check_half, poisoned, Report};
 use rgk::{bf16, f16, Gpu};
@@ -42,49 +40,18 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         }};
     }
     if variants {
-        // v4: the wide finish (a row over a whole block, approx scalar chain); `finw` on the
-        // projection of the run-8 winners (block 256, MMA), `-simt` with the SIMT projection,
-        // `-eE` a fixed element width, `-b128` the old projection block.
-        let wide = |elems| DecodeConfig { block: 256, finish: DecodeFinish::Wide { elems }, ..DecodeConfig::default() };
-        add!("finw", wide(0), false);
-        add!("finw-ring", wide(0), true);
-        add!("finw-simt", DecodeConfig { projection: DecodeProjection::Simt, ..wide(0) }, false);
-        add!("finw-e1", wide(1), false);
-        add!("finw-e2", wide(2), false);
-        add!("finw-e4", wide(4), false);
-        add!("finw-b128", DecodeConfig { block: 128, ..wide(0) }, false);
-        add!("finw-r2", DecodeConfig { rows_per_thread: 2, ..wide(0) }, false);
-        add!("plain-default", DecodeConfig::default(), false);
-        // v5: programmatic dependent launch of the finish (default on; `nopdl` = the planner
-        // without it) and the lean MMA projection (`lean*`: MMA + wide finish at every batch,
-        // `nolean` = the planner with the `_mma` kernel); SIMT at smaller blocks for b1.
+        // Session-3/4 sweeps (finw, lean, simt, ticket, 2launch, mma-bN-rN rows) are recorded in
+        // kernels-gpu/src/engram/NOTES.md; kept here: the rows that bracket today's planner.
+        // PDL and graph submission (`nograph`: separate host launches, the dependent launch
+        // then never overlaps; `nopdl`: graph without the dependent launch).
         add_for("nopdl", Box::new(|s| DecodeConfig { pdl: false, ..DecodeConfig::for_shape(s) }), false);
+        add_for("nograph", Box::new(|s| DecodeConfig { graph: false, ..DecodeConfig::for_shape(s) }), false);
         add_for("nolean", Box::new(|s| DecodeConfig { lean: false, ..DecodeConfig::for_shape(s) }), false);
-        let lean = |block| DecodeConfig { block, lean: true, ..wide(0) };
-        add!("lean", lean(256), false);
-        add!("lean-ring", lean(256), true);
-        add!("lean-b128", lean(128), false);
-        add!("lean-b64", lean(64), false);
-        add!("lean-nopdl", DecodeConfig { pdl: false, ..lean(256) }, false);
-        add!("finw-nopdl", DecodeConfig { pdl: false, ..wide(0) }, false);
-        let simt = |block, rows_per_thread| DecodeConfig {
-            projection: DecodeProjection::Simt,
-            block,
-            rows_per_thread,
-            ..wide(0)
-        };
         // The state shift in extra blocks of the wide finish (under PDL: while the projection runs).
         add_for("cf", Box::new(|s| DecodeConfig { copy_in_finish: true, ..DecodeConfig::for_shape(s) }), false);
-        add_for(
-            "cf-nopdl",
-            Box::new(|s| DecodeConfig { copy_in_finish: true, pdl: false, ..DecodeConfig::for_shape(s) }),
-            false,
-        );
-        add!("lean-cf", DecodeConfig { copy_in_finish: true, ..lean(256) }, false);
-        add!("lean-b128-cf", DecodeConfig { copy_in_finish: true, ..lean(128) }, false);
         // v6: the planner with the v5 finish kernel (`nofx`; the planner's `_finx` is bitwise
         // it), with the projection's L2 prefetch of the finish's inputs kept under PDL (`fx-pf`),
-        // both without PDL, and the v6 finish on the lean projection at the other block.
+        // and the v6 finish on the lean projection at the other block.
         add_for("nofx", Box::new(|s| DecodeConfig { fast_finish: false, ..DecodeConfig::for_shape(s) }), false);
         add_for("fx-pf", Box::new(|s| DecodeConfig { pdl_prefetch: true, ..DecodeConfig::for_shape(s) }), false);
         add_for("fx-ring", Box::new(DecodeConfig::for_shape), true);
@@ -101,37 +68,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         add_for("cl", Box::new(move |s| cl(s, 0)), false);
         add_for("cl-r2", Box::new(move |s| cl(s, 2)), false);
         add_for("cl-ring", Box::new(move |s| cl(s, 0)), true);
-        add!("simt-fw-b128", simt(128, 0), false);
-        add!("simt-fw-b64-r2", simt(64, 2), false);
-    }
-    if variants {
-        add!("ring", DecodeConfig::default(), true);
-        let ticket = DecodeConfig { finish: DecodeFinish::Ticket, ..DecodeConfig::default() };
-        add!("ticket", ticket, false);
-        add!("ticket-ring", ticket, true);
-        // The two-launch finish (projection kernel, then one block per batch row): no fences or
-        // atomics on the critical path; `-bN` sets both kernels' block, `-rN` the split depth.
-        let two = DecodeConfig { finish: DecodeFinish::SecondLaunch, ..DecodeConfig::default() };
-        add!("2launch", two, false);
-        add!("2launch-ring", two, true);
-        for (tag, cfg) in [
-            ("2launch-b64", DecodeConfig { block: 64, ..two }),
-            ("2launch-b256", DecodeConfig { block: 256, ..two }),
-            ("2launch-r2", DecodeConfig { rows_per_thread: 2, ..two }),
-            ("2launch-b256-r2", DecodeConfig { block: 256, rows_per_thread: 2, ..two }),
-        ] {
-            add!(tag, cfg, false);
-        }
-        for (projection, tag, depths) in
-            [(DecodeProjection::Mma, "mma", [0, 2, 4]), (DecodeProjection::Simt, "simt", [0, 2, 8])]
-        {
-            for block in [64, 128, 256] {
-                for rpt in depths {
-                    let cfg = DecodeConfig { projection, block, rows_per_thread: rpt, ..DecodeConfig::default() };
-                    add!(&format!("{tag}-b{block}-r{rpt}"), cfg, false);
-                }
-            }
-        }
+        add!("plain-default", DecodeConfig::default(), false);
     }
     let seeds = [
         ("serving-b1", EngramDecodeShape::new(1, 512, 256, 12, 4, 3), false),

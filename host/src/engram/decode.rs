@@ -13,7 +13,7 @@ use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, Devi
 use half::{bf16, f16};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_cluster, launch_pdl, max_active_clusters, LaunchDims};
+use crate::runtime::{launch, launch_cluster, launch_pdl, max_active_clusters, GraphReplay, LaunchDims};
 use crate::{Error, Gpu, Result};
 
 pub(crate) const KERNELS: &[&str] = &[
@@ -274,6 +274,12 @@ pub struct DecodeConfig {
     /// finished inside the cluster through distributed shared memory (the wide finish's
     /// arithmetic); elsewhere (or if the device cannot schedule the cluster) the two launches.
     pub cluster: bool,
+    /// A step's launches are submitted as one CUDA graph (safe and raw entries), captured once
+    /// and replayed when the same pointers and `pos` recur (one graph per ring position, up to
+    /// 32 cached), so the finishing kernel's
+    /// dependent launch overlaps the projection. Inside a caller's stream capture the
+    /// launches go straight into that capture.
+    pub graph: bool,
 }
 
 impl Default for DecodeConfig {
@@ -292,6 +298,7 @@ impl Default for DecodeConfig {
             fast_finish: false,
             pdl_prefetch: false,
             cluster: false,
+            graph: true,
         }
     }
 }
@@ -538,6 +545,7 @@ pub struct EngramDecodePlan {
     capture: Option<CudaSlice<u16>>,
     /// Whether the device schedules this plan's cluster (asked once, on the first call).
     cluster_ok: Option<bool>,
+    graph: GraphReplay,
 }
 
 /// The input pointers of one raw call, in SPEC's order.
@@ -608,6 +616,7 @@ impl EngramDecodePlan {
             counters: st.alloc_zeros::<u32>(g1.tiles.max(g8.tiles) as usize + 1)?,
             capture: None,
             cluster_ok: None,
+            graph: GraphReplay::new(),
         })
     }
 
@@ -745,7 +754,7 @@ impl EngramDecodePlan {
         stream: CUstream,
     ) -> Result<()> {
         let l = self.shape.max_conv_len as u32;
-        self.launch(gpu, dtype, inputs, conv_state, new_conv_state, y_t, 0, l - 1, true, stream)
+        self.submit(gpu, dtype, inputs, conv_state, new_conv_state, y_t, 0, l - 1, true, stream)
     }
 
     /// [`EngramDecodePlan::step_ring`] on raw device pointers, launched on `stream`; returns
@@ -769,8 +778,49 @@ impl EngramDecodePlan {
         if pos >= l {
             return Err(Error::Shape { arg: "pos", msg: format!("{pos} is not below max_conv_len = {l}") });
         }
-        self.launch(gpu, dtype, inputs, state, state, y_t, pos as u32, pos as u32, false, stream)?;
+        self.submit(gpu, dtype, inputs, state, state, y_t, pos as u32, pos as u32, false, stream)?;
         Ok((pos + 1) % l)
+    }
+
+    /// The raw pointers of the plan's own buffers (`[part, kv, counters, capture]`, 0 when
+    /// absent), taken before any launch or stream capture; the plan uses them on `gpu`'s
+    /// stream only.
+    fn plan_ptrs(&mut self, gpu: &Gpu) -> [CUdeviceptr; 4] {
+        let st = gpu.stream();
+        let part = self.part.as_ref().map_or(0, |p| p.device_ptr(st).0);
+        let kv = self.kv.device_ptr_mut(st).0;
+        let cnt = self.counters.device_ptr_mut(st).0;
+        let dbg = self.capture.as_mut().map_or(0, |c| c.device_ptr_mut(st).0);
+        [part, kv, cnt, dbg]
+    }
+
+    /// Runs one step's launches directly, or through the plan's graph (`config.graph`: one
+    /// submission, so the finishing kernel's dependent launch overlaps the projection).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn submit(
+        &mut self,
+        gpu: &Gpu,
+        dtype: DecodeDtype,
+        i: DecodeInputsRaw,
+        s_in: CUdeviceptr,
+        s_out: CUdeviceptr,
+        y: CUdeviceptr,
+        pos: u32,
+        wpos: u32,
+        copy: bool,
+        cs: CUstream,
+    ) -> Result<()> {
+        let pp = self.plan_ptrs(gpu);
+        if !self.config.graph {
+            return self.launch(gpu, dtype, i, s_in, s_out, y, pos, wpos, copy, pp, cs);
+        }
+        let mut key = vec![dtype as u64, i.e_t, i.h_t, i.w_k, i.w_v, i.rms_w_h, i.rms_w_v, i.conv_w];
+        key.extend([s_in, s_out, y, pos as u64, wpos as u64, copy as u64]);
+        key.extend(pp);
+        let mut graph = std::mem::replace(&mut self.graph, GraphReplay::new());
+        let r = graph.run(cs, key, || self.launch(gpu, dtype, i, s_in, s_out, y, pos, wpos, copy, pp, cs));
+        self.graph = graph;
+        r
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -785,6 +835,7 @@ impl EngramDecodePlan {
         pos: u32,
         wpos: u32,
         copy: bool,
+        pp: [CUdeviceptr; 4],
         stream: CUstream,
     ) -> Result<()> {
         let s = self.shape;
@@ -816,23 +867,7 @@ impl EngramDecodePlan {
             }
         }
         let copy_all = copy;
-        let st = gpu.stream();
-        let (part, _g0) = match &self.part {
-            Some(p) => {
-                let (p, g) = p.device_ptr(st);
-                (p, Some(g))
-            }
-            None => (0, None),
-        };
-        let (kv, _g1) = self.kv.device_ptr_mut(st);
-        let (cnt, _g2) = self.counters.device_ptr_mut(st);
-        let (dbg, _g3) = match &mut self.capture {
-            Some(c) => {
-                let (p, g) = c.device_ptr_mut(st);
-                (p, Some(g))
-            }
-            None => (0, None),
-        };
+        let [part, kv, cnt, dbg] = pp;
         let (mut e, mut h, mut si, mut wk, mut wv) = (i.e_t, i.h_t, s_in, i.w_k, i.w_v);
         let (mut rwh, mut rwv, mut cw, mut y, mut so) = (i.rms_w_h, i.rms_w_v, i.conv_w, y, s_out);
         let (mut part, mut kv, mut cnt, mut dbg) = (part, kv, cnt, dbg);

@@ -668,7 +668,8 @@ impl MhcPre {
         let scalars = [params.alpha_pre, params.alpha_post, params.alpha_res, params.sinkhorn_eps];
         let mut key = vec![p, xp, bp, r, y, h, w, ws_len as u64, params.sinkhorn_repeat as u64];
         key.extend(scalars.iter().map(|v| v.to_bits() as u64));
-        self.graph.run(st, key, call)
+        // SAFETY: `call` only launches kernels on the plan's stream.
+        unsafe { self.graph.run(cs, key, call) }
     }
 }
 
