@@ -234,11 +234,11 @@ fn pass(
     let target = if !row {
         max_threads(e, elem_bytes)
     } else if knobs.row_threads > 0 {
-        knobs.row_threads.min(MAX_THREADS)
+        knobs.row_threads.min(max_threads(e, elem_bytes))
     } else {
         TARGET_THREADS
     };
-    let min_row = if knobs.row_threads > 0 { knobs.row_threads.min(MAX_THREADS) as usize } else { 64 };
+    let min_row = if knobs.row_threads > 0 { knobs.row_threads.min(max_threads(e, elem_bytes)) as usize } else { 64 };
     let by_threads = (target as usize / tpt).max(1);
     let sm_stride = smem_len(log_l) + pad;
     let by_smem = floor_pow2((COLUMN_SMEM / (sm_stride as usize * elem_bytes)).max(1));
