@@ -16,7 +16,7 @@ fn run(gpu: &Gpu, rng: &mut StdRng, n: usize, batch: usize, prec: Precision, in_
 }
 
 fn opts(persist: Persist, stage_twiddles: bool) -> FftOptions {
-    FftOptions { persist, stage_twiddles, hoist_twiddles: true }
+    FftOptions { persist, stage_twiddles, hoist_twiddles: true, ..FftOptions::default() }
 }
 
 fn run_with(
@@ -28,6 +28,19 @@ fn run_with(
     in_place: bool,
     opts: FftOptions,
 ) -> f64 {
+    run_kernels(gpu, rng, n, batch, prec, in_place, opts).0
+}
+
+/// [`run_with`], also returning the plan's kernels (`FftPlan::pass_kernels`).
+fn run_kernels(
+    gpu: &Gpu,
+    rng: &mut StdRng,
+    n: usize,
+    batch: usize,
+    prec: Precision,
+    in_place: bool,
+    opts: FftOptions,
+) -> (f64, Vec<&'static str>) {
     let len = 2 * n * batch;
     let st = gpu.stream();
     let mut plan =
@@ -67,14 +80,15 @@ fn run_with(
     let (rel, max_abs) = fft_error(&ours, &reference);
     let bound = fft_error_bound(n, prec == Precision::C128);
     println!(
-        "{prec:?} n=2^{} batch={batch}{}: rel_l2 {rel:.3e} (bar {bound:.1e}), max_abs {max_abs:.3e}, {} launch(es), {} stage-table",
+        "{prec:?} n=2^{} batch={batch}{}: rel_l2 {rel:.3e} (bar {bound:.1e}), max_abs {max_abs:.3e}, {} launch(es), {} stage-table, {:?}",
         n.trailing_zeros(),
         if in_place { " in place" } else { "" },
         plan.launches(),
-        plan.stage_table_passes()
+        plan.stage_table_passes(),
+        plan.pass_kernels()
     );
-    assert!(rel <= bound, "{prec:?} n={n} batch={batch}: rel_l2 {rel:e} above {bound:e}");
-    rel
+    assert!(rel <= bound, "{prec:?} n={n} batch={batch} {opts:?}: rel_l2 {rel:e} above {bound:e}");
+    (rel, plan.pass_kernels())
 }
 
 fn batch_for(log_n: u32) -> usize {
@@ -184,6 +198,174 @@ fn stage_table_kernels() {
         }
         run_with(&gpu, &mut rng, 4096, 3, prec, true, stn);
         run_with(&gpu, &mut rng, 64, 1001, prec, false, opts(Persist::PerSm(1), true));
+    }
+}
+
+/// The session-4 options (bench rows `@e8`, `@e8p`, `@pp`, `@sta`, `@sta-sm2`, `@t128`, `@t64`,
+/// `@c4`, `@c8`, `@c32`, `@sp2`, `@sp4`): every length each can take, the seed shapes, odd batches, in place,
+/// persistent grids; the seed shapes assert that the intended kernel ran.
+#[test]
+fn session4_variants() {
+    let Some(gpu) = gpu_or_skip("fft::session4_variants") else { return };
+    let mut rng = fresh_rng("fft::session4_variants");
+    let c64 = Precision::C64;
+    let base = |n, b, p| FftOptions::for_shape(n, b, p);
+    let e8 = |n, b| FftOptions { e8: true, ..base(n, b, c64) };
+    let e8p = |n, b| FftOptions { e8: true, ping_pong: true, ..base(n, b, c64) };
+    let pp = |n, b| FftOptions { ping_pong: true, ..base(n, b, c64) };
+    let sta = |n, b, persist| FftOptions { staged: true, persist, ..base(n, b, c64) };
+    let expect = |(_, k): (f64, Vec<&'static str>), want: &str| assert_eq!(k, [want], "kernels");
+    // 8 elements per thread, with and without ping-pong: 1024 and 4096 (the seed shapes, odd
+    // batches, in place, persistent); every other length falls back to the planner's kernels.
+    for (n, l) in [(1024, 10), (4096, 12)] {
+        for batch in [1, 2, 3, 7, 33, 64, 256, 300] {
+            expect(run_kernels(&gpu, &mut rng, n, batch, c64, false, e8(n, batch)), &format!("fft_c64_l{l}_st8"));
+            expect(run_kernels(&gpu, &mut rng, n, batch, c64, false, e8p(n, batch)), &format!("fft_c64_l{l}_st8p"));
+        }
+        run_kernels(&gpu, &mut rng, n, 3, c64, true, e8(n, 3));
+        run_kernels(&gpu, &mut rng, n, 3, c64, true, e8p(n, 3));
+        for k in [1, 2] {
+            let o = FftOptions { persist: Persist::PerSm(k), ..e8(n, 700) };
+            run_kernels(&gpu, &mut rng, n, 700, c64, false, o);
+            run_kernels(&gpu, &mut rng, n, 700, c64, false, FftOptions { ping_pong: true, ..o });
+        }
+    }
+    for log_n in 0..=16 {
+        let n = 1 << log_n;
+        run_with(&gpu, &mut rng, n, batch_for(log_n), c64, false, e8p(n, batch_for(log_n)));
+        run_with(&gpu, &mut rng, n, batch_for(log_n), c64, false, pp(n, batch_for(log_n)));
+        for persist in [Persist::Auto, Persist::PerSm(1)] {
+            run_with(&gpu, &mut rng, n, batch_for(log_n), c64, false, sta(n, batch_for(log_n), persist));
+        }
+    }
+    // Ping-pong: 512, 1024, 4096.
+    for (n, l) in [(512, 9), (1024, 10), (4096, 12)] {
+        for batch in [1, 3, 7, 33, 64, 256, 300, 4096] {
+            expect(run_kernels(&gpu, &mut rng, n, batch, c64, false, pp(n, batch)), &format!("fft_c64_l{l}_stp"));
+        }
+        run_kernels(&gpu, &mut rng, n, 5, c64, true, pp(n, 5));
+        run_kernels(&gpu, &mut rng, n, 1001, c64, false, FftOptions { persist: Persist::PerSm(1), ..pp(n, 1001) });
+    }
+    // Ping-pong in the four-step passes (column pass and transposed `OUT_SMEM` store) of
+    // 2^18 = 512 × 512 and 2^20 = 1024 × 1024.
+    for log_n in [18, 20] {
+        let n = 1 << log_n;
+        for (batch, in_place) in [(1, false), (3, false), (2, true)] {
+            let (_, k) = run_kernels(&gpu, &mut rng, n, batch, c64, in_place, pp(n, batch));
+            println!("  ping-pong four-step kernels {k:?}");
+        }
+    }
+    // Staged input: 64, 512, 1024 under every persistent-grid choice (blocks looping over
+    // 1, 2 or many groups, a partial last group), in place, and an 8-byte aligned sub-view
+    // (the unstaged fallback).
+    for (n, l) in [(64, 6), (512, 9), (1024, 10)] {
+        for batch in [1, 3, 7, 33, 300, 1001, 4096, 65536] {
+            if n * batch > 1 << 22 {
+                continue;
+            }
+            for persist in [Persist::Auto, Persist::Never, Persist::PerSm(1), Persist::PerSm(2)] {
+                expect(
+                    run_kernels(&gpu, &mut rng, n, batch, c64, false, sta(n, batch, persist)),
+                    &format!("fft_c64_l{l}_sta"),
+                );
+            }
+            run_kernels(&gpu, &mut rng, n, batch, c64, true, sta(n, batch, Persist::PerSm(1)));
+        }
+        let batch = 333;
+        let len = 2 * n * batch;
+        let st = gpu.stream();
+        let mut plan = FftPlan::new_opts(&gpu, n, batch, c64, sta(n, batch, Persist::PerSm(1))).unwrap();
+        let mut xs = vec![f32::NAN; 2];
+        xs.extend(randn_f32(&mut rng, len, 1.0));
+        let dx = st.clone_htod(&xs).unwrap();
+        let mut dy = st.clone_htod(&vec![f32::NAN; len]).unwrap();
+        plan.execute_c64(&gpu, &dx.slice(2..), &mut dy).unwrap();
+        let ours: Vec<f64> = st.clone_dtoh(&dy).unwrap().iter().map(|&v| v as f64).collect();
+        let x64: Vec<f64> = xs[2..].iter().map(|&v| v as f64).collect();
+        let (rel, _) = fft_error(&ours, &fft_c2c_fwd(n, batch, &x64));
+        println!("staged n={n} misaligned x: rel_l2 {rel:.3e}");
+        assert!(rel <= fft_error_bound(n, false), "staged n={n} misaligned x: {rel:e}");
+    }
+    // Split passes (`FftOptions::split`): 2^14 as 2 × 8192 and 4 × 4096, 2^15 as 4 × 8192,
+    // odd batches, in place (through a workspace copy); other lengths plan as without.
+    for (n, split, want) in
+        [(1 << 14, 1, "fft_c64_l13_sp1"), (1 << 14, 2, "fft_c64_l12_sp2"), (1 << 15, 2, "fft_c64_l13_sp2")]
+    {
+        for batch in [1, 2, 3, 7, 64] {
+            let o = FftOptions { split, ..base(n, batch, c64) };
+            expect(run_kernels(&gpu, &mut rng, n, batch, c64, false, o), want);
+        }
+        let o = FftOptions { split, ..base(n, 3, c64) };
+        expect(run_kernels(&gpu, &mut rng, n, 3, c64, true, o), want);
+    }
+    for split in [1, 2] {
+        for log_n in 1..=18 {
+            let n = 1 << log_n;
+            run_with(&gpu, &mut rng, n, batch_for(log_n), c64, false, FftOptions { split, ..base(n, 2, c64) });
+        }
+    }
+    // Row-pass block sizes and four-step column counts, both precisions.
+    for prec in [Precision::C64, Precision::C128] {
+        for rt in [64, 128] {
+            for log_n in 1..=13 {
+                let n = 1 << log_n;
+                for batch in [3, 33] {
+                    run_with(
+                        &gpu,
+                        &mut rng,
+                        n,
+                        batch,
+                        prec,
+                        false,
+                        FftOptions { row_threads: rt, ..base(n, batch, prec) },
+                    );
+                }
+            }
+        }
+        for cols in [4, 8, 32] {
+            for log_n in 12..=20 {
+                let n = 1 << log_n;
+                run_with(&gpu, &mut rng, n, batch_for(log_n), prec, false, FftOptions { cols, ..base(n, 1, prec) });
+            }
+            run_with(&gpu, &mut rng, 1 << 15, 3, prec, true, FftOptions { cols, ..base(1 << 15, 3, prec) });
+        }
+    }
+    // The ten seed shapes under every session-4 option (the bench's variant rows).
+    let rows: [(usize, usize, Precision); 10] = [
+        (1, 4096, Precision::C64),
+        (64, 4096, Precision::C64),
+        (64, 4096, Precision::C128),
+        (64, 16384, Precision::C64),
+        (8, 65536, Precision::C64),
+        (256, 1024, Precision::C64),
+        (4096, 512, Precision::C64),
+        (65536, 64, Precision::C64),
+        (4, 1 << 20, Precision::C128),
+        (300, 1024, Precision::C64),
+    ];
+    for (batch, n, prec) in rows {
+        let b = base(n, batch, prec);
+        let is64 = prec == c64;
+        let one_pass = n <= if is64 { 1 << 13 } else { 1 << 12 };
+        // (option, whether it changes this row's plan: the bench's variant rows)
+        for (o, applies) in [
+            (FftOptions { e8: true, ..b }, is64 && matches!(n, 1024 | 4096)),
+            (FftOptions { e8: true, ping_pong: true, ..b }, is64 && matches!(n, 1024 | 4096)),
+            (FftOptions { ping_pong: true, ..b }, is64 && matches!(n, 512 | 1024 | 4096)),
+            (FftOptions { staged: true, persist: Persist::Auto, ..b }, is64 && matches!(n, 64 | 512 | 1024)),
+            (FftOptions { staged: true, persist: Persist::PerSm(2), ..b }, is64 && matches!(n, 64 | 512 | 1024)),
+            (FftOptions { row_threads: 128, ..b }, one_pass),
+            (FftOptions { row_threads: 64, ..b }, one_pass),
+            (FftOptions { cols: 4, ..b }, !one_pass),
+            (FftOptions { cols: 8, ..b }, !one_pass),
+            (FftOptions { cols: 32, ..b }, !one_pass),
+            (FftOptions { split: 1, ..b }, is64 && n == 1 << 14),
+            (FftOptions { split: 2, ..b }, is64 && n == 1 << 14),
+        ] {
+            if applies {
+                run_with(&gpu, &mut rng, n, batch, prec, false, o);
+            }
+        }
     }
 }
 

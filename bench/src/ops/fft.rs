@@ -30,29 +30,79 @@ const ROWS: [(&str, &[usize], usize, Precision); 10] = [
     ("spectrogram-1k-b300", &[300], 1024, Precision::C64),
 ];
 
-/// The seed's workloads; with `variants`, also each row under every persistent-grid choice
-/// (rows named `WORKLOAD@never`, `@sm1`, `@sm2`, `@sm4`) and with the stage-table kernels
-/// (`@st`: per-stage coalesced twiddle tables loaded at kernel start; `@st-never`,
-/// `@st-sm2`; `@stn`: the same tables loaded in each stage, no extra registers), for tuning.
-pub fn workloads(variants: bool) -> Vec<Workload> {
-    let opts = |persist, stage_twiddles| FftOptions { persist, stage_twiddles, hoist_twiddles: true };
-    // `None`: the planner's options for the row (`FftOptions::for_shape`); `v1`: the v1 kernels.
-    let mut configs: Vec<(Option<&'static str>, Option<FftOptions>)> = vec![(None, None)];
-    if variants {
-        let mut push = |tag, o| configs.push((Some(tag), Some(o)));
-        push("v1", FftOptions::default());
-        push("never", opts(Persist::Never, false));
-        for k in [1, 2, 4] {
-            push(["", "sm1", "sm2", "", "sm4"][k as usize], opts(Persist::PerSm(k), false));
-        }
-        push("st", opts(Persist::Auto, true));
-        push("st-never", opts(Persist::Never, true));
-        push("st-sm2", opts(Persist::PerSm(2), true));
-        push("stn", FftOptions { hoist_twiddles: false, ..opts(Persist::Auto, true) });
+/// A variant row's options for `(n, batch, precision)`, and whether the row gets it.
+type Variant = (fn(usize, usize, Precision) -> FftOptions, fn(usize, Precision) -> bool);
+
+/// The variant rows (`WORKLOAD@tag`), each on the rows where it changes something:
+/// - `v1`: the v1 kernels (W_Lt twiddle tables); `st`, `st-never`, `st-sm2`: hoisted stage
+///   tables under each persistent-grid choice; `stn`: stage tables loaded in each stage;
+/// - session 4, each the planner's options (`FftOptions::for_shape`) plus one change:
+///   `e8` (c64 1024/4096 with 8 elements per thread), `e8p` (the same with ping-pong shared
+///   memory), `pp` (ping-pong, c64 512/1024/4096), `sta` (`cp.async`-staged input, c64
+///   64/512/1024), `sta-sm2` (staged, 2 persistent blocks per SM), `t128`, `t64` (row-pass
+///   blocks of 128 / 64 threads), `c4`, `c8`, `c32` (four-step passes with 4 / 8 / 32
+///   transforms per block), `sp2`, `sp4` (c64 16384 in one pass, 2 × 8192 / 4 × 4096 blocks
+///   per transform).
+fn variants() -> Vec<(&'static str, Variant)> {
+    fn st(persist: Persist) -> FftOptions {
+        FftOptions { persist, stage_twiddles: true, hoist_twiddles: true, ..FftOptions::default() }
+    }
+    let all: fn(usize, Precision) -> bool = |_, _| true;
+    let one_pass: fn(usize, Precision) -> bool =
+        |n, p| n >= 64 && n <= if p == Precision::C64 { 1 << 13 } else { 1 << 12 };
+    let four_step: fn(usize, Precision) -> bool = |n, p| n > if p == Precision::C64 { 1 << 13 } else { 1 << 12 };
+    let split_rows: fn(usize, Precision) -> bool = |n, p| p == Precision::C64 && n == 1 << 14;
+    let e8_rows: fn(usize, Precision) -> bool = |n, p| p == Precision::C64 && (n == 1024 || n == 4096);
+    vec![
+        ("v1", (|_, _, _| FftOptions::default(), all)),
+        ("st", (|_, _, _| st(Persist::Auto), all)),
+        ("st-never", (|_, _, _| st(Persist::Never), all)),
+        ("st-sm2", (|_, _, _| st(Persist::PerSm(2)), all)),
+        ("stn", (|_, _, _| FftOptions { hoist_twiddles: false, ..st(Persist::Auto) }, all)),
+        ("e8", (|n, b, p| FftOptions { e8: true, ..FftOptions::for_shape(n, b, p) }, e8_rows)),
+        ("e8p", (|n, b, p| FftOptions { e8: true, ping_pong: true, ..FftOptions::for_shape(n, b, p) }, e8_rows)),
+        (
+            "pp",
+            (
+                |n, b, p| FftOptions { ping_pong: true, ..FftOptions::for_shape(n, b, p) },
+                |n, p| p == Precision::C64 && matches!(n, 512 | 1024 | 4096),
+            ),
+        ),
+        (
+            "sta",
+            (
+                |n, b, p| FftOptions { staged: true, persist: Persist::Auto, ..FftOptions::for_shape(n, b, p) },
+                |n, p| p == Precision::C64 && matches!(n, 64 | 512 | 1024),
+            ),
+        ),
+        (
+            "sta-sm2",
+            (
+                |n, b, p| FftOptions { staged: true, persist: Persist::PerSm(2), ..FftOptions::for_shape(n, b, p) },
+                |n, p| p == Precision::C64 && matches!(n, 64 | 512 | 1024),
+            ),
+        ),
+        ("t128", (|n, b, p| FftOptions { row_threads: 128, ..FftOptions::for_shape(n, b, p) }, one_pass)),
+        ("t64", (|n, b, p| FftOptions { row_threads: 64, ..FftOptions::for_shape(n, b, p) }, one_pass)),
+        ("c4", (|n, b, p| FftOptions { cols: 4, ..FftOptions::for_shape(n, b, p) }, four_step)),
+        ("c8", (|n, b, p| FftOptions { cols: 8, ..FftOptions::for_shape(n, b, p) }, four_step)),
+        ("c32", (|n, b, p| FftOptions { cols: 32, ..FftOptions::for_shape(n, b, p) }, four_step)),
+        ("sp2", (|n, b, p| FftOptions { split: 1, ..FftOptions::for_shape(n, b, p) }, split_rows)),
+        ("sp4", (|n, b, p| FftOptions { split: 2, ..FftOptions::for_shape(n, b, p) }, split_rows)),
+    ]
+}
+
+/// The seed's workloads; with `variants`, also the rows of [`variants`] (for tuning).
+pub fn workloads(variants_too: bool) -> Vec<Workload> {
+    // `None`: the planner's options for the row (`FftOptions::for_shape`).
+    let mut configs: Vec<(Option<&'static str>, Option<Variant>)> = vec![(None, None)];
+    if variants_too {
+        configs.extend(variants().into_iter().map(|(t, v)| (Some(t), Some(v))));
     }
     ROWS.iter()
         .flat_map(|r| configs.iter().map(move |c| (r, *c)))
-        .map(|(&(name, bdims, n, prec), (tag, o))| {
+        .filter(|(&(_, _, n, prec), (_, v))| v.is_none_or(|v| (v.1)(n, prec)))
+        .map(|(&(name, bdims, n, prec), (tag, v))| {
             let name = variant_name(name, tag);
             let batch: usize = bdims.iter().product();
             let mut dims = bdims.to_vec();
@@ -73,7 +123,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                         bdims,
                         n,
                         prec,
-                        o.unwrap_or_else(|| FftOptions::for_shape(n, batch, prec)),
+                        v.map_or_else(|| FftOptions::for_shape(n, batch, prec), |v| (v.0)(n, batch, prec)),
                     )?) as Box<dyn Case>)
                 }),
             }
@@ -192,9 +242,10 @@ impl Case for FftCase {
             max_abs_err: max_abs,
             rel_l2_err: rel,
             detail: format!(
-                "y: rel_l2 {rel:.3e} (bar {bound:.1e}), max_abs {max_abs:.3e}, {} launch(es), {} stage-table",
+                "y: rel_l2 {rel:.3e} (bar {bound:.1e}), max_abs {max_abs:.3e}, {} launch(es), {} stage-table, kernels {:?}",
                 self.plan.launches(),
-                self.plan.stage_table_passes()
+                self.plan.stage_table_passes(),
+                self.plan.pass_kernels()
             ),
         })
     }

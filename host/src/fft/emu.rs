@@ -65,6 +65,18 @@ pub mod prim {
     pub unsafe fn ld_nc_v4(p: *const u32) -> [u32; 4] {
         [*p, *p.add(1), *p.add(2), *p.add(3)]
     }
+    /// The copy at once (the emulation has no asynchrony); checks the 16-byte alignment the
+    /// GPU instruction requires.
+    ///
+    /// # Safety
+    /// Both valid for 16 bytes.
+    pub unsafe fn cp_async_16(dst: *mut u8, src: *const u8) {
+        assert!((dst as usize).is_multiple_of(16) && (src as usize).is_multiple_of(16), "cp.async.16 misaligned");
+        std::ptr::copy_nonoverlapping(src, dst, 16);
+    }
+    pub fn cp_async_commit_group() {}
+    pub fn cp_async_wait_group_1() {}
+    pub fn cp_async_wait_all() {}
 }
 
 #[allow(dead_code, unused_imports, clippy::all)]
@@ -161,7 +173,20 @@ kernels!(
     fft_c64_l10_stn,
     fft_c64_l11_stn,
     fft_c64_l12_stn,
-    fft_c64_l13_stn
+    fft_c64_l13_stn,
+    fft_c64_l10_st8,
+    fft_c64_l12_st8,
+    fft_c64_l10_st8p,
+    fft_c64_l12_st8p,
+    fft_c64_l9_stp,
+    fft_c64_l10_stp,
+    fft_c64_l12_stp,
+    fft_c64_l6_sta,
+    fft_c64_l9_sta,
+    fft_c64_l10_sta,
+    fft_c64_l13_sp1,
+    fft_c64_l12_sp2,
+    fft_c64_l13_sp2
 );
 kernels!(
     f64,
@@ -323,7 +348,7 @@ pub(crate) fn execute<T: Elem>(passes: &[Pass], log_n: u32, batch: usize, x: &[f
     let mut yb = DevBuf::new(reals * T::BYTES / 2, nan);
     let log_lt = passes.iter().map(|p| p.log_l).max().unwrap_or(0);
     let four_step = passes.len() > 1;
-    let (tw, four) = twiddle_tables(log_n, log_lt, four_step);
+    let (tw, four) = twiddle_tables(log_n, log_lt, four_step || passes.iter().any(|p| p.split > 0));
     // The four-step tables at lower addresses than `tw` (the allocation order that the first
     // H200 run's `max(twlo, tw)` argument bug turned into wrong twiddles).
     let (_tables, addrs) = match &four {
@@ -333,8 +358,8 @@ pub(crate) fn execute<T: Elem>(passes: &[Pass], log_n: u32, batch: usize, x: &[f
     let mut work = if four_step { Some(DevBuf::new(reals * T::BYTES / 2, nan)) } else { None };
     let ptrs = PlanPtrs {
         tw: *addrs.last().unwrap(),
-        twlo: if four_step { addrs[0] } else { 0 },
-        twhi: if four_step { addrs[1] } else { 0 },
+        twlo: if four.is_some() { addrs[0] } else { 0 },
+        twhi: if four.is_some() { addrs[1] } else { 0 },
         work: work.as_mut().map_or(0, |b| b.addr()),
     };
     let (xa, ya) = if in_place { (xb.addr(), xb.addr()) } else { (xb.addr(), yb.addr()) };
@@ -359,7 +384,7 @@ pub(crate) fn execute<T: Elem>(passes: &[Pass], log_n: u32, batch: usize, x: &[f
 
 #[cfg(test)]
 mod tests {
-    use super::super::plan::{decompose, max_single_log};
+    use super::super::plan::{decompose, decompose_k, max_single_log, set_extra, split_pass, Knobs};
     use super::*;
     use crate::reference::{fft_c2c_fwd, fft_error, fft_error_bound};
 
@@ -449,6 +474,89 @@ mod tests {
         for (log_n, b) in [(6, 1001), (9, 300), (10, 37)] {
             case::<f32>(log_n, b, false, Some(5));
             case::<f64>(log_n, b, false, Some(3));
+        }
+    }
+
+    /// [`case`] planned as `FftPlan::new_opts` does with hoisted stage tables and the session-4
+    /// options: planner `knobs`, then ping-pong / staging where an extra kernel exists (each
+    /// pass asserted to take the extra kernel when `expect_extra`). Max 512 threads per block.
+    fn case_k(log_n: u32, batch: usize, in_place: bool, grid: Option<u32>, knobs: Knobs, pp: bool, staged: bool) {
+        let mut passes = decompose_k(log_n, batch, 8, max_single_log(8), knobs);
+        for p in passes.iter_mut() {
+            p.st = true;
+            p.hoist = true;
+            assert!(p.shrink_to(512));
+            set_extra(p, 8, pp, staged);
+            if let Some(g) = grid {
+                if p.flags == 0 && p.log_min == 0 {
+                    p.grid = p.grid.min(g);
+                }
+            }
+        }
+        let n = 1usize << log_n;
+        let x = input(n * batch, (log_n as u64) << 20 | batch as u64 | 1 << 40);
+        let xr: Vec<f64> = x.iter().map(|&v| v as f32 as f64).collect();
+        let ours = execute::<f32>(&passes, log_n, batch, &xr, in_place);
+        let (rel, _) = fft_error(&ours, &fft_c2c_fwd(n, batch, &xr));
+        let bound = fft_error_bound(n, false);
+        assert!(
+            rel <= bound,
+            "emulated n=2^{log_n} batch={batch} in_place={in_place} grid={grid:?} {knobs:?} pp={pp} staged={staged}: rel {rel:e} > {bound:e}\n{passes:#?}"
+        );
+    }
+
+    /// The session-4 kernels and planner knobs through the kernel code: 8 elements per thread
+    /// (`_st8`, c64 1024 and 4096), ping-pong shared memory (`_stp`, `_st8p`), staged input
+    /// (`_sta`: persistent grids whose blocks loop over several groups, a partial last group,
+    /// in place), row-pass block sizes and four-step column counts.
+    #[test]
+    fn emulated_session4_kernels() {
+        let e8 = Knobs { e8: true, ..Knobs::default() };
+        for log_n in [10, 12] {
+            for b in [1, 3] {
+                case_k(log_n, b, false, None, e8, false, false);
+                case_k(log_n, b, false, None, e8, true, false);
+            }
+            case_k(log_n, 3, true, None, e8, true, false);
+            case_k(log_n, 5, false, Some(2), e8, false, false);
+            case_k(log_n, 5, false, Some(2), e8, true, false);
+        }
+        for log_n in [9, 10, 12] {
+            case_k(log_n, 3, false, None, Knobs::default(), true, false);
+            case_k(log_n, 7, true, Some(2), Knobs::default(), true, false);
+        }
+        for (log_n, b) in [(6, 1001), (6, 3), (9, 37), (9, 1), (10, 13), (10, 2)] {
+            case_k(log_n, b, false, None, Knobs::default(), false, true);
+            case_k(log_n, b, false, Some(3), Knobs::default(), false, true);
+            case_k(log_n, b, true, Some(2), Knobs::default(), false, true);
+        }
+        for rt in [64, 128, 512] {
+            let k = Knobs { row_threads: rt, ..Knobs::default() };
+            for log_n in [2, 6, 9, 10, 12, 13] {
+                case_k(log_n, 3, false, None, k, false, false);
+            }
+            case_k(9, 37, false, Some(3), k, false, true);
+        }
+        // Split passes: 2^14 as 2 × 8192 and 4 × 4096, 2^15 as 4 × 8192, odd batches.
+        for (log_n, log_r) in [(14, 1), (14, 2), (15, 2)] {
+            // (Not in place: `execute_raw` copies `x` into the workspace first for that.)
+            for (b, in_place) in [(1, false), (3, false), (2, false)] {
+                let mut p = split_pass(log_n, b, log_r).expect("a split kernel");
+                p.threads = p.threads.min(512);
+                let n = 1usize << log_n;
+                let x = input(n * b, (log_n as u64) << 20 | b as u64 | 1 << 41);
+                let xr: Vec<f64> = x.iter().map(|&v| v as f32 as f64).collect();
+                let ours = execute::<f32>(&[p], log_n, b, &xr, in_place);
+                let (rel, _) = fft_error(&ours, &fft_c2c_fwd(n, b, &xr));
+                assert!(rel <= fft_error_bound(n, false), "split n=2^{log_n} R=2^{log_r} batch={b}: {rel:e}");
+            }
+        }
+        for cols in [2, 4, 8, 32] {
+            let k = Knobs { cols, ..Knobs::default() };
+            for log_n in [14, 15, 16] {
+                case_k(log_n, 2, false, None, k, false, false);
+            }
+            case_k(15, 3, true, None, k, true, false);
         }
     }
 

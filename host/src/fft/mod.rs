@@ -30,7 +30,7 @@ pub use plan::MAX_ELEMENTS;
 /// Streaming multiprocessors assumed when the driver does not say (the H200's 132; the count
 /// only sizes persistent grids, never changes a result).
 const DEFAULT_SMS: u32 = 132;
-use plan::{decompose, max_log_n, max_single_log, Pass, PlanPtrs};
+use plan::{decompose_k, max_log_n, max_single_log, Pass, PlanPtrs};
 
 const KERNELS_C64: [&str; 13] = [
     "fft_c64_l1",
@@ -202,6 +202,19 @@ pub(crate) const KERNELS: &[&str] = &[
     KERNELS_C128_STN[9],
     KERNELS_C128_STN[10],
     KERNELS_C128_STN[11],
+    plan::EXTRA_KERNEL_NAMES[0],
+    plan::EXTRA_KERNEL_NAMES[1],
+    plan::EXTRA_KERNEL_NAMES[2],
+    plan::EXTRA_KERNEL_NAMES[3],
+    plan::EXTRA_KERNEL_NAMES[4],
+    plan::EXTRA_KERNEL_NAMES[5],
+    plan::EXTRA_KERNEL_NAMES[6],
+    plan::EXTRA_KERNEL_NAMES[7],
+    plan::EXTRA_KERNEL_NAMES[8],
+    plan::EXTRA_KERNEL_NAMES[9],
+    plan::SPLIT_KERNELS[0].0,
+    plan::SPLIT_KERNELS[1].0,
+    plan::SPLIT_KERNELS[2].0,
 ];
 
 /// The complex storage type of a transform.
@@ -259,12 +272,42 @@ pub struct FftOptions {
     /// registers); `false`: in each stage, after its barrier (`_stn`, the registers of the
     /// `W_Lt` kernels).
     pub hoist_twiddles: bool,
+    /// With hoisted stage tables: c64 one-pass lengths 1024 and 4096 with 8 elements per thread
+    /// (kernels `fft_c64_l{10,12}_st8`: 128 / 512 threads per transform, 4 radix-8 stages).
+    pub e8: bool,
+    /// With hoisted stage tables: ping-pong shared memory where a kernel exists (c64 512, 1024,
+    /// 4096; `_stp`, `_st8p`): one barrier per stage instead of two.
+    pub ping_pong: bool,
+    /// With hoisted stage tables: the row pass's input `cp.async`-staged in shared memory, the
+    /// next group's copy overlapping the current group (c64 64, 512, 1024; `_sta`). Falls
+    /// back to the `_st` kernel at execution when `x` is not 16-byte aligned.
+    pub staged: bool,
+    /// Row passes: threads per block aimed for and the floor of the halving rule (0: 256,
+    /// halving down to 64 while there are fewer than two blocks per SM).
+    pub row_threads: u32,
+    /// Four-step passes: most transforms (columns) per block (0: 16).
+    pub cols: u32,
+    /// With stage tables: c64 n = 2^14 / 2^15 in ONE pass of `2^split` blocks per transform
+    /// where a kernel exists (`split` 1: 16384 as 2 × 8192; 2: 16384 as 4 × 4096, 32768 as
+    /// 4 × 8192), each block computing every `2^split`-th output from the whole input (no
+    /// workspace). 0: off.
+    pub split: u32,
 }
 
 impl Default for FftOptions {
     /// The v1 kernels (`W_Lt` twiddle tables read after each barrier), persistent grids `Auto`.
     fn default() -> Self {
-        FftOptions { persist: Persist::Auto, stage_twiddles: false, hoist_twiddles: true }
+        FftOptions {
+            persist: Persist::Auto,
+            stage_twiddles: false,
+            hoist_twiddles: true,
+            e8: false,
+            ping_pong: false,
+            staged: false,
+            row_threads: 0,
+            cols: 0,
+            split: 0,
+        }
     }
 }
 
@@ -280,6 +323,7 @@ impl FftOptions {
             persist: if n <= 64 { Persist::Never } else { Persist::Auto },
             stage_twiddles: true,
             hoist_twiddles: n < 1 << 20,
+            ..FftOptions::default()
         }
     }
 }
@@ -379,7 +423,31 @@ impl FftPlan {
         let persist = opts.persist;
         let log_n = validate(n, batch, precision)?;
         let elem = precision.element_bytes();
-        let mut passes = if log_n == 0 { Vec::new() } else { decompose(log_n, batch, elem, max_single_log(elem)) };
+        let hoisted = opts.stage_twiddles && opts.hoist_twiddles;
+        let mut knobs = plan::Knobs { e8: opts.e8 && hoisted, row_threads: opts.row_threads, cols: opts.cols };
+        if knobs.e8 && log_n >= 1 && log_n <= max_single_log(elem) {
+            // The 8-element kernels must take the whole transform in one block (≤ 128 registers
+            // at 512 threads); otherwise plan as without them.
+            let p = &decompose_k(log_n, batch, elem, max_single_log(elem), knobs)[0];
+            if let Some(name) = plan::extra_kernel(p.log_l, p.e, false, false) {
+                let f = gpu.function(name)?;
+                let mt = f.get_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
+                if (mt as u32) < (p.threads >> p.log_c) {
+                    knobs.e8 = false;
+                }
+            }
+        }
+        let split = if precision == Precision::C64 && opts.stage_twiddles && opts.split > 0 {
+            plan::split_pass(log_n, batch, opts.split)
+        } else {
+            None
+        };
+        let is_split = split.is_some();
+        let mut passes = match split {
+            Some(p) => vec![p],
+            None if log_n == 0 => Vec::new(),
+            None => decompose_k(log_n, batch, elem, max_single_log(elem), knobs),
+        };
         let log_lt = passes.iter().map(|p| p.log_l).max().unwrap_or(0);
         let sms = gpu
             .context()
@@ -387,7 +455,7 @@ impl FftPlan {
             .map(|v| v.max(1) as u32)
             .unwrap_or(DEFAULT_SMS);
         for p in passes.iter_mut() {
-            if opts.stage_twiddles {
+            if opts.stage_twiddles && p.split == 0 {
                 let mut q = p.clone();
                 q.st = true;
                 q.hoist = opts.hoist_twiddles;
@@ -396,6 +464,16 @@ impl FftPlan {
                     f.get_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
                 if q.shrink_to(max_threads as u32) {
                     *p = q;
+                }
+                if p.st && (opts.ping_pong || opts.staged) {
+                    let mut q = p.clone();
+                    if plan::set_extra(&mut q, elem, opts.ping_pong, opts.staged) {
+                        let f = gpu.function(Self::pass_kernel(precision, &q))?;
+                        let mt = f.get_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
+                        if mt as u32 >= q.threads {
+                            *p = q;
+                        }
+                    }
                 }
             }
             let f = gpu.function(Self::pass_kernel(precision, p))?;
@@ -413,7 +491,7 @@ impl FftPlan {
             if p.smem_bytes > 48 * 1024 && f.get_attribute(attr)? < p.smem_bytes as i32 {
                 f.set_attribute(attr, p.smem_bytes as i32)?;
             }
-            if p.flags == 0 && p.log_min == 0 {
+            if p.flags == 0 && p.log_min == 0 && p.split == 0 {
                 let occ =
                     f.occupancy_max_active_blocks_per_multiprocessor(p.threads, p.smem_bytes as usize, None)?.max(1);
                 let per_sm = match persist {
@@ -426,7 +504,7 @@ impl FftPlan {
                 }
             }
         }
-        let four_step = passes.len() > 1;
+        let four_step = passes.len() > 1 || is_split;
         let (tw, twlo, twhi) = if passes.is_empty() {
             (None, None, None)
         } else {
@@ -458,10 +536,27 @@ impl FftPlan {
         }
     }
 
-    /// The kernel of a pass (its length, precision and table kind).
+    /// The kernel of a pass (its length, precision, table kind, elements per thread,
+    /// ping-pong and staging).
     fn pass_kernel(prec: Precision, p: &Pass) -> &'static str {
+        if p.split > 0 {
+            let k = plan::SPLIT_KERNELS.iter().find(|k| (k.1, k.2) == (p.log_l, p.split));
+            return k.expect("split passes are planned only where a kernel exists").0;
+        }
+        if prec == Precision::C64 && p.st && p.hoist {
+            if let Some(name) = plan::extra_kernel(p.log_l, p.e, p.pp, p.staged) {
+                return name;
+            }
+        }
+        debug_assert!(!p.pp && !p.staged && p.e == plan::elems_per_thread(p.log_l, prec.element_bytes()), "{p:?}");
         let names = if p.st { Self::kernel_names_st(prec, p.hoist) } else { Self::kernel_names(prec) };
         names[p.log_l as usize - 1]
+    }
+
+    /// The PTX entry of every pass, in launch order (for tests and reports).
+    #[doc(hidden)]
+    pub fn pass_kernels(&self) -> Vec<&'static str> {
+        self.passes.iter().map(|p| Self::pass_kernel(self.precision, p)).collect()
     }
 
     /// How many passes run the stage-table kernels (for tests and reports).
@@ -602,8 +697,20 @@ impl FftPlan {
         let ptrs = PlanPtrs { tw, twlo, twhi, work };
         let log_n = self.n.trailing_zeros();
         for (p, &stw) in self.passes.iter().zip(&self.stw_ptrs) {
-            let f = gpu.function(Self::pass_kernel(self.precision, p))?;
-            let a = plan::pass_args(p, log_n, self.log_lt, ptrs, stw, x, y);
+            let mut a = plan::pass_args(p, log_n, self.log_lt, ptrs, stw, x, y);
+            if p.split > 0 && x == y {
+                // Every block of a split pass reads its whole transform while the others write
+                // it: in place, read a copy in the workspace.
+                cudarc::driver::result::memcpy_dtod_async(work, x, bytes as usize, stream)?;
+                a.src = work;
+            }
+            let f = if p.staged && !a.src.is_multiple_of(16) {
+                // The staged kernel copies 16-byte chunks: an 8-byte aligned `x` (a sub-view)
+                // takes the same pass's unstaged kernel (same table, geometry; less shared memory).
+                gpu.function(Self::pass_kernel(self.precision, &Pass { staged: false, ..p.clone() }))?
+            } else {
+                gpu.function(Self::pass_kernel(self.precision, p))?
+            };
             let (mut src, mut dst, mut tw, mut lo, mut hi) = (a.src, a.dst, a.tw, a.lo, a.hi);
             let (mut log_c, mut log_min, mut log_mout, mut count) = (a.log_c, a.log_min, a.log_mout, a.count);
             let (mut log_lt, mut log_split, mut flags, mut sm_stride) = (a.log_lt, a.log_split, a.flags, a.sm_stride);
@@ -635,6 +742,7 @@ impl FftPlan {
 
 #[cfg(test)]
 mod tests {
+    use super::plan::decompose;
     use super::*;
 
     #[test]

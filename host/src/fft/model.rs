@@ -259,11 +259,15 @@ mod dft_tests {
 /// stay inside the block's allocation, and twiddle indices inside their tables.
 #[cfg(test)]
 mod geometry {
-    use super::super::plan::{decompose, max_single_log, split_log, MAX_ELEMENTS};
+    use super::super::plan::{decompose_k, max_single_log, split_log, Knobs, MAX_ELEMENTS};
     use super::*;
 
     fn check_plan(log_n: u32, batch: usize, elem: usize) {
-        let passes = decompose(log_n, batch, elem, max_single_log(elem));
+        check_plan_k(log_n, batch, elem, Knobs::default());
+    }
+
+    fn check_plan_k(log_n: u32, batch: usize, elem: usize, knobs: Knobs) {
+        let passes = decompose_k(log_n, batch, elem, max_single_log(elem), knobs);
         let total = batch << log_n;
         let log_lt = passes.iter().map(|p| p.log_l).max().unwrap();
         let split = split_log(log_n);
@@ -348,6 +352,33 @@ mod geometry {
                         continue;
                     }
                     check_plan(log_n, batch, elem);
+                }
+            }
+        }
+    }
+
+    /// The session-4 planner knobs (`FftOptions::{e8, row_threads, cols}`) on the same plans.
+    #[test]
+    fn planner_knobs_read_and_write_each_element_once() {
+        let knobs = [
+            Knobs { e8: true, ..Knobs::default() },
+            Knobs { row_threads: 64, ..Knobs::default() },
+            Knobs { row_threads: 128, ..Knobs::default() },
+            Knobs { row_threads: 512, ..Knobs::default() },
+            Knobs { cols: 2, ..Knobs::default() },
+            Knobs { cols: 4, ..Knobs::default() },
+            Knobs { cols: 8, ..Knobs::default() },
+            Knobs { cols: 32, ..Knobs::default() },
+        ];
+        for k in knobs {
+            for elem in [8, 16] {
+                for log_n in 1..=20 {
+                    for batch in [1usize, 3, 33, 300] {
+                        if (batch << log_n) > 1 << 20 && batch > 1 {
+                            continue;
+                        }
+                        check_plan_k(log_n, batch, elem, k);
+                    }
                 }
             }
         }

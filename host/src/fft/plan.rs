@@ -66,6 +66,83 @@ pub(crate) struct Pass {
     /// With `st`: the hoisting kernel (`_st`, twiddles loaded at kernel start) rather than
     /// `_stn` (loaded in each stage).
     pub hoist: bool,
+    /// Ping-pong shared memory (kernels `_stp`, `_st8p`: two Stockham buffers, one barrier per
+    /// stage); `smem_bytes` includes the second buffer.
+    pub pp: bool,
+    /// Staged input (kernels `_sta`: the block's next group of rows `cp.async`-copied into
+    /// shared memory while the current one computes); `smem_bytes` includes the two staging
+    /// buffers.
+    pub staged: bool,
+    /// `log2 R` of a split pass (kernels `_sp1`, `_sp2`: `R` blocks per transform of length
+    /// `R·2^log_l`, see [`split_pass`]); 0 otherwise.
+    pub split: u32,
+}
+
+/// The split kernels: `(name, log_l, log_r, hoisted stage tables)`.
+pub(crate) const SPLIT_KERNELS: [(&str, u32, u32, bool); 3] =
+    [("fft_c64_l13_sp1", 13, 1, false), ("fft_c64_l12_sp2", 12, 2, true), ("fft_c64_l13_sp2", 13, 2, false)];
+
+/// The one-pass plan of a c64 transform of length `2^log_n` split `R = 2^log_r` ways, if a
+/// split kernel exists for it: `batch·R` virtual transforms of length `2^(log_n − log_r)`, one
+/// per block, virtual transform `t` computing outputs `k·R + t mod R` of transform `t / R`
+/// (kernels-gpu `Ctx::log_r`); its output stride `R` is the pass's `log_mout`. Needs the
+/// four-step tables of `log_n` (the `W_n^{r·j}` twiddles).
+pub(crate) fn split_pass(log_n: u32, batch: usize, log_r: u32) -> Option<Pass> {
+    let log_l = log_n.checked_sub(log_r)?;
+    let k = SPLIT_KERNELS.iter().find(|k| (k.1, k.2) == (log_l, log_r))?;
+    let mut p = pass(Knobs::default(), log_l, batch << log_r, 1, 8, 0, log_r, 0, 0, Buf::X, Buf::Y);
+    p.st = true;
+    p.hoist = k.3;
+    p.split = log_r;
+    Some(p)
+}
+
+/// Planner knobs (host `FftOptions`; `Knobs::default()` is the committed planner).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Knobs {
+    /// c64 one-pass lengths 2^10 and 2^12 with 8 elements per thread (kernels `_st8*`).
+    pub e8: bool,
+    /// Row passes: threads per block aimed for, and the floor of the halving rule (0: 256,
+    /// halving down to 64).
+    pub row_threads: u32,
+    /// Four-step passes: most columns (transforms) per block (0: 16).
+    pub cols: u32,
+}
+
+/// The extra kernels of session 4 (kernels-gpu/src/fft/stockham.rs, all c64 with hoisted
+/// stage tables): `(name, log_l, e, ping-pong, staged)`.
+const EXTRA_KERNELS: [(&str, u32, u32, bool, bool); 10] = [
+    ("fft_c64_l10_st8", 10, 8, false, false),
+    ("fft_c64_l12_st8", 12, 8, false, false),
+    ("fft_c64_l10_st8p", 10, 8, true, false),
+    ("fft_c64_l12_st8p", 12, 8, true, false),
+    ("fft_c64_l9_stp", 9, 8, true, false),
+    ("fft_c64_l10_stp", 10, 16, true, false),
+    ("fft_c64_l12_stp", 12, 16, true, false),
+    ("fft_c64_l6_sta", 6, 8, false, true),
+    ("fft_c64_l9_sta", 9, 8, false, true),
+    ("fft_c64_l10_sta", 10, 16, false, true),
+];
+
+/// The PTX names of [`EXTRA_KERNELS`].
+pub(crate) const EXTRA_KERNEL_NAMES: [&str; 10] = [
+    EXTRA_KERNELS[0].0,
+    EXTRA_KERNELS[1].0,
+    EXTRA_KERNELS[2].0,
+    EXTRA_KERNELS[3].0,
+    EXTRA_KERNELS[4].0,
+    EXTRA_KERNELS[5].0,
+    EXTRA_KERNELS[6].0,
+    EXTRA_KERNELS[7].0,
+    EXTRA_KERNELS[8].0,
+    EXTRA_KERNELS[9].0,
+];
+
+/// The extra kernel for a c64 hoisted stage-table pass of length `2^log_l` with `e` elements
+/// per thread, ping-pong `pp` and staging `staged`, if there is one. (The plain `_st` kernels
+/// are not in this table.)
+pub(crate) fn extra_kernel(log_l: u32, e: u32, pp: bool, staged: bool) -> Option<&'static str> {
+    EXTRA_KERNELS.iter().find(|k| (k.1, k.2, k.3, k.4) == (log_l, e, pp, staged)).map(|k| k.0)
 }
 
 impl Pass {
@@ -133,6 +210,7 @@ fn floor_pow2(v: usize) -> usize {
 /// A pass of `count` transforms of length `2^log_l`, at most `max_c` per block.
 #[allow(clippy::too_many_arguments)]
 fn pass(
+    knobs: Knobs,
     log_l: u32,
     count: usize,
     max_c: usize,
@@ -145,10 +223,22 @@ fn pass(
     dst: Buf,
 ) -> Pass {
     let l = 1usize << log_l;
-    let e = elems_per_thread(log_l, elem_bytes);
+    let row = flags & (COL_MAP | OUT_SMEM) == 0;
+    let e = if knobs.e8 && row && log_min == 0 && elem_bytes == 8 && (log_l == 10 || log_l == 12) {
+        8
+    } else {
+        elems_per_thread(log_l, elem_bytes)
+    };
     let tpt = l / e as usize;
     // Column passes take up to MAX_THREADS for more columns per block (longer coalesced runs).
-    let target = if flags & (COL_MAP | OUT_SMEM) != 0 { max_threads(e, elem_bytes) } else { TARGET_THREADS };
+    let target = if !row {
+        max_threads(e, elem_bytes)
+    } else if knobs.row_threads > 0 {
+        knobs.row_threads.min(max_threads(e, elem_bytes))
+    } else {
+        TARGET_THREADS
+    };
+    let min_row = if knobs.row_threads > 0 { knobs.row_threads.min(max_threads(e, elem_bytes)) as usize } else { 64 };
     let by_threads = (target as usize / tpt).max(1);
     let sm_stride = smem_len(log_l) + pad;
     let by_smem = floor_pow2((COLUMN_SMEM / (sm_stride as usize * elem_bytes)).max(1));
@@ -156,7 +246,7 @@ fn pass(
     if flags & COL_MAP == 0 && flags & OUT_SMEM == 0 {
         // Row passes: spread over at least two blocks per SM where the batch allows, down to
         // 64 threads per block (short batches are latency-bound: more SMs, more loads in flight).
-        while c > 1 && count.div_ceil(c) < 2 * SMS && (c / 2) * tpt >= 64 {
+        while c > 1 && count.div_ceil(c) < 2 * SMS && (c / 2) * tpt >= min_row {
             c /= 2;
         }
     }
@@ -179,6 +269,9 @@ fn pass(
         dst,
         st: false,
         hoist: false,
+        pp: false,
+        staged: false,
+        split: 0,
     }
 }
 
@@ -192,19 +285,46 @@ fn pass(
 ///   of column `j2` by `W_n^{j2·k1}`, into the workspace in the same layout; pass 2 transforms
 ///   the `n1` rows of the workspace (length `n2`) and stores output `k2` of row `k1` at
 ///   `y[k1 + n1·k2]`.
+#[cfg(test)]
 pub(crate) fn decompose(log_n: u32, batch: usize, elem_bytes: usize, max_single: u32) -> Vec<Pass> {
+    decompose_k(log_n, batch, elem_bytes, max_single, Knobs::default())
+}
+
+/// The passes of a plan (see `decompose`) with planner [`Knobs`].
+pub(crate) fn decompose_k(log_n: u32, batch: usize, elem_bytes: usize, max_single: u32, k: Knobs) -> Vec<Pass> {
     assert!(log_n >= 1 && log_n <= 2 * max_single);
     if log_n <= max_single {
         let max_c = batch.next_power_of_two();
-        return vec![pass(log_n, batch, max_c, elem_bytes, 0, 0, 0, 0, Buf::X, Buf::Y)];
+        return vec![pass(k, log_n, batch, max_c, elem_bytes, 0, 0, 0, 0, Buf::X, Buf::Y)];
     }
     let log_n1 = log_n / 2;
     let log_n2 = log_n - log_n1;
     let (n1, n2) = (1usize << log_n1, 1usize << log_n2);
+    let cols = if k.cols > 0 { k.cols as usize } else { 16 };
     vec![
-        pass(log_n1, batch * n2, n2.min(16), elem_bytes, log_n2, log_n2, COL_MAP | TW4, 1, Buf::X, Buf::Work),
-        pass(log_n2, batch * n1, n1.min(16), elem_bytes, 0, log_n1, OUT_SMEM, 1, Buf::Work, Buf::Y),
+        pass(k, log_n1, batch * n2, n2.min(cols), elem_bytes, log_n2, log_n2, COL_MAP | TW4, 1, Buf::X, Buf::Work),
+        pass(k, log_n2, batch * n1, n1.min(cols), elem_bytes, 0, log_n1, OUT_SMEM, 1, Buf::Work, Buf::Y),
     ]
+}
+
+/// Makes `p` (a hoisted stage-table pass) ping-pong and/or staged where an extra kernel exists
+/// for it (staging only for row passes), adding the shared memory; `false` (and `p` unchanged)
+/// otherwise.
+pub(crate) fn set_extra(p: &mut Pass, elem_bytes: usize, pp: bool, staged: bool) -> bool {
+    let row = p.flags == 0 && p.log_min == 0 && p.log_mout == 0;
+    if elem_bytes != 8 || !p.st || !p.hoist || (staged && !row) || extra_kernel(p.log_l, p.e, pp, staged).is_none() {
+        return false;
+    }
+    let c = 1u32 << p.log_c;
+    if pp {
+        p.smem_bytes += c * p.sm_stride * elem_bytes as u32;
+    }
+    if staged {
+        p.smem_bytes += 2 * (c << p.log_l) * elem_bytes as u32;
+    }
+    p.pp = pp;
+    p.staged = staged;
+    true
 }
 
 /// `log2` of the lo table of the four-step twiddle `W_n^p = lo[p mod 2^s] · hi[p >> s]`.

@@ -46,7 +46,46 @@ struct Ctx<T: Mem> {
     base_in: u32,
     base_out: u32,
     log_min: u32,
+    /// `SP`: the pass computes, for transform `T = t / R` (`R = 2^log_r`, length `n = R·L`),
+    /// the outputs `k ≡ r = t mod R` (mod R), as the length-`L` DFT of
+    /// `a_j = W_n^{r·j} · Σ_m x[T·n + j + m·L] · W_R^{r·m}` (one decimation-in-frequency
+    /// radix-R step fused into the first stage's loads; the host passes `log_mout = log_r`, so
+    /// output `k` goes to `y[T·n + k·R + r]`). 0: a plain pass.
+    log_r: u32,
     smc: *mut Cx<T>,
+}
+
+/// `v · (−i)^q` (q < 4): exact.
+#[inline(always)]
+fn rot<T: Mem>(v: Cx<T>, q: u32) -> Cx<T> {
+    let w = if q & 1 != 0 { v.mul_neg_i() } else { v };
+    if q & 2 != 0 {
+        Cx { re: -w.re, im: -w.im }
+    } else {
+        w
+    }
+}
+
+/// The split pass's input element `idx` (see `Ctx::log_r`; `R ≤ 4`, so `W_R^{r·m}` is a
+/// quarter turn): `R` independent loads, exact rotations, one twiddle from the four-step
+/// tables.
+#[inline(always)]
+unsafe fn split_input<T: Mem>(c: &Ctx<T>, idx: u32) -> Cx<T> {
+    let r = c.t & ((1 << c.log_r) - 1);
+    let l = 1u32 << c.log_l;
+    let mut xs = [Cx::<T>::zero(); 4];
+    unroll!(4, m, {
+        if (m as u32) < (1 << c.log_r) {
+            xs[m] = T::ld_ro(c.x.add((c.base_in + idx + m as u32 * l) as usize));
+        }
+    });
+    let mut a = xs[0];
+    unroll!(4, m, {
+        if m >= 1 && (m as u32) < (1 << c.log_r) {
+            a = a.cadd(rot(xs[m], ((r * m as u32) << (2 - c.log_r)) & 3));
+        }
+    });
+    tw4(c, a, r, idx)
 }
 
 /// Shared-memory slot of element `i` of a transform: one pad element after every 16, so the
@@ -85,6 +124,47 @@ unsafe fn prefetch_table(p: *const u8, bytes: u32, tid: u32, nthreads: u32, keep
     }
 }
 
+/// The shared memory one stage uses: it reads its inputs at `rd` (a transform's slot, `sidx`
+/// layout) and writes its outputs at `wr`. With `ping_pong` the two differ (alternating
+/// buffers), so a stage needs no barrier between its reads and its writes. The first stage
+/// reads global memory, or with a non-null `stg` the transform's staged input (natural order,
+/// unpadded; `cp.async`-copied by the block, see `fft_block`).
+#[derive(Clone, Copy)]
+struct Bufs<T: Mem> {
+    rd: *mut Cx<T>,
+    wr: *mut Cx<T>,
+    stg: *const Cx<T>,
+    ping_pong: bool,
+}
+
+/// Copies the `2^log_c` rows of group `g` (contiguous in `x`, rows past `count` left out) into
+/// the staging buffer `dst` with 16-byte `cp.async` copies (`x` and `dst` 16-byte aligned),
+/// and commits them as one group.
+#[inline(always)]
+unsafe fn stage_copy<T: Mem>(
+    x: *const Cx<T>,
+    g: u32,
+    log_c: u32,
+    log_l: u32,
+    count: u32,
+    dst: *mut Cx<T>,
+    tid: u32,
+    nthreads: u32,
+) {
+    let t0 = g << log_c;
+    let rows = (count - t0).min(1 << log_c);
+    let esz = core::mem::size_of::<Cx<T>>() as u32;
+    let chunks = ((rows << log_l) * esz) >> 4;
+    let src = x.add((t0 << log_l) as usize) as *const u8;
+    let d = dst as *mut u8;
+    let mut i = tid;
+    while i < chunks {
+        cp_async_16(d.add((i << 4) as usize), src.add((i << 4) as usize));
+        i += nthreads;
+    }
+    cp_async_commit_group();
+}
+
 /// Stage-table twiddles of a stage with `R = E` (one butterfly per thread, `j = jt`): element
 /// `r` is `W_{Ns·E}^{r·k}` (`k = jt mod Ns`, `Ns = 2^ls`) from the per-stage table at `off`,
 /// laid out `[r − 1][k]` so consecutive threads read consecutive entries (coalesced); element
@@ -113,6 +193,7 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
     to_global: bool,
     pre: bool,
     w: &[Cx<T>; E],
+    bufs: Bufs<T>,
 ) {
     if R > E {
         return;
@@ -125,16 +206,20 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
         let j = c.jt + (e / R) as u32 * tpt;
         let idx = j + (e % R) as u32 * quarter;
         v[e] = if from_global {
-            if c.valid {
-                T::ld_ro(c.x.add((c.base_in + (idx << c.log_min)) as usize))
-            } else {
+            if !c.valid {
                 Cx::zero()
+            } else if !bufs.stg.is_null() {
+                T::ld(bufs.stg.add(idx as usize))
+            } else if c.log_r > 0 {
+                split_input(c, idx)
+            } else {
+                T::ld_ro(c.x.add((c.base_in + (idx << c.log_min)) as usize))
             }
         } else {
-            T::ld(c.smc.add(sidx(idx) as usize))
+            T::ld(bufs.rd.add(sidx(idx) as usize))
         };
     });
-    if !from_global && !to_global {
+    if !from_global && !to_global && !bufs.ping_pong {
         // Every thread has read this stage's inputs before any overwrites them.
         sync_threads();
     }
@@ -173,7 +258,7 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
                 T::st(c.y.add((c.base_out + (o << c.log_mout)) as usize), val);
             }
         } else {
-            T::st(c.smc.add(sidx(o) as usize), v[e]);
+            T::st(bufs.wr.add(sidx(o) as usize), v[e]);
         }
     });
     if !to_global {
@@ -185,7 +270,16 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
 /// thread, block size `C·L/E` threads.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const ST: bool, const HOIST: bool>(
+unsafe fn fft_block<
+    T: Mem,
+    const LOG_L: u32,
+    const E: usize,
+    const ST: bool,
+    const HOIST: bool,
+    const PP: bool,
+    const STG: bool,
+    const SP: u32,
+>(
     x: *const Cx<T>,
     y: *mut Cx<T>,
     tw: *const Cx<T>,
@@ -217,9 +311,10 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const ST: bool, co
     if !ST {
         prefetch_table(tw as *const u8, esz << log_lt, tid, nthreads, true);
     }
-    if flags & TW4 != 0 {
+    if flags & TW4 != 0 || SP > 0 {
+        let log_n = log_l + if SP > 0 { SP } else { log_min };
         prefetch_table(twlo as *const u8, esz << log_split, tid, nthreads, true);
-        prefetch_table(twhi as *const u8, esz << (log_l + log_min).saturating_sub(log_split), tid, nthreads, true);
+        prefetch_table(twhi as *const u8, esz << log_n.saturating_sub(log_split), tid, nthreads, true);
     }
     let nst = (LOG_L as usize).div_ceil(log_e as usize);
     let first = log_l - log_e * (nst as u32 - 1);
@@ -241,10 +336,23 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const ST: bool, co
             }
         });
     }
+    // Shared memory: the Stockham buffer of the block's transforms (`C·sm_stride` elements;
+    // with `PP` a second one after it, the stages alternating between them), then with `STG`
+    // two staging buffers of `C·L` elements (natural order) that receive the block's next group
+    // of rows by `cp.async` while the current group computes (row passes only: `log_min = 0`).
+    let area = sm_stride << log_c;
+    let sm_b = if PP { sm.add(area as usize) } else { sm };
+    let stg0 = sm.add((if PP { 2 * area } else { area }) as usize);
+    let stg_len = 1u32 << (log_c + log_l);
     // Groups of 2^log_c transforms; a grid smaller than the group count loops (persistent
-    // blocks), prefetching the next group's rows into L2 while this one computes and stores.
+    // blocks), prefetching the next group's rows (into L2, or with `STG` into shared memory)
+    // while this one computes and stores.
     let ngroups = (count + (1 << log_c) - 1) >> log_c;
     let mut g = block_idx_x();
+    let mut sbuf = 0u32;
+    if STG && g < ngroups {
+        stage_copy(x, g, log_c, log_l, count, stg0, tid, nthreads);
+    }
     while g < ngroups {
         // Loop-variant copies: the per-thread addresses derived from them (twiddle, shared
         // memory) are recomputed per group rather than hoisted and held in registers.
@@ -252,7 +360,18 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const ST: bool, co
         let t0 = g << log_c;
         let t = t0 + ci;
         let next = g + grid_dim_x();
-        if next < ngroups && log_min == 0 {
+        if STG {
+            // The next group's copies go into the other staging buffer (last read in the
+            // previous group's first stage, before its first barrier); then this group's rows
+            // (committed one group earlier) must have landed, and everyone's must be visible.
+            if next < ngroups {
+                stage_copy(x, next, log_c, log_l, count, stg0.add(((sbuf ^ 1) * stg_len) as usize), tid, nthreads);
+                cp_async_wait_group_1();
+            } else {
+                cp_async_wait_all();
+            }
+            sync_threads();
+        } else if next < ngroups && log_min == 0 {
             let tn = next << log_c;
             let rows = (count - tn).min(1 << log_c);
             prefetch_table(x.add((tn << log_l) as usize) as *const u8, (rows << log_l) * esz, tid, nthreads, false);
@@ -273,11 +392,15 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const ST: bool, co
             t,
             min_mask: (1 << log_min) - 1,
             valid: t < count,
-            base_in: base(t, log_l, log_min),
+            base_in: if SP > 0 { (t >> SP) << (log_l + SP) } else { base(t, log_l, log_min) },
             base_out: base(t, log_l, log_mout),
             log_min,
+            log_r: SP,
             smc: sm.add((ci * sm_stride) as usize),
         };
+        let smc_b = sm_b.add((ci * sm_stride) as usize);
+        let stg =
+            if STG { stg0.add((sbuf * stg_len + (ci << log_l)) as usize) as *const Cx<T> } else { core::ptr::null() };
         let mut v = [Cx::<T>::zero(); E];
         unroll!(nst, s, {
             let lr = if s == 0 { first } else { log_e };
@@ -291,17 +414,27 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const ST: bool, co
             } else {
                 tws[0]
             };
+            // Stage s writes buffer s mod 2 and reads buffer (s − 1) mod 2 (`PP`), else both A.
+            let (rd, wr) = if PP && s % 2 == 1 {
+                (c.smc, smc_b)
+            } else if PP && s >= 1 {
+                (smc_b, c.smc)
+            } else {
+                (c.smc, c.smc)
+            };
+            let b = Bufs { rd, wr, stg, ping_pong: PP };
             match lr {
-                1 => stage::<T, E, 2>(&c, &mut v, ls, from_global, to_global, ST, &w),
-                2 => stage::<T, E, 4>(&c, &mut v, ls, from_global, to_global, ST, &w),
-                3 => stage::<T, E, 8>(&c, &mut v, ls, from_global, to_global, ST, &w),
-                4 => stage::<T, E, 16>(&c, &mut v, ls, from_global, to_global, ST, &w),
-                _ => stage::<T, E, 32>(&c, &mut v, ls, from_global, to_global, ST, &w),
+                1 => stage::<T, E, 2>(&c, &mut v, ls, from_global, to_global, ST, &w, b),
+                2 => stage::<T, E, 4>(&c, &mut v, ls, from_global, to_global, ST, &w, b),
+                3 => stage::<T, E, 8>(&c, &mut v, ls, from_global, to_global, ST, &w, b),
+                4 => stage::<T, E, 16>(&c, &mut v, ls, from_global, to_global, ST, &w, b),
+                _ => stage::<T, E, 32>(&c, &mut v, ls, from_global, to_global, ST, &w, b),
             }
         });
         if out_smem {
             // The result is in shared memory (the last stage ended with a barrier): store it
-            // with consecutive threads on consecutive columns.
+            // with consecutive threads on consecutive columns. (It is in buffer (nst − 1) mod 2.)
+            let fin = if PP && (nst - 1) % 2 == 1 { sm_b } else { sm };
             let mut q = 0;
             while q < E {
                 let e = tid + q as u32 * nthreads;
@@ -309,7 +442,7 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const ST: bool, co
                 let k = e >> log_c;
                 let t2 = t0 + c2;
                 if t2 < count {
-                    let mut val = T::ld(sm.add((c2 * sm_stride + sidx(k)) as usize));
+                    let mut val = T::ld(fin.add((c2 * sm_stride + sidx(k)) as usize));
                     if flags & TW4 != 0 {
                         val = tw4(&c, val, t2 & c.min_mask, k);
                     }
@@ -319,6 +452,7 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const ST: bool, co
             }
         }
         g = next;
+        sbuf ^= 1;
         if g < ngroups && (nst > 1 || out_smem) {
             // This group's last shared-memory reads are done before the next group's first
             // shared-memory writes.
@@ -333,9 +467,15 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const ST: bool, co
 #[cfg(target_arch = "nvptx64")]
 macro_rules! entry {
     ($name:ident, $t:ty, $log_l:literal, $e:literal) => {
-        entry!($name, $t, $log_l, $e, false, false);
+        entry!($name, $t, $log_l, $e, false, false, false, false);
     };
     ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal) => {
+        entry!($name, $t, $log_l, $e, $st, $hoist, false, false);
+    };
+    ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal, $pp:literal, $stg:literal) => {
+        entry!($name, $t, $log_l, $e, $st, $hoist, $pp, $stg, 0);
+    };
+    ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal, $pp:literal, $stg:literal, $sp:literal) => {
         /// One FFT pass (module doc) of length `2^LOG_L`, `E` elements per thread.
         #[no_mangle]
         #[allow(clippy::too_many_arguments)]
@@ -354,7 +494,7 @@ macro_rules! entry {
             flags: u32,
             sm_stride: u32,
         ) {
-            fft_block::<$t, $log_l, $e, $st, $hoist>(
+            fft_block::<$t, $log_l, $e, $st, $hoist, $pp, $stg, $sp>(
                 x, y, tw, twlo, twhi, log_c, log_min, log_mout, count, log_lt, log_split, flags, sm_stride,
             )
         }
@@ -364,9 +504,15 @@ macro_rules! entry {
 #[cfg(not(target_arch = "nvptx64"))]
 macro_rules! entry {
     ($name:ident, $t:ty, $log_l:literal, $e:literal) => {
-        entry!($name, $t, $log_l, $e, false, false);
+        entry!($name, $t, $log_l, $e, false, false, false, false);
     };
     ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal) => {
+        entry!($name, $t, $log_l, $e, $st, $hoist, false, false);
+    };
+    ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal, $pp:literal, $stg:literal) => {
+        entry!($name, $t, $log_l, $e, $st, $hoist, $pp, $stg, 0);
+    };
+    ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal, $pp:literal, $stg:literal, $sp:literal) => {
         /// Host build of the entry (CPU emulation only).
         #[allow(clippy::too_many_arguments, dead_code)]
         pub unsafe fn $name(
@@ -384,7 +530,7 @@ macro_rules! entry {
             flags: u32,
             sm_stride: u32,
         ) {
-            fft_block::<$t, $log_l, $e, $st, $hoist>(
+            fft_block::<$t, $log_l, $e, $st, $hoist, $pp, $stg, $sp>(
                 x, y, tw, twlo, twhi, log_c, log_min, log_mout, count, log_lt, log_split, flags, sm_stride,
             )
         }
@@ -474,3 +620,30 @@ entry!(fft_c128_l9_stn, f64, 9, 8, true, false);
 entry!(fft_c128_l10_stn, f64, 10, 8, true, false);
 entry!(fft_c128_l11_stn, f64, 11, 8, true, false);
 entry!(fft_c128_l12_stn, f64, 12, 16, true, false);
+
+// Session 4 (bench rows `@e8`, `@e8p`, `@pp`, `@sta`; host `FftOptions::{e8, ping_pong,
+// staged}`), all with hoisted stage tables:
+// - `_st8`: c64 1024 and 4096 with 8 elements per thread (2·8·8·8 and 8·8·8·8: twice the
+//   threads per transform, half the serial butterfly work per thread, one more stage);
+// - `_st8p`, `_stp`: ping-pong shared memory (two buffers; no barrier between a stage's reads
+//   and its writes: one barrier per stage instead of two);
+// - `_sta`: the row pass's input staged into shared memory by 16-byte `cp.async`, the block's
+//   next group copied while the current one computes (persistent row passes).
+entry!(fft_c64_l10_st8, f32, 10, 8, true, true);
+entry!(fft_c64_l12_st8, f32, 12, 8, true, true);
+entry!(fft_c64_l10_st8p, f32, 10, 8, true, true, true, false);
+entry!(fft_c64_l12_st8p, f32, 12, 8, true, true, true, false);
+entry!(fft_c64_l9_stp, f32, 9, 8, true, true, true, false);
+entry!(fft_c64_l10_stp, f32, 10, 16, true, true, true, false);
+entry!(fft_c64_l12_stp, f32, 12, 16, true, true, true, false);
+entry!(fft_c64_l6_sta, f32, 6, 8, true, true, false, true);
+entry!(fft_c64_l9_sta, f32, 9, 8, true, true, false, true);
+entry!(fft_c64_l10_sta, f32, 10, 16, true, true, false, true);
+// - `_sp1`, `_sp2`: one pass for c64 n = 2^14 and 2^15 (bench rows `@sp2`, `@sp4`, host
+//   `FftOptions::split`): `R = 2^SP` blocks per transform, block r computing the outputs
+//   k ≡ r (mod R) as an 8192- or 4096-point transform of its radix-R decimated input (read
+//   straight from `x`; each block reads the whole transform, mostly from L2). No workspace,
+//   one launch instead of two.
+entry!(fft_c64_l13_sp1, f32, 13, 16, true, false, false, false, 1);
+entry!(fft_c64_l12_sp2, f32, 12, 16, true, true, false, false, 2);
+entry!(fft_c64_l13_sp2, f32, 13, 16, true, false, false, false, 2);

@@ -657,4 +657,19 @@ pub fn rcp_approx_f64(v: f64) -> f64 {
     let r: f64;
     unsafe { asm!("rcp.approx.ftz.f64 {}, {};", out(reg64) r, in(reg64) v, options(pure, nomem, nostack)) };
     r
+
+// ---------------------------------------------------------------- FFTC2CFwd (fft), staged loads
+
+/// `cp.async.commit_group`: closes this thread's outstanding [`cp_async_16`] copies into one
+/// group (waited for by [`cp_async_wait_group_1`]).
+#[inline(always)]
+pub fn cp_async_commit_group() {
+    unsafe { asm!("cp.async.commit_group;", options(nostack)) };
+}
+
+/// `cp.async.wait_group 1`: all but this thread's most recent committed copy group have landed
+/// in shared memory (other threads see them after a barrier).
+#[inline(always)]
+pub fn cp_async_wait_group_1() {
+    unsafe { asm!("cp.async.wait_group 1;", options(nostack)) };
 }
