@@ -1008,8 +1008,9 @@ pub const fn bwd4_split_floats(r: u32, wpr: u32) -> u32 {
 /// chunks instead of `ceil(d/8)/32` — the per-warp serial chain (which is the kernel's time)
 /// shrinks by that factor at d = 512 / 768. Row sums (`Σ vh²`, `P`, `s1`, `s2`) are a warp
 /// butterfly per warp, then (`wpr > 1`) the `wpr` warp sums added in increasing warp order
-/// from shared memory after a block barrier (three barriers more than v3a; deterministic). With
-/// `wpr = 1` no barrier is added and the sums are v3a's: bitwise v3a. The row loads are issued
+/// from shared memory after a block barrier (three barriers more than v3a, executed at every
+/// `wpr`; deterministic). With `wpr = 1` the sums are v3a's (no shared-memory step): bitwise
+/// v3a. The row loads are issued
 /// before the weights, which are copied by `cp.async` straight into shared memory (no
 /// registers: v3a holds them in up to 16 registers through stage 1), and the per-launch
 /// constants are computed after both (v3a computes them first).
@@ -1155,9 +1156,9 @@ unsafe fn bwd4<D: Dt, const NV: usize, const CL: bool>(
             *s_sp.add(wi as usize * 2 + 1) = p_sum;
         }
     }
-    if split {
-        sync_threads();
-    }
+    // unconditional (a barrier under `if split` reads as warp-divergent to the PTX checker
+    // once LLVM merges it into the `valid` branches; at W = 1 it only costs the wait)
+    sync_threads();
     let mut rv = 0f32;
     if valid {
         if split {
@@ -1234,9 +1235,9 @@ unsafe fn bwd4<D: Dt, const NV: usize, const CL: bool>(
             *s_sp.add(wi as usize * 2) = s1;
         }
     }
-    if split {
-        sync_threads();
-    }
+    // unconditional (a barrier under `if split` reads as warp-divergent to the PTX checker
+    // once LLVM merges it into the `valid` branches; at W = 1 it only costs the wait)
+    sync_threads();
     let mut s2 = 0f32;
     if owned {
         if split {
@@ -1261,9 +1262,9 @@ unsafe fn bwd4<D: Dt, const NV: usize, const CL: bool>(
             *s_sp.add(wi as usize * 2 + 1) = s2;
         }
     }
-    if split {
-        sync_threads();
-    }
+    // unconditional (a barrier under `if split` reads as warp-divergent to the PTX checker
+    // once LLVM merges it into the `valid` branches; at W = 1 it only costs the wait)
+    sync_threads();
     if owned {
         if split {
             s2 = row_sum(i, 1);
