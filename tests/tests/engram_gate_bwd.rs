@@ -158,6 +158,25 @@ fn every_launch_config_matches_reference() {
                         assert_bwd_bitwise(&format!("{what} v1 extra_warps {xw}"), &b, &b6);
                     }
                 }
+                // v4 (split rows) at the planner's W for this R and at W = 2: checked; W = 1
+                // bitwise v3a
+                for w in [1, 2, engram::bwd_split_warps(d, r)] {
+                    if (r + 6) * w > 32 {
+                        continue;
+                    }
+                    let c7 = GateBwdConfig { split_warps: w, ..c4 };
+                    let Some(b7) = run_bwd(&gpu, &x, &f0, 0, Some(c7), f32::NAN) else { continue };
+                    check_bwd(&format!("{what} v4 W {w}"), &x, &b7);
+                    if w == 1 {
+                        assert_bwd_bitwise(&format!("{what} v4 W 1"), &b4, &b7);
+                    }
+                    // the cluster reduction (one launch; applies at ≤ 8 blocks, else as c7)
+                    let c8 = GateBwdConfig { cluster_reduce: true, ..c7 };
+                    if let Some(b8) = run_bwd(&gpu, &x, &f0, 0, Some(c8), f32::NAN) {
+                        check_bwd(&format!("{what} v4 W {w} cluster"), &x, &b8);
+                        assert_rows_bitwise(&format!("{what} v4 W {w} cluster"), &b7, &b8);
+                    }
+                }
             }
         }
     }
@@ -168,6 +187,14 @@ fn bits_h<T: Half>(v: &[T]) -> Vec<u64> {
 }
 fn bits_f(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The row outputs (dH, dk, dv) bitwise equal (the weight gradients may be summed in another
+/// fixed order).
+fn assert_rows_bitwise<T: Half>(what: &str, b1: &BwdOut<T>, b2: &BwdOut<T>) {
+    assert_eq!(bits_h(&b1.dh), bits_h(&b2.dh), "{what}: dH differs");
+    assert_eq!(bits_h(&b1.dk), bits_h(&b2.dk), "{what}: dk differs");
+    assert_eq!(bits_h(&b1.dv), bits_h(&b2.dv), "{what}: dv differs");
 }
 
 fn assert_bwd_bitwise<T: Half>(what: &str, b1: &BwdOut<T>, b2: &BwdOut<T>) {
@@ -204,6 +231,38 @@ fn versions_match<T: Half + rgk::cudarc::driver::DeviceRepr>(
     assert_bwd_bitwise(&format!("{what} v3a pdl/nopdl"), &b4, &b5);
     // extra warps (the bench's `v3a-w12`/`v3a-w16` rows and 3 more): bitwise without them
     let r = c.rows_per_block;
+    // v4 (split rows; the bench's `v4*` rows): W = 1 bitwise v3a; W = 2, 3 and the planner's
+    // W checked, a second run bitwise the first, one extra warp bitwise none
+    let mut ws = vec![1, 2, 3, engram::bwd_split_warps(x.s.d, r)];
+    ws.sort();
+    ws.dedup();
+    for w in ws {
+        if (r + 6) * w > 32 {
+            continue;
+        }
+        let c4 = GateBwdConfig { split_warps: w, ..v3a };
+        let Some(bw) = run_bwd(gpu, x, &f0, 0, Some(c4), f32::NAN) else { continue };
+        check_bwd(&format!("{what} v4 W {w}"), x, &bw);
+        if w == 1 {
+            assert_bwd_bitwise(&format!("{what} v4 W 1 = v3a"), &b4, &bw);
+        }
+        let again = run_bwd(gpu, x, &f0, 0, Some(GateBwdConfig { pdl: false, ..c4 }), 0.0).unwrap();
+        assert_bwd_bitwise(&format!("{what} v4 W {w} twice"), &bw, &again);
+        if (r + 6) * w < 32 {
+            let cx = GateBwdConfig { extra_warps: 1, ..c4 };
+            if let Some(bx) = run_bwd(gpu, x, &f0, 0, Some(cx), f32::NAN) {
+                assert_bwd_bitwise(&format!("{what} v4 W {w} extra_warps 1"), &bw, &bx);
+            }
+        }
+        // the cluster reduction (the bench's `v4c`; one launch where the grid is ≤ 8 blocks):
+        // checked, dH/dk/dv bitwise the two-launch v4, a second run bitwise the first
+        let cc = GateBwdConfig { cluster_reduce: true, ..c4 };
+        let Some(bc) = run_bwd(gpu, x, &f0, 0, Some(cc), f32::NAN) else { continue };
+        check_bwd(&format!("{what} v4 W {w} cluster"), x, &bc);
+        assert_rows_bitwise(&format!("{what} v4 W {w} cluster"), &bw, &bc);
+        let bc2 = run_bwd(gpu, x, &f0, 0, Some(cc), 0.0).unwrap();
+        assert_bwd_bitwise(&format!("{what} v4 W {w} cluster twice"), &bc, &bc2);
+    }
     for xw in [3, 12u32.saturating_sub(r + 6), 16u32.saturating_sub(r + 6)] {
         for (name, base, want) in [("v1", c, &b1), ("v3a", v3a, &b4)] {
             let cx = GateBwdConfig { extra_warps: xw, ..base };

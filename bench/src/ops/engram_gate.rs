@@ -30,7 +30,8 @@ const F32_REL: f64 = 1e-4;
 /// `WORKLOAD@v2a` / `WORKLOAD@v2f` those at the planner's R, `-xX` with X extra warps;
 /// backward `WORKLOAD@rR-sS` v1, `WORKLOAD@{v2,v3,v3a}[-rR-s16]` the main-kernel versions,
 /// `WORKLOAD@nopdl` / `WORKLOAD@v3a-nopdl` with the reduce kernel launched without PDL,
-/// `WORKLOAD@v3a-wW` the planner's v3a with extra warps up to W per block, `WORKLOAD@v3a-x3`).
+/// `WORKLOAD@v3a-wW` the planner's v3a with extra warps up to W per block, `WORKLOAD@v3a-x3`,
+/// `WORKLOAD@v4[-rR|-wW]` the split-row main kernel).
 pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut v = Vec::new();
     // None = the planner's choice for the shape
@@ -101,6 +102,16 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
             Some("v3a-x3".into()),
             Some(GateBwdConfig { smem_u: true, smem_w: true, approx: true, extra_warps: 3, ..base }),
         ));
+        // v4 (each tile row split over W warps): the planner's R with W = bwd_split_warps
+        // (`v4`), R 1..3 (`v4-rR`; R = 4 at d = 768 would need 30 warps of 72 registers, more
+        // than the register file), W = 1 (bitwise v3a: only the load order and cp.async
+        // weights) and W = 2 at the planner's R (`v4-wW`)
+        // (`v4-wW`), S = 32 (`v4-s32`), and `v4c`: the cluster reduction (one launch) at the
+        // smallest R with ≤ 8 blocks (train-s32: R = 4; elsewhere no such R ≤ 8: v4 at the
+        // planner's R, two launches)
+        for t in ["v4", "v4-r1", "v4-r2", "v4-r3", "v4-w1", "v4-w2", "v4-s32", "v4c"] {
+            bwd_cfgs.push((Some(t.into()), None));
+        }
         bwd_cfgs.push((Some("nopdl".into()), None));
         bwd_cfgs.push((
             Some("v3a-nopdl".into()),
@@ -149,6 +160,19 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                     let w: u32 = tag.as_deref().and_then(|t| t[5..].parse().ok()).unwrap_or(0);
                     let p = GateBwdConfig::for_shape(s);
                     GateBwdConfig { extra_warps: w.saturating_sub(p.rows_per_block + 6), ..p }
+                }
+                None if tag.as_deref().is_some_and(|t| t.starts_with("v4")) => {
+                    let t = tag.as_deref().unwrap_or("");
+                    let p = GateBwdConfig::for_shape(s);
+                    let cl = t == "v4c";
+                    let r0 = if cl { engram::bwd_cluster_rows(s) } else { None };
+                    let r = t.strip_prefix("v4-r").and_then(|x| x.parse().ok()).or(r0).unwrap_or(p.rows_per_block);
+                    let w = t
+                        .strip_prefix("v4-w")
+                        .and_then(|x| x.parse().ok())
+                        .unwrap_or_else(|| engram::bwd_split_warps(d, r));
+                    let sg = if t == "v4-s32" { 32 } else { p.reduce_segments };
+                    GateBwdConfig { rows_per_block: r, split_warps: w, reduce_segments: sg, cluster_reduce: cl, ..p }
                 }
                 None => GateBwdConfig::for_shape(s),
                 Some(c) if c.rows_per_block == 0 => GateBwdConfig {

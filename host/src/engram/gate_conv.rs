@@ -7,7 +7,7 @@
 use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, DevicePtr, DevicePtrMut};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_pdl, LaunchDims};
+use crate::runtime::{launch, launch_cluster, launch_pdl, max_active_clusters, LaunchDims};
 use crate::verify::Half;
 use crate::{Error, Gpu, Result};
 
@@ -137,6 +137,21 @@ const BWD3: [[[&str; 4]; 2]; 2] = [
         ],
     ],
 ];
+/// Backward v4 main kernels (v3a with each tile row split over several warps), `[dtype][NV−1]`.
+const BWD4: [[&str; 4]; 2] = [
+    ["engram_gate_bwd4_bf16_r1", "engram_gate_bwd4_bf16_r2", "engram_gate_bwd4_bf16_r3", "engram_gate_bwd4_bf16_r4"],
+    ["engram_gate_bwd4_f16_r1", "engram_gate_bwd4_f16_r2", "engram_gate_bwd4_f16_r3", "engram_gate_bwd4_f16_r4"],
+];
+/// Backward v4 with the in-kernel cluster reduction (one launch), `[dtype][NV−1]`.
+const BWD4C: [[&str; 4]; 2] = [
+    [
+        "engram_gate_bwd4c_bf16_r1",
+        "engram_gate_bwd4c_bf16_r2",
+        "engram_gate_bwd4c_bf16_r3",
+        "engram_gate_bwd4c_bf16_r4",
+    ],
+    ["engram_gate_bwd4c_f16_r1", "engram_gate_bwd4c_f16_r2", "engram_gate_bwd4c_f16_r3", "engram_gate_bwd4c_f16_r4"],
+];
 const BWD_REDUCE: &str = "engram_gate_bwd_reduce";
 
 pub(crate) const KERNELS: &[&str] = &[
@@ -213,6 +228,22 @@ pub(crate) const KERNELS: &[&str] = &[
     BWD3[1][1][1],
     BWD3[1][1][2],
     BWD3[1][1][3],
+    BWD4[0][0],
+    BWD4[0][1],
+    BWD4[0][2],
+    BWD4[0][3],
+    BWD4[1][0],
+    BWD4[1][1],
+    BWD4[1][2],
+    BWD4[1][3],
+    BWD4C[0][0],
+    BWD4C[0][1],
+    BWD4C[0][2],
+    BWD4C[0][3],
+    BWD4C[1][0],
+    BWD4C[1][1],
+    BWD4C[1][2],
+    BWD4C[1][3],
 ];
 
 /// Weight chunks per thread of the v2 forward (`kernels-gpu` `FWD2_WL`).
@@ -342,6 +373,22 @@ pub struct GateBwdConfig {
     /// at R = 2: 2 rounds → 1 with 8). Bitwise the same outputs as 0. At most 32 warps in all
     /// and what the kernel's registers allow (checked before the launch).
     pub extra_warps: u32,
+    /// v4 main kernel when ≥ 1 ("split rows"; 0 = off): every tile row is worked on by this
+    /// many warps (`W`), each lane holding `ceil(ceil(d/8) / (32·W))` chunks of 8 elements
+    /// instead of `ceil(d/8)/32`; row sums are per-warp butterflies added over the `W` warps
+    /// in a fixed order after a block barrier. Implies v3a's numerics (`smem_u`, `smem_w`,
+    /// `approx` are ignored); `W = 1` is bitwise v3a. Runs where v3 runs (resident layouts,
+    /// shared memory within 64 KiB), else the other fields choose. The block has
+    /// `(R+6)·W + extra_warps` warps (at most 32 and what the kernel's registers allow:
+    /// checked before the launch). [`bwd_split_warps`] picks `W` for a shape.
+    pub split_warps: u32,
+    /// With v4 running (`split_warps` ≥ 1), when the whole grid is at most 8 blocks: launch
+    /// them as one thread-block cluster and reduce the weight gradients inside the kernel
+    /// through distributed shared memory (each block adds the blocks' partials of a slice of
+    /// the outputs in increasing block order): one launch instead of two. Deterministic, not
+    /// bitwise the reduce kernel's order. Elsewhere (more blocks, or the cluster cannot be
+    /// scheduled) the reduce kernel runs as without it.
+    pub cluster_reduce: bool,
 }
 
 impl Default for GateBwdConfig {
@@ -354,8 +401,25 @@ impl Default for GateBwdConfig {
             approx: false,
             pdl: true,
             extra_warps: 0,
+            split_warps: 0,
+            cluster_reduce: false,
         }
     }
+}
+
+/// Rows per block for the v4 cluster reduction ([`GateBwdConfig::cluster_reduce`]): the
+/// smallest `R` whose grid `M·ceil(T/R)` is at most 8 blocks, if that `R` is at most 8
+/// (more rows make one block's chain too long); else `None`.
+pub fn bwd_cluster_rows(shape: EngramGateShape) -> Option<u32> {
+    (1..=8u32).find(|&r| shape.m * shape.t.div_ceil(r as usize) <= 8)
+}
+
+/// Warps per tile row for the v4 backward ([`GateBwdConfig::split_warps`]) at `R` rows per
+/// block: enough for one 8-element chunk per lane (`ceil(ceil(d/8)/32)`), as many as fit in
+/// 32 warps (`(R+6)·W ≤ 32`), at least 1.
+pub fn bwd_split_warps(d: usize, rows_per_block: u32) -> u32 {
+    let want = d.div_ceil(8).div_ceil(32).max(1) as u32;
+    want.min(32 / (rows_per_block + 6)).max(1)
 }
 
 impl GateBwdConfig {
@@ -368,14 +432,18 @@ impl GateBwdConfig {
         // fastest on every seed row (5.95 / 8.77 / 5.89 / 12.8 µs against v2's 6.5 / 10.5 /
         // 6.6 / 15.1). The dependent launch of the reduce kernel measured no gain (the reduce
         // kernel's own interval is unchanged) but costs nothing.
+        let rows_per_block = if shape.d >= 768 { 3 } else { 2 };
         Self {
-            rows_per_block: if shape.d >= 768 { 3 } else { 2 },
+            rows_per_block,
             reduce_segments: 16,
             smem_u: true,
             smem_w: true,
             approx: true,
             pdl: true,
             extra_warps: 0,
+            // v4 switch (one line): `0` → `bwd_split_warps(shape.d, rows_per_block)`
+            split_warps: 0,
+            cluster_reduce: false,
         }
     }
 }
@@ -801,7 +869,22 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
     // Its weights may take it past 48 KiB (d = 768, R = 3: 54 KiB): opted in up to BWD3_SMEM_MAX.
     let v3_bytes = bwd_smem_bytes(d, r, true) + u_bytes + w_bytes;
     let v3 = v2 && config.smem_w && v3_bytes <= BWD3_SMEM_MAX;
-    let (f, shared_bytes) = if v3 {
+    // v4: where v3 runs (v2's conditions without `smem_u`/`smem_w`), W warps per row
+    let wpr = config.split_warps;
+    let v4_bytes = v3_bytes + 4 * 2 * (r as usize + 6) * wpr as usize;
+    let v2_ok = var < 4 && in_smem && bwd_smem_bytes(d, r, true) + u_bytes <= SMEM_DEFAULT;
+    let v4 = wpr >= 1 && v2_ok && v4_bytes <= BWD3_SMEM_MAX;
+    let tile_warps = if v4 { (r + 6).saturating_mul(wpr) } else { r + 6 };
+    let (f, shared_bytes) = if v4 {
+        // NV of the split row: ceil(ceil(d/8) / (32·W)) ≤ 4 (var < 4 means ceil(d/8) ≤ 128)
+        let nv = d.div_ceil(8).div_ceil(32 * wpr as usize).clamp(1, 4);
+        let f = gpu.function(BWD4[dt][nv - 1])?;
+        let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        if v4_bytes > SMEM_DEFAULT && f.get_attribute(attr)? < v4_bytes as i32 {
+            f.set_attribute(attr, v4_bytes as i32)?;
+        }
+        (f, v4_bytes)
+    } else if v3 {
         let f = gpu.function(BWD3[config.approx as usize][dt][var])?;
         let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
         if v3_bytes > SMEM_DEFAULT && f.get_attribute(attr)? < v3_bytes as i32 {
@@ -813,7 +896,13 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
     } else {
         (gpu.function(BWD[dt][var])?, bwd_smem_bytes(d, r, in_smem))
     };
-    let warps = r + 6 + config.extra_warps;
+    let warps = tile_warps.saturating_add(config.extra_warps);
+    if v4 && tile_warps > 32 {
+        return Err(Error::Shape {
+            arg: "config.split_warps",
+            msg: format!("{wpr} warps per row with {r} rows per block: more than 32 warps"),
+        });
+    }
     if warps > 32 {
         return Err(Error::Shape {
             arg: "config.extra_warps",
@@ -825,17 +914,59 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
     let [mut g, mut h, mut k, mut v, mut wh, mut wv, mut cw] = inputs;
     let [mut a, mut rh, mut rk] = saved;
     let [mut dh, mut dk, mut dv, mut dwh, mut dwv, mut dcw] = outputs;
+    // v4 with the cluster reduction: one launch of the whole grid as one cluster (≤ 8 blocks)
+    let cl_bytes = v4_bytes + 4 * 6 * d;
+    if v4 && config.cluster_reduce && blocks <= 8 && cl_bytes <= BWD3_SMEM_MAX {
+        let nv = d.div_ceil(8).div_ceil(32 * wpr as usize).clamp(1, 4);
+        let fc = gpu.function(BWD4C[dt][nv - 1])?;
+        let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        if cl_bytes > SMEM_DEFAULT && fc.get_attribute(attr)? < cl_bytes as i32 {
+            fc.set_attribute(attr, cl_bytes as i32)?;
+        }
+        let dims_c = LaunchDims { shared_bytes: cl_bytes as u32, ..dims };
+        // where the cluster kernel's block does not fit (its registers) or the cluster cannot be
+        // scheduled, the two launches below run instead
+        let fits = warps * 32 <= 256 || fc.max_threads_per_block()? as u32 >= warps * 32;
+        if fits && max_active_clusters(fc, dims_c, blocks, stream)? > 0 {
+            let (mut tl, mut dd, mut rr, mut nt, mut w, mut eps) =
+                (shape.t as u32, d as u32, r, ntiles as u32, wpr, EPS);
+            return launch_cluster(
+                fc,
+                dims_c,
+                blocks,
+                stream,
+                &mut [
+                    &mut g, &mut h, &mut k, &mut v, &mut wh, &mut wv, &mut cw, &mut a, &mut rh, &mut rk, &mut dh,
+                    &mut dk, &mut dv, &mut dwh, &mut dwv, &mut dcw, &mut tl, &mut dd, &mut rr, &mut nt, &mut w,
+                    &mut eps,
+                ],
+            );
+        }
+    }
     let (mut pt, mut sc) = (part, scratch);
     let (mut tl, mut dd, mut rr, mut nt, mut eps) = (shape.t as u32, d as u32, r, ntiles as u32, EPS);
-    launch(
-        f,
-        dims,
-        stream,
-        &mut [
-            &mut g, &mut h, &mut k, &mut v, &mut wh, &mut wv, &mut cw, &mut a, &mut rh, &mut rk, &mut dh, &mut dk,
-            &mut dv, &mut pt, &mut sc, &mut tl, &mut dd, &mut rr, &mut nt, &mut eps,
-        ],
-    )?;
+    if v4 {
+        let mut w = wpr;
+        launch(
+            f,
+            dims,
+            stream,
+            &mut [
+                &mut g, &mut h, &mut k, &mut v, &mut wh, &mut wv, &mut cw, &mut a, &mut rh, &mut rk, &mut dh, &mut dk,
+                &mut dv, &mut pt, &mut tl, &mut dd, &mut rr, &mut nt, &mut w, &mut eps,
+            ],
+        )?;
+    } else {
+        launch(
+            f,
+            dims,
+            stream,
+            &mut [
+                &mut g, &mut h, &mut k, &mut v, &mut wh, &mut wv, &mut cw, &mut a, &mut rh, &mut rk, &mut dh, &mut dk,
+                &mut dv, &mut pt, &mut sc, &mut tl, &mut dd, &mut rr, &mut nt, &mut eps,
+            ],
+        )?;
+    }
     let f2 = gpu.function(BWD_REDUCE)?;
     let dims2 = LaunchDims { grid: ((6 * d).div_ceil(32) as u32, 1, 1), block: (32, sg, 1), shared_bytes: 4 * 32 * sg };
     let (mut pt2, mut nb, mut d2) = (part, blocks, d as u32);

@@ -59,7 +59,7 @@ pub fn down_f32(gpu: &Gpu, b: &CudaSlice<f32>, len: usize, name: &str) -> Vec<f3
 pub fn config_ok(r: rgk::Result<()>) -> bool {
     match r {
         Ok(()) => true,
-        Err(Error::Shape { arg: "config.rows_per_block", msg }) => {
+        Err(Error::Shape { arg: "config.rows_per_block" | "config.split_warps", msg }) => {
             println!("configuration refused (expected for large blocks): {msg}");
             false
         }
