@@ -657,6 +657,7 @@ pub fn rcp_approx_f64(v: f64) -> f64 {
     let r: f64;
     unsafe { asm!("rcp.approx.ftz.f64 {}, {};", out(reg64) r, in(reg64) v, options(pure, nomem, nostack)) };
     r
+}
 
 // ---------------------------------------------------------------- FFTC2CFwd (fft), staged loads
 
