@@ -308,6 +308,30 @@ fn v2_main_kernel_matches_v1() {
     }
 }
 
+/// `GateConvBwdPlan` (graph submission of the two launches, the reduce kernel's dependent
+/// launch inside the graph): bitwise the direct launches of the same configuration, on the
+/// capturing call and on replays, for the planner's and the v4 configurations.
+#[test]
+fn graph_plan_is_bitwise_direct_launches() {
+    let Some((gpu, wd, mut rng)) = start("engram_gate_bwd::graph_plan") else { return };
+    for &(m, t, d) in &[(1, 32, 256), (2, 64, 512), (1, 128, 256), (3, 96, 768), (2, 7, 8)] {
+        let s = EngramGateShape { m, t, d };
+        let p = GateBwdConfig::for_shape(s);
+        let v4 = GateBwdConfig { split_warps: engram::bwd_split_warps(d, p.rows_per_block), ..p };
+        for (name, c) in [("planner", p), ("v4", v4), ("nopdl", GateBwdConfig { pdl: false, ..p })] {
+            let x = gen::<bf16>(&mut rng, s, 1.0, false);
+            let what = format!("graph {name} {s:?}");
+            wd.step(&what);
+            let f = saved_from_reference(&x);
+            let Some(direct) = run_bwd(&gpu, &x, &f, 0, Some(c), 0.0) else { continue };
+            let mut plan = engram::GateConvBwdPlan::new(s, c).unwrap();
+            let graphed = run_bwd_plan(&gpu, &x, &f, &mut plan, 2);
+            check_bwd(&what, &x, &graphed);
+            assert_bwd_bitwise(&what, &direct, &graphed);
+        }
+    }
+}
+
 #[test]
 fn backward_is_bitwise_deterministic() {
     let Some((gpu, wd, mut rng)) = start("engram_gate_bwd::deterministic") else { return };

@@ -416,6 +416,63 @@ fn persistent_grids() {
 }
 
 /// One plan executed many times gives bitwise the same output; sub-views at element offsets.
+/// Multi-pass plans submitted as a CUDA graph with programmatic dependent launches (the
+/// planner's default) give the bits of direct launches without them — on the capturing call
+/// and on replays with new data in the same buffers.
+#[test]
+fn graph_and_pdl_are_bitwise_direct() {
+    let Some(gpu) = gpu_or_skip("fft::graph_and_pdl") else { return };
+    let mut rng = fresh_rng("fft::graph_and_pdl");
+    let st = gpu.stream();
+    for (n, batch, prec) in [
+        (1 << 14, 3, Precision::C64),
+        (1 << 16, 2, Precision::C64),
+        (1 << 20, 1, Precision::C128),
+        (1 << 13, 5, Precision::C128),
+    ] {
+        let planned = FftOptions::for_shape(n, batch, prec);
+        let mut graphed = FftPlan::new_opts(&gpu, n, batch, prec, planned).unwrap();
+        let direct = FftOptions { graph: false, pdl: false, ..planned };
+        let mut plain = FftPlan::new_opts(&gpu, n, batch, prec, direct).unwrap();
+        let len = 2 * n * batch;
+        match prec {
+            Precision::C64 => {
+                let mut dx = st.alloc_zeros::<f32>(len).unwrap();
+                let mut dy = st.alloc_zeros::<f32>(len).unwrap();
+                let mut dz = st.alloc_zeros::<f32>(len).unwrap();
+                for round in 0..3 {
+                    st.memcpy_htod(&randn_f32(&mut rng, len, 1.0), &mut dx).unwrap();
+                    st.memcpy_htod(&vec![f32::NAN; len], &mut dy).unwrap();
+                    graphed.execute_c64(&gpu, &dx, &mut dy).unwrap();
+                    plain.execute_c64(&gpu, &dx, &mut dz).unwrap();
+                    let (a, b): (Vec<f32>, Vec<f32>) = (st.clone_dtoh(&dy).unwrap(), st.clone_dtoh(&dz).unwrap());
+                    assert!(
+                        a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                        "c64 n={n} round {round}: graph ≠ direct"
+                    );
+                }
+            }
+            Precision::C128 => {
+                let mut dx = st.alloc_zeros::<f64>(len).unwrap();
+                let mut dy = st.alloc_zeros::<f64>(len).unwrap();
+                let mut dz = st.alloc_zeros::<f64>(len).unwrap();
+                for round in 0..3 {
+                    let x: Vec<f64> = randn_f32(&mut rng, len, 1.0).iter().map(|&v| v as f64).collect();
+                    st.memcpy_htod(&x, &mut dx).unwrap();
+                    st.memcpy_htod(&vec![f64::NAN; len], &mut dy).unwrap();
+                    graphed.execute_c128(&gpu, &dx, &mut dy).unwrap();
+                    plain.execute_c128(&gpu, &dx, &mut dz).unwrap();
+                    let (a, b): (Vec<f64>, Vec<f64>) = (st.clone_dtoh(&dy).unwrap(), st.clone_dtoh(&dz).unwrap());
+                    assert!(
+                        a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                        "c128 n={n} round {round}: graph ≠ direct"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn plan_reuse_and_sub_views() {
     let Some(gpu) = gpu_or_skip("fft::plan_reuse_and_sub_views") else { return };

@@ -62,46 +62,15 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                 fwd_cfgs.push((Some(format!("{kt}-r{r}-x{x}")), Some(c)));
             }
         }
-        for r in [1, 2, 3, 4, 6, 10] {
-            for sg in [4, 8, 16] {
-                bwd_cfgs.push((
-                    Some(format!("r{r}-s{sg}")),
-                    Some(GateBwdConfig { rows_per_block: r, reduce_segments: sg, ..GateBwdConfig::default() }),
-                ));
-            }
-        }
-        // main kernels v2 (`u` in smem), v3 (weights too), v3a (plus approximate σ in silu'):
-        // at the planner's R/S (rows_per_block 0) and R 1..4, S 16; all with the reduce kernel
-        // as a programmatic dependent (the default), `nopdl` the planner's config without it
+        // Session-3/4 backward sweeps (rR-sS, v2, v3, v3a-rR-sS rows) are recorded in
+        // kernels-gpu/src/engram/NOTES.md; `nograph`: the planner's config launched directly
+        // (the reduce kernel's dependent launch then reaches the device too late to overlap).
         let base = GateBwdConfig { rows_per_block: 0, reduce_segments: 16, ..GateBwdConfig::default() };
-        for (kt, smem_w, approx) in [("v2", false, false), ("v3", true, false), ("v3a", true, true)] {
-            let c = GateBwdConfig { smem_u: true, smem_w, approx, ..base };
-            bwd_cfgs.push((Some(kt.into()), Some(c)));
-            for r in [1, 2, 3, 4] {
-                bwd_cfgs.push((Some(format!("{kt}-r{r}-s16")), Some(GateBwdConfig { rows_per_block: r, ..c })));
-            }
-        }
-        // with the reduce kernel resident early (pdl), more segments cost no start-up: S = 32
-        // halves each thread's serial loads after the wait
-        for r in [1, 2, 3, 4] {
-            let c = GateBwdConfig {
-                rows_per_block: r,
-                reduce_segments: 32,
-                smem_u: true,
-                smem_w: true,
-                approx: true,
-                ..base
-            };
-            bwd_cfgs.push((Some(format!("v3a-r{r}-s32")), Some(c)));
-        }
+        bwd_cfgs.push((Some("nograph".into()), None));
+        bwd_cfgs.push((Some("v3a".into()), Some(GateBwdConfig { smem_u: true, smem_w: true, approx: true, ..base })));
         // the planner's config with extra warps up to W warps per block (stage 4's column
         // loop and the weight loads; `v3a-wW`), and 3 extra at the planner's R (`v3a-x3`)
-        bwd_cfgs.push((Some("v3a-w12".into()), None));
         bwd_cfgs.push((Some("v3a-w16".into()), None));
-        bwd_cfgs.push((
-            Some("v3a-x3".into()),
-            Some(GateBwdConfig { smem_u: true, smem_w: true, approx: true, extra_warps: 3, ..base }),
-        ));
         // v4 (each tile row split over W warps): the planner's R with W = bwd_split_warps
         // (`v4`), R 1..3 (`v4-rR`; R = 4 at d = 768 would need 30 warps of 72 registers, more
         // than the register file), W = 1 (bitwise v3a: only the load order and cp.async
@@ -113,10 +82,6 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
             bwd_cfgs.push((Some(t.into()), None));
         }
         bwd_cfgs.push((Some("nopdl".into()), None));
-        bwd_cfgs.push((
-            Some("v3a-nopdl".into()),
-            Some(GateBwdConfig { smem_u: true, smem_w: true, approx: true, pdl: false, ..base }),
-        ));
     }
     for &(name, m, t, d, is_f16) in &SEED {
         let s = EngramGateShape { m, t, d };
@@ -154,6 +119,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         let s = EngramGateShape { m, t, d };
         let (n, rows) = ((m * t * d) as f64, (m * t) as f64);
         for (tag, cfg) in bwd_cfgs.clone() {
+            let graph = tag.as_deref() != Some("nograph");
             let cfg = match cfg {
                 None if tag.as_deref() == Some("nopdl") => GateBwdConfig { pdl: false, ..GateBwdConfig::for_shape(s) },
                 None if tag.as_deref().is_some_and(|t| t.starts_with("v3a-w")) => {
@@ -196,9 +162,9 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                 peak_flops: FP32_PEAK,
                 prepare: Box::new(move |gpu, rng| {
                     Ok(if is_f16 {
-                        Box::new(BwdCase::<f16>::new(gpu, rng, s, cfg)?) as Box<dyn Case>
+                        Box::new(BwdCase::<f16>::new(gpu, rng, s, cfg, graph)?) as Box<dyn Case>
                     } else {
-                        Box::new(BwdCase::<bf16>::new(gpu, rng, s, cfg)?) as Box<dyn Case>
+                        Box::new(BwdCase::<bf16>::new(gpu, rng, s, cfg, graph)?) as Box<dyn Case>
                     })
                 }),
             });
@@ -389,10 +355,13 @@ struct BwdCase<T: Half + DeviceRepr> {
     ws: CudaSlice<f32>,
     outs: [CudaSlice<T>; 3],
     wouts: [CudaSlice<f32>; 3],
+    /// Graph submission (`GateConvBwdPlan`), or direct launches when `None`.
+    plan: Option<engram::GateConvBwdPlan>,
 }
 
 impl<T: Half + DeviceRepr> BwdCase<T> {
-    fn new(gpu: &Gpu, rng: &mut StdRng, s: EngramGateShape, cfg: GateBwdConfig) -> rgk::Result<Self> {
+    fn new(gpu: &Gpu, rng: &mut StdRng, s: EngramGateShape, cfg: GateBwdConfig, graph: bool) -> rgk::Result<Self> {
+        let plan = if graph { Some(engram::GateConvBwdPlan::new(s, cfg)?) } else { None };
         let x = Inputs::<T>::new(rng, s)?;
         let (n, _) = s.lens()?;
         let dy: Vec<T> = randn_half(rng, n, 0.1);
@@ -431,6 +400,7 @@ impl<T: Half + DeviceRepr> BwdCase<T> {
             dy,
             cfg,
             reference,
+            plan,
         })
     }
 }
@@ -452,17 +422,14 @@ impl<T: Half + DeviceRepr> Case for BwdCase<T> {
         let (dwv, _g5) = w1.device_ptr_mut(st);
         let (dcw, _g6) = w2.device_ptr_mut(st);
         // SAFETY: buffers allocated for exactly this shape and configuration.
+        let outs = [dh, dk, dv, dwh, dwv, dcw];
         unsafe {
-            engram::gate_conv_bwd_raw_with::<T>(
-                gpu,
-                self.x.s,
-                self.cfg,
-                ins,
-                saved,
-                ws,
-                [dh, dk, dv, dwh, dwv, dcw],
-                st.cu_stream(),
-            )
+            match &mut self.plan {
+                Some(p) => p.run_raw::<T>(gpu, ins, saved, ws, outs, st.cu_stream()),
+                None => {
+                    engram::gate_conv_bwd_raw_with::<T>(gpu, self.x.s, self.cfg, ins, saved, ws, outs, st.cu_stream())
+                }
+            }
         }
     }
 

@@ -34,8 +34,9 @@ const ROWS: [(&str, &[usize], usize, Precision); 10] = [
 type Variant = (fn(usize, usize, Precision) -> FftOptions, fn(usize, Precision) -> bool);
 
 /// The variant rows (`WORKLOAD@tag`), each on the rows where it changes something:
-/// - `v1`: the v1 kernels (W_Lt twiddle tables); `st`, `st-never`, `st-sm2`: hoisted stage
-///   tables under each persistent-grid choice; `stn`: stage tables loaded in each stage;
+/// - `stn`: stage tables loaded in each stage (session 3's `v1`, `st`, `st-never`, `st-sm2`
+///   rows are in NOTES); `nograph` / `nopdl` (multi-pass rows): the planner without graph
+///   submission / without the passes' dependent launches;
 /// - session 4, each the planner's options (`FftOptions::for_shape`) plus one change:
 ///   `e8` (c64 1024/4096 with 8 elements per thread), `e8p` (the same with ping-pong shared
 ///   memory), `pp` (ping-pong, c64 512/1024/4096), `sta` (`cp.async`-staged input, c64
@@ -54,11 +55,9 @@ fn variants() -> Vec<(&'static str, Variant)> {
     let split_rows: fn(usize, Precision) -> bool = |n, p| p == Precision::C64 && n == 1 << 14;
     let e8_rows: fn(usize, Precision) -> bool = |n, p| p == Precision::C64 && (n == 1024 || n == 4096);
     vec![
-        ("v1", (|_, _, _| FftOptions::default(), all)),
-        ("st", (|_, _, _| st(Persist::Auto), all)),
-        ("st-never", (|_, _, _| st(Persist::Never), all)),
-        ("st-sm2", (|_, _, _| st(Persist::PerSm(2)), all)),
         ("stn", (|_, _, _| FftOptions { hoist_twiddles: false, ..st(Persist::Auto) }, all)),
+        ("nograph", (|n, b, p| FftOptions { graph: false, ..FftOptions::for_shape(n, b, p) }, four_step)),
+        ("nopdl", (|n, b, p| FftOptions { pdl: false, ..FftOptions::for_shape(n, b, p) }, four_step)),
         ("e8", (|n, b, p| FftOptions { e8: true, ..FftOptions::for_shape(n, b, p) }, e8_rows)),
         ("e8p", (|n, b, p| FftOptions { e8: true, ping_pong: true, ..FftOptions::for_shape(n, b, p) }, e8_rows)),
         (

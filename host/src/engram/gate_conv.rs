@@ -7,7 +7,7 @@
 use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, DevicePtr, DevicePtrMut};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_cluster, launch_pdl, max_active_clusters, LaunchDims};
+use crate::runtime::{launch, launch_cluster, launch_pdl, max_active_clusters, GraphReplay, LaunchDims};
 use crate::verify::Half;
 use crate::{Error, Gpu, Result};
 
@@ -781,6 +781,56 @@ pub fn gate_conv_bwd<T: Half>(
             [pdh, pdk, pdv, pdwh, pdwv, pdcw],
             st.cu_stream(),
         )
+    }
+}
+
+/// EngramGateConvBwd for one shape and configuration, submitting each call's two launches as
+/// one CUDA graph: captured on the first call with a set of pointers, replayed when the same
+/// pointers recur (up to 32 sets cached), so the reduce kernel's programmatic dependent launch
+/// overlaps the main kernel (separate host launches reach the device too far apart for that).
+/// Inside a caller's own stream capture the launches go straight into that capture.
+pub struct GateConvBwdPlan {
+    shape: EngramGateShape,
+    config: GateBwdConfig,
+    graph: GraphReplay,
+}
+
+impl GateConvBwdPlan {
+    /// Errors: those of [`EngramGateShape::lens`].
+    pub fn new(shape: EngramGateShape, config: GateBwdConfig) -> Result<Self> {
+        shape.lens()?;
+        Ok(Self { shape, config, graph: GraphReplay::new() })
+    }
+
+    /// The planner's configuration for `shape` ([`GateBwdConfig::for_shape`]).
+    pub fn for_shape(shape: EngramGateShape) -> Result<Self> {
+        Self::new(shape, GateBwdConfig::for_shape(shape))
+    }
+
+    /// The configuration this plan launches.
+    pub fn config(&self) -> GateBwdConfig {
+        self.config
+    }
+
+    /// [`gate_conv_bwd_raw_with`] with this plan's shape and configuration, through the
+    /// plan's graph. Errors: those of [`gate_conv_bwd_raw_with`], or a driver error.
+    ///
+    /// # Safety
+    /// As [`gate_conv_bwd_raw_with`]; calls with one plan must be stream-ordered.
+    pub unsafe fn run_raw<T: Half>(
+        &mut self,
+        gpu: &Gpu,
+        inputs: [CUdeviceptr; 7],
+        saved: [CUdeviceptr; 3],
+        workspace: CUdeviceptr,
+        outputs: [CUdeviceptr; 6],
+        stream: CUstream,
+    ) -> Result<()> {
+        let (shape, config) = (self.shape, self.config);
+        let call = || gate_conv_bwd_raw_with::<T>(gpu, shape, config, inputs, saved, workspace, outputs, stream);
+        let mut key = vec![dtype_index::<T>()? as u64, workspace];
+        key.extend(inputs.iter().chain(&saved).chain(&outputs));
+        self.graph.run(stream, key, call)
     }
 }
 

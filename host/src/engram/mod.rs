@@ -16,5 +16,5 @@ pub use decode::{
 pub use gate_conv::{
     bwd_cluster_rows, bwd_split_warps, bwd_workspace_len, bwd_workspace_len_with, gate_conv_bwd, gate_conv_bwd_raw,
     gate_conv_bwd_raw_with, gate_conv_fwd, gate_conv_fwd_raw, gate_conv_fwd_raw_with, EngramGateShape, GateBwdConfig,
-    GateFwdConfig, GateFwdKernel,
+    GateConvBwdPlan, GateFwdConfig, GateFwdKernel,
 };

@@ -16,7 +16,7 @@ use cudarc::driver::sys::{CUdeviceptr, CUfunction_attribute_enum, CUstream};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 use crate::error::check_len;
-use crate::runtime::{launch, LaunchDims};
+use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
 use crate::{Error, Gpu, Result};
 
 #[cfg(test)]
@@ -292,6 +292,14 @@ pub struct FftOptions {
     /// 4 × 8192), each block computing every `2^split`-th output from the whole input (no
     /// workspace). 0: off.
     pub split: u32,
+    /// Passes after the first are programmatic dependent launches (every kernel lets the next
+    /// start at entry and waits for the previous before touching memory): the next pass's
+    /// launch and block start-up overlap the current pass.
+    pub pdl: bool,
+    /// Multi-pass plans: the safe entries submit a call's passes as one CUDA graph (captured
+    /// on the first call with a pair of buffers, replayed when it recurs), so the dependent
+    /// launches actually overlap (separate host launches reach the device too far apart).
+    pub graph: bool,
 }
 
 impl Default for FftOptions {
@@ -307,6 +315,8 @@ impl Default for FftOptions {
             row_threads: 0,
             cols: 0,
             split: 0,
+            pdl: true,
+            graph: true,
         }
     }
 }
@@ -354,6 +364,9 @@ pub struct FftPlan {
     stw_ptrs: Vec<CUdeviceptr>,
     ptrs: [CUdeviceptr; 4],
     log_lt: u32,
+    pdl: bool,
+    use_graph: bool,
+    graph: GraphReplay,
 }
 
 /// Checks `(n, batch)` and returns `log2 n`. Errors name `n` or `batch`.
@@ -524,7 +537,23 @@ impl FftPlan {
         // The tables must be on the device before an execution on any other stream.
         gpu.stream().synchronize()?;
         let ptrs = [raw_ptr(gpu, &tw), raw_ptr(gpu, &twlo), raw_ptr(gpu, &twhi), raw_ptr(gpu, &work)];
-        Ok(Self { n, batch, precision, passes, tw, twlo, twhi, work, stw, stw_ptrs, ptrs, log_lt })
+        Ok(Self {
+            n,
+            batch,
+            precision,
+            passes,
+            tw,
+            twlo,
+            twhi,
+            work,
+            stw,
+            stw_ptrs,
+            ptrs,
+            log_lt,
+            pdl: opts.pdl,
+            use_graph: opts.graph,
+            graph: GraphReplay::new(),
+        })
     }
 
     fn kernel_names_st(p: Precision, hoist: bool) -> &'static [&'static str] {
@@ -647,8 +676,16 @@ impl FftPlan {
         let st = gpu.stream();
         let (xp, _g1) = x.device_ptr(st);
         let (yp, _g2) = y.device_ptr_mut(st);
-        // SAFETY: both buffers hold the elements the plan addresses; &mut self: no overlap.
-        unsafe { self.execute_raw(gpu, xp, yp, st.cu_stream()) }
+        let cs = st.cu_stream();
+        if !self.use_graph || self.passes.len() < 2 {
+            // SAFETY: both buffers hold the elements the plan addresses; &mut self: no overlap.
+            return unsafe { self.execute_raw(gpu, xp, yp, cs) };
+        }
+        let mut graph = std::mem::replace(&mut self.graph, GraphReplay::new());
+        // SAFETY: as above; the body only enqueues this plan's passes on `cs`.
+        let r = unsafe { graph.run(cs, vec![xp, yp], || self.execute_raw(gpu, xp, yp, cs)) };
+        self.graph = graph;
+        r
     }
 
     /// The safe in-place entries (x == y is supported by the kernels).
@@ -715,7 +752,10 @@ impl FftPlan {
             let (mut log_c, mut log_min, mut log_mout, mut count) = (a.log_c, a.log_min, a.log_mout, a.count);
             let (mut log_lt, mut log_split, mut flags, mut sm_stride) = (a.log_lt, a.log_split, a.flags, a.sm_stride);
             let dims = LaunchDims { grid: (a.grid, 1, 1), block: (a.threads, 1, 1), shared_bytes: a.smem_bytes };
-            launch(
+            // Every pass after the first as a programmatic dependent of the one before.
+            let first = std::ptr::eq(p, &self.passes[0]);
+            let launch_pass = if self.pdl && !first { launch_pdl } else { launch };
+            launch_pass(
                 f,
                 dims,
                 stream,

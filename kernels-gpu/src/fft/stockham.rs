@@ -494,6 +494,11 @@ macro_rules! entry {
             flags: u32,
             sm_stride: u32,
         ) {
+            // Programmatic dependent launch: let the next pass start its blocks now; wait for
+            // the previous pass (when launched as its dependent; a no-op otherwise) before any
+            // global memory access.
+            crate::prim::grid_launch_dependents();
+            crate::prim::grid_dependency_wait();
             fft_block::<$t, $log_l, $e, $st, $hoist, $pp, $stg, $sp>(
                 x, y, tw, twlo, twhi, log_c, log_min, log_mout, count, log_lt, log_split, flags, sm_stride,
             )

@@ -276,3 +276,41 @@ impl Drop for Watchdog {
         self.stop.store(true, Ordering::Relaxed);
     }
 }
+
+/// The backward through a [`rgk::engram::GateConvBwdPlan`] (graph submission): captured on the
+/// first call, replayed on the next `replays` calls on the same buffers.
+pub fn run_bwd_plan<T: Half + rgk::cudarc::driver::DeviceRepr>(
+    gpu: &Gpu,
+    x: &GateInputs<T>,
+    f: &FwdOut<T>,
+    plan: &mut rgk::engram::GateConvBwdPlan,
+    replays: usize,
+) -> BwdOut<T> {
+    let (n, _) = x.s.lens().unwrap();
+    let d = x.s.d;
+    let st = gpu.stream();
+    let (g, h, k, v) = (up(gpu, &x.dy, 0), up(gpu, &x.h, 0), up(gpu, &x.k, 0), up(gpu, &x.v, 0));
+    let (wh, wv, cw) = (up(gpu, &x.wh, 0), up(gpu, &x.wv, 0), up(gpu, &x.cw, 0));
+    let (a, rh, rk) =
+        (st.clone_htod(&f.alpha).unwrap(), st.clone_htod(&f.rrms_h).unwrap(), st.clone_htod(&f.rrms_k).unwrap());
+    let mut ws = st.clone_htod(&vec![f32::NAN; bwd_workspace_len_with(x.s, plan.config()).unwrap()]).unwrap();
+    let (mut dh, mut dk, mut dv) = (out_half::<T>(gpu, n), out_half::<T>(gpu, n), out_half::<T>(gpu, n));
+    let (mut dwh, mut dwv, mut dcw) = (out_f32(gpu, d), out_f32(gpu, d), out_f32(gpu, 4 * d));
+    let ins = [&g, &h, &k, &v, &wh, &wv, &cw].map(|b| b.device_ptr(st).0);
+    let saved = [&a, &rh, &rk].map(|b| b.device_ptr(st).0);
+    let o1 = [&mut dh, &mut dk, &mut dv].map(|b| b.device_ptr_mut(st).0);
+    let o2 = [&mut dwh, &mut dwv, &mut dcw].map(|b| b.device_ptr_mut(st).0);
+    let pws = ws.device_ptr_mut(st).0;
+    for _ in 0..=replays {
+        unsafe { plan.run_raw::<T>(gpu, ins, saved, pws, [o1[0], o1[1], o1[2], o2[0], o2[1], o2[2]], st.cu_stream()) }
+            .unwrap();
+    }
+    BwdOut {
+        dh: down_half(gpu, &dh, n, "dH"),
+        dk: down_half(gpu, &dk, n, "dk"),
+        dv: down_half(gpu, &dv, n, "dv"),
+        drms_w_h: down_f32(gpu, &dwh, d, "drms_w_h"),
+        drms_w_v: down_f32(gpu, &dwv, d, "drms_w_v"),
+        dconv_w: down_f32(gpu, &dcw, 4 * d, "dconv_w"),
+    }
+}
