@@ -78,7 +78,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         // (`v4-wW`), S = 32 (`v4-s32`), and `v4c`: the cluster reduction (one launch) at the
         // smallest R with ≤ 8 blocks (train-s32: R = 4; elsewhere no such R ≤ 8: v4 at the
         // planner's R, two launches)
-        for t in ["v4", "v4-r1", "v4-r2", "v4-r3", "v4-w1", "v4-w2", "v4-s32", "v4c"] {
+        for t in ["v4", "v4-r1", "v4-r2", "v4-r3", "v4-w1", "v4-s32", "v4c"] {
             bwd_cfgs.push((Some(t.into()), None));
         }
         bwd_cfgs.push((Some("nopdl".into()), None));

@@ -317,7 +317,7 @@ const PLANNED_LEAN: bool = true;
 /// Whether [`DecodeConfig::for_shape`] plans the v6 wide finish (`_finx`; bench rows `@nofx`
 /// = the planner with the v5 `_finw` kernel). Bitwise the `_finw` outputs from the same work
 /// minus the serial steps (same arithmetic in the same order); one-line switch.
-const PLANNED_FAST_FINISH: bool = true;
+const PLANNED_FAST_FINISH: bool = false;
 
 /// Whether a call of `shape` with `config` takes the lean MMA projection kernel (`_mmal`):
 /// `config.lean`, the `Mma` projection on the vectorised layout (`aligned`: `d % 8 == 0`,

@@ -432,17 +432,19 @@ impl GateBwdConfig {
         // fastest on every seed row (5.95 / 8.77 / 5.89 / 12.8 µs against v2's 6.5 / 10.5 /
         // 6.6 / 15.1). The dependent launch of the reduce kernel measured no gain (the reduce
         // kernel's own interval is unchanged) but costs nothing.
+        // Session 4 (H200, graph submission, `--variants`): the v4 main kernel (each tile row
+        // split over `bwd_split_warps` warps) on every row: 5.31 / 6.98 / 5.41 / 10.43 µs
+        // against v3a's 5.79 / 8.85 / 5.79 / 12.77; S = 32 at d = 768 (10.02).
         let rows_per_block = if shape.d >= 768 { 3 } else { 2 };
         Self {
             rows_per_block,
-            reduce_segments: 16,
+            reduce_segments: if shape.d >= 768 { 32 } else { 16 },
             smem_u: true,
             smem_w: true,
             approx: true,
             pdl: true,
             extra_warps: 0,
-            // v4 switch (one line): `0` → `bwd_split_warps(shape.d, rows_per_block)`
-            split_warps: 0,
+            split_warps: bwd_split_warps(shape.d, rows_per_block),
             cluster_reduce: false,
         }
     }

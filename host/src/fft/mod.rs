@@ -328,11 +328,24 @@ impl FftOptions {
     /// except for n ≥ 2^20 (scientific-1m: hoisted 176.8, in-stage 138.3, v1 155.8 — the
     /// hoisting kernels' registers shrink the 1024-point column passes); no persistent grid for
     /// n ≤ 64 (shortconv-64: 19.54 against 21.12).
-    pub fn for_shape(n: usize, _batch: usize, _precision: Precision) -> Self {
+    ///
+    /// Session 4 (H200, `--variants`, graph submission): c64 1024 with 8 elements per thread
+    /// and ping-pong shared memory (spectrogram-1k 3.81 → 3.46 µs, -b300 4.22 → 4.03), c64
+    /// 4096 with ping-pong (throughput-4k 4.32 → 4.16), row-pass blocks of 64 threads at c64
+    /// 512 (fnet-512 12.74 → 11.33) and of 128 at c64 64 (shortconv-64 19.26 → 18.82).
+    pub fn for_shape(n: usize, _batch: usize, precision: Precision) -> Self {
+        let c64 = precision == Precision::C64;
         FftOptions {
             persist: if n <= 64 { Persist::Never } else { Persist::Auto },
             stage_twiddles: true,
             hoist_twiddles: n < 1 << 20,
+            e8: c64 && n == 1024,
+            ping_pong: c64 && (n == 1024 || n == 4096),
+            row_threads: match (c64, n) {
+                (true, 512) => 64,
+                (true, 64) => 128,
+                _ => 0,
+            },
             ..FftOptions::default()
         }
     }

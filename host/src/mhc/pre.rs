@@ -211,7 +211,7 @@ impl Default for PreConfig {
             batch_per_cluster: 0,
             fused_block: 512,
             block: 256,
-            max_grid: None,
+            max_grid: Some(64),
             mix_block: 512,
             mma_partials: true,
             mma_block: 256,
