@@ -456,6 +456,18 @@ fn second_launch_finish_on_every_path() {
     println!("second launch: worst {worst:?}");
 }
 
+/// `(batch, d_mem, d, L, K, dilation)` that the path sweeps below share: the seed-like shapes,
+/// odd d, K > 4, d below one warp's chunk.
+const PATH_SHAPES: [(usize, usize, usize, usize, usize, usize); 7] = [
+    (1, 512, 256, 12, 4, 3),
+    (4, 1024, 512, 20, 4, 5),
+    (8, 512, 256, 18, 4, 3),
+    (3, 37, 7, 5, 3, 2),
+    (2, 100, 1000, 9, 4, 3),
+    (3, 64, 256, 12, 5, 2),
+    (2, 300, 24, 3, 2, 3),
+];
+
 /// The wide finish (v4) on every path of its kernel: each element width (and the automatic
 /// choice), both projections, one split, many splits (> 16: the partials beyond the first 16 are
 /// summed in a second pass), K > 4 (taps beyond the first three), odd d (E = 1 only), rows too
@@ -465,18 +477,8 @@ fn wide_finish_on_every_path() {
     let Some(gpu) = gpu_or_skip("engram_decode::wide_finish") else { return };
     let mut rng = fresh_rng("engram_decode::wide_finish");
     let mut worst = Worst::default();
-    for (batch, d_mem, d, l, k, dil) in [
-        (1, 512, 256, 12, 4, 3),
-        (4, 1024, 512, 20, 4, 5),
-        (8, 512, 256, 18, 4, 3),
-        (3, 37, 7, 5, 3, 2),
-        (2, 100, 1000, 9, 4, 3),
-        (3, 64, 256, 12, 5, 2),
-        (2, 300, 24, 3, 2, 3),
-        (2, 40, 2056, 5, 3, 2),
-        (3, 4096, 64, 7, 1, 1),
-        (64, 100, 256, 3, 2, 1),
-    ] {
+    let extra = [(2, 40, 2056, 5, 3, 2), (3, 4096, 64, 7, 1, 1), (64, 100, 256, 3, 2, 1)];
+    for (batch, d_mem, d, l, k, dil) in PATH_SHAPES.into_iter().chain(extra) {
         let s = EngramDecodeShape::new(batch, d_mem, d, l, k, dil);
         for elems in [0, 1, 2, 4] {
             for (projection, block, rows_per_thread, max_blocks) in [
@@ -563,18 +565,8 @@ fn fast_finish_is_bitwise_the_wide_finish() {
             }
         }
     }
-    for (batch, d_mem, d, l, k, dil) in [
-        (1, 512, 256, 12, 4, 3),
-        (4, 1024, 512, 20, 4, 5),
-        (8, 512, 256, 18, 4, 3),
-        (3, 37, 7, 5, 3, 2),
-        (2, 100, 1000, 9, 4, 3),
-        (3, 64, 256, 12, 5, 2),
-        (2, 300, 24, 3, 2, 3),
-        (3, 4096, 64, 7, 1, 1),
-        (64, 100, 256, 3, 2, 1),
-        (5, 200, 136, 10, 4, 3),
-    ] {
+    let extra = [(3, 4096, 64, 7, 1, 1), (64, 100, 256, 3, 2, 1), (5, 200, 136, 10, 4, 3)];
+    for (batch, d_mem, d, l, k, dil) in PATH_SHAPES.into_iter().chain(extra) {
         let s = EngramDecodeShape::new(batch, d_mem, d, l, k, dil);
         run::<f16>(&gpu, &mut rng, s, VARIED);
         run::<bf16>(&gpu, &mut rng, s, SPEC);

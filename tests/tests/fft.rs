@@ -324,7 +324,7 @@ fn session4_variants() {
                 }
             }
         }
-        for cols in [4, 8, 32] {
+        for cols in [1, 2, 4, 8, 32] {
             for log_n in 12..=20 {
                 let n = 1 << log_n;
                 run_with(&gpu, &mut rng, n, batch_for(log_n), prec, false, FftOptions { cols, ..base(n, 1, prec) });
@@ -473,6 +473,34 @@ fn graph_and_pdl_are_bitwise_direct() {
             }
         }
     }
+}
+
+/// Four-step plans run in sequential chunks of the batch (`FftOptions::chunk`): every chunk
+/// size, batches the chunk does not divide (the chunk shrinks to a divisor), in place.
+#[test]
+fn chunked_four_step() {
+    let Some(gpu) = gpu_or_skip("fft::chunked_four_step") else { return };
+    let mut rng = fresh_rng("fft::chunked_four_step");
+    for (n, batch, prec, chunk, in_place, chunks) in [
+        (1 << 20, 4, Precision::C128, 1, false, 4),
+        (1 << 20, 4, Precision::C128, 2, false, 2),
+        (1 << 20, 3, Precision::C128, 2, false, 3),
+        (1 << 20, 2, Precision::C64, 1, true, 2),
+        (1 << 18, 5, Precision::C64, 4, false, 5),
+        (1 << 14, 6, Precision::C64, 4, false, 2),
+        (1 << 14, 6, Precision::C64, 4, true, 2),
+        (1 << 13, 6, Precision::C128, 2, false, 3),
+        (1 << 22, 1, Precision::C64, 1, false, 1),
+    ] {
+        let opts = FftOptions { chunk, ..FftOptions::for_shape(n, batch, prec) };
+        let plan = FftPlan::new_opts(&gpu, n, batch, prec, opts).unwrap();
+        assert_eq!(plan.launches(), 2 * chunks, "n={n} batch={batch} chunk={chunk}: launches");
+        run_with(&gpu, &mut rng, n, batch, prec, in_place, opts);
+    }
+    // One-pass lengths ignore the knob.
+    let opts = FftOptions { chunk: 1, ..FftOptions::for_shape(4096, 5, Precision::C64) };
+    assert_eq!(FftPlan::new_opts(&gpu, 4096, 5, Precision::C64, opts).unwrap().launches(), 1);
+    run_with(&gpu, &mut rng, 4096, 5, Precision::C64, false, opts);
 }
 
 #[test]

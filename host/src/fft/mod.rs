@@ -300,6 +300,10 @@ pub struct FftOptions {
     /// on the first call with a pair of buffers, replayed when it recurs), so the dependent
     /// launches actually overlap (separate host launches reach the device too far apart).
     pub graph: bool,
+    /// Four-step plans: run the batch as sequential chunks of `chunk` transforms (the largest
+    /// divisor of `batch` not above it), both passes per chunk, so the chunk-sized workspace
+    /// can stay in L2 between the passes instead of a DRAM round trip. 0: the whole batch at once.
+    pub chunk: usize,
 }
 
 impl Default for FftOptions {
@@ -317,6 +321,7 @@ impl Default for FftOptions {
             split: 0,
             pdl: true,
             graph: true,
+            chunk: 0,
         }
     }
 }
@@ -361,6 +366,8 @@ pub struct FftPlan {
     batch: usize,
     precision: Precision,
     passes: Vec<Pass>,
+    /// The passes run `chunks` times, on consecutive slices of `batch / chunks` transforms.
+    chunks: usize,
     // The device buffers below are owned here and used through `ptrs`.
     /// Twiddles `W_Lt^i`, `i < Lt` (Lt = the longest pass length), interleaved.
     #[allow(dead_code)]
@@ -468,11 +475,17 @@ impl FftPlan {
         } else {
             None
         };
+        // Transforms per chunk: the passes are planned for one chunk and run once per chunk.
+        let per_chunk = if split.is_none() && opts.chunk > 0 && log_n > max_single_log(elem) {
+            (1..=opts.chunk.min(batch)).rev().find(|c| batch % c == 0).unwrap_or(batch)
+        } else {
+            batch
+        };
         let is_split = split.is_some();
         let mut passes = match split {
             Some(p) => vec![p],
             None if log_n == 0 => Vec::new(),
-            None => decompose_k(log_n, batch, elem, max_single_log(elem), knobs),
+            None => decompose_k(log_n, per_chunk, elem, max_single_log(elem), knobs),
         };
         let log_lt = passes.iter().map(|p| p.log_l).max().unwrap_or(0);
         let sms = gpu
@@ -541,7 +554,7 @@ impl FftPlan {
                 None => (tw, None, None),
             }
         };
-        let work = if four_step { Some(gpu.stream().alloc_zeros::<u8>(n * batch * elem)?) } else { None };
+        let work = if four_step { Some(gpu.stream().alloc_zeros::<u8>(n * per_chunk * elem)?) } else { None };
         let stw = passes
             .iter()
             .map(|p| if p.st { upload(gpu, precision, &plan::stage_table(p.log_l, p.e)).map(Some) } else { Ok(None) })
@@ -555,6 +568,7 @@ impl FftPlan {
             batch,
             precision,
             passes,
+            chunks: batch / per_chunk,
             tw,
             twlo,
             twhi,
@@ -628,7 +642,7 @@ impl FftPlan {
     }
     /// Number of kernel launches one execution makes (0 for `n = 1`: a device copy).
     pub fn launches(&self) -> usize {
-        self.passes.len()
+        self.passes.len() * self.chunks
     }
     /// Bytes of device workspace the plan holds (0 for one-pass plans).
     pub fn workspace_bytes(&self) -> usize {
@@ -746,7 +760,11 @@ impl FftPlan {
         let [tw, twlo, twhi, work] = self.ptrs;
         let ptrs = PlanPtrs { tw, twlo, twhi, work };
         let log_n = self.n.trailing_zeros();
-        for (p, &stw) in self.passes.iter().zip(&self.stw_ptrs) {
+        let chunk_bytes = bytes / self.chunks as u64;
+        let chunked =
+            (0..self.chunks as u64).flat_map(|c| self.passes.iter().zip(&self.stw_ptrs).map(move |ps| (c, ps)));
+        for (i, (c, (p, &stw))) in chunked.enumerate() {
+            let (x, y) = (x + c * chunk_bytes, y + c * chunk_bytes);
             let mut a = plan::pass_args(p, log_n, self.log_lt, ptrs, stw, x, y);
             if p.split > 0 && x == y {
                 // Every block of a split pass reads its whole transform while the others write
@@ -765,9 +783,9 @@ impl FftPlan {
             let (mut log_c, mut log_min, mut log_mout, mut count) = (a.log_c, a.log_min, a.log_mout, a.count);
             let (mut log_lt, mut log_split, mut flags, mut sm_stride) = (a.log_lt, a.log_split, a.flags, a.sm_stride);
             let dims = LaunchDims { grid: (a.grid, 1, 1), block: (a.threads, 1, 1), shared_bytes: a.smem_bytes };
-            // Every pass after the first as a programmatic dependent of the one before.
-            let first = std::ptr::eq(p, &self.passes[0]);
-            let launch_pass = if self.pdl && !first { launch_pdl } else { launch };
+            // Every pass after the first as a programmatic dependent of the one before (the next
+            // chunk's first pass overwrites the workspace the previous chunk's last pass reads).
+            let launch_pass = if self.pdl && i > 0 { launch_pdl } else { launch };
             launch_pass(
                 f,
                 dims,

@@ -903,6 +903,34 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
     // in increasing t (fixed order).
     let nown = if t0 + r <= t_len { r } else { t_len - t0 };
     let pb = part.add(blk * 6 * d as usize);
+    bwd_weight_partials::<D, SU, SW>(pb, d, dpad, t0, nown, base, wrow, s_w, s_u, scr, s_rv, s_ch, alpha, v, h, k);
+}
+
+/// Backward stage 4 (v3 and v4): this block's partial weight gradients `pb[e·d + j]`
+/// (e = rms_w_h, rms_w_v, conv_w[0..4]), a thread per column j, the `nown` owned rows in
+/// increasing t (fixed order). `SU`: u of the tile rows from `s_u` (else recomputed from v);
+/// `SW`: the weights from `s_w` (else global, through `wrow`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn bwd_weight_partials<D: Dt, const SU: bool, const SW: bool>(
+    pb: *mut f32,
+    d: u32,
+    dpad: usize,
+    t0: u32,
+    nown: u32,
+    base: usize,
+    wrow: impl Fn(u32) -> *const u16,
+    s_w: *const u16,
+    s_u: *const f32,
+    scr: *const f32,
+    s_rv: *const f32,
+    s_ch: *const f32,
+    alpha: *const f32,
+    v: *const u16,
+    h: *const u16,
+    k: *const u16,
+) {
+    let rowp = |p: *const u16, t: u32| p.wrapping_add((base + t as usize) * d as usize);
     let ld1 = |p: *const u16, j: u32| D::to_f32(*p.add(j as usize));
     let mut j = thread_idx_x();
     while j < d {
@@ -1297,61 +1325,8 @@ unsafe fn bwd4<D: Dt, const NV: usize, const CL: bool>(
     // CL: the partials stay in shared memory, after the split sums
     let s_part = s_sp.add(bwd4_split_floats(r, wpr) as usize);
     let pb = if CL { s_part } else { part.add(blk * 6 * d as usize) };
-    let ld1 = |p: *const u16, j: u32| D::to_f32(*p.add(j as usize));
-    let mut j = thread_idx_x();
-    while j < d {
-        let wj = |wr: u32| -> f32 { D::to_f32(*s_w.add(wr as usize * dpad + j as usize)) };
-        let whj = wj(1);
-        let cwj = [wj(2), wj(3), wj(4), wj(5)];
-        let u1 = |ip: u32| -> f32 { *s_u.add(ip as usize * dpad + j as usize) };
-        let (mut a_h, mut a_v, mut a_c0, mut a_c1, mut a_c2, mut a_c3) = (0f32, 0f32, 0f32, 0f32, 0f32, 0f32);
-        let (mut w0, mut w1, mut w2) = (0f32, 0f32, 0f32);
-        if t0 >= 3 {
-            w0 = u1(0);
-        }
-        if t0 >= 2 {
-            w1 = u1(1);
-        }
-        if t0 >= 1 {
-            w2 = u1(2);
-        }
-        let sc = |row: u32| *scr.add(row as usize * dpad + j as usize);
-        let (mut e0, mut e1, mut e2) = (sc(0), sc(1), sc(2));
-        let mut io = 0;
-        while io < nown {
-            let ii = io + 3;
-            let tt = t0 + io;
-            let w3 = u1(ii);
-            let e3 = sc(io + 3);
-            let mut du = 0f32;
-            du = fma(cwj[0], e3, du);
-            du = fma(cwj[1], e2, du);
-            du = fma(cwj[2], e1, du);
-            du = fma(cwj[3], e0, du);
-            let at = *alpha.add(base + tt as usize);
-            let rvt = *s_rv.add(ii as usize);
-            let cht = *s_ch.add(io as usize);
-            let (vv, hh, kk) = (ld1(rowp(v, tt), j), ld1(rowp(h, tt), j), ld1(rowp(k, tt), j));
-            a_h = fma(cht * whj, hh * kk, a_h);
-            a_v = fma(du, (at * vv) * rvt, a_v);
-            a_c0 = fma(e0, w0, a_c0);
-            a_c1 = fma(e0, w1, a_c1);
-            a_c2 = fma(e0, w2, a_c2);
-            a_c3 = fma(e0, w3, a_c3);
-            (w0, w1, w2) = (w1, w2, w3);
-            (e0, e1, e2) = (e1, e2, e3);
-            io += 1;
-        }
-        let dd = d as usize;
-        let pj = pb.add(j as usize);
-        *pj = a_h;
-        *pj.add(dd) = a_v;
-        *pj.add(2 * dd) = a_c0;
-        *pj.add(3 * dd) = a_c1;
-        *pj.add(4 * dd) = a_c2;
-        *pj.add(5 * dd) = a_c3;
-        j += block_dim_x();
-    }
+    let wrow = |wr: u32| s_w.add(wr as usize * dpad) as *const u16;
+    bwd_weight_partials::<D, true, true>(pb, d, dpad, t0, nown, base, wrow, s_w, s_u, scr, s_rv, s_ch, alpha, v, h, k);
     if CL {
         // every block's partials complete and visible cluster-wide
         cluster_arrive();
