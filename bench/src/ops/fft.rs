@@ -43,7 +43,11 @@ type Variant = (fn(usize, usize, Precision) -> FftOptions, fn(usize, Precision) 
 ///   64/512/1024), `sta-sm2` (staged, 2 persistent blocks per SM), `t128`, `t64` (row-pass
 ///   blocks of 128 / 64 threads), `c4`, `c8`, `c32` (four-step passes with 4 / 8 / 32
 ///   transforms per block), `sp2`, `sp4` (c64 16384 in one pass, 2 × 8192 / 4 × 4096 blocks
-///   per transform).
+///   per transform);
+/// - session 5: `cl8`, `cl4` (one launch per plan, one transform per thread-block cluster of
+///   8 / 4 blocks exchanging through distributed shared memory, outputs exchanged again for
+///   contiguous 16-byte stores; c64 65536 = 8 × 8192, 16384 = 8 × 2048 / 4 × 4096), `cl8s`,
+///   `cl4s` (the same with the outputs stored at stride R from the last stage).
 fn variants() -> Vec<(&'static str, Variant)> {
     fn st(persist: Persist) -> FftOptions {
         FftOptions { persist, stage_twiddles: true, hoist_twiddles: true, ..FftOptions::default() }
@@ -53,6 +57,7 @@ fn variants() -> Vec<(&'static str, Variant)> {
         |n, p| n >= 64 && n <= if p == Precision::C64 { 1 << 13 } else { 1 << 12 };
     let four_step: fn(usize, Precision) -> bool = |n, p| n > if p == Precision::C64 { 1 << 13 } else { 1 << 12 };
     let split_rows: fn(usize, Precision) -> bool = |n, p| p == Precision::C64 && n == 1 << 14;
+    let cl8_rows: fn(usize, Precision) -> bool = |n, p| p == Precision::C64 && (n == 1 << 14 || n == 1 << 16);
     let e8_rows: fn(usize, Precision) -> bool = |n, p| p == Precision::C64 && (n == 1024 || n == 4096);
     vec![
         ("stn", (|_, _, _| FftOptions { hoist_twiddles: false, ..st(Persist::Auto) }, all)),
@@ -88,6 +93,16 @@ fn variants() -> Vec<(&'static str, Variant)> {
         ("c32", (|n, b, p| FftOptions { cols: 32, ..FftOptions::for_shape(n, b, p) }, four_step)),
         ("sp2", (|n, b, p| FftOptions { split: 1, ..FftOptions::for_shape(n, b, p) }, split_rows)),
         ("sp4", (|n, b, p| FftOptions { split: 2, ..FftOptions::for_shape(n, b, p) }, split_rows)),
+        ("cl8", (|n, b, p| FftOptions { cluster: 8, ..FftOptions::for_shape(n, b, p) }, cl8_rows)),
+        (
+            "cl8s",
+            (|n, b, p| FftOptions { cluster: 8, cluster_strided: true, ..FftOptions::for_shape(n, b, p) }, cl8_rows),
+        ),
+        ("cl4", (|n, b, p| FftOptions { cluster: 4, ..FftOptions::for_shape(n, b, p) }, split_rows)),
+        (
+            "cl4s",
+            (|n, b, p| FftOptions { cluster: 4, cluster_strided: true, ..FftOptions::for_shape(n, b, p) }, split_rows),
+        ),
     ]
 }
 
