@@ -105,6 +105,11 @@ fn seed_workloads() {
         let out = run(&gpu, &mut fused, p, &inp);
         let (ulps, used) = check(&format!("{s:?} one launch"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
         println!("  one launch {:?}: worst {ulps:.3} ulp, {used:.3} of the tolerance", fused.plan().fused);
+        let mut v5 = MhcPre::with_config(&gpu, s, PreConfig { v5: true, ..PreConfig::default() }).unwrap();
+        assert!(v5.plan().geometry.v5, "{s:?}: the v5 pair does not apply");
+        let out = run(&gpu, &mut v5, p, &inp);
+        let (ulps, used) = check(&format!("{s:?} v5"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
+        println!("  v5 {:?}: worst {ulps:.3} ulp, {used:.3} of the tolerance", v5.plan().geometry);
     }
 }
 
@@ -122,10 +127,15 @@ fn shape_sweep() {
                 let inp = inputs(&mut rng, s, phi_scale, 1.0);
                 let logits = mhc_pre_logits(s, &inp.phi, &inp.x);
                 let auto = PreConfig { path: PrePath::Auto, ..PreConfig::default() };
-                let mut ops = [MhcPre::new(&gpu, s).unwrap(), MhcPre::with_config(&gpu, s, auto).unwrap()];
+                let v5 = PreConfig { v5: true, ..PreConfig::default() };
+                let mut ops = [
+                    MhcPre::new(&gpu, s).unwrap(),
+                    MhcPre::with_config(&gpu, s, auto).unwrap(),
+                    MhcPre::with_config(&gpu, s, v5).unwrap(),
+                ];
                 for ((repeat, alphas), i) in [(0, (0.7, 1.3, 1.9)), (1, (1.0, 1.0, 1.0)), (20, (1.4, 0.6, 0.8))]
                     .into_iter()
-                    .flat_map(|a| [(a, 0), (a, 1)])
+                    .flat_map(|a| [(a, 0), (a, 1), (a, 2)])
                 {
                     let op = &mut ops[i];
                     let p = MhcPreParams {
@@ -137,7 +147,11 @@ fn shape_sweep() {
                     };
                     let out = run(&gpu, op, p, &inp);
                     let r = mhc_pre_fwd_from_logits(s, p, &logits, &inp.b, &inp.x);
-                    let what = format!("{s:?} repeat {repeat} fused {}", op.plan().fused.is_some());
+                    let what = format!(
+                        "{s:?} repeat {repeat} fused {} v5 {}",
+                        op.plan().fused.is_some(),
+                        op.plan().geometry.v5
+                    );
                     worst = worse(worst, check(&what, &out, &r));
                 }
             }
@@ -172,21 +186,24 @@ fn bitwise_deterministic() {
     for s in [MhcPreShape { batch: 4, n: 4, c: 2560 }, MhcPreShape { batch: 32, n: 8, c: 4099 }] {
         let inp = inputs(&mut rng, s, 1.0 / ((s.n * s.c) as f32).sqrt(), 1.0);
         let p = MhcPreParams { sinkhorn_repeat: 20, ..MhcPreParams::default() };
-        let mut op = MhcPre::new(&gpu, s).unwrap();
-        let first = run(&gpu, &mut op, p, &inp);
-        check(&format!("{s:?}"), &first, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
-        let bits = |o: &Outputs| {
-            (
-                o.x_res.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                o.x_layer.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                o.h_post.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            )
-        };
-        let want = bits(&first);
-        let mut other = MhcPre::new(&gpu, s).unwrap();
-        for i in 0..8 {
-            let op = if i % 2 == 0 { &mut op } else { &mut other };
-            assert!(bits(&run(&gpu, op, p, &inp)) == want, "{s:?}: run {i} differs from the first");
+        for v5 in [false, true] {
+            let config = PreConfig { v5, ..PreConfig::default() };
+            let mut op = MhcPre::with_config(&gpu, s, config).unwrap();
+            let first = run(&gpu, &mut op, p, &inp);
+            check(&format!("{s:?}"), &first, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
+            let bits = |o: &Outputs| {
+                (
+                    o.x_res.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    o.x_layer.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    o.h_post.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                )
+            };
+            let want = bits(&first);
+            let mut other = MhcPre::with_config(&gpu, s, config).unwrap();
+            for i in 0..8 {
+                let op = if i % 2 == 0 { &mut op } else { &mut other };
+                assert!(bits(&run(&gpu, op, p, &inp)) == want, "{s:?} v5 {v5}: run {i} differs from the first");
+            }
         }
     }
 }
@@ -210,9 +227,10 @@ fn graph_replay_matches_direct_launches() {
         let s = MhcPreShape { batch, n, c };
         let l = s.lens().unwrap();
         let st = gpu.stream();
-        let mut direct = MhcPre::new(&gpu, s).unwrap();
-        for pdl in [true, false] {
-            let config = PreConfig { graph: true, pdl, ..PreConfig::default() };
+        for (pdl, v5) in [(true, false), (false, false), (true, true), (false, true)] {
+            let mut direct =
+                MhcPre::with_config(&gpu, s, PreConfig { graph: false, v5, ..PreConfig::default() }).unwrap();
+            let config = PreConfig { graph: true, pdl, v5, ..PreConfig::default() };
             let mut graphed = MhcPre::with_config(&gpu, s, config).unwrap();
             let mut dphi = st.alloc_zeros::<f32>(l.phi).unwrap();
             let mut dx = st.alloc_zeros::<bf16>(l.x).unwrap();
@@ -240,11 +258,14 @@ fn graph_replay_matches_direct_launches() {
                 };
                 let want = run(&gpu, &mut direct, p, &inp);
                 check(
-                    &format!("{s:?} graph pdl {pdl} round {round}"),
+                    &format!("{s:?} graph pdl {pdl} v5 {v5} round {round}"),
                     &got,
                     &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b),
                 );
-                assert!(bits(&got) == bits(&want), "{s:?} pdl {pdl} round {round}: graph differs from direct launches");
+                assert!(
+                    bits(&got) == bits(&want),
+                    "{s:?} pdl {pdl} v5 {v5} round {round}: graph differs from direct launches"
+                );
             }
             // New buffers: a new key, a new capture.
             let inp = inputs(&mut rng, s, 1.0, 1.0);
@@ -283,7 +304,10 @@ fn every_launch_config_matches_reference() {
                         256 => 8,
                         _ => 2,
                     };
+                    // The v5 pair (block-major partials, mhc_pre_mix5) on two of the kernel-1 blocks.
+                    let v5 = block == 128 || block == 512;
                     let config = PreConfig {
+                        v5,
                         lean_mix,
                         partial_cluster,
                         path: PrePath::TwoLaunch,
@@ -797,6 +821,105 @@ fn geometry_invariants() {
             }
         }
     }
+}
+
+/// The lane → logit map of `mhc_pre_mix4` / `mhc_pre_mix5` (the kernels' `mix4_logit`).
+fn mix4_logit(l: usize, n: usize) -> Option<usize> {
+    match l {
+        0..=3 if l < n => Some(l),
+        4..=7 if l - 4 < n => Some(n + l - 4),
+        16..=31 if (l - 16) / 4 < n && (l - 16) % 4 < n => Some(2 * n + (l - 16) / 4 * n + (l - 16) % 4),
+        _ => None,
+    }
+}
+
+/// The v5 pair's workspace indices, mirrored from the kernels: `mhc_pre_partial_mma5` writes
+/// every word `(g·batch + β)·(m+1) + q` exactly once (slot-sum thread `i` of y-block `by`, item
+/// `i/4`), and every block of `mhc_pre_mix5` reads, for each logit (one lane each), the partial
+/// of every kernel-1 block exactly once (warp w, rounds of 8 loads at stride W) — all of them
+/// written words; the geometry selects the pair exactly where it applies.
+#[test]
+fn v5_partial_layout_covers_every_read() {
+    const GL5: usize = 8;
+    for n in [1, 2, 3, 4] {
+        for (batch, c) in [(1, 1280), (2, 1920), (4, 2560), (5, 7), (11, 77), (32, 4099), (9, 1)] {
+            for (max_grid, mix_block) in [(None, 512), (Some(64), 32), (Some(7), 96), (Some(32), 1024), (Some(1), 256)]
+            {
+                let s = MhcPreShape { batch, n, c };
+                let config = PreConfig { v5: true, max_grid, mix_block, ..PreConfig::default() };
+                let g = PreGeometry::new(s, 132, 227 * 1024, config).unwrap();
+                if g.mma.is_none() {
+                    // One block's slab exceeds shared memory (e.g. grid 1): the FMA kernel 1, no v5.
+                    assert!(!g.v5, "{s:?} {g:?}");
+                    continue;
+                }
+                assert!(g.v5 && g.mix4 && g.k1_cluster == 1, "{s:?} {g:?}");
+                let (grid, m) = (g.grid as usize, s.logits());
+                let mq = m + 1;
+                assert!(g.jt as usize == c.min(mix_block as usize) && (g.tiles as usize) * (g.jt as usize) >= c);
+                assert!(
+                    (g.tiles as usize - 1) * (g.jt as usize) < c && g.mix_smem as usize == 256 + 8 * mix_block as usize
+                );
+                // Kernel 1: y-blocks of bpc rows, one group of ≤ 8 rows each.
+                let (_, _, bpc, groups) = g.mma.unwrap();
+                let mut written = vec![0u32; g.workspace];
+                for rank in 0..grid {
+                    for by in 0..groups as usize {
+                        let b0 = by * bpc as usize;
+                        let bga = (batch - b0).min(8).min(bpc as usize);
+                        let items = bga * mq;
+                        for i in (0..4 * items).step_by(4) {
+                            written[(rank * batch + b0) * mq + i / 4] += 1;
+                        }
+                    }
+                }
+                assert!(
+                    written.iter().all(|&w| w == 1),
+                    "{s:?} {g:?}: a word written {:?} times",
+                    written.iter().max()
+                );
+                // Kernel 2: every block of row β reads the same words.
+                let nw = mix_block as usize / 32;
+                for beta in 0..batch {
+                    let mut seen = vec![0u32; grid * m];
+                    for w in 0..nw {
+                        for lane in 0..32 {
+                            let Some(e) = mix4_logit(lane, n) else { continue };
+                            let mut g0 = w;
+                            while g0 < grid {
+                                for u in 0..GL5 {
+                                    let gi = g0 + u * nw;
+                                    if gi < grid {
+                                        let idx = beta * mq + e + gi * batch * mq;
+                                        assert!(idx < g.workspace && written[idx] == 1);
+                                        assert_eq!(idx, (gi * batch + beta) * mq + e);
+                                        seen[gi * m + e] += 1;
+                                    }
+                                }
+                                g0 += GL5 * nw;
+                            }
+                        }
+                    }
+                    assert!(seen.iter().all(|&v| v == 1), "{s:?} {g:?} β {beta}: partials read ≠ once");
+                }
+            }
+        }
+    }
+    // Where the pair does not apply, the geometry falls back (n > 4, FMA kernel 1, no lean mix).
+    for config in [
+        PreConfig { v5: true, mma_partials: false, ..PreConfig::default() },
+        PreConfig { v5: true, lean_mix: false, ..PreConfig::default() },
+    ] {
+        let g = PreGeometry::new(MhcPreShape { batch: 2, n: 4, c: 1920 }, 132, 227 * 1024, config).unwrap();
+        assert!(!g.v5, "{g:?}");
+    }
+    let g = PreGeometry::new(
+        MhcPreShape { batch: 2, n: 8, c: 100 },
+        132,
+        227 * 1024,
+        PreConfig { v5: true, ..PreConfig::default() },
+    );
+    assert!(!g.unwrap().v5);
 }
 
 /// The one-launch geometry: columns cover c exactly once, clusters cover the batch, shared

@@ -32,6 +32,14 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         for mma_block in [128, 512] {
             configs.push((Some(format!("mb{mma_block}")), PreConfig { mma_block, ..PreConfig::default() }));
         }
+        // Session 5: the v5 pair (block-major partials; r, x column and bias before the wait;
+        // one barrier; coefficients in every warp's registers), its kernel-2 block and grid.
+        let v5 = PreConfig { v5: true, ..PreConfig::default() };
+        configs.push((Some("v5".into()), v5));
+        for mix_block in [128, 256] {
+            configs.push((Some(format!("v5-k2b{mix_block}")), PreConfig { mix_block, ..v5 }));
+        }
+        configs.push((Some("v5-g32".into()), PreConfig { max_grid: Some(32), ..v5 }));
         let fused = PreConfig { path: PrePath::Fused, ..PreConfig::default() };
         configs.push((Some("fused".into()), fused));
     }

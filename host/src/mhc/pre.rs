@@ -13,11 +13,20 @@ pub(crate) const KERNEL_MIX: &str = "mhc_pre_mix";
 pub(crate) const KERNEL_FUSED: &str = "mhc_pre_fused";
 pub(crate) const KERNEL_PARTIAL_MMA: &str = "mhc_pre_partial_mma";
 pub(crate) const KERNEL_MIX4: &str = "mhc_pre_mix4";
-pub(crate) const KERNELS: &[&str] = &[KERNEL_PARTIAL, KERNEL_MIX, KERNEL_FUSED, KERNEL_PARTIAL_MMA, KERNEL_MIX4];
+pub(crate) const KERNEL_PARTIAL_MMA5: &str = "mhc_pre_partial_mma5";
+pub(crate) const KERNEL_MIX5: &str = "mhc_pre_mix5";
+pub(crate) const KERNELS: &[&str] =
+    &[KERNEL_PARTIAL, KERNEL_MIX, KERNEL_FUSED, KERNEL_PARTIAL_MMA, KERNEL_MIX4, KERNEL_PARTIAL_MMA5, KERNEL_MIX5];
 /// Largest n of the lean kernel 2 (`mhc_pre_mix4`: a padded 4×4 R in one warp's registers).
 const NMAX_MIX4: usize = 4;
 /// Bytes of `mhc_pre_mix4`'s shared memory before its x tile (`tot[32]` f64, `hs[4]`, `ra[16]`).
 const MIX4_SMEM_HEAD: usize = 336;
+
+/// `mhc_pre_mix5`'s dynamic shared memory (mirror of the kernel's `mix5_smem`): `ssw[32]` f64,
+/// then one f64 per thread.
+pub fn mix5_smem_bytes(block: usize) -> usize {
+    256 + 8 * block
+}
 
 /// Batch rows per group in kernel 1 (the kernel's `BT`).
 const BT: usize = 4;
@@ -199,6 +208,13 @@ pub struct PreConfig {
     /// and replayed while the buffers and parameters are unchanged), so kernel 2's dependent
     /// launch can overlap kernel 1. Not used by the raw entry [`pre_fwd_raw`].
     pub graph: bool,
+    /// Two-launch path, v5 (n ≤ 4, tensor-core kernel 1, batch ≤ 65535; else ignored): kernel 1
+    /// `mhc_pre_partial_mma5` stores its partials block-major (`[g][β][q]`, straight from the
+    /// slot sums), kernel 2 `mhc_pre_mix5` computes r from x and each thread's column before
+    /// `griddepcontrol.wait`, then one load round, one barrier, the coefficients in every warp's
+    /// registers and the mixing from registers. Kernel 2's tiles are `mix_block` columns (one
+    /// per thread); `partial_cluster` is ignored.
+    pub v5: bool,
 }
 
 impl Default for PreConfig {
@@ -219,6 +235,7 @@ impl Default for PreConfig {
             lean_mix: true,
             partial_cluster: 1,
             graph: true,
+            v5: false,
         }
     }
 }
@@ -337,6 +354,9 @@ pub struct PreGeometry {
     pub mix_smem: u32,
     /// Kernel 2 is the lean `mhc_pre_mix4` (n ≤ 4 and `config.lean_mix`), else `mhc_pre_mix`.
     pub mix4: bool,
+    /// The v5 pair (`config.v5` where it applies): `mhc_pre_partial_mma5` + `mhc_pre_mix5`, grid
+    /// `(tiles, batch)` with `jt = min(c, mix_block)`; `mix4` is then also set, `k1_cluster` 1.
+    pub v5: bool,
     /// Kernel 1 (tensor-core version only) runs in clusters of this many blocks along x, and
     /// writes `grid / k1_cluster` partials per quantity (1: no clusters, `grid` partials).
     pub k1_cluster: u32,
@@ -418,7 +438,17 @@ impl PreGeometry {
         if n > UN * mb {
             return Err(Error::Shape { arg: "n", msg: format!("n = {n} exceeds {UN}·mix_block = {}", UN * mb) });
         }
-        let jt = c.min(mb).min(UN * mb / n);
+        let kb = config.mma_block;
+        let mma_ok = config.mma_partials
+            && n <= NMAX_FUSED
+            && kb >= 32
+            && kb.is_multiple_of(32)
+            && kb <= MAX_FUSED_BLOCK
+            && fused_smem_bytes(kb as usize, n, cols) <= max_smem
+            && BTF * n * cols <= 1 << 16;
+        // v5 needs the tensor-core kernel 1 (its block-major partial layout).
+        let v5 = config.v5 && config.lean_mix && n <= NMAX_MIX4 && batch <= 65535 && mma_ok;
+        let jt = if v5 { c.min(mb) } else { c.min(mb).min(UN * mb / n) };
         let tiles = c.div_ceil(jt);
         // S: a power of two, (m+1)·S ≤ mix_block where possible, S ≤ 32 and S ≤ G.
         let mut slices_log2 = 0;
@@ -430,6 +460,9 @@ impl PreGeometry {
         if mix4 {
             mix_smem = (MIX4_SMEM_HEAD + 2 * n * jt).next_multiple_of(16);
         }
+        if v5 {
+            mix_smem = mix5_smem_bytes(mb);
+        }
         if mix_smem > max_smem {
             return Err(too_big(mix_smem));
         }
@@ -439,13 +472,6 @@ impl PreGeometry {
             return Err(Error::Overflow { arg: "x", msg: format!("batch {batch}: workspace or grid exceeds 2^31") });
         }
         let mb = config.mma_block;
-        let mma_ok = config.mma_partials
-            && n <= NMAX_FUSED
-            && mb >= 32
-            && mb.is_multiple_of(32)
-            && mb <= MAX_FUSED_BLOCK
-            && fused_smem_bytes(mb as usize, n, cols) <= max_smem
-            && BTF * n * cols <= 1 << 16;
         let mma = mma_ok.then(|| {
             let bpc = BTF.min(batch);
             (mb, fused_smem_bytes(mb as usize, n, cols) as u32, bpc as u32, batch.div_ceil(bpc) as u32)
@@ -463,7 +489,9 @@ impl PreGeometry {
             slices_log2,
             mix_smem: mix_smem as u32,
             mix4,
+            v5,
             k1_cluster: match mma {
+                Some(_) if v5 => 1,
                 Some(_) => {
                     let mut k = config.partial_cluster.clamp(1, 16).next_power_of_two();
                     while k > 1 && (k > config.partial_cluster.max(1) || grid % k as usize != 0) {
@@ -512,10 +540,17 @@ impl PrePlan {
         let max_smem = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
         let geometry = PreGeometry::new(shape, sms, max_smem, config)?;
         let (k1, k1_arg, k1_block, k1_smem) = match geometry.mma {
+            Some((block, smem, _, _)) if geometry.v5 => (KERNEL_PARTIAL_MMA5, "config.mma_block", block, smem),
             Some((block, smem, _, _)) => (KERNEL_PARTIAL_MMA, "config.mma_block", block, smem),
             None => (KERNEL_PARTIAL, "config.block", geometry.block, geometry.smem),
         };
-        let k2 = if geometry.mix4 { KERNEL_MIX4 } else { KERNEL_MIX };
+        let k2 = if geometry.v5 {
+            KERNEL_MIX5
+        } else if geometry.mix4 {
+            KERNEL_MIX4
+        } else {
+            KERNEL_MIX
+        };
         for (name, arg, block, smem) in
             [(k1, k1_arg, k1_block, k1_smem), (k2, "config.mix_block", geometry.mix_block, geometry.mix_smem)]
         {
@@ -744,7 +779,7 @@ pub unsafe fn pre_fwd_raw(
         return Err(Error::Shape { arg: "workspace", msg: "not 8-byte aligned".into() });
     }
     if let Some((block, smem, bpc, groups)) = geo.mma {
-        let f = gpu.function(KERNEL_PARTIAL_MMA)?;
+        let f = gpu.function(if geo.v5 { KERNEL_PARTIAL_MMA5 } else { KERNEL_PARTIAL_MMA })?;
         let (mut phi, mut xp, mut w) = (phi, x, workspace);
         let (mut batch, mut n, mut c, mut cw, mut bpc) = (s.batch as u32, s.n as u32, s.c as u32, geo.cols, bpc);
         let dims = LaunchDims { grid: (geo.grid, groups, 1), block: (block, 1, 1), shared_bytes: smem };
@@ -757,6 +792,9 @@ pub unsafe fn pre_fwd_raw(
         }
     } else {
         launch_partial(plan, phi, x, workspace, stream, gpu)?;
+    }
+    if geo.v5 {
+        return launch_mix5(plan, params, x, b, x_res, x_layer, h_post, workspace, stream, gpu);
     }
     launch_mix(plan, params, x, b, x_res, x_layer, h_post, workspace, stream, gpu)
 }
@@ -858,6 +896,56 @@ unsafe fn launch_mix(
             &mut jt_magic,
             &mut jl_magic,
             &mut ls,
+            &mut a_pre,
+            &mut a_post,
+            &mut a_res,
+            &mut rep,
+            &mut eps,
+            &mut inv_sqrt_nc,
+        ],
+    )
+}
+
+/// Kernel 2, v5 (`mhc_pre_mix5`): grid `(tiles, batch)`, after `mhc_pre_partial_mma5`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch_mix5(
+    plan: &PrePlan,
+    params: MhcPreParams,
+    x: CUdeviceptr,
+    b: CUdeviceptr,
+    x_res: CUdeviceptr,
+    x_layer: CUdeviceptr,
+    h_post: CUdeviceptr,
+    workspace: CUdeviceptr,
+    stream: CUstream,
+    gpu: &Gpu,
+) -> Result<()> {
+    let (s, geo) = (plan.shape, plan.geometry);
+    let f2 = gpu.function(KERNEL_MIX5)?;
+    let (mut xp, mut bp, mut w) = (x, b, workspace);
+    let (mut r, mut y, mut h) = (x_res, x_layer, h_post);
+    let (mut batch, mut n, mut c, mut grid1) = (s.batch as u32, s.n as u32, s.c as u32, geo.grid);
+    let (mut a_pre, mut a_post, mut a_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
+    let (mut rep, mut eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
+    let mut inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
+    let dims =
+        LaunchDims { grid: (geo.tiles, s.batch as u32, 1), block: (geo.mix_block, 1, 1), shared_bytes: geo.mix_smem };
+    let launch2 = if plan.config.pdl { launch_pdl } else { launch };
+    launch2(
+        f2,
+        dims,
+        stream,
+        &mut [
+            &mut xp,
+            &mut bp,
+            &mut w,
+            &mut r,
+            &mut y,
+            &mut h,
+            &mut batch,
+            &mut n,
+            &mut c,
+            &mut grid1,
             &mut a_pre,
             &mut a_post,
             &mut a_res,

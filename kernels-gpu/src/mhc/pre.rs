@@ -395,6 +395,131 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_partial(
     }
 }
 
+/// Kernel 2's x-tile prologue: thread `t`'s elements `e = t + u·nt < total` of the tile,
+/// `(k, jj) = (e / jta, e mod jta)` (`fj` divides by `jta`), i.e. `xrow[k·c + jj]` with
+/// `xrow = x + β·n·c + col0`; every load issued before any use.
+#[inline(always)]
+unsafe fn tile_load(xrow: *const u16, c: u32, fj: FastDiv, total: u32, t: u32, nt: u32) -> [u16; UN] {
+    let mut xv = [0u16; UN];
+    let mut u = 0;
+    while u < UN {
+        let e = t + u as u32 * nt;
+        if e < total {
+            let (k, jj) = fj.divrem(e);
+            xv[u] = *xrow.add((k * c + jj) as usize);
+        }
+        u += 1;
+    }
+    xv
+}
+
+/// Stores [`tile_load`]'s values to the staged tile: `xs[e] = xs[k·jta + jj]`.
+#[inline(always)]
+unsafe fn tile_stage(xs: *mut u16, xv: &[u16; UN], total: u32, t: u32, nt: u32) {
+    let mut u = 0;
+    while u < UN {
+        let e = t + u as u32 * nt;
+        if e < total {
+            *xs.add(e as usize) = xv[u];
+        }
+        u += 1;
+    }
+}
+
+/// `Σ_{k<n} coef(k)·xk(k)`: f32 FMAs in k order from 0. `KMAX = 0`: a loop of `n` terms;
+/// `KMAX ≥ n`: unrolled to `KMAX` terms, each predicated on `k < n`.
+#[inline(always)]
+fn dot_n<const KMAX: u32>(n: u32, coef: impl Fn(u32) -> f32, xk: impl Fn(u32) -> f32) -> f32 {
+    let kend = if KMAX == 0 { n } else { KMAX };
+    let mut s = 0f32;
+    let mut k = 0;
+    while k < kend {
+        if k < n {
+            s = fma(coef(k), xk(k), s);
+        }
+        k += 1;
+    }
+    s
+}
+
+/// Where kernel 2 writes one batch row's tile: `x_layer[β·c + col]`, `x_res[(β·n + i)·c + col]`
+/// for the columns `col = col0 + jj`.
+#[derive(Clone, Copy)]
+struct TileOut {
+    x_res: *mut u16,
+    x_layer: *mut u16,
+    beta: u32,
+    n: u32,
+    c: u32,
+    col0: u32,
+}
+
+impl TileOut {
+    /// Column `jj`'s outputs from its x values `xk(k)`: `x_layer = q(Σ_k hs[k]·x_k)`,
+    /// `x_res[i] = q(Σ_k ra[i·rs + k]·x_k)` ([`dot_n`]).
+    #[inline(always)]
+    unsafe fn column<const KMAX: u32>(
+        &self,
+        jj: u32,
+        hs: *const f32,
+        ra: *const f32,
+        rs: u32,
+        xk: impl Fn(u32) -> f32,
+    ) {
+        let TileOut { x_res, x_layer, beta, n, c, col0 } = *self;
+        let col = col0 + jj;
+        *x_layer.add((beta * c + col) as usize) = f32_to_bf16(dot_n::<KMAX>(n, |k| *hs.add(k as usize), &xk));
+        let mut i = 0;
+        while i < n {
+            let rrow = ra.add((i * rs) as usize);
+            let s = dot_n::<KMAX>(n, |k| *rrow.add(k as usize), &xk);
+            *x_res.add(((beta * n + i) * c + col) as usize) = f32_to_bf16(s);
+            i += 1;
+        }
+    }
+}
+
+/// Kernel 2's mixing of the staged tile `xs[k·jta + jj]` (coefficients `hs[k]`, `ra[i·rs + k]`):
+/// thread `t` takes the columns `jj = t, t+nt, …` ([`TileOut::column`]). `KMAX > 0`
+/// ([`mhc_pre_mix4`], `n ≤ KMAX = NMAX_MIX4`): the column's x values go to registers first.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn mix_tile<const KMAX: u32>(
+    out: TileOut,
+    xs: *const u16,
+    jta: u32,
+    hs: *const f32,
+    ra: *const f32,
+    rs: u32,
+    t: u32,
+    nt: u32,
+) {
+    const { assert!(KMAX == 0 || KMAX == NMAX_MIX4) };
+    let n = out.n;
+    let mut jj = t;
+    while jj < jta {
+        let xb = xs.add(jj as usize);
+        let mut xk = [0f32; NMAX_MIX4 as usize];
+        if KMAX > 0 {
+            let mut k = 0;
+            while k < NMAX_MIX4 {
+                if k < n {
+                    xk[k as usize] = bf16_to_f32(*xb.add((k * jta) as usize));
+                }
+                k += 1;
+            }
+        }
+        out.column::<KMAX>(jj, hs, ra, rs, |k| {
+            if KMAX > 0 {
+                xk[k as usize]
+            } else {
+                bf16_to_f32(*xb.add((k * jta) as usize))
+            }
+        });
+        jj += nt;
+    }
+}
+
 /// Kernel 2's shared memory (bytes), mirrored by the host (`rgk::mhc::pre::mix_smem_bytes`):
 /// red mq·S f64 | tot mq f64 | zr n² f64 | ra n² f32 | rb n² f32 | hs n f32 | xs n·jt u16.
 struct Smem2 {
@@ -474,17 +599,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix(
 
     // ---- prologue: x tile loads (DRAM) and the bias, issued before anything waits.
     let total = n * jta; // ≤ UN·T: one batch per thread
-    let xrow = x.add((beta * n * c + col0) as usize);
-    let mut xv = [0u16; UN];
-    let mut u = 0;
-    while u < UN {
-        let e = t + u as u32 * nt;
-        if e < total {
-            let (k, jj) = fj.divrem(e);
-            xv[u] = *xrow.add((k * c + jj) as usize);
-        }
-        u += 1;
-    }
+    let xv = tile_load(x.add((beta * n * c + col0) as usize), c, fj, total, t, nt);
     let bias_t = if t < m { *bias.add(t as usize) } else { 0.0 };
     // Everything above is independent of kernel 1; its partials are read only after it is done.
     grid_dependency_wait();
@@ -521,14 +636,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix(
         i += nt;
     }
     // The staged x: xs[k·jta + jj].
-    let mut u = 0;
-    while u < UN {
-        let e = t + u as u32 * nt;
-        if e < total {
-            *sm.xs.add(e as usize) = xv[u];
-        }
-        u += 1;
-    }
+    tile_stage(sm.xs, &xv, total, t, nt);
     sync_threads();
     let mut q = t;
     while q < mq {
@@ -554,31 +662,8 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix(
     sync_threads();
 
     // ---- mixing of the staged tile.
-    let mut jj = t;
-    while jj < jta {
-        let xb = sm.xs.add(jj as usize);
-        let col = col0 + jj;
-        let mut s = 0f32;
-        let mut k = 0;
-        while k < n {
-            s = fma(*sm.hs.add(k as usize), bf16_to_f32(*xb.add((k * jta) as usize)), s);
-            k += 1;
-        }
-        *x_layer.add((beta * c + col) as usize) = f32_to_bf16(s);
-        let mut i = 0;
-        while i < n {
-            let rrow = sm.ra.add((i * n) as usize);
-            let mut s = 0f32;
-            let mut k = 0;
-            while k < n {
-                s = fma(*rrow.add(k as usize), bf16_to_f32(*xb.add((k * jta) as usize)), s);
-                k += 1;
-            }
-            *x_res.add(((beta * n + i) * c + col) as usize) = f32_to_bf16(s);
-            i += 1;
-        }
-        jj += nt;
-    }
+    let out = TileOut { x_res, x_layer, beta, n, c, col0 };
+    mix_tile::<0>(out, sm.xs, jta, sm.hs, sm.ra, n, t, nt);
 }
 
 // ================================================================ kernel 2, lean (n ≤ 4)
@@ -610,6 +695,61 @@ fn mix4_logit(l: u32, n: u32) -> Option<u32> {
         }
     }
     None
+}
+
+/// The coefficient chain of one batch row in one warp's registers, lane `lane` holding the
+/// logit [`mix4_logit`] (`z` in f64; `valid` false and `z = −∞` on the padding lanes): the row
+/// max by two butterfly levels, one exponential per lane (`e^-|z|` for σ on lanes < 8,
+/// `e^(z − max)` for R on lanes ≥ 16), σ(z) = 1/(1+e) (z ≥ 0) or e/(1+e) by a reciprocal
+/// estimate and one Newton step, passed to `sigma` on the valid lanes < 8; then `repeat`
+/// Sinkhorn rounds (rows: lanes ^1, ^2; columns: ^4, ^8), each division a Newton-refined
+/// reciprocal. Returns R on lanes ≥ 16 (0 elsewhere). Every lane of the warp must call it.
+#[inline(always)]
+unsafe fn lane_coefficients(z: f64, valid: bool, lane: u32, repeat: u32, eps: f32, mut sigma: impl FnMut(f32)) -> f32 {
+    // Row max over lanes 4i..4i+3 (padding −∞; lanes < 16 compute a max they do not use).
+    let mut zmax = z;
+    let o = shfl_xor_f64(zmax, 1);
+    if o > zmax {
+        zmax = o;
+    }
+    let o = shfl_xor_f64(zmax, 2);
+    if o > zmax {
+        zmax = o;
+    }
+    // One exponential per lane: e^-|z| for σ (lanes < 8), e^(z − max) for R (lanes ≥ 16).
+    let arg = if lane < 8 {
+        if z >= 0.0 {
+            -z
+        } else {
+            z
+        }
+    } else {
+        z - zmax
+    };
+    let ex = if valid { exp_le1(arg) } else { 0.0 };
+    if valid && lane < 8 {
+        // σ(z) = 1/(1+e) (z ≥ 0) or e/(1+e): reciprocal estimate + one Newton step.
+        let d = 1.0 + ex;
+        let mut q = rcp_approx(d);
+        q = fma(q, fma(-d, q, 1.0), q);
+        sigma(if z >= 0.0 { q } else { ex * q });
+    }
+    let mut v = if lane >= 16 { ex } else { 0.0 };
+    let mut rep = 0;
+    while rep < repeat {
+        let s = v + shfl_xor_f32(v, 1);
+        let d = s + shfl_xor_f32(s, 2) + eps;
+        let mut q = rcp_approx(d);
+        q = fma(q, fma(-d, q, 1.0), q);
+        v *= q;
+        let s = v + shfl_xor_f32(v, 4);
+        let d = s + shfl_xor_f32(s, 8) + eps;
+        let mut q = rcp_approx(d);
+        q = fma(q, fma(-d, q, 1.0), q);
+        v *= q;
+        rep += 1;
+    }
+    v
 }
 
 /// Kernel 2 for n ≤ 4 ([`NMAX_MIX4`]), the same arguments and grid as [`mhc_pre_mix`] (`ls` is
@@ -671,17 +811,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix4(
 
     // ---- prologue (independent of kernel 1): x tile and the coefficient lanes' bias.
     let total = n * jta;
-    let xrow = x.add((beta * n * c + col0) as usize);
-    let mut xv = [0u16; UN];
-    let mut u = 0;
-    while u < UN {
-        let e = t + u as u32 * nt;
-        if e < total {
-            let (k, jj) = fj.divrem(e);
-            xv[u] = *xrow.add((k * c + jj) as usize);
-        }
-        u += 1;
-    }
+    let xv = tile_load(x.add((beta * n * c + col0) as usize), c, fj, total, t, nt);
     let my_logit = mix4_logit(lane, n);
     let bias_l = match my_logit {
         Some(e) if w == 0 => *bias.add(e as usize),
@@ -743,14 +873,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix4(
         }
         q0 += QL as u32 * nw;
     }
-    let mut u = 0;
-    while u < UN {
-        let e = t + u as u32 * nt;
-        if e < total {
-            *xs.add(e as usize) = xv[u];
-        }
-        u += 1;
-    }
+    tile_stage(xs, &xv, total, t, nt);
     sync_threads();
 
     // ---- coefficients in warp 0's registers (short chain: Newton-refined MUFU reciprocals in
@@ -785,54 +908,13 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix4(
             alpha_res
         };
         let z = if valid { alpha as f64 * *tot.add(e as usize) * inv_r + bias_l as f64 } else { f64::NEG_INFINITY };
-        // Row max over lanes 4i..4i+3 (padding −∞; lanes < 16 compute a max they do not use).
-        let mut zmax = z;
-        let o = shfl_xor_f64(zmax, 1);
-        if o > zmax {
-            zmax = o;
-        }
-        let o = shfl_xor_f64(zmax, 2);
-        if o > zmax {
-            zmax = o;
-        }
-        // One exponential per lane: e^-|z| for σ (lanes < 8), e^(z − max) for R (lanes ≥ 16).
-        let arg = if lane < 8 {
-            if z >= 0.0 {
-                -z
-            } else {
-                z
-            }
-        } else {
-            z - zmax
-        };
-        let ex = if valid { exp_le1(arg) } else { 0.0 };
-        if valid && lane < 8 {
-            // σ(z) = 1/(1+e) (z ≥ 0) or e/(1+e): reciprocal estimate + one Newton step.
-            let d = 1.0 + ex;
-            let mut q = rcp_approx(d);
-            q = fma(q, fma(-d, q, 1.0), q);
-            let sg = if z >= 0.0 { q } else { ex * q };
+        let v = lane_coefficients(z, valid, lane, repeat, eps, |sg| {
             if lane < 4 {
                 *hs.add(lane as usize) = sg;
             } else if tile == 0 {
                 *h_post.add((beta * n + lane - 4) as usize) = 2.0 * sg;
             }
-        }
-        let mut v = if lane >= 16 { ex } else { 0.0 };
-        let mut rep = 0;
-        while rep < repeat {
-            let s = v + shfl_xor_f32(v, 1);
-            let d = s + shfl_xor_f32(s, 2) + eps;
-            let mut q = rcp_approx(d);
-            q = fma(q, fma(-d, q, 1.0), q);
-            v *= q;
-            let s = v + shfl_xor_f32(v, 4);
-            let d = s + shfl_xor_f32(s, 8) + eps;
-            let mut q = rcp_approx(d);
-            q = fma(q, fma(-d, q, 1.0), q);
-            v *= q;
-            rep += 1;
-        }
+        });
         if lane >= 16 {
             *ra.add((lane - 16) as usize) = v;
         }
@@ -840,47 +922,274 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix4(
     sync_threads();
 
     // ---- mixing of the staged tile.
-    let mut jj = t;
-    while jj < jta {
-        let xb = xs.add(jj as usize);
-        let col = col0 + jj;
-        let mut xk = [0f32; NMAX_MIX4 as usize];
-        let mut k = 0;
-        while k < NMAX_MIX4 {
-            if k < n {
-                xk[k as usize] = bf16_to_f32(*xb.add((k * jta) as usize));
-            }
-            k += 1;
-        }
-        let mut s = 0f32;
-        let mut k = 0;
-        while k < NMAX_MIX4 {
-            if k < n {
-                s = fma(*hs.add(k as usize), xk[k as usize], s);
-            }
-            k += 1;
-        }
-        *x_layer.add((beta * c + col) as usize) = f32_to_bf16(s);
-        let mut i = 0;
-        while i < n {
-            let rrow = ra.add((4 * i) as usize);
-            let mut s = 0f32;
-            let mut k = 0;
-            while k < NMAX_MIX4 {
-                if k < n {
-                    s = fma(*rrow.add(k as usize), xk[k as usize], s);
-                }
-                k += 1;
-            }
-            *x_res.add(((beta * n + i) * c + col) as usize) = f32_to_bf16(s);
-            i += 1;
-        }
-        jj += nt;
-    }
+    let out = TileOut { x_res, x_layer, beta, n, c, col0 };
+    mix_tile::<NMAX_MIX4>(out, xs, jta, hs, ra, 4, t, nt);
 }
 
 /// Bytes of [`mhc_pre_mix4`]'s shared memory before the x tile.
 pub const MIX4_SMEM_HEAD: u32 = 336;
+
+// ================================================================ kernel 2, v5 (n ≤ 4)
+
+/// 16-byte x loads in flight per thread in [`mhc_pre_mix5`]'s Σx² pass.
+const XR: usize = 4;
+/// Partial loads in flight per lane in [`mhc_pre_mix5`] (one round for `G ≤ 8·W`).
+const GL5: usize = 8;
+
+/// `Σ_{i<count} p[i·stride]` in a fixed order: rounds of 16 independent loads, added into four
+/// interleaved chains (i mod 4), then `(s0 + s1) + (s2 + s3)`.
+#[inline(always)]
+unsafe fn sum4(p: *const f64, count: u32, stride: u32) -> f64 {
+    let mut s = [0f64; 4];
+    let mut i = 0;
+    while i < count {
+        let mut v = [0f64; 16];
+        let mut u = 0;
+        while u < 16 {
+            if i + (u as u32) < count {
+                v[u] = *p.add(((i + u as u32) * stride) as usize);
+            }
+            u += 1;
+        }
+        let mut u = 0;
+        while u < 16 {
+            if i + (u as u32) < count {
+                s[u & 3] += v[u];
+            }
+            u += 1;
+        }
+        i += 16;
+    }
+    (s[0] + s[1]) + (s[2] + s[3])
+}
+
+/// Kernel 2, v5 (n ≤ 4, with [`mhc_pre_partial_mma5`]'s layout): grid `(tiles, batch)`, block
+/// `(T, 1, 1)`; block `(tile, β)` mixes the columns `col = tile·T + t` of batch row β, one per
+/// thread. Everything that does not need kernel 1 happens before `griddepcontrol.wait`:
+/// - the thread's column `x[β, k·c + col]` (k < n) into registers (no staged tile);
+/// - `r` from x itself: Σx² of the whole row (16-byte loads where aligned, exact f64 FMAs in a
+///   fixed order, warp butterfly, warp sums in order — every block of the row gets the same
+///   bits), then `1/r` (Newton-refined MUFU estimates as in [`mhc_pre_mix4`]) and each lane's
+///   `alpha/r` and bias;
+///
+/// after the wait, one dependent chain per warp and a single barrier:
+/// - lane l of warp w sums its logit's ([`mix4_logit`]) partials of blocks `g = w, w+W, …`
+///   ([`GL5`] loads in flight), one shared store, the barrier, then every warp adds the W warp
+///   sums of its lane in a fixed order ([`sum4`]): every warp holds all the logits;
+/// - every warp runs [`lane_coefficients`] itself (identical bits in every warp) and takes
+///   H_pre and R by 20 broadcast shuffles — no second barrier, no shared round trip;
+/// - mixing from registers: `x_layer = q(Σ_k H_pre[k]·x_k)`, `x_res[i] = q(Σ_k R[i,k]·x_k)`.
+///
+/// Tile 0, warp 0 writes h_post. Shared memory [`mix5_smem`]. Fixed summation orders:
+/// bitwise reproducible (not bitwise [`mhc_pre_mix4`]: r and the partial sums differ in order).
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn mhc_pre_mix5(
+    x: *const u16,
+    bias: *const f32,
+    part_ws: *const f64,
+    x_res: *mut u16,
+    x_layer: *mut u16,
+    h_post: *mut f32,
+    batch: u32,
+    n: u32,
+    c: u32,
+    grid1: u32,
+    alpha_pre: f32,
+    alpha_post: f32,
+    alpha_res: f32,
+    repeat: u32,
+    eps: f32,
+    inv_sqrt_nc: f64,
+) {
+    let t = thread_idx_x();
+    let nt = block_dim_x();
+    let lane = t & 31;
+    let w = t >> 5;
+    let nw = nt >> 5;
+    let tile = block_idx_x();
+    let beta = block_idx_y();
+    let m = n * n + 2 * n;
+    let mq = m + 1;
+    let base = dyn_smem::<u8>();
+    let ssw = base as *mut f64;
+    let red = base.add(256) as *mut f64;
+    let col = tile * nt + t;
+    let active = col < c;
+
+    // ---- prologue (independent of kernel 1).
+    let xrow = x.add((beta * n * c) as usize);
+    let mut xk = [0f32; NMAX_MIX4 as usize];
+    let mut k = 0;
+    while k < NMAX_MIX4 {
+        if k < n && active {
+            xk[k as usize] = bf16_to_f32(*xrow.add((k * c + col) as usize));
+        }
+        k += 1;
+    }
+    let (e, valid) = match mix4_logit(lane, n) {
+        Some(e) => (e, true),
+        None => (0, false),
+    };
+    let bias_l = if valid { *bias.add(e as usize) } else { 0.0 };
+    // Σx² of row β: products of bf16 values exact in f64, added in a fixed order per thread.
+    let len = n * c;
+    let mut ss = 0f64;
+    if (xrow as u64) & 15 == 0 && len % 8 == 0 {
+        let nch = len / 8;
+        let p = xrow as *const u32;
+        let mut i0 = t;
+        while i0 < nch {
+            let mut v = [[0u32; 4]; XR];
+            let mut u = 0;
+            while u < XR {
+                let i = i0 + u as u32 * nt;
+                if i < nch {
+                    v[u] = ld_nc_v4(p.add(4 * i as usize));
+                }
+                u += 1;
+            }
+            let mut u = 0;
+            while u < XR {
+                if i0 + (u as u32) * nt < nch {
+                    let mut q = 0;
+                    while q < 4 {
+                        let (lo, hi) = bf16x2_to_f32(v[u][q]);
+                        ss = fma_f64(lo as f64, lo as f64, ss);
+                        ss = fma_f64(hi as f64, hi as f64, ss);
+                        q += 1;
+                    }
+                }
+                u += 1;
+            }
+            i0 += XR as u32 * nt;
+        }
+    } else {
+        let mut i0 = t;
+        while i0 < len {
+            let mut v = [0u16; UN];
+            let mut u = 0;
+            while u < UN {
+                let i = i0 + u as u32 * nt;
+                if i < len {
+                    v[u] = *xrow.add(i as usize);
+                }
+                u += 1;
+            }
+            let mut u = 0;
+            while u < UN {
+                if i0 + (u as u32) * nt < len {
+                    let f = bf16_to_f32(v[u]) as f64;
+                    ss = fma_f64(f, f, ss);
+                }
+                u += 1;
+            }
+            i0 += UN as u32 * nt;
+        }
+    }
+    let mut k = 16;
+    while k > 0 {
+        ss += shfl_xor_f64(ss, k);
+        k >>= 1;
+    }
+    if lane == 0 {
+        *ssw.add(w as usize) = ss;
+    }
+    sync_threads();
+    let ss = sum4(ssw, nw, 1);
+    // 1/r, r = √ss·(1/√(nc)) + 1e-4, to f64 accuracy (as in `mhc_pre_mix4`).
+    let mut y = rsqrt_approx_f64(ss);
+    let mut k = 0;
+    while k < 2 {
+        y = y * (1.5 - 0.5 * ss * y * y);
+        k += 1;
+    }
+    let root = if ss > 0.0 { ss * y } else { 0.0 };
+    let r = root * inv_sqrt_nc + 1e-4;
+    let mut inv_r = rcp_approx_f64(r);
+    let mut k = 0;
+    while k < 2 {
+        inv_r = inv_r + inv_r * (1.0 - r * inv_r);
+        k += 1;
+    }
+    let alpha = if lane < 4 {
+        alpha_pre
+    } else if lane < 8 {
+        alpha_post
+    } else {
+        alpha_res
+    };
+    let scale = alpha as f64 * inv_r;
+    grid_dependency_wait();
+
+    // ---- partial sums: lane's logit over blocks g = w, w + W, … (GL5 loads in flight).
+    let pb = part_ws.add((beta * mq + e) as usize);
+    let gstride = batch * mq;
+    let mut acc = 0f64;
+    let mut g0 = w;
+    while g0 < grid1 {
+        let mut v = [0f64; GL5];
+        let mut u = 0;
+        while u < GL5 {
+            let g = g0 + u as u32 * nw;
+            if valid && g < grid1 {
+                v[u] = *pb.add((g * gstride) as usize);
+            }
+            u += 1;
+        }
+        let mut u = 0;
+        while u < GL5 {
+            if g0 + (u as u32) * nw < grid1 {
+                acc += v[u];
+            }
+            u += 1;
+        }
+        g0 += GL5 as u32 * nw;
+    }
+    *red.add((w * 32 + lane) as usize) = acc;
+    sync_threads();
+    let h = sum4(red.add(lane as usize), nw, 32);
+
+    // ---- coefficients, redundantly in every warp (the same bits everywhere).
+    let z = if valid { fma_f64(scale, h, bias_l as f64) } else { f64::NEG_INFINITY };
+    let mut sg = 0f32;
+    let v = lane_coefficients(z, valid, lane, repeat, eps, |s| sg = s);
+    if tile == 0 && w == 0 && valid && (4..8).contains(&lane) {
+        *h_post.add((beta * n + lane - 4) as usize) = 2.0 * sg;
+    }
+    let mut hs = [0f32; NMAX_MIX4 as usize];
+    let mut k = 0;
+    while k < NMAX_MIX4 {
+        hs[k as usize] = shfl_idx_f32(sg, k);
+        k += 1;
+    }
+    let mut ra = [0f32; 16];
+    let mut q = 0;
+    while q < 16 {
+        ra[q as usize] = shfl_idx_f32(v, 16 + q);
+        q += 1;
+    }
+
+    // ---- mixing from registers.
+    if active {
+        let xv = |k: u32| xk[k as usize];
+        let s = dot_n::<NMAX_MIX4>(n, |k| hs[k as usize], xv);
+        *x_layer.add((beta * c + col) as usize) = f32_to_bf16(s);
+        let mut i = 0;
+        while i < NMAX_MIX4 {
+            if i < n {
+                let s = dot_n::<NMAX_MIX4>(n, |k| ra[(4 * i + k) as usize], xv);
+                *x_res.add(((beta * n + i) * c + col) as usize) = f32_to_bf16(s);
+            }
+            i += 1;
+        }
+    }
+}
+
+/// [`mhc_pre_mix5`]'s dynamic shared memory, bytes: `ssw[32]` f64 | `red[W·32]` f64.
+pub const fn mix5_smem(block: u32) -> u32 {
+    256 + 8 * block
+}
 
 // ================================================================ one launch: a cluster
 
@@ -995,7 +1304,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fused(
 ) {
     let p = PreCoef { alpha_pre, alpha_post, alpha_res, repeat, eps, inv_sqrt_nc };
     let null = core::ptr::null_mut();
-    pre_mma_body(phi, x, bias, x_res, x_layer, h_post, batch, n, c, cw, bpc, p, null);
+    pre_mma_body(phi, x, bias, x_res, x_layer, h_post, batch, n, c, cw, bpc, p, null, false);
 }
 
 crate::entry_directive!("mhc_pre_partial_mma", ".maxntid 512, 1, 1 .minnctapersm 1");
@@ -1021,7 +1330,61 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma(
     grid_launch_dependents();
     let p = PreCoef { alpha_pre: 0.0, alpha_post: 0.0, alpha_res: 0.0, repeat: 0, eps: 0.0, inv_sqrt_nc: 0.0 };
     let null = core::ptr::null_mut();
-    pre_mma_body(phi, x, null, null as *mut u16, null as *mut u16, null as *mut f32, batch, n, c, cw, bpc, p, part_ws);
+    pre_mma_body(
+        phi,
+        x,
+        null,
+        null as *mut u16,
+        null as *mut u16,
+        null as *mut f32,
+        batch,
+        n,
+        c,
+        cw,
+        bpc,
+        p,
+        part_ws,
+        false,
+    );
+}
+
+crate::entry_directive!("mhc_pre_partial_mma5", ".maxntid 512, 1, 1 .minnctapersm 1");
+
+/// [`mhc_pre_partial_mma`] for [`mhc_pre_mix5`]: the same product, each block partial stored
+/// straight from its slot-sum thread (no shared-memory round trip, no index division, no
+/// trailing barriers) to `part[(g·batch + β)·(m+1) + q]` — block g's `m+1` quantities of row β
+/// contiguous. No clusters.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma5(
+    phi: *const f32,
+    x: *const u16,
+    part_ws: *mut f64,
+    batch: u32,
+    n: u32,
+    c: u32,
+    cw: u32,
+    bpc: u32,
+) {
+    grid_launch_dependents();
+    let p = PreCoef { alpha_pre: 0.0, alpha_post: 0.0, alpha_res: 0.0, repeat: 0, eps: 0.0, inv_sqrt_nc: 0.0 };
+    let null = core::ptr::null_mut();
+    pre_mma_body(
+        phi,
+        x,
+        null,
+        null as *mut u16,
+        null as *mut u16,
+        null as *mut f32,
+        batch,
+        n,
+        c,
+        cw,
+        bpc,
+        p,
+        part_ws,
+        true,
+    );
 }
 
 /// The scalar parameters of the coefficient phase.
@@ -1138,6 +1501,33 @@ unsafe fn coefficients_warp(
     }
 }
 
+/// `Σ_{ρ < count} *mapa(pi, ρ)`: the same shared-memory word of the cluster's blocks `0..count`,
+/// added in rank order, eight remote loads in flight per round.
+#[inline(always)]
+unsafe fn cluster_rank_sum(pi: *const f64, count: u32) -> f64 {
+    let mut tot = 0f64;
+    let mut r0 = 0;
+    while r0 < count {
+        let mut r = [0f64; 8];
+        let mut u = 0;
+        while u < 8 {
+            let rr = r0 + u as u32;
+            let val = *mapa(pi, if rr < count { rr } else { 0 });
+            r[u] = if rr < count { val } else { 0.0 };
+            u += 1;
+        }
+        let mut u = 0;
+        while u < 8 {
+            if r0 + (u as u32) < count {
+                tot += r[u];
+            }
+            u += 1;
+        }
+        r0 += 8;
+    }
+    tot
+}
+
 /// The body of [`mhc_pre_fused`] (`part_ws` null: cluster exchange, coefficients, mixing) and
 /// of [`mhc_pre_partial_mma`] (`part_ws` set: block partials to global memory, then done).
 #[inline(always)]
@@ -1156,6 +1546,7 @@ unsafe fn pre_mma_body(
     bpc: u32,
     coef: PreCoef,
     part_ws: *mut f64,
+    direct: bool,
 ) {
     let PreCoef { alpha_pre, alpha_post, alpha_res, repeat, eps, inv_sqrt_nc } = coef;
     let partial = !part_ws.is_null();
@@ -1301,9 +1692,20 @@ unsafe fn pre_mma_body(
             sum += shfl_xor_f64(sum, 1);
             sum += shfl_xor_f64(sum, 2);
             if i < 4 * items && i & 3 == 0 {
-                *sm.part.add((i >> 2) as usize) = sum;
+                if direct {
+                    // v5 layout `part[(g·batch + β)·(m+1) + q]`: item `i/4 = bl·(m+1) + q`.
+                    *part_ws.add(((rank * batch + b0) * mq + (i >> 2)) as usize) = sum;
+                } else {
+                    *sm.part.add((i >> 2) as usize) = sum;
+                }
             }
             i0 += nt;
+        }
+        if direct {
+            // No trailing barrier: the next group writes `red` only after its staging barrier,
+            // which every thread reaches after its slot sums of this group.
+            b0 += bga;
+            continue;
         }
         if partial {
             let ccs = cluster_nctarank();
@@ -1329,27 +1731,7 @@ unsafe fn pre_mma_body(
                     let cid = rank / ccs;
                     let mut i = t;
                     while i < items {
-                        let pi = sm.part.add(i as usize) as *const f64;
-                        let mut tot = 0f64;
-                        let mut r0 = 0;
-                        while r0 < ccs {
-                            let mut r = [0f64; 8];
-                            let mut u = 0;
-                            while u < 8 {
-                                let rr = r0 + u as u32;
-                                let val = *mapa(pi, if rr < ccs { rr } else { 0 });
-                                r[u] = if rr < ccs { val } else { 0.0 };
-                                u += 1;
-                            }
-                            let mut u = 0;
-                            while u < 8 {
-                                if r0 + (u as u32) < ccs {
-                                    tot += r[u];
-                                }
-                                u += 1;
-                            }
-                            r0 += 8;
-                        }
+                        let tot = cluster_rank_sum(sm.part.add(i as usize), ccs);
                         let (bl, q) = divrem_u32(i, mq);
                         *part_ws.add((((b0 + bl) * mq + q) * ncl + cid) as usize) = tot;
                         i += nt;
@@ -1367,28 +1749,7 @@ unsafe fn pre_mma_body(
         let mut i = t;
         while i < items {
             // Eight remote loads in flight per round (cs ≤ 16: two rounds at most).
-            let pi = sm.part.add(i as usize) as *const f64;
-            let mut tot = 0f64;
-            let mut r0 = 0;
-            while r0 < cs {
-                let mut r = [0f64; 8];
-                let mut u = 0;
-                while u < 8 {
-                    let rr = r0 + u as u32;
-                    let val = *mapa(pi, if rr < cs { rr } else { 0 });
-                    r[u] = if rr < cs { val } else { 0.0 };
-                    u += 1;
-                }
-                let mut u = 0;
-                while u < 8 {
-                    if r0 + (u as u32) < cs {
-                        tot += r[u];
-                    }
-                    u += 1;
-                }
-                r0 += 8;
-            }
-            *sm.tot.add(i as usize) = tot;
+            *sm.tot.add(i as usize) = cluster_rank_sum(sm.part.add(i as usize), cs);
             i += nt;
         }
         // Done reading the other blocks' partials (the matching wait precedes the next write).

@@ -674,3 +674,18 @@ pub fn cp_async_commit_group() {
 pub fn cp_async_wait_group_1() {
     unsafe { asm!("cp.async.wait_group 1;", options(nostack)) };
 }
+
+// ---------------------------------------------------------------- MHCPre (session 5): broadcast shuffle
+
+/// `shfl.sync.idx.b32` of an f32 with all 32 lanes taking part: every lane receives lane
+/// `src`'s `v` (not `pure`, see [`shfl_xor_f32`]).
+#[inline(always)]
+pub fn shfl_idx_f32(v: f32, src: u32) -> f32 {
+    let r: f32;
+    unsafe {
+        asm!("shfl.sync.idx.b32 {r}, {v}, {s}, 0x1f, 0xffffffff;",
+             r = out(reg32) r, v = in(reg32) v, s = in(reg32) src,
+             options(nomem, nostack))
+    };
+    r
+}
