@@ -371,58 +371,6 @@ fn session4_variants() {
     }
 }
 
-/// Session 5: one launch per plan on thread-block clusters (`FftOptions::cluster`): c64
-/// 65536 as 8 × 8192 and 16384 as 4 × 4096 / 8 × 2048, outputs exchanged (`_cl*`) or stored
-/// at stride R (`_cl*s`), against the f64 reference: the seed shapes, batch 1 and odd
-/// batches, in place, each asserting the cluster kernel ran; an 8-byte aligned sub-view is a
-/// clear `Err` naming `x`; every other length plans (and runs) as without the option.
-#[test]
-fn session5_cluster() {
-    let Some(gpu) = gpu_or_skip("fft::session5_cluster") else { return };
-    let mut rng = fresh_rng("fft::session5_cluster");
-    let c64 = Precision::C64;
-    let expect = |(_, k): (f64, Vec<&'static str>), want: &str| assert_eq!(k, [want], "kernels");
-    for (n, r, strided, want, seed_batch) in [
-        (1 << 16, 8, false, "fft_c64_l13_cl3", 8),
-        (1 << 16, 8, true, "fft_c64_l13_cl3s", 8),
-        (1 << 14, 4, false, "fft_c64_l12_cl2", 64),
-        (1 << 14, 4, true, "fft_c64_l12_cl2s", 64),
-        (1 << 14, 8, false, "fft_c64_l11_cl3", 64),
-        (1 << 14, 8, true, "fft_c64_l11_cl3s", 64),
-    ] {
-        let o = |b| FftOptions { cluster: r, cluster_strided: strided, ..FftOptions::for_shape(n, b, c64) };
-        for batch in [1, 2, 3, 7, seed_batch] {
-            expect(run_kernels(&gpu, &mut rng, n, batch, c64, false, o(batch)), want);
-        }
-        expect(run_kernels(&gpu, &mut rng, n, 3, c64, true, o(3)), want);
-        expect(run_kernels(&gpu, &mut rng, n, seed_batch, c64, true, o(seed_batch)), want);
-        // A sub-view 8 bytes into the allocation: not 16-byte aligned.
-        let batch = 2;
-        let len = 2 * n * batch;
-        let st = gpu.stream();
-        let mut plan = FftPlan::new_opts(&gpu, n, batch, c64, o(batch)).unwrap();
-        let dx = st.clone_htod(&vec![0f32; len + 2]).unwrap();
-        let mut dy = st.alloc_zeros::<f32>(len).unwrap();
-        match plan.execute_c64(&gpu, &dx.slice(2..), &mut dy) {
-            Err(Error::Shape { arg: "x", .. }) => {}
-            other => panic!("cluster plan on a misaligned x: expected Err naming x, got {other:?}"),
-        }
-    }
-    // Every other length (and c128) with the option plans as without it.
-    for r in [4, 8] {
-        for strided in [false, true] {
-            for log_n in 1..=18 {
-                let n = 1 << log_n;
-                let b = batch_for(log_n);
-                let o = FftOptions { cluster: r, cluster_strided: strided, ..FftOptions::for_shape(n, b, c64) };
-                run_with(&gpu, &mut rng, n, b, c64, false, o);
-            }
-            let o = FftOptions { cluster: r, ..FftOptions::for_shape(1 << 16, 2, Precision::C128) };
-            run_with(&gpu, &mut rng, 1 << 16, 2, Precision::C128, false, o);
-        }
-    }
-}
-
 #[test]
 fn odd_batches() {
     let Some(gpu) = gpu_or_skip("fft::odd_batches") else { return };
@@ -525,34 +473,6 @@ fn graph_and_pdl_are_bitwise_direct() {
             }
         }
     }
-}
-
-/// Four-step plans run in sequential chunks of the batch (`FftOptions::chunk`): every chunk
-/// size, batches the chunk does not divide (the chunk shrinks to a divisor), in place.
-#[test]
-fn chunked_four_step() {
-    let Some(gpu) = gpu_or_skip("fft::chunked_four_step") else { return };
-    let mut rng = fresh_rng("fft::chunked_four_step");
-    for (n, batch, prec, chunk, in_place, chunks) in [
-        (1 << 20, 4, Precision::C128, 1, false, 4),
-        (1 << 20, 4, Precision::C128, 2, false, 2),
-        (1 << 20, 3, Precision::C128, 2, false, 3),
-        (1 << 20, 2, Precision::C64, 1, true, 2),
-        (1 << 18, 5, Precision::C64, 4, false, 5),
-        (1 << 14, 6, Precision::C64, 4, false, 2),
-        (1 << 14, 6, Precision::C64, 4, true, 2),
-        (1 << 13, 6, Precision::C128, 2, false, 3),
-        (1 << 22, 1, Precision::C64, 1, false, 1),
-    ] {
-        let opts = FftOptions { chunk, ..FftOptions::for_shape(n, batch, prec) };
-        let plan = FftPlan::new_opts(&gpu, n, batch, prec, opts).unwrap();
-        assert_eq!(plan.launches(), 2 * chunks, "n={n} batch={batch} chunk={chunk}: launches");
-        run_with(&gpu, &mut rng, n, batch, prec, in_place, opts);
-    }
-    // One-pass lengths ignore the knob.
-    let opts = FftOptions { chunk: 1, ..FftOptions::for_shape(4096, 5, Precision::C64) };
-    assert_eq!(FftPlan::new_opts(&gpu, 4096, 5, Precision::C64, opts).unwrap().launches(), 1);
-    run_with(&gpu, &mut rng, 4096, 5, Precision::C64, false, opts);
 }
 
 #[test]

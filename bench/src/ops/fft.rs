@@ -43,14 +43,7 @@ type Variant = (fn(usize, usize, Precision) -> FftOptions, fn(usize, Precision) 
 ///   64/512/1024), `sta-sm2` (staged, 2 persistent blocks per SM), `t128`, `t64` (row-pass
 ///   blocks of 128 / 64 threads), `c4`, `c8`, `c32` (four-step passes with 4 / 8 / 32
 ///   transforms per block), `sp2`, `sp4` (c64 16384 in one pass, 2 × 8192 / 4 × 4096 blocks
-///   per transform);
-/// - session 5: `ch1`, `ch2` (four-step plans of n ≥ 2^18 run as sequential chunks of 1 / 2
-///   transforms, the workspace reused per chunk so that it can stay in L2); `c2`, `c1` (n ≥ 2^18:
-///   four-step passes of 2 / 1 transforms per block: more, smaller blocks per SM), `c2ch1`.
-///   session 5 (helper): `cl8`, `cl4` (one launch per plan, one transform per thread-block cluster of
-///   8 / 4 blocks exchanging through distributed shared memory, outputs exchanged again for
-///   contiguous 16-byte stores; c64 65536 = 8 × 8192, 16384 = 8 × 2048 / 4 × 4096), `cl8s`,
-///   `cl4s` (the same with the outputs stored at stride R from the last stage).
+///   per transform).
 fn variants() -> Vec<(&'static str, Variant)> {
     fn st(persist: Persist) -> FftOptions {
         FftOptions { persist, stage_twiddles: true, hoist_twiddles: true, ..FftOptions::default() }
@@ -60,8 +53,6 @@ fn variants() -> Vec<(&'static str, Variant)> {
         |n, p| n >= 64 && n <= if p == Precision::C64 { 1 << 13 } else { 1 << 12 };
     let four_step: fn(usize, Precision) -> bool = |n, p| n > if p == Precision::C64 { 1 << 13 } else { 1 << 12 };
     let split_rows: fn(usize, Precision) -> bool = |n, p| p == Precision::C64 && n == 1 << 14;
-    let big: fn(usize, Precision) -> bool = |n, _| n >= 1 << 18;
-    let cl8_rows: fn(usize, Precision) -> bool = |n, p| p == Precision::C64 && (n == 1 << 14 || n == 1 << 16);
     let e8_rows: fn(usize, Precision) -> bool = |n, p| p == Precision::C64 && (n == 1024 || n == 4096);
     vec![
         ("stn", (|_, _, _| FftOptions { hoist_twiddles: false, ..st(Persist::Auto) }, all)),
@@ -97,21 +88,6 @@ fn variants() -> Vec<(&'static str, Variant)> {
         ("c32", (|n, b, p| FftOptions { cols: 32, ..FftOptions::for_shape(n, b, p) }, four_step)),
         ("sp2", (|n, b, p| FftOptions { split: 1, ..FftOptions::for_shape(n, b, p) }, split_rows)),
         ("sp4", (|n, b, p| FftOptions { split: 2, ..FftOptions::for_shape(n, b, p) }, split_rows)),
-        ("ch1", (|n, b, p| FftOptions { chunk: 1, ..FftOptions::for_shape(n, b, p) }, big)),
-        ("ch2", (|n, b, p| FftOptions { chunk: 2, ..FftOptions::for_shape(n, b, p) }, big)),
-        ("c2", (|n, b, p| FftOptions { cols: 2, ..FftOptions::for_shape(n, b, p) }, big)),
-        ("c1", (|n, b, p| FftOptions { cols: 1, ..FftOptions::for_shape(n, b, p) }, big)),
-        ("c2ch1", (|n, b, p| FftOptions { cols: 2, chunk: 1, ..FftOptions::for_shape(n, b, p) }, big)),
-        ("cl8", (|n, b, p| FftOptions { cluster: 8, ..FftOptions::for_shape(n, b, p) }, cl8_rows)),
-        (
-            "cl8s",
-            (|n, b, p| FftOptions { cluster: 8, cluster_strided: true, ..FftOptions::for_shape(n, b, p) }, cl8_rows),
-        ),
-        ("cl4", (|n, b, p| FftOptions { cluster: 4, ..FftOptions::for_shape(n, b, p) }, split_rows)),
-        (
-            "cl4s",
-            (|n, b, p| FftOptions { cluster: 4, cluster_strided: true, ..FftOptions::for_shape(n, b, p) }, split_rows),
-        ),
     ]
 }
 

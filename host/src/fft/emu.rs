@@ -10,7 +10,7 @@
 use std::cell::Cell;
 use std::sync::{Arc, Barrier};
 
-use super::plan::{cluster_table, pass_args, stage_table, twiddle_tables, Buf, Pass, PassArgs, PlanPtrs};
+use super::plan::{pass_args, stage_table, twiddle_tables, Buf, Pass, PassArgs, PlanPtrs};
 
 /// The kernels' primitives, in software (only those the FFT kernels use).
 #[allow(dead_code)]
@@ -24,49 +24,6 @@ pub mod prim {
         pub(super) static GDIM: Cell<u32> = const { Cell::new(0) };
         pub(super) static SMEM: Cell<usize> = const { Cell::new(0) };
         pub(super) static BAR: std::cell::RefCell<Option<Arc<Barrier>>> = const { std::cell::RefCell::new(None) };
-        /// Thread-block clusters: this block's rank, the cluster's barrier (all its threads),
-        /// and the shared memory of each block of the cluster (by rank) with its size.
-        pub(super) static RANK: Cell<u32> = const { Cell::new(0) };
-        pub(super) static CBAR: std::cell::RefCell<Option<Arc<Barrier>>> = const { std::cell::RefCell::new(None) };
-        pub(super) static CSMEM: std::cell::RefCell<(Vec<usize>, usize)> = const { std::cell::RefCell::new((Vec::new(), 0)) };
-    }
-
-    pub fn cluster_ctarank() -> u32 {
-        RANK.with(|c| c.get())
-    }
-    /// The arrival is folded into [`cluster_wait`] (a barrier over every thread of the
-    /// cluster): stricter than the GPU's split arrive/wait, equal for the kernels' usage (no
-    /// block barrier between an arrive and its wait).
-    pub fn cluster_arrive() {}
-    pub fn cluster_wait() {
-        CBAR.with(|b| {
-            b.borrow().as_ref().expect("cluster_wait outside a launch").wait();
-        });
-    }
-    /// The same offset in the shared memory of the cluster's block `rank` (asserting that `p`
-    /// lies in this block's shared memory and `rank` is in the cluster).
-    pub fn mapa<T>(p: *const T, rank: u32) -> *const T {
-        let own = SMEM.with(|c| c.get());
-        CSMEM.with(|c| {
-            let c = c.borrow();
-            let off = (p as usize).checked_sub(own).expect("mapa: not a shared-memory address");
-            assert!(off < c.1, "mapa: offset {off} past the {} bytes of shared memory", c.1);
-            assert!((rank as usize) < c.0.len(), "mapa: rank {rank} outside the cluster");
-            (c.0[rank as usize] + off) as *const T
-        })
-    }
-    /// # Safety
-    /// `p` valid for four u32, 16-byte aligned (checked).
-    pub unsafe fn st_v4(p: *mut u32, v: [u32; 4]) {
-        assert!((p as usize).is_multiple_of(16), "st.v4 misaligned");
-        for (i, w) in v.iter().enumerate() {
-            *p.add(i) = *w;
-        }
-    }
-    /// # Safety
-    /// As [`st_v4`].
-    pub unsafe fn st_v4_generic(p: *mut u32, v: [u32; 4]) {
-        st_v4(p, v)
     }
 
     pub fn thread_idx_x() -> u32 {
@@ -106,7 +63,6 @@ pub mod prim {
     /// # Safety
     /// `p` valid for four u32.
     pub unsafe fn ld_nc_v4(p: *const u32) -> [u32; 4] {
-        assert!((p as usize).is_multiple_of(16), "ld.v4 misaligned");
         [*p, *p.add(1), *p.add(2), *p.add(3)]
     }
     /// The copy at once (the emulation has no asynchrony); checks the 16-byte alignment the
@@ -230,13 +186,7 @@ kernels!(
     fft_c64_l10_sta,
     fft_c64_l13_sp1,
     fft_c64_l12_sp2,
-    fft_c64_l13_sp2,
-    fft_c64_l13_cl3,
-    fft_c64_l13_cl3s,
-    fft_c64_l12_cl2,
-    fft_c64_l12_cl2s,
-    fft_c64_l11_cl3,
-    fft_c64_l11_cl3s
+    fft_c64_l13_sp2
 );
 kernels!(
     f64,
@@ -332,45 +282,28 @@ fn upload_tables<T: Elem>(parts: &[&[f64]]) -> (DevBuf, Vec<u64>) {
 
 /// Runs one launch: `a.grid` blocks of `a.threads` OS threads (one pool for the whole launch,
 /// every block with its own shared memory, filled with 0xFF bytes: NaN for any float read
-/// before it is written), the kernel's barriers as one `Barrier`. With `cluster > 1`: the
-/// blocks of one thread-block cluster run together (`cluster·threads` OS threads, a barrier per
-/// block for `sync_threads` and one over the cluster for `cluster_wait`, `mapa` into the
-/// cluster's shared memories), clusters one after another.
-fn launch<T: Elem>(k: Kernel<T>, a: &PassArgs, cluster: u32) {
-    let cl = cluster.max(1);
-    assert!(a.grid.is_multiple_of(cl), "grid {} not a multiple of the cluster {cl}", a.grid);
+/// before it is written), the kernel's barriers as one `Barrier`.
+fn launch<T: Elem>(k: Kernel<T>, a: &PassArgs) {
     let nthreads = a.threads as usize;
-    let cbar = Arc::new(Barrier::new(nthreads * cl as usize));
-    let bars: Vec<Arc<Barrier>> =
-        (0..cl).map(|_| if cl == 1 { cbar.clone() } else { Arc::new(Barrier::new(nthreads)) }).collect();
+    let bar = Arc::new(Barrier::new(nthreads));
     let smem_bytes = (a.smem_bytes as usize).max(16);
     let mut smem: Vec<DevBuf> = (0..a.grid).map(|_| DevBuf::new(smem_bytes, 0xFF)).collect();
     let smem_addrs: Vec<u64> = smem.iter_mut().map(|b| b.addr()).collect();
     let a = *a;
-    // Clusters of 8 × 512 threads: smaller stacks (the address space of 4096 threads).
-    let stack = if cl > 1 { 8 << 20 } else { 16 << 20 };
     std::thread::scope(|s| {
-        for (rank, tid) in (0..cl).flat_map(|r| (0..a.threads).map(move |t| (r, t))) {
-            let bar = bars[rank as usize].clone();
-            let cbar = cbar.clone();
+        for tid in 0..a.threads {
+            let bar = bar.clone();
             let smem_addrs = &smem_addrs;
             std::thread::Builder::new()
-                .stack_size(stack)
+                .stack_size(16 << 20)
                 .spawn_scoped(s, move || {
                     prim::TID.with(|c| c.set(tid));
                     prim::BDIM.with(|c| c.set(a.threads));
                     prim::GDIM.with(|c| c.set(a.grid));
                     prim::BAR.with(|b| *b.borrow_mut() = Some(bar.clone()));
-                    prim::CBAR.with(|b| *b.borrow_mut() = Some(cbar.clone()));
-                    prim::RANK.with(|c| c.set(rank));
-                    for c0 in (0..a.grid).step_by(cl as usize) {
-                        let b = c0 + rank;
+                    for b in 0..a.grid {
                         prim::BID.with(|c| c.set(b));
                         prim::SMEM.with(|c| c.set(smem_addrs[b as usize] as usize));
-                        prim::CSMEM.with(|c| {
-                            *c.borrow_mut() =
-                                ((c0..c0 + cl).map(|q| smem_addrs[q as usize] as usize).collect(), smem_bytes)
-                        });
                         // SAFETY: the plan's buffers hold every element the pass addresses (the
                         // property under test; an out-of-bounds access is a test failure at
                         // best, as on the GPU).
@@ -391,11 +324,10 @@ fn launch<T: Elem>(k: Kernel<T>, a: &PassArgs, cluster: u32) {
                                 a.sm_stride,
                             )
                         };
-                        // Blocks (clusters) run one after another (as if each had the whole GPU).
-                        cbar.wait();
+                        // Blocks run one after another (as if each had the whole GPU).
+                        bar.wait();
                     }
                     prim::BAR.with(|b| *b.borrow_mut() = None);
-                    prim::CBAR.with(|b| *b.borrow_mut() = None);
                 })
                 .expect("spawning an emulated GPU thread");
         }
@@ -419,18 +351,14 @@ pub(crate) fn execute<T: Elem>(passes: &[Pass], log_n: u32, batch: usize, x: &[f
     let (tw, four) = twiddle_tables(log_n, log_lt, four_step || passes.iter().any(|p| p.split > 0));
     // The four-step tables at lower addresses than `tw` (the allocation order that the first
     // H200 run's `max(twlo, tw)` argument bug turned into wrong twiddles).
-    // Cluster plans: the exchange table in the `twlo` slot (below `tw`), no `twhi`.
-    let cl = passes.first().map_or(0, |p| p.cluster);
-    let xt = if cl > 0 { cluster_table(log_n, cl) } else { Vec::new() };
     let (_tables, addrs) = match &four {
-        _ if cl > 0 => upload_tables::<T>(&[&xt, &tw]),
         Some((lo, hi)) => upload_tables::<T>(&[lo, hi, &tw]),
         None => upload_tables::<T>(&[&tw]),
     };
     let mut work = if four_step { Some(DevBuf::new(reals * T::BYTES / 2, nan)) } else { None };
     let ptrs = PlanPtrs {
         tw: *addrs.last().unwrap(),
-        twlo: if four.is_some() || cl > 0 { addrs[0] } else { 0 },
+        twlo: if four.is_some() { addrs[0] } else { 0 },
         twhi: if four.is_some() { addrs[1] } else { 0 },
         work: work.as_mut().map_or(0, |b| b.addr()),
     };
@@ -444,7 +372,7 @@ pub(crate) fn execute<T: Elem>(passes: &[Pass], log_n: u32, batch: usize, x: &[f
         let a = pass_args(p, log_n, log_lt, ptrs, st.as_ref().map_or(0, |t| t.1[0]), xa, ya);
         // Every buffer a pass names is one the plan holds.
         assert!(p.src != Buf::Work || work.is_some(), "{p:?}");
-        launch(T::kernel(super::FftPlan::pass_kernel(prec, p)), &a, 1 << p.cluster);
+        launch(T::kernel(super::FftPlan::pass_kernel(prec, p)), &a);
     }
     if passes.is_empty() {
         return x.iter().map(|&v| T::from_f64(v).to_f64()).collect();
@@ -629,35 +557,6 @@ mod tests {
                 case_k(log_n, 2, false, None, k, false, false);
             }
             case_k(15, 3, true, None, k, true, false);
-        }
-    }
-
-    /// The session-5 cluster kernels through their own code (clusters of 4 or 8 emulated
-    /// blocks, DSMEM as `mapa` into the cluster's poisoned shared memories): 2^16 as 8 × 8192,
-    /// 2^14 as 4 × 4096 and 8 × 2048, exchanged and strided outputs, batches 1 and 3, in place.
-    #[test]
-    fn emulated_cluster_kernels() {
-        use super::super::plan::cluster_pass;
-        for (log_n, log_r) in [(14, 2), (14, 3), (16, 3)] {
-            for strided in [false, true] {
-                let cases: &[(usize, bool)] =
-                    if log_n == 16 { &[(1, false), (2, true)] } else { &[(1, false), (3, false), (3, true)] };
-                for &(b, in_place) in cases {
-                    let p = cluster_pass(log_n, b, log_r, strided).expect("a cluster kernel");
-                    let n = 1usize << log_n;
-                    let x = input(n * b, (log_n as u64) << 20 | b as u64 | 1 << 42);
-                    let xr: Vec<f64> = x.iter().map(|&v| v as f32 as f64).collect();
-                    let ours = execute::<f32>(&[p], log_n, b, &xr, in_place);
-                    let (rel, _) = fft_error(&ours, &fft_c2c_fwd(n, b, &xr));
-                    println!(
-                        "cluster n=2^{log_n} R=2^{log_r} strided={strided} batch={b} in_place={in_place}: {rel:.3e}"
-                    );
-                    assert!(
-                        rel <= fft_error_bound(n, false),
-                        "cluster n=2^{log_n} R=2^{log_r} strided={strided} batch={b} in_place={in_place}: {rel:e}"
-                    );
-                }
-            }
         }
     }
 

@@ -16,7 +16,7 @@ use cudarc::driver::sys::{CUdeviceptr, CUfunction_attribute_enum, CUstream};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 use crate::error::check_len;
-use crate::runtime::{launch, launch_cluster, launch_pdl, max_active_clusters, GraphReplay, LaunchDims};
+use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
 use crate::{Error, Gpu, Result};
 
 #[cfg(test)]
@@ -215,12 +215,6 @@ pub(crate) const KERNELS: &[&str] = &[
     plan::SPLIT_KERNELS[0].0,
     plan::SPLIT_KERNELS[1].0,
     plan::SPLIT_KERNELS[2].0,
-    plan::CLUSTER_KERNELS[0].0,
-    plan::CLUSTER_KERNELS[1].0,
-    plan::CLUSTER_KERNELS[2].0,
-    plan::CLUSTER_KERNELS[3].0,
-    plan::CLUSTER_KERNELS[4].0,
-    plan::CLUSTER_KERNELS[5].0,
 ];
 
 /// The complex storage type of a transform.
@@ -298,16 +292,6 @@ pub struct FftOptions {
     /// 4 × 8192), each block computing every `2^split`-th output from the whole input (no
     /// workspace). 0: off.
     pub split: u32,
-    /// With stage tables (session 5): c64 n = 2^16 (R = 8) and 2^14 (R = 4 or 8) in ONE
-    /// launch, one transform per thread-block cluster of `cluster` blocks exchanging through
-    /// distributed shared memory (kernels `fft_c64_l{13,12,11}_cl{3,2,3}[s]`, see
-    /// kernels-gpu `fft_cluster`); other lengths, or a cluster the device cannot schedule,
-    /// plan as without. Needs 16-byte aligned `x` and `y` (else an `Err` at execution).
-    /// 0: off.
-    pub cluster: u32,
-    /// With `cluster`: store the outputs at stride `R` straight from the last stage (`_cl*s`)
-    /// instead of a second DSMEM exchange and contiguous 16-byte stores.
-    pub cluster_strided: bool,
     /// Passes after the first are programmatic dependent launches (every kernel lets the next
     /// start at entry and waits for the previous before touching memory): the next pass's
     /// launch and block start-up overlap the current pass.
@@ -316,10 +300,6 @@ pub struct FftOptions {
     /// on the first call with a pair of buffers, replayed when it recurs), so the dependent
     /// launches actually overlap (separate host launches reach the device too far apart).
     pub graph: bool,
-    /// Four-step plans: run the batch as sequential chunks of `chunk` transforms (the largest
-    /// divisor of `batch` not above it), both passes per chunk, so the chunk-sized workspace
-    /// can stay in L2 between the passes instead of a DRAM round trip. 0: the whole batch at once.
-    pub chunk: usize,
 }
 
 impl Default for FftOptions {
@@ -335,11 +315,8 @@ impl Default for FftOptions {
             row_threads: 0,
             cols: 0,
             split: 0,
-            cluster: 0,
-            cluster_strided: false,
             pdl: true,
             graph: true,
-            chunk: 0,
         }
     }
 }
@@ -384,8 +361,6 @@ pub struct FftPlan {
     batch: usize,
     precision: Precision,
     passes: Vec<Pass>,
-    /// The passes run `chunks` times, on consecutive slices of `batch / chunks` transforms.
-    chunks: usize,
     // The device buffers below are owned here and used through `ptrs`.
     /// Twiddles `W_Lt^i`, `i < Lt` (Lt = the longest pass length), interleaved.
     #[allow(dead_code)]
@@ -494,30 +469,10 @@ impl FftPlan {
             None
         };
         let is_split = split.is_some();
-        let cluster = if precision == Precision::C64
-            && opts.stage_twiddles
-            && !is_split
-            && opts.cluster.is_power_of_two()
-            && opts.cluster > 1
-        {
-            match plan::cluster_pass(log_n, batch, opts.cluster.trailing_zeros(), opts.cluster_strided) {
-                Some(p) if Self::cluster_schedulable(gpu, &p)? => Some(p),
-                _ => None,
-            }
-        } else {
-            None
-        };
-        let is_cluster = cluster.is_some();
-        // Transforms per chunk: the passes are planned for one chunk and run once per chunk.
-        let per_chunk = if split.is_none() && !is_cluster && opts.chunk > 0 && log_n > max_single_log(elem) {
-            (1..=opts.chunk.min(batch)).rev().find(|c| batch % c == 0).unwrap_or(batch)
-        } else {
-            batch
-        };
-        let mut passes = match split.or(cluster) {
+        let mut passes = match split {
             Some(p) => vec![p],
             None if log_n == 0 => Vec::new(),
-            None => decompose_k(log_n, per_chunk, elem, max_single_log(elem), knobs),
+            None => decompose_k(log_n, batch, elem, max_single_log(elem), knobs),
         };
         let log_lt = passes.iter().map(|p| p.log_l).max().unwrap_or(0);
         let sms = gpu
@@ -526,7 +481,7 @@ impl FftPlan {
             .map(|v| v.max(1) as u32)
             .unwrap_or(DEFAULT_SMS);
         for p in passes.iter_mut() {
-            if opts.stage_twiddles && p.split == 0 && p.cluster == 0 {
+            if opts.stage_twiddles && p.split == 0 {
                 let mut q = p.clone();
                 q.st = true;
                 q.hoist = opts.hoist_twiddles;
@@ -562,7 +517,7 @@ impl FftPlan {
             if p.smem_bytes > 48 * 1024 && f.get_attribute(attr)? < p.smem_bytes as i32 {
                 f.set_attribute(attr, p.smem_bytes as i32)?;
             }
-            if p.flags == 0 && p.log_min == 0 && p.split == 0 && p.cluster == 0 {
+            if p.flags == 0 && p.log_min == 0 && p.split == 0 {
                 let occ =
                     f.occupancy_max_active_blocks_per_multiprocessor(p.threads, p.smem_bytes as usize, None)?.max(1);
                 let per_sm = match persist {
@@ -581,18 +536,12 @@ impl FftPlan {
         } else {
             let (tw, four) = plan::twiddle_tables(log_n, log_lt, four_step);
             let tw = Some(upload(gpu, precision, &tw)?);
-            if is_cluster {
-                // The cluster kernels take their exchange table in the `twlo` slot.
-                let t = plan::cluster_table(log_n, passes[0].cluster);
-                (tw, Some(upload(gpu, precision, &t)?), None)
-            } else {
-                match four {
-                    Some((lo, hi)) => (tw, Some(upload(gpu, precision, &lo)?), Some(upload(gpu, precision, &hi)?)),
-                    None => (tw, None, None),
-                }
+            match four {
+                Some((lo, hi)) => (tw, Some(upload(gpu, precision, &lo)?), Some(upload(gpu, precision, &hi)?)),
+                None => (tw, None, None),
             }
         };
-        let work = if four_step { Some(gpu.stream().alloc_zeros::<u8>(n * per_chunk * elem)?) } else { None };
+        let work = if four_step { Some(gpu.stream().alloc_zeros::<u8>(n * batch * elem)?) } else { None };
         let stw = passes
             .iter()
             .map(|p| if p.st { upload(gpu, precision, &plan::stage_table(p.log_l, p.e)).map(Some) } else { Ok(None) })
@@ -606,7 +555,6 @@ impl FftPlan {
             batch,
             precision,
             passes,
-            chunks: batch / per_chunk,
             tw,
             twlo,
             twhi,
@@ -621,22 +569,6 @@ impl FftPlan {
         })
     }
 
-    /// Whether the device can co-schedule one cluster of the cluster pass `p` (sets the
-    /// kernel's dynamic shared-memory limit first).
-    fn cluster_schedulable(gpu: &Gpu, p: &Pass) -> Result<bool> {
-        let f = gpu.function(Self::pass_kernel(Precision::C64, p))?;
-        let attr = CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-        if f.get_attribute(attr)? < p.smem_bytes as i32 {
-            f.set_attribute(attr, p.smem_bytes as i32)?;
-        }
-        let mt = f.get_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
-        if (mt as u32) < p.threads {
-            return Ok(false);
-        }
-        let dims = LaunchDims { grid: (p.grid, 1, 1), block: (p.threads, 1, 1), shared_bytes: p.smem_bytes };
-        Ok(max_active_clusters(f, dims, 1 << p.cluster, gpu.stream().cu_stream())? > 0)
-    }
-
     fn kernel_names_st(p: Precision, hoist: bool) -> &'static [&'static str] {
         match (p, hoist) {
             (Precision::C64, true) => &KERNELS_C64_ST,
@@ -649,10 +581,6 @@ impl FftPlan {
     /// The kernel of a pass (its length, precision, table kind, elements per thread,
     /// ping-pong and staging).
     fn pass_kernel(prec: Precision, p: &Pass) -> &'static str {
-        if p.cluster > 0 {
-            return plan::cluster_kernel(p.log_l, p.cluster, p.cluster_strided)
-                .expect("cluster passes are planned only where a kernel exists");
-        }
         if p.split > 0 {
             let k = plan::SPLIT_KERNELS.iter().find(|k| (k.1, k.2) == (p.log_l, p.split));
             return k.expect("split passes are planned only where a kernel exists").0;
@@ -700,7 +628,7 @@ impl FftPlan {
     }
     /// Number of kernel launches one execution makes (0 for `n = 1`: a device copy).
     pub fn launches(&self) -> usize {
-        self.passes.len() * self.chunks
+        self.passes.len()
     }
     /// Bytes of device workspace the plan holds (0 for one-pass plans).
     pub fn workspace_bytes(&self) -> usize {
@@ -815,24 +743,10 @@ impl FftPlan {
             }
             return Ok(());
         }
-        if self.passes.iter().any(|p| p.cluster > 0) {
-            for (arg, p) in [("x", x), ("y", y)] {
-                if p % 16 != 0 {
-                    return Err(Error::Shape {
-                        arg,
-                        msg: format!("address {p:#x}: the cluster plan (FftOptions::cluster) needs 16-byte alignment"),
-                    });
-                }
-            }
-        }
         let [tw, twlo, twhi, work] = self.ptrs;
         let ptrs = PlanPtrs { tw, twlo, twhi, work };
         let log_n = self.n.trailing_zeros();
-        let chunk_bytes = bytes / self.chunks as u64;
-        let chunked =
-            (0..self.chunks as u64).flat_map(|c| self.passes.iter().zip(&self.stw_ptrs).map(move |ps| (c, ps)));
-        for (i, (c, (p, &stw))) in chunked.enumerate() {
-            let (x, y) = (x + c * chunk_bytes, y + c * chunk_bytes);
+        for (i, (p, &stw)) in self.passes.iter().zip(&self.stw_ptrs).enumerate() {
             let mut a = plan::pass_args(p, log_n, self.log_lt, ptrs, stw, x, y);
             if p.split > 0 && x == y {
                 // Every block of a split pass reads its whole transform while the others write
@@ -851,30 +765,28 @@ impl FftPlan {
             let (mut log_c, mut log_min, mut log_mout, mut count) = (a.log_c, a.log_min, a.log_mout, a.count);
             let (mut log_lt, mut log_split, mut flags, mut sm_stride) = (a.log_lt, a.log_split, a.flags, a.sm_stride);
             let dims = LaunchDims { grid: (a.grid, 1, 1), block: (a.threads, 1, 1), shared_bytes: a.smem_bytes };
-            // Every pass after the first as a programmatic dependent of the one before (the next
-            // chunk's first pass overwrites the workspace the previous chunk's last pass reads).
-            let mut args: [&mut dyn crate::runtime::KernelArg; 13] = [
-                &mut src,
-                &mut dst,
-                &mut tw,
-                &mut lo,
-                &mut hi,
-                &mut log_c,
-                &mut log_min,
-                &mut log_mout,
-                &mut count,
-                &mut log_lt,
-                &mut log_split,
-                &mut flags,
-                &mut sm_stride,
-            ];
-            if p.cluster > 0 {
-                launch_cluster(f, dims, 1 << p.cluster, stream, &mut args)?;
-            } else if self.pdl && i > 0 {
-                launch_pdl(f, dims, stream, &mut args)?;
-            } else {
-                launch(f, dims, stream, &mut args)?;
-            }
+            // Every pass after the first as a programmatic dependent of the one before.
+            let launch_pass = if self.pdl && i > 0 { launch_pdl } else { launch };
+            launch_pass(
+                f,
+                dims,
+                stream,
+                &mut [
+                    &mut src,
+                    &mut dst,
+                    &mut tw,
+                    &mut lo,
+                    &mut hi,
+                    &mut log_c,
+                    &mut log_min,
+                    &mut log_mout,
+                    &mut count,
+                    &mut log_lt,
+                    &mut log_split,
+                    &mut flags,
+                    &mut sm_stride,
+                ],
+            )?;
         }
         Ok(())
     }

@@ -76,75 +76,6 @@ pub(crate) struct Pass {
     /// `log2 R` of a split pass (kernels `_sp1`, `_sp2`: `R` blocks per transform of length
     /// `R·2^log_l`, see [`split_pass`]); 0 otherwise.
     pub split: u32,
-    /// `log2 R` of a cluster pass (session 5, kernels `_cl2`, `_cl3`, `_cl2s`, `_cl3s`: one
-    /// transform of length `R·2^log_l` per thread-block cluster of `R` blocks, see
-    /// [`cluster_pass`]); 0 otherwise.
-    pub cluster: u32,
-    /// With `cluster`: the outputs stored at stride `R` straight from the last stage (`_cl*s`)
-    /// instead of exchanged through distributed shared memory for contiguous 16-byte stores.
-    pub cluster_strided: bool,
-}
-
-/// The cluster kernels: `(name, log_l, log_r, hoisted stage tables, strided stores)`.
-pub(crate) const CLUSTER_KERNELS: [(&str, u32, u32, bool, bool); 6] = [
-    ("fft_c64_l13_cl3", 13, 3, false, false),
-    ("fft_c64_l13_cl3s", 13, 3, false, true),
-    ("fft_c64_l12_cl2", 12, 2, true, false),
-    ("fft_c64_l12_cl2s", 12, 2, true, true),
-    ("fft_c64_l11_cl3", 11, 3, true, false),
-    ("fft_c64_l11_cl3s", 11, 3, true, true),
-];
-
-/// Elements per thread of the cluster kernels.
-pub(crate) const CLUSTER_E: u32 = 16;
-
-/// The cluster kernel of a pass, if any.
-pub(crate) fn cluster_kernel(log_l: u32, log_r: u32, strided: bool) -> Option<&'static str> {
-    CLUSTER_KERNELS.iter().find(|k| (k.1, k.2, k.4) == (log_l, log_r, strided)).map(|k| k.0)
-}
-
-/// The one-launch plan of a c64 transform of length `2^log_n` on thread-block clusters of
-/// `R = 2^log_r` blocks, if a cluster kernel exists for it (kernels-gpu `fft_cluster`): one
-/// block of `L/16` threads per `(transform, rank)` (`count = batch·R`, grid in clusters of
-/// `R`), shared memory `L + 2·(L + L/16)` elements. Needs the exchange table
-/// [`cluster_table`] (as the kernel's `twlo`) and the stage table of `2^log_l`.
-pub(crate) fn cluster_pass(log_n: u32, batch: usize, log_r: u32, strided: bool) -> Option<Pass> {
-    let log_l = log_n.checked_sub(log_r)?;
-    let k = CLUSTER_KERNELS.iter().find(|k| (k.1, k.2, k.4) == (log_l, log_r, strided))?;
-    let count = (batch << log_r) as u32;
-    let sm_stride = smem_len(log_l);
-    Some(Pass {
-        log_l,
-        e: CLUSTER_E,
-        log_c: 0,
-        log_min: 0,
-        log_mout: if strided { log_r } else { 0 },
-        count,
-        flags: 0,
-        sm_stride,
-        threads: (1 << log_l) / CLUSTER_E,
-        blocks: count,
-        grid: count,
-        smem_bytes: ((1 << log_l) + 2 * sm_stride) * 8,
-        src: Buf::X,
-        dst: Buf::Y,
-        st: true,
-        hoist: k.3,
-        pp: false,
-        staged: false,
-        split: 0,
-        cluster: log_r,
-        cluster_strided: strided,
-    })
-}
-
-/// The exchange table of a cluster plan for `n = 2^log_n = R·L`: `[k − 1][j]` =
-/// `W_n^{k·j}` for `1 ≤ k < R`, `j < L`, interleaved f64 (rounded once to f32 on upload).
-pub(crate) fn cluster_table(log_n: u32, log_r: u32) -> Vec<f64> {
-    use crate::reference::twiddle;
-    let l = 1u64 << (log_n - log_r);
-    let nn = 1u64 << log_n;
-    (1..1u64 << log_r).flat_map(|k| (0..l).flat_map(move |j| <[f64; 2]>::from(twiddle(k * j, nn)))).collect()
 }
 
 /// The split kernels: `(name, log_l, log_r, hoisted stage tables)`.
@@ -341,8 +272,6 @@ fn pass(
         pp: false,
         staged: false,
         split: 0,
-        cluster: 0,
-        cluster_strided: false,
     }
 }
 
@@ -570,33 +499,6 @@ mod tests {
                 assert_eq!(t.len(), 2 * off.max(1), "l={log_l}");
             }
         }
-    }
-
-    /// The cluster passes (session 5): one per kernel, the kernel found back from the pass,
-    /// the launch shape within the limits, and the exchange table `[k − 1][j] = W_n^{k·j}`.
-    #[test]
-    fn cluster_passes_and_table() {
-        use crate::reference::twiddle;
-        for &(name, log_l, log_r, hoist, strided) in CLUSTER_KERNELS.iter() {
-            let log_n = log_l + log_r;
-            let p = cluster_pass(log_n, 3, log_r, strided).expect("a cluster pass");
-            assert_eq!(cluster_kernel(p.log_l, p.cluster, p.cluster_strided), Some(name));
-            assert_eq!(
-                (p.grid, p.count, p.hoist, p.log_mout),
-                (3 << log_r, 3 << log_r, hoist, if strided { log_r } else { 0 })
-            );
-            assert_eq!(p.threads << CLUSTER_E.trailing_zeros(), 1 << log_l);
-            assert!(p.threads <= MAX_THREADS && p.smem_bytes as usize <= 227 * 1024, "{p:?}");
-            assert!(CLUSTER_E >= 2 << log_r, "a thread holds at least one pair of j for each of the R inputs");
-            let t = cluster_table(log_n, log_r);
-            assert_eq!(t.len(), 2 * (((1usize << log_r) - 1) << log_l));
-            for (k, j) in [(1usize, 0usize), (1, 5), (2, 7), ((1 << log_r) - 1, (1 << log_l) - 1)] {
-                let i = ((k - 1) << log_l) + j;
-                assert_eq!((t[2 * i], t[2 * i + 1]), twiddle((k * j) as u64, 1 << log_n), "{name} k={k} j={j}");
-            }
-        }
-        assert!(cluster_pass(15, 1, 3, false).is_none());
-        assert!(cluster_pass(16, 1, 2, false).is_none());
     }
 
     /// Shrinking a pass to fewer threads keeps every transform covered and the geometry

@@ -135,13 +135,6 @@ struct Bufs<T: Mem> {
     wr: *mut Cx<T>,
     stg: *const Cx<T>,
     ping_pong: bool,
-    /// Cluster kernels (`fft_cluster`, exchange-out variant): the last stage sends output `o`
-    /// (global index `K = o·2^xo_lr + xo_rank` of the cluster's transform) to block
-    /// `K / L` of the cluster, slot `sidx(K mod L)` of that block's buffer at `xo` (distributed
-    /// shared memory). Null: the last stage stores to global memory.
-    xo: *mut Cx<T>,
-    xo_rank: u32,
-    xo_lr: u32,
 }
 
 /// Copies the `2^log_c` rows of group `g` (contiguous in `x`, rows past `count` left out) into
@@ -256,11 +249,7 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
         let j = c.jt + (e / R) as u32 * tpt;
         let k = j & ns_mask;
         let o = ((j - k) << lr) + k + (((e % R) as u32) << ls);
-        if to_global && !bufs.xo.is_null() {
-            let kk = (o << bufs.xo_lr) + bufs.xo_rank;
-            let dst = mapa(bufs.xo.add(sidx(kk & ((1 << c.log_l) - 1)) as usize) as *const Cx<T>, kk >> c.log_l);
-            T::st(dst as *mut Cx<T>, v[e]);
-        } else if to_global {
+        if to_global {
             if c.valid {
                 let mut val = v[e];
                 if c.flags & TW4 != 0 {
@@ -433,7 +422,7 @@ unsafe fn fft_block<
             } else {
                 (c.smc, c.smc)
             };
-            let b = Bufs { rd, wr, stg, ping_pong: PP, xo: core::ptr::null_mut(), xo_rank: 0, xo_lr: 0 };
+            let b = Bufs { rd, wr, stg, ping_pong: PP };
             match lr {
                 1 => stage::<T, E, 2>(&c, &mut v, ls, from_global, to_global, ST, &w, b),
                 2 => stage::<T, E, 4>(&c, &mut v, ls, from_global, to_global, ST, &w, b),
@@ -469,183 +458,6 @@ unsafe fn fft_block<
             // shared-memory writes.
             sync_threads();
         }
-    }
-}
-
-/// Session 5: one c64 transform of length `n = R·L` per thread-block cluster of `R` blocks
-/// (bench rows `@cl4`, `@cl8`, `@cl4s`, `@cl8s`; host `FftOptions::cluster`), exchanging
-/// through distributed shared memory instead of a workspace pass. Element `j + m·L`
-/// (`j < L`, `m < R`); output `k1 + R·k2`.
-/// 1. Block `r` (cluster rank) loads, for the `L/R` values of `j` in its slice
-///    `[r·L/R, (r+1)·L/R)`, the `R` inputs `x[j + m·L]` (R contiguous runs, 16-byte loads of
-///    two adjacent `j`) and the twiddles `W_n^{k1·j}` (per-plan table `xt[(k1 − 1)·L + j]`,
-///    f64-computed, rounded once), all issued before the first cluster barrier.
-/// 2. `R`-point DFT over `m` (exact constant twiddles), output `k1` times `W_n^{k1·j}`, sent
-///    with a 16-byte DSMEM store to slot `j` of block `k1`'s input buffer; cluster barrier.
-/// 3. Each block runs the `L`-point Stockham (`stage`, stage tables as the `_st` kernels,
-///    first stage reading the input buffer): block `k1` computes `X[k1 + R·k2]`.
-/// 4. `XO`: the last stage sends output `K = k1 + R·k2` to block `K / L` (slot `sidx(K mod L)`
-///    of its output buffer); cluster barrier; every block stores its contiguous `L` outputs
-///    with 16-byte stores. `!XO`: the last stage stores straight to `y` at stride `R`.
-/// Shared memory: input `L` + Stockham `L + L/16` + output `L + L/16` elements. `x == y`
-/// is safe: every load of `x` precedes the exchange barrier every store of `y` follows.
-/// `x`, `y`, `xt` 16-byte aligned; grid = `R·batch` blocks in clusters of `R`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn fft_cluster<const LOG_L: u32, const E: usize, const R: usize, const HOIST: bool, const XO: bool>(
-    x: *const Cx<f32>,
-    y: *mut Cx<f32>,
-    tw: *const Cx<f32>,
-    xt: *const Cx<f32>,
-) {
-    let tid = thread_idx_x();
-    let lr = R.trailing_zeros();
-    let rank = cluster_ctarank();
-    let tr = block_idx_x() >> lr;
-    let l = 1u32 << LOG_L;
-    let log_e = E.trailing_zeros();
-    let log_tpt = LOG_L - log_e;
-    let tpt = 1u32 << log_tpt;
-    let sm = dyn_smem::<Cx<f32>>();
-    let slen = l + (l >> 4);
-    let buf_in = sm;
-    let buf_st = sm.add(l as usize);
-    let buf_out = sm.add((l + slen) as usize);
-    // Phase 0 of the cluster barrier: every block has started (its shared memory exists)
-    // before any block writes into it; waited for after the loads are issued.
-    cluster_arrive();
-    let xb = x.add(((tr << lr) << LOG_L) as usize);
-    // v[i·2R + 2m + h]: input x[j + h + m·L] of pair i (j = slice start + 2·(tid + i·tpt));
-    // w[i·2R + 2k + h]: W_n^{k·(j + h)}.
-    let mut v = [Cx::<f32>::zero(); E];
-    let mut w = [Cx::<f32>::zero(); E];
-    let cx2 = |q: [u32; 4]| {
-        (
-            Cx { re: f32::from_bits(q[0]), im: f32::from_bits(q[1]) },
-            Cx { re: f32::from_bits(q[2]), im: f32::from_bits(q[3]) },
-        )
-    };
-    unroll!(E / (2 * R), i, {
-        let j = (rank << (LOG_L - lr)) + 2 * (tid + i as u32 * tpt);
-        unroll!(R, m, {
-            let (a, b) = cx2(ld_nc_v4(xb.add((j + ((m as u32) << LOG_L)) as usize) as *const u32));
-            v[i * 2 * R + 2 * m] = a;
-            v[i * 2 * R + 2 * m + 1] = b;
-        });
-        unroll!(R, k, {
-            if k >= 1 {
-                let (a, b) = cx2(ld_nc_v4(xt.add((((k as u32 - 1) << LOG_L) + j) as usize) as *const u32));
-                w[i * 2 * R + 2 * k] = a;
-                w[i * 2 * R + 2 * k + 1] = b;
-            }
-        });
-    });
-    // Stage tables (as `fft_block` with `ST`): hoisted to here when `HOIST`.
-    let nst = (LOG_L as usize).div_ceil(log_e as usize);
-    let first = LOG_L - log_e * (nst as u32 - 1);
-    let mut off = [0u32; 3];
-    unroll!(3, s, {
-        if s >= 1 {
-            off[s] = off[s - 1] + (((E as u32) - 1) << (first + log_e * (s as u32 - 1)));
-        }
-    });
-    let mut tws = [[Cx::<f32>::zero(); E]; 3];
-    if HOIST {
-        unroll!(nst, s, {
-            if s >= 1 && s <= 3 {
-                tws[s - 1] = stage_twiddles::<f32, E>(tw, tid, first + log_e * (s as u32 - 1), off[s - 1]);
-            }
-        });
-    }
-    cluster_wait();
-    // Exchange 1: R-point DFTs over m, twiddle, send output k to block k.
-    unroll!(E / (2 * R), i, {
-        let j = (rank << (LOG_L - lr)) + 2 * (tid + i as u32 * tpt);
-        let mut a0 = [Cx::<f32>::zero(); R];
-        let mut a1 = [Cx::<f32>::zero(); R];
-        unroll!(R, m, {
-            a0[m] = v[i * 2 * R + 2 * m];
-            a1[m] = v[i * 2 * R + 2 * m + 1];
-        });
-        dft::<f32, R>(&mut a0);
-        dft::<f32, R>(&mut a1);
-        unroll!(R, k, {
-            let (b0, b1) = if k == 0 {
-                (a0[0], a1[0])
-            } else {
-                (a0[k].cmul(w[i * 2 * R + 2 * k]), a1[k].cmul(w[i * 2 * R + 2 * k + 1]))
-            };
-            let dst = mapa(buf_in.add(j as usize) as *const Cx<f32>, k as u32) as *mut u32;
-            st_v4_generic(dst, [b0.re.to_bits(), b0.im.to_bits(), b1.re.to_bits(), b1.im.to_bits()]);
-        });
-    });
-    cluster_arrive();
-    cluster_wait();
-    // The L-point transform of this block's input buffer.
-    let c = Ctx {
-        x: buf_in as *const Cx<f32>,
-        y,
-        tw,
-        twlo: tw,
-        twhi: tw,
-        log_l: LOG_L,
-        log_tpt,
-        log_lt: LOG_L,
-        log_split: 0,
-        log_mout: if XO { 0 } else { lr },
-        flags: 0,
-        jt: tid,
-        t: 0,
-        min_mask: 0,
-        valid: true,
-        base_in: 0,
-        base_out: (tr << (LOG_L + lr)) + rank,
-        log_min: 0,
-        log_r: 0,
-        smc: buf_st,
-    };
-    let mut vv = [Cx::<f32>::zero(); E];
-    unroll!(nst, s, {
-        let lrs = if s == 0 { first } else { log_e };
-        let ls = if s == 0 { 0 } else { first + log_e * (s as u32 - 1) };
-        let from_global = s == 0;
-        let to_global = s == nst - 1;
-        let ws = if !HOIST && s >= 1 && s <= 3 {
-            stage_twiddles::<f32, E>(tw, tid, ls, off[s - 1])
-        } else if s >= 1 && s <= 3 {
-            tws[s - 1]
-        } else {
-            tws[0]
-        };
-        let b = Bufs {
-            rd: buf_st,
-            wr: buf_st,
-            stg: buf_in as *const Cx<f32>,
-            ping_pong: false,
-            xo: if XO { buf_out } else { core::ptr::null_mut() },
-            xo_rank: rank,
-            xo_lr: lr,
-        };
-        match lrs {
-            1 => stage::<f32, E, 2>(&c, &mut vv, ls, from_global, to_global, true, &ws, b),
-            2 => stage::<f32, E, 4>(&c, &mut vv, ls, from_global, to_global, true, &ws, b),
-            3 => stage::<f32, E, 8>(&c, &mut vv, ls, from_global, to_global, true, &ws, b),
-            4 => stage::<f32, E, 16>(&c, &mut vv, ls, from_global, to_global, true, &ws, b),
-            _ => stage::<f32, E, 32>(&c, &mut vv, ls, from_global, to_global, true, &ws, b),
-        }
-    });
-    if XO {
-        // Exchange 2 done (every block's sends precede its arrival): store this block's
-        // contiguous outputs [rank·L, (rank+1)·L), two per 16-byte store.
-        cluster_arrive();
-        cluster_wait();
-        let yb = y.add((((tr << lr) + rank) << LOG_L) as usize);
-        unroll!(E / 2, i, {
-            let p = 2 * (tid + i as u32 * tpt);
-            let a = f32::ld(buf_out.add(sidx(p) as usize));
-            let b = f32::ld(buf_out.add(sidx(p + 1) as usize));
-            st_v4(yb.add(p as usize) as *mut u32, [a.re.to_bits(), a.im.to_bits(), b.re.to_bits(), b.im.to_bits()]);
-        });
     }
 }
 
@@ -726,61 +538,6 @@ macro_rules! entry {
             fft_block::<$t, $log_l, $e, $st, $hoist, $pp, $stg, $sp>(
                 x, y, tw, twlo, twhi, log_c, log_min, log_mout, count, log_lt, log_split, flags, sm_stride,
             )
-        }
-    };
-}
-
-/// The cluster entries (same parameters as `entry!`; `twlo` is the exchange table `xt`, the
-/// others besides `x`, `y`, `tw` are unused).
-#[cfg(target_arch = "nvptx64")]
-macro_rules! entry_cl {
-    ($name:ident, $log_l:literal, $e:literal, $r:literal, $hoist:literal, $xo:literal) => {
-        /// One c64 transform per thread-block cluster (`fft_cluster`).
-        #[no_mangle]
-        #[allow(clippy::too_many_arguments, unused_variables)]
-        pub unsafe extern "ptx-kernel" fn $name(
-            x: *const Cx<f32>,
-            y: *mut Cx<f32>,
-            tw: *const Cx<f32>,
-            twlo: *const Cx<f32>,
-            twhi: *const Cx<f32>,
-            log_c: u32,
-            log_min: u32,
-            log_mout: u32,
-            count: u32,
-            log_lt: u32,
-            log_split: u32,
-            flags: u32,
-            sm_stride: u32,
-        ) {
-            crate::prim::grid_launch_dependents();
-            crate::prim::grid_dependency_wait();
-            fft_cluster::<$log_l, $e, $r, $hoist, $xo>(x, y, tw, twlo)
-        }
-    };
-}
-
-#[cfg(not(target_arch = "nvptx64"))]
-macro_rules! entry_cl {
-    ($name:ident, $log_l:literal, $e:literal, $r:literal, $hoist:literal, $xo:literal) => {
-        /// Host build of the cluster entry (CPU emulation only).
-        #[allow(clippy::too_many_arguments, dead_code, unused_variables)]
-        pub unsafe fn $name(
-            x: *const Cx<f32>,
-            y: *mut Cx<f32>,
-            tw: *const Cx<f32>,
-            twlo: *const Cx<f32>,
-            twhi: *const Cx<f32>,
-            log_c: u32,
-            log_min: u32,
-            log_mout: u32,
-            count: u32,
-            log_lt: u32,
-            log_split: u32,
-            flags: u32,
-            sm_stride: u32,
-        ) {
-            fft_cluster::<$log_l, $e, $r, $hoist, $xo>(x, y, tw, twlo)
         }
     };
 }
@@ -895,14 +652,3 @@ entry!(fft_c64_l10_sta, f32, 10, 16, true, true, false, true);
 entry!(fft_c64_l13_sp1, f32, 13, 16, true, false, false, false, 1);
 entry!(fft_c64_l12_sp2, f32, 12, 16, true, true, false, false, 2);
 entry!(fft_c64_l13_sp2, f32, 13, 16, true, false, false, false, 2);
-
-// Session 5: cluster kernels (`fft_cluster`; host `FftOptions::cluster`, bench rows `@cl4`,
-// `@cl8`, `@cl4s`, `@cl8s`): `_cl{log R}` exchange the outputs for contiguous 16-byte
-// stores, `_cl{log R}s` store them at stride R. c64 65536 = 8 × 8192, 16384 = 4 × 4096 and
-// 8 × 2048.
-entry_cl!(fft_c64_l13_cl3, 13, 16, 8, false, true);
-entry_cl!(fft_c64_l13_cl3s, 13, 16, 8, false, false);
-entry_cl!(fft_c64_l12_cl2, 12, 16, 4, true, true);
-entry_cl!(fft_c64_l12_cl2s, 12, 16, 4, true, false);
-entry_cl!(fft_c64_l11_cl3, 11, 16, 8, true, true);
-entry_cl!(fft_c64_l11_cl3s, 11, 16, 8, true, false);
