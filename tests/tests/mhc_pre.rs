@@ -105,11 +105,13 @@ fn seed_workloads() {
         let out = run(&gpu, &mut fused, p, &inp);
         let (ulps, used) = check(&format!("{s:?} one launch"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
         println!("  one launch {:?}: worst {ulps:.3} ulp, {used:.3} of the tolerance", fused.plan().fused);
-        let mut v5 = MhcPre::with_config(&gpu, s, PreConfig { v5: true, ..PreConfig::default() }).unwrap();
-        assert!(v5.plan().geometry.v5, "{s:?}: the v5 pair does not apply");
-        let out = run(&gpu, &mut v5, p, &inp);
-        let (ulps, used) = check(&format!("{s:?} v5"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
-        println!("  v5 {:?}: worst {ulps:.3} ulp, {used:.3} of the tolerance", v5.plan().geometry);
+        // The default is the v5 pair (checked above); the v4 pair (`mhc_pre_mix4`) too.
+        assert!(op.plan().geometry.v5, "{s:?}: the default does not run the v5 pair");
+        let mut v4 = MhcPre::with_config(&gpu, s, PreConfig { v5: false, ..PreConfig::default() }).unwrap();
+        assert!(!v4.plan().geometry.v5, "{s:?}: v5 still on");
+        let out = run(&gpu, &mut v4, p, &inp);
+        let (ulps, used) = check(&format!("{s:?} v4"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
+        println!("  v4 {:?}: worst {ulps:.3} ulp, {used:.3} of the tolerance", v4.plan().geometry);
     }
 }
 
@@ -127,11 +129,12 @@ fn shape_sweep() {
                 let inp = inputs(&mut rng, s, phi_scale, 1.0);
                 let logits = mhc_pre_logits(s, &inp.phi, &inp.x);
                 let auto = PreConfig { path: PrePath::Auto, ..PreConfig::default() };
-                let v5 = PreConfig { v5: true, ..PreConfig::default() };
+                // The default (v5 where n ≤ 4), the one-launch path where it fits, the v4 pair.
+                let v4 = PreConfig { v5: false, ..PreConfig::default() };
                 let mut ops = [
                     MhcPre::new(&gpu, s).unwrap(),
                     MhcPre::with_config(&gpu, s, auto).unwrap(),
-                    MhcPre::with_config(&gpu, s, v5).unwrap(),
+                    MhcPre::with_config(&gpu, s, v4).unwrap(),
                 ];
                 for ((repeat, alphas), i) in [(0, (0.7, 1.3, 1.9)), (1, (1.0, 1.0, 1.0)), (20, (1.4, 0.6, 0.8))]
                     .into_iter()

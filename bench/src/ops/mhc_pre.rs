@@ -20,7 +20,8 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         configs.push((Some("mix0".into()), PreConfig { lean_mix: false, ..PreConfig::default() }));
         configs.push((Some("nograph".into()), PreConfig { graph: false, ..PreConfig::default() }));
         configs.push((Some("graph-nopdl".into()), PreConfig { graph: true, pdl: false, ..PreConfig::default() }));
-        configs.push((Some("pc8".into()), PreConfig { partial_cluster: 8, ..PreConfig::default() }));
+        // `partial_cluster` applies to the v4 pair only.
+        configs.push((Some("pc8".into()), PreConfig { partial_cluster: 8, v5: false, ..PreConfig::default() }));
         for max_grid in [32, 64] {
             configs
                 .push((Some(format!("g{max_grid}")), PreConfig { max_grid: Some(max_grid), ..PreConfig::default() }));
@@ -33,13 +34,9 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
             configs.push((Some(format!("mb{mma_block}")), PreConfig { mma_block, ..PreConfig::default() }));
         }
         // Session 5: the v5 pair (block-major partials; r, x column and bias before the wait;
-        // one barrier; coefficients in every warp's registers), its kernel-2 block and grid.
-        let v5 = PreConfig { v5: true, ..PreConfig::default() };
-        configs.push((Some("v5".into()), v5));
-        for mix_block in [128, 256] {
-            configs.push((Some(format!("v5-k2b{mix_block}")), PreConfig { mix_block, ..v5 }));
-        }
-        configs.push((Some("v5-g32".into()), PreConfig { max_grid: Some(32), ..v5 }));
+        // one barrier; coefficients in every warp's registers) is the default, so the rows above
+        // vary it; `v4` is the session-4 pair (`mhc_pre_mix4`).
+        configs.push((Some("v4".into()), PreConfig { v5: false, ..PreConfig::default() }));
         let fused = PreConfig { path: PrePath::Fused, ..PreConfig::default() };
         configs.push((Some("fused".into()), fused));
     }

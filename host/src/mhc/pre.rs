@@ -219,7 +219,8 @@ pub struct PreConfig {
 
 impl Default for PreConfig {
     /// Two launches: measured faster than the one-launch cluster on every seed row (see
-    /// `kernels-gpu/src/mhc/NOTES.md`, v3/v3.1).
+    /// `kernels-gpu/src/mhc/NOTES.md`, v3/v3.1); the v5 pair (session 5, H200: 6.43 → 5.70,
+    /// 6.75 → 5.98, 7.55 → 6.62 µs on the seed rows).
     fn default() -> Self {
         Self {
             path: PrePath::TwoLaunch,
@@ -235,7 +236,7 @@ impl Default for PreConfig {
             lean_mix: true,
             partial_cluster: 1,
             graph: true,
-            v5: false,
+            v5: true,
         }
     }
 }
