@@ -1327,25 +1327,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma(
     cw: u32,
     bpc: u32,
 ) {
-    grid_launch_dependents();
-    let p = PreCoef { alpha_pre: 0.0, alpha_post: 0.0, alpha_res: 0.0, repeat: 0, eps: 0.0, inv_sqrt_nc: 0.0 };
-    let null = core::ptr::null_mut();
-    pre_mma_body(
-        phi,
-        x,
-        null,
-        null as *mut u16,
-        null as *mut u16,
-        null as *mut f32,
-        batch,
-        n,
-        c,
-        cw,
-        bpc,
-        p,
-        part_ws,
-        false,
-    );
+    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, false);
 }
 
 crate::entry_directive!("mhc_pre_partial_mma5", ".maxntid 512, 1, 1 .minnctapersm 1");
@@ -1366,6 +1348,24 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma5(
     cw: u32,
     bpc: u32,
 ) {
+    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, true);
+}
+
+/// The body of the two kernel-1 entries on tensor cores: trigger kernel 2's dependent launch,
+/// then [`pre_mma_body`] writing partials only (`v5`: block-major, straight from the slot sums).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn partial_mma_entry(
+    phi: *const f32,
+    x: *const u16,
+    part_ws: *mut f64,
+    batch: u32,
+    n: u32,
+    c: u32,
+    cw: u32,
+    bpc: u32,
+    v5: bool,
+) {
     grid_launch_dependents();
     let p = PreCoef { alpha_pre: 0.0, alpha_post: 0.0, alpha_res: 0.0, repeat: 0, eps: 0.0, inv_sqrt_nc: 0.0 };
     let null = core::ptr::null_mut();
@@ -1383,7 +1383,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma5(
         bpc,
         p,
         part_ws,
-        true,
+        v5,
     );
 }
 
