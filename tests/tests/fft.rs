@@ -331,6 +331,17 @@ fn session4_variants() {
             }
             run_with(&gpu, &mut rng, 1 << 15, 3, prec, true, FftOptions { cols, ..base(1 << 15, 3, prec) });
         }
+        // Uneven four-step splits (`log_n1`), including ones the plan must refuse (it falls
+        // back to the balanced split): the seed lengths and odd batches, in place once.
+        for log_n in [14u32, 15, 16, 18, 20] {
+            let n = 1 << log_n;
+            for log_n1 in [log_n / 2 - 2, log_n / 2 - 1, log_n / 2 + 1, log_n / 2 + 2, 1, log_n - 1] {
+                let o = FftOptions { log_n1, ..FftOptions::for_shape(n, 3, prec) };
+                run_with(&gpu, &mut rng, n, batch_for(log_n).max(3), prec, false, o);
+            }
+            let o = FftOptions { log_n1: log_n / 2 + 1, ..FftOptions::for_shape(n, 2, prec) };
+            run_with(&gpu, &mut rng, n, 2, prec, true, o);
+        }
     }
     // The ten seed shapes under every session-4 option (the bench's variant rows).
     let rows: [(usize, usize, Precision); 10] = [

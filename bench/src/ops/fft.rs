@@ -43,7 +43,9 @@ type Variant = (fn(usize, usize, Precision) -> FftOptions, fn(usize, Precision) 
 ///   64/512/1024), `sta-sm2` (staged, 2 persistent blocks per SM), `t128`, `t64` (row-pass
 ///   blocks of 128 / 64 threads), `c4`, `c8`, `c32` (four-step passes with 4 / 8 / 32
 ///   transforms per block), `sp2`, `sp4` (c64 16384 in one pass, 2 × 8192 / 4 × 4096 blocks
-///   per transform).
+///   per transform);
+/// - session 5: `n1m2`, `n1m1`, `n1p1`, `n1p2` (four-step plans split `n = n1·n2` with
+///   `log2 n1 = ⌊log2 n / 2⌋` − 2, − 1, + 1, + 2 instead of the balanced split).
 fn variants() -> Vec<(&'static str, Variant)> {
     fn st(persist: Persist) -> FftOptions {
         FftOptions { persist, stage_twiddles: true, hoist_twiddles: true, ..FftOptions::default() }
@@ -88,6 +90,22 @@ fn variants() -> Vec<(&'static str, Variant)> {
         ("c32", (|n, b, p| FftOptions { cols: 32, ..FftOptions::for_shape(n, b, p) }, four_step)),
         ("sp2", (|n, b, p| FftOptions { split: 1, ..FftOptions::for_shape(n, b, p) }, split_rows)),
         ("sp4", (|n, b, p| FftOptions { split: 2, ..FftOptions::for_shape(n, b, p) }, split_rows)),
+        (
+            "n1m2",
+            (|n, b, p| FftOptions { log_n1: n.trailing_zeros() / 2 - 2, ..FftOptions::for_shape(n, b, p) }, four_step),
+        ),
+        (
+            "n1m1",
+            (|n, b, p| FftOptions { log_n1: n.trailing_zeros() / 2 - 1, ..FftOptions::for_shape(n, b, p) }, four_step),
+        ),
+        (
+            "n1p1",
+            (|n, b, p| FftOptions { log_n1: n.trailing_zeros() / 2 + 1, ..FftOptions::for_shape(n, b, p) }, four_step),
+        ),
+        (
+            "n1p2",
+            (|n, b, p| FftOptions { log_n1: n.trailing_zeros() / 2 + 2, ..FftOptions::for_shape(n, b, p) }, four_step),
+        ),
     ]
 }
 

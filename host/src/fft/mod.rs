@@ -300,6 +300,10 @@ pub struct FftOptions {
     /// on the first call with a pair of buffers, replayed when it recurs), so the dependent
     /// launches actually overlap (separate host launches reach the device too far apart).
     pub graph: bool,
+    /// Four-step plans: `log2` of the column-pass length `n1` (`n = n1·n2`, pass 1 transforms
+    /// the `n2` columns of length `n1`, pass 2 the `n1` rows of length `n2`). 0, or a split whose
+    /// lengths do not both fit one pass: the balanced `n1 = 2^⌊log2 n / 2⌋`.
+    pub log_n1: u32,
 }
 
 impl Default for FftOptions {
@@ -317,6 +321,7 @@ impl Default for FftOptions {
             split: 0,
             pdl: true,
             graph: true,
+            log_n1: 0,
         }
     }
 }
@@ -450,7 +455,8 @@ impl FftPlan {
         let log_n = validate(n, batch, precision)?;
         let elem = precision.element_bytes();
         let hoisted = opts.stage_twiddles && opts.hoist_twiddles;
-        let mut knobs = plan::Knobs { e8: opts.e8 && hoisted, row_threads: opts.row_threads, cols: opts.cols };
+        let mut knobs =
+            plan::Knobs { e8: opts.e8 && hoisted, row_threads: opts.row_threads, cols: opts.cols, log_n1: opts.log_n1 };
         if knobs.e8 && log_n >= 1 && log_n <= max_single_log(elem) {
             // The 8-element kernels must take the whole transform in one block (≤ 128 registers
             // at 512 threads); otherwise plan as without them.

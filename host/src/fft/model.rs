@@ -158,7 +158,7 @@ fn run_pass(p: &Pass, elem: usize, log_lt: u32, split: u32, tw: &[C], lo: &[C], 
 
 #[cfg(test)]
 mod tests {
-    use super::super::plan::{decompose, max_single_log};
+    use super::super::plan::{decompose, decompose_k, max_single_log, Knobs};
     use super::*;
     use crate::reference::{fft_c2c_fwd, fft_error};
 
@@ -210,6 +210,21 @@ mod tests {
         // The plan's own four-step split at its smallest length.
         for elem in [8, 16] {
             check(max_single_log(elem) + 1, 1, elem, max_single_log(elem));
+        }
+        // Uneven splits (`FftOptions::log_n1`): every column length the one-pass limit allows.
+        for max_single in [3, 5] {
+            for log_n in max_single + 1..=2 * max_single {
+                for log_n1 in 1..log_n {
+                    let k = Knobs { log_n1, ..Knobs::default() };
+                    for (batch, elem) in [(1, 8), (3, 16)] {
+                        let passes = decompose_k(log_n, batch, elem, max_single, k);
+                        let n = 1usize << log_n;
+                        let x = input(n * batch, (log_n as u64) << 8 | batch as u64 | (log_n1 as u64) << 16);
+                        let (rel, _) = fft_error(&run(&passes, log_n, batch, elem, &x), &fft_c2c_fwd(n, batch, &x));
+                        assert!(rel < 1e-14, "n=2^{log_n} n1=2^{log_n1} batch={batch}: rel {rel:e} {passes:?}");
+                    }
+                }
+            }
         }
     }
 }
@@ -369,6 +384,10 @@ mod geometry {
             Knobs { cols: 4, ..Knobs::default() },
             Knobs { cols: 8, ..Knobs::default() },
             Knobs { cols: 32, ..Knobs::default() },
+            Knobs { log_n1: 7, ..Knobs::default() },
+            Knobs { log_n1: 9, ..Knobs::default() },
+            Knobs { log_n1: 8, ..Knobs::default() },
+            Knobs { log_n1: 11, ..Knobs::default() },
         ];
         for k in knobs {
             for elem in [8, 16] {

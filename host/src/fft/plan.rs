@@ -107,6 +107,8 @@ pub(crate) struct Knobs {
     pub row_threads: u32,
     /// Four-step passes: most columns (transforms) per block (0: 16).
     pub cols: u32,
+    /// Four-step plans: `log2` of the column length `n1` (0 or out of range: `⌊log2 n / 2⌋`).
+    pub log_n1: u32,
 }
 
 /// The extra kernels of session 4 (kernels-gpu/src/fft/stockham.rs, all c64 with hoisted
@@ -297,7 +299,11 @@ pub(crate) fn decompose_k(log_n: u32, batch: usize, elem_bytes: usize, max_singl
         let max_c = batch.next_power_of_two();
         return vec![pass(k, log_n, batch, max_c, elem_bytes, 0, 0, 0, 0, Buf::X, Buf::Y)];
     }
-    let log_n1 = log_n / 2;
+    // The balanced split unless the knob asks for another whose two lengths each fit one pass.
+    let log_n1 = match k.log_n1 {
+        l if l >= 1 && l <= max_single && log_n - l >= 1 && log_n - l <= max_single && l < log_n => l,
+        _ => log_n / 2,
+    };
     let log_n2 = log_n - log_n1;
     let (n1, n2) = (1usize << log_n1, 1usize << log_n2);
     let cols = if k.cols > 0 { k.cols as usize } else { 16 };
