@@ -338,6 +338,10 @@ impl FftOptions {
     /// and ping-pong shared memory (spectrogram-1k 3.81 → 3.46 µs, -b300 4.22 → 4.03), c64
     /// 4096 with ping-pong (throughput-4k 4.32 → 4.16), row-pass blocks of 64 threads at c64
     /// 512 (fnet-512 12.74 → 11.33) and of 128 at c64 64 (shortconv-64 19.26 → 18.82).
+    ///
+    /// Session 5: uneven four-step splits `n1 = 2^6` for c64 2^14 and 2^16, `n1 = 2^9` for c128
+    /// 2^20 (longconv-16k 14.98 → 13.70 µs, longconv-64k 12.24 → 11.52, scientific-1m 138.4 →
+    /// 126.5).
     pub fn for_shape(n: usize, _batch: usize, precision: Precision) -> Self {
         let c64 = precision == Precision::C64;
         FftOptions {
@@ -349,6 +353,12 @@ impl FftOptions {
             row_threads: match (c64, n) {
                 (true, 512) => 64,
                 (true, 64) => 128,
+                _ => 0,
+            },
+            // Shorter column passes (more columns per block, longer coalesced runs).
+            log_n1: match (c64, n) {
+                (true, 0x4000) | (true, 0x10000) => 6,
+                (false, 0x100000) => 9,
                 _ => 0,
             },
             ..FftOptions::default()
