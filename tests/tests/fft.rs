@@ -117,24 +117,26 @@ fn every_length_c128() {
     }
 }
 
+/// The ten workloads of SPEC's table, `(batch, n, precision)`.
+const SEED_ROWS: [(usize, usize, Precision); 10] = [
+    (1, 4096, Precision::C64),
+    (64, 4096, Precision::C64),
+    (64, 4096, Precision::C128),
+    (64, 16384, Precision::C64),
+    (8, 65536, Precision::C64),
+    (256, 1024, Precision::C64),
+    (4096, 512, Precision::C64),
+    (65536, 64, Precision::C64),
+    (4, 1 << 20, Precision::C128),
+    (300, 1024, Precision::C64),
+];
+
 /// The ten workloads of SPEC's table.
 #[test]
 fn seed_shapes() {
     let Some(gpu) = gpu_or_skip("fft::seed_shapes") else { return };
     let mut rng = fresh_rng("fft::seed_shapes");
-    let rows: [(usize, usize, Precision); 10] = [
-        (1, 4096, Precision::C64),
-        (64, 4096, Precision::C64),
-        (64, 4096, Precision::C128),
-        (64, 16384, Precision::C64),
-        (8, 65536, Precision::C64),
-        (256, 1024, Precision::C64),
-        (4096, 512, Precision::C64),
-        (65536, 64, Precision::C64),
-        (4, 1 << 20, Precision::C128),
-        (300, 1024, Precision::C64),
-    ];
-    for (batch, n, prec) in rows {
+    for (batch, n, prec) in SEED_ROWS {
         run(&gpu, &mut rng, n, batch, prec, false);
     }
 }
@@ -164,19 +166,7 @@ fn stage_table_kernels() {
         run_with(&gpu, &mut rng, 64, 1001, prec, false, o);
         run_with(&gpu, &mut rng, 1 << 20, 1, prec, true, o);
     }
-    let rows: [(usize, usize, Precision); 10] = [
-        (1, 4096, Precision::C64),
-        (64, 4096, Precision::C64),
-        (64, 4096, Precision::C128),
-        (64, 16384, Precision::C64),
-        (8, 65536, Precision::C64),
-        (256, 1024, Precision::C64),
-        (4096, 512, Precision::C64),
-        (65536, 64, Precision::C64),
-        (4, 1 << 20, Precision::C128),
-        (300, 1024, Precision::C64),
-    ];
-    for (batch, n, prec) in rows {
+    for (batch, n, prec) in SEED_ROWS {
         for persist in [Persist::Auto, Persist::Never, Persist::PerSm(2)] {
             run_with(&gpu, &mut rng, n, batch, prec, false, opts(persist, true));
         }
@@ -344,19 +334,7 @@ fn session4_variants() {
         }
     }
     // The ten seed shapes under every session-4 option (the bench's variant rows).
-    let rows: [(usize, usize, Precision); 10] = [
-        (1, 4096, Precision::C64),
-        (64, 4096, Precision::C64),
-        (64, 4096, Precision::C128),
-        (64, 16384, Precision::C64),
-        (8, 65536, Precision::C64),
-        (256, 1024, Precision::C64),
-        (4096, 512, Precision::C64),
-        (65536, 64, Precision::C64),
-        (4, 1 << 20, Precision::C128),
-        (300, 1024, Precision::C64),
-    ];
-    for (batch, n, prec) in rows {
+    for (batch, n, prec) in SEED_ROWS {
         let b = base(n, batch, prec);
         let is64 = prec == c64;
         let one_pass = n <= if is64 { 1 << 13 } else { 1 << 12 };
