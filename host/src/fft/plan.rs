@@ -301,7 +301,8 @@ pub(crate) fn decompose_k(log_n: u32, batch: usize, elem_bytes: usize, max_singl
     }
     // The balanced split unless the knob asks for another whose two lengths each fit one pass.
     let log_n1 = match k.log_n1 {
-        l if l >= 1 && l <= max_single && log_n - l >= 1 && log_n - l <= max_single && l < log_n => l,
+        // (here log_n > max_single ≥ l, so log_n − l ≥ 1)
+        l if l >= 1 && l <= max_single && log_n - l <= max_single => l,
         _ => log_n / 2,
     };
     let log_n2 = log_n - log_n1;
