@@ -112,6 +112,15 @@ fn seed_workloads() {
         let out = run(&gpu, &mut v4, p, &inp);
         let (ulps, used) = check(&format!("{s:?} v4"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
         println!("  v4 {:?}: worst {ulps:.3} ulp, {used:.3} of the tolerance", v4.plan().geometry);
+        // v6: one cooperative launch (grid barrier) fits every seed row.
+        let mut coop = MhcPre::with_config(&gpu, s, PreConfig { coop: true, ..PreConfig::default() }).unwrap();
+        assert!(coop.plan().geometry.coop.is_some(), "{s:?}: the cooperative path does not fit");
+        for call in 0..3 {
+            let out = run(&gpu, &mut coop, p, &inp);
+            let (ulps, used) =
+                check(&format!("{s:?} v6 call {call}"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
+            println!("  v6 {:?}: worst {ulps:.3} ulp, {used:.3} of the tolerance", coop.plan().geometry.coop);
+        }
     }
 }
 
@@ -131,14 +140,16 @@ fn shape_sweep() {
                 let auto = PreConfig { path: PrePath::Auto, ..PreConfig::default() };
                 // The default (v5 where n ≤ 4), the one-launch path where it fits, the v4 pair.
                 let v4 = PreConfig { v5: false, ..PreConfig::default() };
+                let coop = PreConfig { coop: true, ..PreConfig::default() };
                 let mut ops = [
                     MhcPre::new(&gpu, s).unwrap(),
                     MhcPre::with_config(&gpu, s, auto).unwrap(),
                     MhcPre::with_config(&gpu, s, v4).unwrap(),
+                    MhcPre::with_config(&gpu, s, coop).unwrap(),
                 ];
                 for ((repeat, alphas), i) in [(0, (0.7, 1.3, 1.9)), (1, (1.0, 1.0, 1.0)), (20, (1.4, 0.6, 0.8))]
                     .into_iter()
-                    .flat_map(|a| [(a, 0), (a, 1), (a, 2)])
+                    .flat_map(|a| [(a, 0), (a, 1), (a, 2), (a, 3)])
                 {
                     let op = &mut ops[i];
                     let p = MhcPreParams {
@@ -151,9 +162,10 @@ fn shape_sweep() {
                     let out = run(&gpu, op, p, &inp);
                     let r = mhc_pre_fwd_from_logits(s, p, &logits, &inp.b, &inp.x);
                     let what = format!(
-                        "{s:?} repeat {repeat} fused {} v5 {}",
+                        "{s:?} repeat {repeat} fused {} v5 {} v6 {}",
                         op.plan().fused.is_some(),
-                        op.plan().geometry.v5
+                        op.plan().geometry.v5,
+                        op.plan().geometry.coop.is_some()
                     );
                     worst = worse(worst, check(&what, &out, &r));
                 }
@@ -189,8 +201,8 @@ fn bitwise_deterministic() {
     for s in [MhcPreShape { batch: 4, n: 4, c: 2560 }, MhcPreShape { batch: 32, n: 8, c: 4099 }] {
         let inp = inputs(&mut rng, s, 1.0 / ((s.n * s.c) as f32).sqrt(), 1.0);
         let p = MhcPreParams { sinkhorn_repeat: 20, ..MhcPreParams::default() };
-        for v5 in [false, true] {
-            let config = PreConfig { v5, ..PreConfig::default() };
+        for (v5, coop) in [(false, false), (true, false), (true, true)] {
+            let config = PreConfig { v5, coop, ..PreConfig::default() };
             let mut op = MhcPre::with_config(&gpu, s, config).unwrap();
             let first = run(&gpu, &mut op, p, &inp);
             check(&format!("{s:?}"), &first, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
@@ -205,7 +217,10 @@ fn bitwise_deterministic() {
             let mut other = MhcPre::with_config(&gpu, s, config).unwrap();
             for i in 0..8 {
                 let op = if i % 2 == 0 { &mut op } else { &mut other };
-                assert!(bits(&run(&gpu, op, p, &inp)) == want, "{s:?} v5 {v5}: run {i} differs from the first");
+                assert!(
+                    bits(&run(&gpu, op, p, &inp)) == want,
+                    "{s:?} v5 {v5} v6 {coop}: run {i} differs from the first"
+                );
             }
         }
     }
@@ -332,6 +347,15 @@ fn every_launch_config_matches_reference() {
                     let out = run(&gpu, &mut op, p, &inp);
                     check(&format!("{s:?} {config:?}"), &out, &r);
                 }
+            }
+        }
+        // v6, one cooperative launch: block sizes and grids (n ≤ 4; else the v5 pair or v4).
+        for mma_block in [32, 96, 256, 512] {
+            for max_grid in [None, Some(1), Some(7), Some(64), Some(132)] {
+                let config = PreConfig { coop: true, mma_block, max_grid, ..PreConfig::default() };
+                let mut op = MhcPre::with_config(&gpu, s, config).unwrap();
+                let out = run(&gpu, &mut op, p, &inp);
+                check(&format!("{s:?} {config:?} {:?}", op.plan().geometry.coop), &out, &r);
             }
         }
         // The one-launch path: cluster sizes, batch rows per cluster, block sizes.
@@ -1092,4 +1116,51 @@ fn host_call_cost() {
         };
         check(&format!("{s:?} graph {graph}"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
     }
+}
+
+/// v6 (`mhc_pre_coop`): phase 1's blocks cover the columns exactly once, every phase-2 block
+/// mixes a non-empty tile and the tiles of every batch row cover its columns exactly once, the
+/// grid holds both phases, shared memory holds phase 1's layout and phase 2's warp sums, the
+/// workspace holds every partial plus the barrier word; v6 only where it applies.
+#[test]
+fn coop_geometry_invariants() {
+    use rgk::mhc::pre_fused_smem_bytes;
+    for n in [1, 2, 3, 4, 6] {
+        for (batch, c) in [(1, 1280), (2, 1920), (4, 2560), (5, 7), (11, 77), (32, 4099), (9, 1), (200, 3), (1, 70000)]
+        {
+            for (max_grid, block) in [(None, 256), (Some(64), 32), (Some(7), 96), (Some(1), 512), (Some(132), 256)] {
+                let s = MhcPreShape { batch, n, c };
+                let config = PreConfig { coop: true, max_grid, mma_block: block, ..PreConfig::default() };
+                let g = PreGeometry::new(s, 132, 227 * 1024, config).unwrap();
+                let Some(cg) = g.coop else {
+                    assert!(n > 4 || g.mma.is_none(), "{s:?} {g:?}: v6 refused");
+                    continue;
+                };
+                assert!(n <= 4 && g.mma.is_some());
+                let (grid, grid1, cw, tiles, jt) =
+                    (cg.grid as usize, cg.grid1 as usize, cg.cw as usize, cg.tiles as usize, cg.jt as usize);
+                assert!(cw * (grid1 - 1) < c && c <= cw * grid1, "{s:?} {cg:?}");
+                assert!((tiles - 1) * jt < c && c <= tiles * jt, "{s:?} {cg:?}");
+                assert_eq!(grid, grid1.max(batch * tiles), "{s:?} {cg:?}");
+                assert_eq!(cg.block, block);
+                assert!(cg.smem as usize >= pre_fused_smem_bytes(block as usize, n, cw).max(8 * block as usize));
+                assert_eq!(g.workspace, batch * (s.logits() + 1) * grid1 + 1, "{s:?} {cg:?}");
+                // Phase 2: block g (< batch·tiles) mixes row g mod batch, tile g / batch.
+                let mut cover = vec![0u32; batch * c];
+                for gi in 0..grid {
+                    let (beta, tile) = (gi % batch, gi / batch);
+                    if tile * jt >= c {
+                        assert!(gi >= batch * tiles);
+                        continue;
+                    }
+                    for col in tile * jt..((tile + 1) * jt).min(c) {
+                        cover[beta * c + col] += 1;
+                    }
+                }
+                assert!(cover.iter().all(|&v| v == 1), "{s:?} {cg:?}: a column mixed ≠ once");
+            }
+        }
+    }
+    let g = PreGeometry::new(MhcPreShape { batch: 2, n: 4, c: 1920 }, 132, 227 * 1024, PreConfig::default()).unwrap();
+    assert!(g.coop.is_none(), "v6 is not the default until measured");
 }

@@ -37,6 +37,15 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         // one barrier; coefficients in every warp's registers) is the default, so the rows above
         // vary it; `v4` is the session-4 pair (`mhc_pre_mix4`).
         configs.push((Some("v4".into()), PreConfig { v5: false, ..PreConfig::default() }));
+        // v6: one cooperative launch with a grid barrier (kernel-1 grid and block variants).
+        let coop = PreConfig { coop: true, ..PreConfig::default() };
+        configs.push((Some("v6".into()), coop));
+        for max_grid in [32, 128] {
+            configs.push((Some(format!("v6-g{max_grid}")), PreConfig { max_grid: Some(max_grid), ..coop }));
+        }
+        for mma_block in [128, 512] {
+            configs.push((Some(format!("v6-b{mma_block}")), PreConfig { mma_block, ..coop }));
+        }
         let fused = PreConfig { path: PrePath::Fused, ..PreConfig::default() };
         configs.push((Some("fused".into()), fused));
     }

@@ -1,11 +1,14 @@
 //! MHCPreFwd (SPEC.md §2): the mHC pre-layer projection, Sinkhorn normalisation and stream
-//! mixing — in one launch of a thread-block cluster where the shape fits (the default), else in
-//! two launches on one stream (`kernels-gpu/src/mhc/pre.rs` describes both algorithms).
+//! mixing — by default in two launches on one stream submitted as a CUDA graph (the second a
+//! programmatic dependent launch); optionally in one launch of a thread-block cluster or one
+//! cooperative launch with a grid barrier (`kernels-gpu/src/mhc/pre.rs` describes the kernels).
 use cudarc::driver::{sys, sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_cluster, launch_pdl, max_active_clusters, GraphReplay, KernelArg, LaunchDims};
+use crate::runtime::{
+    launch, launch_cluster, launch_cooperative, launch_pdl, max_active_clusters, GraphReplay, KernelArg, LaunchDims,
+};
 use crate::{Error, Gpu, Result};
 
 pub(crate) const KERNEL_PARTIAL: &str = "mhc_pre_partial";
@@ -15,8 +18,17 @@ pub(crate) const KERNEL_PARTIAL_MMA: &str = "mhc_pre_partial_mma";
 pub(crate) const KERNEL_MIX4: &str = "mhc_pre_mix4";
 pub(crate) const KERNEL_PARTIAL_MMA5: &str = "mhc_pre_partial_mma5";
 pub(crate) const KERNEL_MIX5: &str = "mhc_pre_mix5";
-pub(crate) const KERNELS: &[&str] =
-    &[KERNEL_PARTIAL, KERNEL_MIX, KERNEL_FUSED, KERNEL_PARTIAL_MMA, KERNEL_MIX4, KERNEL_PARTIAL_MMA5, KERNEL_MIX5];
+pub(crate) const KERNEL_COOP: &str = "mhc_pre_coop";
+pub(crate) const KERNELS: &[&str] = &[
+    KERNEL_PARTIAL,
+    KERNEL_MIX,
+    KERNEL_FUSED,
+    KERNEL_PARTIAL_MMA,
+    KERNEL_MIX4,
+    KERNEL_PARTIAL_MMA5,
+    KERNEL_MIX5,
+    KERNEL_COOP,
+];
 /// Largest n of the lean kernel 2 (`mhc_pre_mix4`: a padded 4×4 R in one warp's registers).
 const NMAX_MIX4: usize = 4;
 /// Bytes of `mhc_pre_mix4`'s shared memory before its x tile (`tot[32]` f64, `hs[4]`, `ra[16]`).
@@ -215,6 +227,12 @@ pub struct PreConfig {
     /// registers and the mixing from registers. Kernel 2's tiles are `mix_block` columns (one
     /// per thread); `partial_cluster` is ignored.
     pub v5: bool,
+    /// v6, one cooperative launch (`mhc_pre_coop`, where the shape allows: n ≤ 4, the tensor-core
+    /// kernel 1's slab within shared memory, the grid co-resident; else the v5 pair): the v5
+    /// kernel 1's partials, a grid-wide barrier instead of the second launch, then v5 kernel 2's
+    /// chain, each block mixing `⌈c/tiles⌉` columns of one batch row. Grid: kernel 1's
+    /// (`max_grid`), block `mma_block`. Needs no graph (one launch).
+    pub coop: bool,
 }
 
 impl Default for PreConfig {
@@ -237,6 +255,7 @@ impl Default for PreConfig {
             partial_cluster: 1,
             graph: true,
             v5: true,
+            coop: false,
         }
     }
 }
@@ -358,14 +377,71 @@ pub struct PreGeometry {
     /// The v5 pair (`config.v5` where it applies): `mhc_pre_partial_mma5` + `mhc_pre_mix5`, grid
     /// `(tiles, batch)` with `jt = min(c, mix_block)`; `mix4` is then also set, `k1_cluster` 1.
     pub v5: bool,
+    /// The one-cooperative-launch geometry (`config.coop` where it applies; [`PrePlan::new`]
+    /// drops it when the device cannot hold the grid resident).
+    pub coop: Option<CoopGeometry>,
     /// Kernel 1 (tensor-core version only) runs in clusters of this many blocks along x, and
     /// writes `grid / k1_cluster` partials per quantity (1: no clusters, `grid` partials).
     pub k1_cluster: u32,
-    /// Workspace length, u64 words (`batch·(n²+2n+1)·grid` f64 partials).
+    /// Workspace length, u64 words (`batch·(n²+2n+1)·grid` f64 partials; with `coop`,
+    /// `batch·(n²+2n+1)·coop.grid1` partials and one barrier word).
     pub workspace: usize,
     /// Kernel 1 runs on fp64 tensor cores (`mhc_pre_partial_mma`): `(block, shared bytes,
     /// batch rows per y-block, y-blocks)`; `None`: the FMA kernel (`mhc_pre_partial`).
     pub mma: Option<(u32, u32, u32, u32)>,
+}
+
+/// The geometry of `mhc_pre_coop` (v6, one cooperative launch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoopGeometry {
+    /// Blocks (all resident): `max(grid1, batch·tiles)`.
+    pub grid: u32,
+    /// Phase-1 blocks; block `g` owns channel columns `[g·cw, min((g+1)·cw, c))`.
+    pub grid1: u32,
+    /// Channel columns per phase-1 block.
+    pub cw: u32,
+    /// Phase 2: column tiles per batch row; block `g < batch·tiles` mixes tile `g / batch` of row
+    /// `g mod batch`.
+    pub tiles: u32,
+    /// Columns per phase-2 tile.
+    pub jt: u32,
+    /// Threads per block.
+    pub block: u32,
+    /// Dynamic shared memory per block, bytes.
+    pub smem: u32,
+}
+
+impl CoopGeometry {
+    /// The v6 geometry for `shape`: phase 1 as the v5 kernel 1 (`cols` columns per block over
+    /// `grid1` blocks), phase 2 spreading the batch rows' columns over about as many blocks.
+    /// `None` when n > 4 or the slab does not fit `max_smem`.
+    fn new(shape: MhcPreShape, max_smem: usize, block: u32, cols: usize) -> Option<Self> {
+        let MhcPreShape { batch, n, c } = shape;
+        if n > NMAX_MIX4 || !(32..=MAX_FUSED_BLOCK).contains(&block) || !block.is_multiple_of(32) {
+            return None;
+        }
+        let grid1 = c.div_ceil(cols);
+        let smem = fused_smem_bytes(block as usize, n, cols).max(8 * block as usize);
+        if smem > max_smem || BTF * n * cols > 1 << 16 {
+            return None;
+        }
+        let tiles = (grid1 / batch).max(1);
+        let jt = c.div_ceil(tiles);
+        let tiles = c.div_ceil(jt);
+        let grid = grid1.max(batch.checked_mul(tiles)?);
+        if grid > 65535 {
+            return None;
+        }
+        Some(Self {
+            grid: grid as u32,
+            grid1: grid1 as u32,
+            cw: cols as u32,
+            tiles: tiles as u32,
+            jt: jt as u32,
+            block,
+            smem: smem as u32,
+        })
+    }
 }
 
 /// The kernels' `FastDiv` magic for divisor `d`: `⌊2^32/d⌋ + 1`; `(a·magic) >> 32 = a / d`
@@ -467,7 +543,12 @@ impl PreGeometry {
         if mix_smem > max_smem {
             return Err(too_big(mix_smem));
         }
-        let workspace = checked_product("x", &[batch, mq, grid])?;
+        let coop =
+            if config.coop && mma_ok { CoopGeometry::new(shape, max_smem, config.mma_block, cols) } else { None };
+        let workspace = match coop {
+            Some(cg) => checked_product("x", &[batch, mq, cg.grid1 as usize])? + 1,
+            None => checked_product("x", &[batch, mq, grid])?,
+        };
         let mix_grid = checked_product("x", &[batch, tiles])?;
         if workspace >= 1 << 31 || mix_grid >= 1 << 31 || lens.x_layer >= 1 << 31 {
             return Err(Error::Overflow { arg: "x", msg: format!("batch {batch}: workspace or grid exceeds 2^31") });
@@ -491,6 +572,7 @@ impl PreGeometry {
             mix_smem: mix_smem as u32,
             mix4,
             v5,
+            coop,
             k1_cluster: match mma {
                 Some(_) if v5 => 1,
                 Some(_) => {
@@ -566,6 +648,16 @@ impl PrePlan {
             }
         }
         let mut geometry = geometry;
+        if let Some(cg) = geometry.coop {
+            // Every block of a cooperative launch must be resident at once; else the v5 pair.
+            let f = gpu.function(KERNEL_COOP)?;
+            raise_smem_limit(f, cg.smem)?;
+            let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(cg.block, cg.smem as usize, None)?;
+            if (per_sm as usize).saturating_mul(sms) < cg.grid as usize {
+                geometry.coop = None;
+                geometry.workspace = checked_product("x", &[shape.batch, shape.logits() + 1, geometry.grid as usize])?;
+            }
+        }
         if let Some((block, smem, _, groups)) = geometry.mma {
             if geometry.k1_cluster > 1 {
                 let f = gpu.function(KERNEL_PARTIAL_MMA)?;
@@ -698,7 +790,8 @@ impl MhcPre {
         // workspace belongs to this plan and is used on this stream only.
         let cs = st.cu_stream();
         let call = || unsafe { pre_fwd_raw(gpu, &self.plan, params, p, xp, bp, r, y, h, w, ws_len, cs) };
-        if !self.plan.config.graph {
+        if !self.plan.config.graph || self.plan.geometry.coop.is_some() {
+            // One launch (v6) gains nothing from a graph but the host's submission cost.
             return call();
         }
         let scalars = [params.alpha_pre, params.alpha_post, params.alpha_res, params.sinkhorn_eps];
@@ -710,11 +803,15 @@ impl MhcPre {
 }
 
 /// MHCPreFwd on raw device pointers with a caller-owned workspace, launched on `stream`:
-/// one cluster launch when `plan.fused` is set (the workspace is then not used), else two
-/// kernels (split-K partials into the workspace, then reduction, coefficients and mixing).
+/// one cluster launch when `plan.fused` is set (the workspace is then not used), one
+/// cooperative launch when `plan.geometry.coop` is set, else two kernels (split-K partials
+/// into the workspace, then reduction, coefficients and mixing).
 ///
-/// `workspace` (two-launch plans): at least `plan.geometry.workspace` u64 words, 8-byte aligned; scratch only
-/// (any contents, no reset needed: the first kernel overwrites every word the second reads).
+/// `workspace` (two-launch and cooperative plans): at least `plan.geometry.workspace` u64
+/// words, 8-byte aligned. Two launches: scratch only (any contents, no reset needed: the first
+/// kernel overwrites every word the second reads). Cooperative: the last word is the grid
+/// barrier's counter — it must be zero before the first call with this workspace and left to
+/// the kernel afterwards (every call returns its low 31 bits to zero); the rest is scratch.
 /// One workspace must not serve two calls that may run concurrently (different streams).
 ///
 /// # Safety
@@ -779,6 +876,9 @@ pub unsafe fn pre_fwd_raw(
     if !workspace.is_multiple_of(8) {
         return Err(Error::Shape { arg: "workspace", msg: "not 8-byte aligned".into() });
     }
+    if let Some(cg) = geo.coop {
+        return launch_coop(plan, cg, params, [phi, x, b, x_res, x_layer, h_post], workspace, stream, gpu);
+    }
     if let Some((block, smem, bpc, groups)) = geo.mma {
         let f = gpu.function(if geo.v5 { KERNEL_PARTIAL_MMA5 } else { KERNEL_PARTIAL_MMA })?;
         let (mut phi, mut xp, mut w) = (phi, x, workspace);
@@ -798,6 +898,58 @@ pub unsafe fn pre_fwd_raw(
         return launch_mix5(plan, params, x, b, x_res, x_layer, h_post, workspace, stream, gpu);
     }
     launch_mix(plan, params, x, b, x_res, x_layer, h_post, workspace, stream, gpu)
+}
+
+/// v6 (`mhc_pre_coop`): one cooperative launch; `bufs` = phi, x, b, x_res, x_layer, h_post.
+/// The barrier word is the workspace's last u64 word.
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch_coop(
+    plan: &PrePlan,
+    cg: CoopGeometry,
+    params: MhcPreParams,
+    bufs: [CUdeviceptr; 6],
+    workspace: CUdeviceptr,
+    stream: CUstream,
+    gpu: &Gpu,
+) -> Result<()> {
+    let s = plan.shape;
+    let f = gpu.function(KERNEL_COOP)?;
+    let [mut phi, mut xp, mut bp, mut r, mut y, mut h] = bufs;
+    let mut w = workspace;
+    let mut bar = workspace + 8 * (plan.geometry.workspace as u64 - 1);
+    let (mut batch, mut n, mut c) = (s.batch as u32, s.n as u32, s.c as u32);
+    let (mut cw, mut grid1, mut jt) = (cg.cw, cg.grid1, cg.jt);
+    let (mut a_pre, mut a_post, mut a_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
+    let (mut rep, mut eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
+    let mut inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
+    let dims = LaunchDims { grid: (cg.grid, 1, 1), block: (cg.block, 1, 1), shared_bytes: cg.smem };
+    launch_cooperative(
+        f,
+        dims,
+        stream,
+        &mut [
+            &mut phi,
+            &mut xp,
+            &mut bp,
+            &mut w,
+            &mut bar,
+            &mut r,
+            &mut y,
+            &mut h,
+            &mut batch,
+            &mut n,
+            &mut c,
+            &mut cw,
+            &mut grid1,
+            &mut jt,
+            &mut a_pre,
+            &mut a_post,
+            &mut a_res,
+            &mut rep,
+            &mut eps,
+            &mut inv_sqrt_nc,
+        ],
+    )
 }
 
 /// Kernel 1, FMA version (`mhc_pre_partial`).

@@ -1,6 +1,9 @@
-//! MHCPreFwd (SPEC.md §2) in two ordinary launches on one stream. No inter-block
-//! communication inside a launch: no atomics, fences, polling or co-residency assumptions,
-//! and the workspace carries no state between calls.
+//! MHCPreFwd (SPEC.md §2). The default is two ordinary launches on one stream (below; the v5
+//! pair [`mhc_pre_partial_mma5`] + [`mhc_pre_mix5`] has the same structure): no inter-block
+//! communication inside a launch — no atomics, fences, polling or co-residency assumptions —
+//! and the workspace carries no state between calls. Options: one launch of a thread-block
+//! cluster ([`mhc_pre_fused`]), and one cooperative launch with a grid barrier
+//! ([`mhc_pre_coop`], whose barrier counter is the one word of state kept between calls).
 //!
 //! **Kernel 1, [`mhc_pre_partial`]** (grid `G ≤ #SMs`): split-K. Block `g` owns the channel
 //! columns `j ∈ [g·cols, min((g+1)·cols, c))` of every stream `k` and every batch row. For each
@@ -1866,5 +1869,243 @@ unsafe fn pre_mma_body(
         cluster_wait();
         sync_threads();
         b0 += bga;
+    }
+}
+
+// ================================================================ one cooperative launch (v6)
+
+/// Grid-wide barrier of a cooperative launch (every block resident) on the u32 word `bar`:
+/// block 0 adds `2^31 − (G−1)`, every other block 1, so one barrier adds exactly `2^31` — bit 31
+/// flips once every block has arrived and the low 31 bits return to their value (the word must
+/// be 0 before its first barrier and is then used by nothing else). Thread 0 of each block
+/// fences (its block's earlier writes, ordered before it by the block barrier, become visible
+/// at gpu scope), adds, and polls with acquire loads until bit 31 differs from the value its add
+/// returned; a block barrier then releases the block. A poll that never ends (a broken launch)
+/// traps after 2^24 polls instead of hanging the device.
+#[inline(always)]
+unsafe fn grid_barrier(bar: *mut u32) {
+    sync_threads();
+    if thread_idx_x() == 0 {
+        let blocks = grid_dim_x();
+        let add = if block_idx_x() == 0 { 0x8000_0000 - (blocks - 1) } else { 1 };
+        fence_gpu();
+        let old = atomic_add_u32(bar, add);
+        let mut polls = 0u32;
+        while (ld_acquire_gpu_u32(bar) ^ old) & 0x8000_0000 == 0 {
+            polls += 1;
+            if polls == 1 << 24 {
+                trap();
+            }
+        }
+        fence_gpu();
+    }
+    sync_threads();
+}
+
+crate::entry_directive!("mhc_pre_coop", ".maxntid 512, 1, 1 .minnctapersm 1");
+
+/// MHCPreFwd in ONE cooperative launch (n ≤ 4): grid `(G, 1, 1)` with every block resident
+/// (`CU_LAUNCH_ATTRIBUTE_COOPERATIVE`), block `(T, 1, 1)`, T a multiple of 32 in `32..=512`.
+///
+/// - Phase 1 (blocks `g < grid1`): [`mhc_pre_partial_mma5`]'s work — block g owns the channel
+///   columns `[g·cw, min((g+1)·cw, c))` of every stream and batch row, and stores its fp64
+///   tensor-core partial logits and Σx² to `part[(g·batch + β)·(m+1) + q]`.
+/// - [`grid_barrier`] on `bar` (instead of a second launch).
+/// - Phase 2 (blocks `g < batch·tiles`): block g mixes the columns `[tile·jt, min((tile+1)·jt,
+///   c))` of batch row `β = g mod batch`, `tile = g / batch`, one column per thread per round —
+///   [`mhc_pre_mix5`]'s chain after its wait: lane l of warp w sums its quantity's partials of
+///   blocks `w, w+W, …` (lane 8: Σx²), one barrier, [`sum4`] over the warps, `1/r` by
+///   Newton-refined estimates, [`lane_coefficients`] in every warp, broadcast shuffles, mixing
+///   from registers. The thread's first column of x and the lane's bias are loaded at entry
+///   (x is an input: nothing in the kernel writes it), so they are off the chain.
+///
+/// Shared memory: phase 1's [`layout_fused`] (host `fused_smem_bytes(T, n, cw)`), at least
+/// `8·T` bytes (phase 2's warp sums reuse it). Fixed summation orders: bitwise reproducible.
+/// Requires `n ≤ 4`, `cw·(grid1−1) < c ≤ cw·grid1`, `(tiles−1)·jt < c ≤ tiles·jt`,
+/// `grid_dim_x ≥ max(grid1, batch·tiles)`, `*bar` as [`grid_barrier`] says, `n·c·m < 2^31`,
+/// `batch·n·c < 2^31`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn mhc_pre_coop(
+    phi: *const f32,
+    x: *const u16,
+    bias: *const f32,
+    part_ws: *mut f64,
+    bar: *mut u32,
+    x_res: *mut u16,
+    x_layer: *mut u16,
+    h_post: *mut f32,
+    batch: u32,
+    n: u32,
+    c: u32,
+    cw: u32,
+    grid1: u32,
+    jt: u32,
+    alpha_pre: f32,
+    alpha_post: f32,
+    alpha_res: f32,
+    repeat: u32,
+    eps: f32,
+    inv_sqrt_nc: f64,
+) {
+    let t = thread_idx_x();
+    let nt = block_dim_x();
+    let lane = t & 31;
+    let w = t >> 5;
+    let nw = nt >> 5;
+    let g = block_idx_x();
+    let beta = g % batch;
+    let tile = g / batch;
+    let mixes = tile * jt < c;
+    let m = n * n + 2 * n;
+    let mq = m + 1;
+    if t == 0 {
+        prefetch_l2(bar as *const u32);
+    }
+
+    // ---- phase-2 operands that do not depend on phase 1.
+    let col0 = if mixes { tile * jt } else { 0 };
+    let jta = if mixes { min_u32(jt, c - col0) } else { 0 };
+    let xrow = x.add((beta * n * c) as usize);
+    let mut xk = [0f32; NMAX_MIX4 as usize];
+    let mut k = 0;
+    while k < NMAX_MIX4 {
+        if k < n && t < jta {
+            xk[k as usize] = bf16_to_f32(*xrow.add((k * c + col0 + t) as usize));
+        }
+        k += 1;
+    }
+    let (e, valid) = match mix4_logit(lane, n) {
+        Some(e) => (e, true),
+        None => (0, false),
+    };
+    // Lane 8 (padding in the coefficient chain) loads Σx², quantity m.
+    let loads = valid || lane == 8;
+    let q = if valid { e } else { m };
+    let bias_l = if valid { *bias.add(e as usize) } else { 0.0 };
+    let alpha = if lane < 4 {
+        alpha_pre
+    } else if lane < 8 {
+        alpha_post
+    } else {
+        alpha_res
+    };
+
+    // ---- phase 1: block partials.
+    if g < grid1 {
+        let p = PreCoef { alpha_pre, alpha_post, alpha_res, repeat, eps, inv_sqrt_nc };
+        let null = core::ptr::null_mut();
+        pre_mma_body(
+            phi,
+            x,
+            null,
+            null as *mut u16,
+            null as *mut u16,
+            null as *mut f32,
+            batch,
+            n,
+            c,
+            cw,
+            batch,
+            p,
+            part_ws,
+            true,
+        );
+    }
+    grid_barrier(bar);
+    if !mixes {
+        return;
+    }
+
+    // ---- phase 2: lane's quantity over blocks g = w, w + W, … (GL5 loads in flight).
+    let red = dyn_smem::<f64>();
+    let pb = part_ws.add((beta * mq + q) as usize) as *const f64;
+    let gstride = batch * mq;
+    let mut acc = 0f64;
+    let mut g0 = w;
+    while g0 < grid1 {
+        let mut v = [0f64; GL5];
+        let mut u = 0;
+        while u < GL5 {
+            let gg = g0 + u as u32 * nw;
+            if loads && gg < grid1 {
+                v[u] = *pb.add((gg * gstride) as usize);
+            }
+            u += 1;
+        }
+        let mut u = 0;
+        while u < GL5 {
+            if g0 + (u as u32) * nw < grid1 {
+                acc += v[u];
+            }
+            u += 1;
+        }
+        g0 += GL5 as u32 * nw;
+    }
+    *red.add((w * 32 + lane) as usize) = acc;
+    sync_threads();
+    let h = sum4(red.add(lane as usize), nw, 32);
+    let ss = sum4(red.add(8), nw, 32);
+    // 1/r, r = √ss·(1/√(nc)) + 1e-4, to f64 accuracy (as in `mhc_pre_mix4`).
+    let mut y = rsqrt_approx_f64(ss);
+    let mut k = 0;
+    while k < 2 {
+        y = y * (1.5 - 0.5 * ss * y * y);
+        k += 1;
+    }
+    let root = if ss > 0.0 { ss * y } else { 0.0 };
+    let r = root * inv_sqrt_nc + 1e-4;
+    let mut inv_r = rcp_approx_f64(r);
+    let mut k = 0;
+    while k < 2 {
+        inv_r = inv_r + inv_r * (1.0 - r * inv_r);
+        k += 1;
+    }
+
+    // ---- coefficients, redundantly in every warp (the same bits everywhere).
+    let z = if valid { fma_f64(alpha as f64 * inv_r, h, bias_l as f64) } else { f64::NEG_INFINITY };
+    let mut sg = 0f32;
+    let v = lane_coefficients(z, valid, lane, repeat, eps, |s| sg = s);
+    if tile == 0 && w == 0 && valid && (4..8).contains(&lane) {
+        *h_post.add((beta * n + lane - 4) as usize) = 2.0 * sg;
+    }
+    let mut hs = [0f32; NMAX_MIX4 as usize];
+    let mut k = 0;
+    while k < NMAX_MIX4 {
+        hs[k as usize] = shfl_idx_f32(sg, k);
+        k += 1;
+    }
+    let mut ra = [0f32; 16];
+    let mut i = 0;
+    while i < 16 {
+        ra[i as usize] = shfl_idx_f32(v, 16 + i);
+        i += 1;
+    }
+
+    // ---- mixing from registers: the preloaded column, then any further rounds.
+    let mut jj = t;
+    while jj < jta {
+        if jj != t {
+            let mut k = 0;
+            while k < NMAX_MIX4 {
+                if k < n {
+                    xk[k as usize] = bf16_to_f32(*xrow.add((k * c + col0 + jj) as usize));
+                }
+                k += 1;
+            }
+        }
+        let col = col0 + jj;
+        let xv = |k: u32| xk[k as usize];
+        let s = dot_n::<NMAX_MIX4>(n, |k| hs[k as usize], xv);
+        *x_layer.add((beta * c + col) as usize) = f32_to_bf16(s);
+        let mut i = 0;
+        while i < NMAX_MIX4 {
+            if i < n {
+                let s = dot_n::<NMAX_MIX4>(n, |k| ra[(4 * i + k) as usize], xv);
+                *x_res.add(((beta * n + i) * c + col) as usize) = f32_to_bf16(s);
+            }
+            i += 1;
+        }
+        jj += nt;
     }
 }

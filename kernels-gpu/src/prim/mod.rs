@@ -689,3 +689,15 @@ pub fn shfl_idx_f32(v: f32, src: u32) -> f32 {
     };
     r
 }
+
+// ---------------------------------------------------------------- MHCPre (session 6): grid barrier
+
+/// `ld.acquire.gpu.global.u32`: sees writes released at gpu scope before it, and no later
+/// load of this thread is performed before it (the poll of a grid barrier). Not `pure` or
+/// `readonly`: executed again on every loop iteration.
+#[inline(always)]
+pub unsafe fn ld_acquire_gpu_u32(p: *const u32) -> u32 {
+    let r: u32;
+    asm!("ld.acquire.gpu.global.u32 {}, [{}];", out(reg32) r, in(reg64) p, options(nostack));
+    r
+}
