@@ -360,6 +360,76 @@ fn session4_variants() {
     }
 }
 
+/// Session 6: the staged four-step passes (`FftOptions::tile`): the planner's splits of the
+/// seed lengths (asserting the staged kernels ran), other splits and lengths where a staged
+/// kernel exists for one pass or both, odd batches, in place, persistent grids looping over
+/// several groups (`Auto`, `PerSm(1)`) and none (`Never`), and the 8-byte aligned c64 view
+/// (the column pass's unstaged fallback). Every other four-step length plans as without.
+#[test]
+fn session6_tile() {
+    let Some(gpu) = gpu_or_skip("fft::session6_tile") else { return };
+    let mut rng = fresh_rng("fft::session6_tile");
+    let (c64, c128) = (Precision::C64, Precision::C128);
+    let tile = |n, b, p, persist| FftOptions { tile: true, persist, ..FftOptions::for_shape(n, b, p) };
+    // The planner's splits: (n, precision, kernels).
+    let seed: [(usize, Precision, [&str; 2]); 3] = [
+        (1 << 14, c64, ["fft_c64_l6_sta", "fft_c64_l8_sta"]),
+        (1 << 16, c64, ["fft_c64_l6_sta", "fft_c64_l10_sta"]),
+        (1 << 20, c128, ["fft_c128_l9_stna", "fft_c128_l11_stna"]),
+    ];
+    for (n, prec, want) in seed {
+        for batch in [1, 2, 3, 7] {
+            for persist in [Persist::Auto, Persist::PerSm(1), Persist::Never] {
+                let (_, k) = run_kernels(&gpu, &mut rng, n, batch, prec, false, tile(n, batch, prec, persist));
+                assert_eq!(k, want, "kernels");
+            }
+        }
+        let (_, k) = run_kernels(&gpu, &mut rng, n, 3, prec, true, tile(n, 3, prec, Persist::PerSm(1)));
+        assert_eq!(k, want, "kernels (in place)");
+    }
+    // The seed rows themselves (batches 64, 8, 4), as the bench's `@tile` rows run them.
+    for (batch, n, prec) in SEED_ROWS {
+        if n > if prec == c64 { 1 << 13 } else { 1 << 12 } {
+            for persist in [Persist::Auto, Persist::PerSm(1)] {
+                run_with(&gpu, &mut rng, n, batch, prec, false, tile(n, batch, prec, persist));
+            }
+            let o = FftOptions { log_n1: 0, ..tile(n, batch, prec, Persist::Auto) };
+            run_with(&gpu, &mut rng, n, batch, prec, false, o);
+        }
+    }
+    // Other splits: every log2 n1 of the four-step lengths 2^13..2^20 (c64 from 2^14), both
+    // precisions, odd batch, persistent; in place once per length.
+    for prec in [c64, c128] {
+        let max_single = if prec == c64 { 13 } else { 12 };
+        for log_n in max_single + 1..=20u32 {
+            let n = 1usize << log_n;
+            for log_n1 in log_n - max_single..=max_single {
+                let o = FftOptions { log_n1, ..tile(n, 3, prec, Persist::PerSm(1)) };
+                let (_, k) = run_kernels(&gpu, &mut rng, n, batch_for(log_n).max(3), prec, false, o);
+                println!("  tile n=2^{log_n} n1=2^{log_n1}: {k:?}");
+            }
+            run_with(&gpu, &mut rng, n, 3, prec, true, tile(n, 3, prec, Persist::Auto));
+        }
+    }
+    // An 8-byte aligned c64 view: the column pass takes its unstaged kernel.
+    for n in [1usize << 14, 1 << 16] {
+        let batch = 3;
+        let len = 2 * n * batch;
+        let st = gpu.stream();
+        let mut plan = FftPlan::new_opts(&gpu, n, batch, c64, tile(n, batch, c64, Persist::PerSm(1))).unwrap();
+        let mut xs = vec![f32::NAN; 2];
+        xs.extend(randn_f32(&mut rng, len, 1.0));
+        let dx = st.clone_htod(&xs).unwrap();
+        let mut dy = st.clone_htod(&vec![f32::NAN; len]).unwrap();
+        plan.execute_c64(&gpu, &dx.slice(2..), &mut dy).unwrap();
+        let ours: Vec<f64> = st.clone_dtoh(&dy).unwrap().iter().map(|&v| v as f64).collect();
+        let x64: Vec<f64> = xs[2..].iter().map(|&v| v as f64).collect();
+        let (rel, _) = fft_error(&ours, &fft_c2c_fwd(n, batch, &x64));
+        println!("tile n={n} misaligned x: rel_l2 {rel:.3e}");
+        assert!(rel <= fft_error_bound(n, false), "tile n={n} misaligned x: {rel:e}");
+    }
+}
+
 #[test]
 fn odd_batches() {
     let Some(gpu) = gpu_or_skip("fft::odd_batches") else { return };
