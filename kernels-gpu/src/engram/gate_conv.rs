@@ -552,10 +552,6 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool>(
 
 // ---------------------------------------------------------------- backward
 
-/// Weight chunks (16 B) one thread of the v3 backward holds during stage 1: `6·ceil(d/8) ≤ 768`
-/// chunks over `(R+6)·32 ≥ 224` threads.
-pub const BWD3_WL: usize = 4;
-
 /// `(wq / nch, wq % nch)` for `wq < 6·nch`, by at most 5 subtractions.
 #[inline(always)]
 fn split6(wq: u32, nch: u32) -> (u32, u32) {
@@ -580,7 +576,7 @@ fn wrow_g(wv: *const u16, wh: *const u16, cw: *const u16, d: u32, wr: u32) -> *c
 }
 
 /// Smem (f32) of the backward's main kernel: `rrms_v'[R+6]`, `2·dz·s·rh·rk [R]`, padded to 4,
-/// then with `SU` (v2) `u[(R+6)][ceil(d/8)·8]`, then (when no global scratch is given)
+/// then (v4 only) `u[(R+6)][ceil(d/8)·8]`, then (when no global scratch is given)
 /// `dconv[(R+3)][ceil(d/8)·8]`.
 pub const fn bwd_smem_scalar_floats(r: u32) -> u32 {
     (2 * r + 6).div_ceil(4) * 4
@@ -593,7 +589,7 @@ pub const fn bwd_smem_scalar_floats(r: u32) -> u32 {
 /// (`drms_w_h, drms_w_v, dconv_w[0..4]`), reduced by [`engram_gate_bwd_reduce`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW: bool, const AP: bool>(
+unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
     g: *const u16,
     h: *const u16,
     k: *const u16,
@@ -627,25 +623,16 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
     let dpad = (nch * 8) as usize;
     let df = d as f32;
     let s = div_rn(1.0, sqrt_rn(df));
-    // AP: 1/d once; the per-row divisions by d become products (≈ 1 ulp)
-    let inv_d = if AP { div_rn(1.0, df) } else { 0.0 };
     let sm = dyn_smem::<f32>();
     let s_rv = sm;
     let s_ch = sm.add((r + 6) as usize);
-    // v2 (`SU`, resident only): u of every tile row, written in stage 1
     let s_u = sm.add(bwd_smem_scalar_floats(r) as usize);
-    let su_len = if SU { (r as usize + 6) * dpad } else { 0 };
-    let scr = if scratch.is_null() { s_u.add(su_len) } else { scratch.add(blk * (r as usize + 3) * dpad) };
-    // v3 (`SW`, with SU and smem scratch only): raw 16-bit weights after the scratch, rows
-    // 0 = rms_w_v, 1 = rms_w_h, 2..6 = conv_w[0..4]
-    let s_w = scr.add((r as usize + 3) * dpad) as *mut u16;
+    let scr = if scratch.is_null() { s_u } else { scratch.add(blk * (r as usize + 3) * dpad) };
     let base = (m * t_len) as usize; // first row of sequence m
     let rowp = |p: *const u16, t: u32| p.wrapping_add((base + t as usize) * d as usize);
-    // weight row `wr` (0 = rms_w_v, 1 = rms_w_h, 2 + p = conv_w[p]): smem (v3) or global
+    // weight row `wr` (0 = rms_w_v, 1 = rms_w_h, 2 + p = conv_w[p]), global
     let wrow = |wr: u32| -> *const u16 {
-        if SW {
-            s_w.add(wr as usize * dpad) as *const u16
-        } else if wr == 0 {
+        if wr == 0 {
             wv
         } else if wr == 1 {
             wh
@@ -653,30 +640,8 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
             cw.add((wr - 2) as usize * d as usize)
         }
     };
-    // a chunk of a weight row (16-byte smem read in v3)
-    let wld8 = |wr: u32, c: u32| -> F8 {
-        if SW {
-            unpack8::<D>(*(s_w.add(wr as usize * dpad + c as usize * 8) as *const Raw))
-        } else {
-            ld8::<D, FAST>(wrow(wr), c, d)
-        }
-    };
-
-    // ---- v3: every thread issues its (≤ BWD3_WL) 16-byte weight chunks first
-    let nthr = block_dim_x();
-    let nw = 6 * nch;
-    let mut wraw: [Raw; BWD3_WL] = [[0; 4]; BWD3_WL];
-    if SW {
-        let mut q = 0;
-        while q < BWD3_WL {
-            let wq = thread_idx_x() + q as u32 * nthr;
-            if wq < nw {
-                let (p, c) = split6(wq, nch);
-                wraw[q] = ld_raw(wrow_g(wv, wh, cw, d, p), c);
-            }
-            q += 1;
-        }
-    }
+    // a chunk of a weight row
+    let wld8 = |wr: u32, c: u32| -> F8 { ld8::<D, FAST>(wrow(wr), c, d) };
 
     let t = (t0 + i) as i32 - 3;
     let valid = i < r + 6 && t >= 0 && (t as u32) < t_len;
@@ -701,13 +666,9 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
         let (vr, gr, hr, kr) = (rowp(v, tu), rowp(g, tu), rowp(h, tu), rowp(k, tu));
         let mut svv = 0f32;
         let mut wres: [Raw; NV] = [[0; 4]; NV];
-        let mut wvres: [Raw; NV] = [[0; 4]; NV];
         each_chunk!(NV, lane, nch, |n, c| {
             if NV > 0 {
                 *vres.get_unchecked_mut(n) = ld_raw(vr, c);
-                if SU {
-                    *wvres.get_unchecked_mut(n) = ld_raw(wv, c);
-                }
                 if has_g {
                     *gres.get_unchecked_mut(n) = ld_raw(gr, c);
                 }
@@ -719,7 +680,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
             }
         });
         // the conv weights for stage 2 (one warp suffices: L1 is per SM)
-        if !SW && i == 3 {
+        if i == 3 {
             let mut c = lane;
             while c < nch {
                 prefetch_conv_weights(cw, wv, c, d);
@@ -743,45 +704,16 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
                 }
             }
         });
-        let rv = if AP { rrms_fast(warp_sum_f32(svv), inv_d, eps) } else { rrms(warp_sum_f32(svv), df, eps) };
+        let rv = rrms(warp_sum_f32(svv), df, eps);
         p_sum = warp_sum_f32(p_sum);
         if lane == 0 {
             *s_rv.add(i as usize) = rv;
-        }
-        if SU && NV > 0 {
-            // u = (alpha·v)·rv'·wv, bitwise what `u_of` / `u1` compute for this row
-            let urow = s_u.add(i as usize * dpad);
-            each_chunk!(NV, lane, nch, |n, c| {
-                let (vv, wvv) = (unpack8::<D>(res(&vres, n)), unpack8::<D>(res(&wvres, n)));
-                let mut o = [0f32; 8];
-                for q in 0..8 {
-                    o[q] = (a * vv[q]) * rv * wvv[q];
-                }
-                st8_f32(urow, c, o);
-            });
-        }
-    }
-    if SW {
-        let mut q = 0;
-        while q < BWD3_WL {
-            let wq = thread_idx_x() + q as u32 * nthr;
-            if wq < nw {
-                let (p, c) = split6(wq, nch);
-                let dst = s_w.add(p as usize * dpad + c as usize * 8) as *mut u32;
-                for e in 0..4 {
-                    *dst.add(e) = wraw[q][e];
-                }
-            }
-            q += 1;
         }
     }
     sync_threads();
 
     // u of tile row `ip` (t' = t0 − 3 + ip ≥ 0, < T), chunk c: (alpha·v)·rv'·wv
     let u_of = |ip: u32, c: u32, wvv: &F8| -> F8 {
-        if SU {
-            return ld8_f32(s_u.add(ip as usize * dpad), c);
-        }
         let tp = t0 + ip - 3;
         let ap = *alpha.add(base + tp as usize);
         let rvp = *s_rv.add(ip as usize);
@@ -800,7 +732,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
         each_chunk!(NV, lane, nch, |n, c| {
             let mut dc = [0f32; 8];
             if has_g {
-                let wvv = if SU { [0f32; 8] } else { ld8::<D, FAST>(wv, c, d) };
+                let wvv = ld8::<D, FAST>(wv, c, d);
                 let mut conv = [0f32; 8];
                 for p in 0..4u32 {
                     if tu + p >= 3 {
@@ -813,7 +745,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
                 }
                 let gg = if NV > 0 { unpack8::<D>(res(&gres, n)) } else { ld8::<D, FAST>(gr, c, d) };
                 for q in 0..8 {
-                    let sg = if AP { rcp_approx(1.0 + exp_f32(-conv[q])) } else { sigmoid(conv[q]) };
+                    let sg = sigmoid(conv[q]);
                     dc[q] = gg[q] * (sg * (1.0 + conv[q] * (1.0 - sg)));
                 }
             }
@@ -848,25 +780,20 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
         };
         // s1 = Σ du·wv·vh
         let mut s1 = 0f32;
-        // v3 (resident): du of this lane's chunks kept for the second pass (bitwise the same)
-        let mut dus: [F8; NV] = [[0f32; 8]; NV];
         each_chunk!(NV, lane, nch, |n, c| {
             let du = du_of(i, c);
-            if SW && NV > 0 {
-                *dus.get_unchecked_mut(n) = du;
-            }
             let (wvv, vv) = (wld8(0, c), get(&vres, vr, n, c));
             for q in 0..8 {
                 s1 = fma(du[q] * wvv[q], a * vv[q], s1);
             }
         });
         let s1 = warp_sum_f32(s1);
-        let c1 = rv * rv * rv * if AP { s1 * inv_d } else { div_rn(s1, df) };
+        let c1 = rv * rv * rv * div_rn(s1, df);
         // dvh = g + rv·du·wv − vh·c1; dv = alpha·dvh; s2 = Σ dvh·v
         let mut s2 = 0f32;
         let dvr = rowp(dv, tu) as *mut u16;
         each_chunk!(NV, lane, nch, |n, c| {
-            let du = if SW && NV > 0 { *dus.get_unchecked(n) } else { du_of(i, c) };
+            let du = du_of(i, c);
             let (wvv, vv, gg) = (wld8(0, c), get(&vres, vr, n, c), get(&gres, gr, n, c));
             let mut o = [0f32; 8];
             for q in 0..8 {
@@ -879,7 +806,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
         let s2 = warp_sum_f32(s2);
         let dz = a * (1.0 - a) * s2;
         let aa = dz * s * rh * rk;
-        let pd = if AP { p_sum * inv_d } else { div_rn(p_sum, df) };
+        let pd = div_rn(p_sum, df);
         let (ch, ck) = (rh * rh * pd, rk * rk * pd);
         let (dhr, dkr) = (rowp(dh, tu) as *mut u16, rowp(dk, tu) as *mut u16);
         each_chunk!(NV, lane, nch, |n, c| {
@@ -903,10 +830,13 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
     // in increasing t (fixed order).
     let nown = if t0 + r <= t_len { r } else { t_len - t0 };
     let pb = part.add(blk * 6 * d as usize);
-    bwd_weight_partials::<D, SU, SW>(pb, d, dpad, t0, nown, base, wrow, s_w, s_u, scr, s_rv, s_ch, alpha, v, h, k);
+    let s_w = core::ptr::null::<u16>();
+    bwd_weight_partials::<D, false, false>(
+        pb, d, dpad, t0, nown, base, wrow, s_w, s_u, scr, s_rv, s_ch, alpha, v, h, k,
+    );
 }
 
-/// Backward stage 4 (v3 and v4): this block's partial weight gradients `pb[e·d + j]`
+/// Backward stage 4 (v1 and v4): this block's partial weight gradients `pb[e·d + j]`
 /// (e = rms_w_h, rms_w_v, conv_w[0..4]), a thread per column j, the `nown` owned rows in
 /// increasing t (fixed order). `SU`: u of the tile rows from `s_u` (else recomputed from v);
 /// `SW`: the weights from `s_w` (else global, through `wrow`).
@@ -1023,26 +953,29 @@ macro_rules! each_chunk_s {
     };
 }
 
-/// Floats of the v4 backward's per-warp partial row sums (after the v3 weights):
+/// Floats of the v4 backward's per-warp partial row sums (after the raw weights):
 /// `[(R+6)·wpr][2]`.
 pub const fn bwd4_split_floats(r: u32, wpr: u32) -> u32 {
     2 * (r + 6) * wpr
 }
 
-/// EngramGateConvBwd main kernel v4 ("split rows"): v3a (`u`, `dconv` and the raw weights in
-/// shared memory, approximate σ in `silu'` and `rrms_v'`) with every tile row spread over
-/// `wpr` warps: warp `w` works on row `i = w / wpr`, its lane on chunks
-/// `(w % wpr)·32 + lane + 32·wpr·n` (`n < NV`), so a lane holds `ceil(ceil(d/8) / (32·wpr))`
-/// chunks instead of `ceil(d/8)/32` — the per-warp serial chain (which is the kernel's time)
-/// shrinks by that factor at d = 512 / 768. Row sums (`Σ vh²`, `P`, `s1`, `s2`) are a warp
-/// butterfly per warp, then (`wpr > 1`) the `wpr` warp sums added in increasing warp order
-/// from shared memory after a block barrier (three barriers more than v3a, executed at every
-/// `wpr`; deterministic). With `wpr = 1` the sums are v3a's (no shared-memory step): bitwise
-/// v3a. The row loads are issued
-/// before the weights, which are copied by `cp.async` straight into shared memory (no
-/// registers: v3a holds them in up to 16 registers through stage 1), and the per-launch
-/// constants are computed after both (v3a computes them first).
-/// Block `((R+6)·wpr + extra)·32` threads; smem as v3 plus [`bwd4_split_floats`] f32.
+/// EngramGateConvBwd main kernel v4 ("split rows"; the planner's kernel wherever it fits):
+/// `u`, `dconv` and the raw 16-bit weights (`rms_w_v`, `rms_w_h`, `conv_w[0..4]`) in shared
+/// memory, approximate σ in `silu'` (`rcp.approx(1 + ex2.approx)`), `rrms_v'` by
+/// `rsqrt.approx` + one Newton step, the per-row divisions by d as products with 1/d (each
+/// ≈ 1–2 ulp f32, within SPEC's tolerances), and every tile row spread over `wpr` warps: warp
+/// `w` works on row `i = w / wpr`, its lane on chunks `(w % wpr)·32 + lane + 32·wpr·n`
+/// (`n < NV`), so a lane holds `ceil(ceil(d/8) / (32·wpr))` chunks instead of
+/// `ceil(d/8)/32` — the per-warp serial chain (which is the kernel's time) shrinks by that
+/// factor at d = 512 / 768. Row sums (`Σ vh²`, `P`, `s1`, `s2`) are a warp butterfly per warp,
+/// then (`wpr > 1`) the `wpr` warp sums added in increasing warp order from shared memory
+/// after a block barrier (those barriers run at every `wpr`; deterministic). The row loads
+/// are issued first, the weights are copied by `cp.async` straight into shared memory (no
+/// registers), and the per-launch constants are computed after both. (Up to session 6 a
+/// `wpr = 1` run was tested bitwise equal to the retired v3a kernel.)
+/// Block `((R+6)·wpr + extra)·32` threads; dynamic smem: the scalars
+/// ([`bwd_smem_scalar_floats`]), `u` `[R+6][dpad]` and `dconv` `[R+3][dpad]` f32, the weights
+/// `[6][dpad]` u16, then [`bwd4_split_floats`] f32.
 ///
 /// `CL` ("cluster reduce", one launch): the whole grid is one thread-block cluster (≤ 8
 /// blocks); stage 4 writes the block's partials `[6, d]` to shared memory (`6·d` f32 after
@@ -1319,7 +1252,7 @@ unsafe fn bwd4<D: Dt, const NV: usize, const CL: bool>(
     }
     sync_threads();
 
-    // ---- stage 4: this block's partial weight gradients (as v3: a thread per column, the
+    // ---- stage 4: this block's partial weight gradients (as v1: a thread per column, the
     // owned rows in increasing t)
     let nown = if t0 + r <= t_len { r } else { t_len - t0 };
     // CL: the partials stay in shared memory, after the split sums
@@ -1489,12 +1422,6 @@ macro_rules! fwd2_entry {
 
 macro_rules! bwd_entry {
     ($name:ident, $dt:ty, $fast:expr, $nv:expr) => {
-        bwd_entry!($name, $dt, $fast, $nv, false, false, false);
-    };
-    ($name:ident, $dt:ty, $fast:expr, $nv:expr, $su:expr) => {
-        bwd_entry!($name, $dt, $fast, $nv, $su, false, false);
-    };
-    ($name:ident, $dt:ty, $fast:expr, $nv:expr, $su:expr, $sw:expr, $ap:expr) => {
         /// EngramGateConvBwd main entry (see [`bwd`] for the launch contract).
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(
@@ -1519,7 +1446,7 @@ macro_rules! bwd_entry {
             ntiles: u32,
             eps: f32,
         ) {
-            bwd::<$dt, $fast, $nv, $su, $sw, $ap>(
+            bwd::<$dt, $fast, $nv>(
                 g, h, k, v, wh, wv, cw, alpha, rh, rk, dh, dk, dv, part, scratch, t_len, d, r, ntiles, eps,
             )
         }
@@ -1576,32 +1503,6 @@ bwd_entry!(engram_gate_bwd_f16_r3, F16, true, 3);
 bwd_entry!(engram_gate_bwd_f16_r4, F16, true, 4);
 bwd_entry!(engram_gate_bwd_f16_v8, F16, true, 0);
 bwd_entry!(engram_gate_bwd_f16_any, F16, false, 0);
-
-bwd_entry!(engram_gate_bwd2_bf16_r1, Bf16, true, 1, true);
-bwd_entry!(engram_gate_bwd2_bf16_r2, Bf16, true, 2, true);
-bwd_entry!(engram_gate_bwd2_bf16_r3, Bf16, true, 3, true);
-bwd_entry!(engram_gate_bwd2_bf16_r4, Bf16, true, 4, true);
-bwd_entry!(engram_gate_bwd2_f16_r1, F16, true, 1, true);
-bwd_entry!(engram_gate_bwd2_f16_r2, F16, true, 2, true);
-bwd_entry!(engram_gate_bwd2_f16_r3, F16, true, 3, true);
-bwd_entry!(engram_gate_bwd2_f16_r4, F16, true, 4, true);
-
-bwd_entry!(engram_gate_bwd3s_bf16_r1, Bf16, true, 1, true, true, false);
-bwd_entry!(engram_gate_bwd3s_bf16_r2, Bf16, true, 2, true, true, false);
-bwd_entry!(engram_gate_bwd3s_bf16_r3, Bf16, true, 3, true, true, false);
-bwd_entry!(engram_gate_bwd3s_bf16_r4, Bf16, true, 4, true, true, false);
-bwd_entry!(engram_gate_bwd3s_f16_r1, F16, true, 1, true, true, false);
-bwd_entry!(engram_gate_bwd3s_f16_r2, F16, true, 2, true, true, false);
-bwd_entry!(engram_gate_bwd3s_f16_r3, F16, true, 3, true, true, false);
-bwd_entry!(engram_gate_bwd3s_f16_r4, F16, true, 4, true, true, false);
-bwd_entry!(engram_gate_bwd3a_bf16_r1, Bf16, true, 1, true, true, true);
-bwd_entry!(engram_gate_bwd3a_bf16_r2, Bf16, true, 2, true, true, true);
-bwd_entry!(engram_gate_bwd3a_bf16_r3, Bf16, true, 3, true, true, true);
-bwd_entry!(engram_gate_bwd3a_bf16_r4, Bf16, true, 4, true, true, true);
-bwd_entry!(engram_gate_bwd3a_f16_r1, F16, true, 1, true, true, true);
-bwd_entry!(engram_gate_bwd3a_f16_r2, F16, true, 2, true, true, true);
-bwd_entry!(engram_gate_bwd3a_f16_r3, F16, true, 3, true, true, true);
-bwd_entry!(engram_gate_bwd3a_f16_r4, F16, true, 4, true, true, true);
 
 macro_rules! bwd4_entry {
     ($name:ident, $dt:ty, $nv:expr) => {
