@@ -155,6 +155,17 @@ fn every_launch_config_matches_reference() {
                     let c7p = GateBwdConfig { pdl: !pdl, ..c7 };
                     let b7p = run_bwd(&gpu, &x, &f0, 0, Some(c7p), 0.0).unwrap();
                     assert_bwd_bitwise(&format!("{what} v4 W {w} pdl/nopdl"), &b7, &b7p);
+                    // v5 (lean): bitwise v4 on these inputs (|conv| < 87); v5m (stage 3 in one
+                    // pass): checked, dv bitwise v4
+                    let c9 = GateBwdConfig { lean: true, ..c7 };
+                    if let Some(b9) = run_bwd(&gpu, &x, &f0, 0, Some(c9), f32::NAN) {
+                        assert_bwd_bitwise(&format!("{what} v5 W {w}"), &b7, &b9);
+                    }
+                    let c10 = GateBwdConfig { lean: true, merge_s2: true, ..c7 };
+                    if let Some(b10) = run_bwd(&gpu, &x, &f0, 0, Some(c10), f32::NAN) {
+                        check_bwd(&format!("{what} v5m W {w}"), &x, &b10);
+                        assert_eq!(bits_h(&b7.dv), bits_h(&b10.dv), "{what} v5m W {w}: dv differs from v4");
+                    }
                     let xw = 32 - (r + 6) * w;
                     if xw > 0 {
                         let c5 = GateBwdConfig { extra_warps: xw, ..c7 };
@@ -227,6 +238,18 @@ fn versions_match<T: Half + rgk::cudarc::driver::DeviceRepr>(
         check_bwd(&format!("{what} v4 W {w}"), x, &bw);
         let again = run_bwd(gpu, x, &f0, 0, Some(GateBwdConfig { pdl: false, ..c4 }), 0.0).unwrap();
         assert_bwd_bitwise(&format!("{what} v4 W {w} twice"), &bw, &again);
+        // v5 (the bench's `v5`): checked, bitwise v4 on these inputs (|conv| < 87), extra warps
+        // bitwise; v5m (`v5m`): checked, dv bitwise v4, a second run (other PDL mode) bitwise
+        let c5 = GateBwdConfig { lean: true, ..c4 };
+        let b5 = run_bwd(gpu, x, &f0, 0, Some(c5), f32::NAN).unwrap();
+        check_bwd(&format!("{what} v5 W {w}"), x, &b5);
+        assert_bwd_bitwise(&format!("{what} v5 W {w} = v4"), &bw, &b5);
+        let c5m = GateBwdConfig { merge_s2: true, ..c5 };
+        let b5m = run_bwd(gpu, x, &f0, 0, Some(c5m), f32::NAN).unwrap();
+        check_bwd(&format!("{what} v5m W {w}"), x, &b5m);
+        assert_eq!(bits_h(&bw.dv), bits_h(&b5m.dv), "{what} v5m W {w}: dv differs from v4");
+        let b5m2 = run_bwd(gpu, x, &f0, 0, Some(GateBwdConfig { pdl: false, ..c5m }), 0.0).unwrap();
+        assert_bwd_bitwise(&format!("{what} v5m W {w} twice"), &b5m, &b5m2);
         // extra warps (1, and up to 12 / 16 warps per block): bitwise none
         let tile = (r + 6) * w;
         let mut xws = vec![1, 12u32.saturating_sub(tile), 16u32.saturating_sub(tile)];
@@ -236,6 +259,12 @@ fn versions_match<T: Half + rgk::cudarc::driver::DeviceRepr>(
             let cx = GateBwdConfig { extra_warps: xw, ..c4 };
             if let Some(bx) = run_bwd(gpu, x, &f0, 0, Some(cx), f32::NAN) {
                 assert_bwd_bitwise(&format!("{what} v4 W {w} extra_warps {xw}"), &bw, &bx);
+            }
+            for (name, cl, want) in [("v5", c5, &b5), ("v5m", c5m, &b5m)] {
+                let cx = GateBwdConfig { extra_warps: xw, ..cl };
+                if let Some(bx) = run_bwd(gpu, x, &f0, 0, Some(cx), f32::NAN) {
+                    assert_bwd_bitwise(&format!("{what} {name} W {w} extra_warps {xw}"), want, &bx);
+                }
             }
         }
         // the cluster reduction (the bench's `v4c`; one launch where the grid is ≤ 8 blocks):
@@ -256,7 +285,7 @@ fn versions_match<T: Half + rgk::cudarc::driver::DeviceRepr>(
     }
 }
 
-/// The main-kernel versions (v1, v4 at several W, the cluster reduction) on the seed shapes
+/// The main-kernel versions (v1, v4 at several W, the cluster reduction, v5, v5m) on the seed shapes
 /// and odd shapes, both dtypes, both scales, R 1–4: each checked against the f64 reference,
 /// reruns and extra warps bitwise.
 #[test]
@@ -301,7 +330,11 @@ fn graph_plan_is_bitwise_direct_launches() {
         let s = EngramGateShape { m, t, d };
         let p = GateBwdConfig::for_shape(s);
         let v4 = GateBwdConfig { split_warps: engram::bwd_split_warps(d, p.rows_per_block), ..p };
-        for (name, c) in [("planner", p), ("v4", v4), ("nopdl", GateBwdConfig { pdl: false, ..p })] {
+        let v5 = GateBwdConfig { lean: true, ..v4 };
+        let v5m = GateBwdConfig { merge_s2: true, ..v5 };
+        for (name, c) in
+            [("planner", p), ("v4", v4), ("nopdl", GateBwdConfig { pdl: false, ..p }), ("v5", v5), ("v5m", v5m)]
+        {
             let x = gen::<bf16>(&mut rng, s, 1.0, false);
             let what = format!("graph {name} {s:?}");
             wd.step(&what);

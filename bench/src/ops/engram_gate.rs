@@ -30,7 +30,9 @@ const F32_REL: f64 = 1e-4;
 /// `WORKLOAD@v2a` / `WORKLOAD@v2f` those at the planner's R, `-xX` with X extra warps;
 /// backward `WORKLOAD@nograph` (no graph submission), `WORKLOAD@nopdl` (the reduce kernel
 /// launched without PDL), `WORKLOAD@v4-rR` / `WORKLOAD@v4-s32` (the planner's split-row
-/// kernel at R rows per block / S = 32), `WORKLOAD@v4c` (the cluster reduction)).
+/// kernel at R rows per block / S = 32), `WORKLOAD@v4c` (the cluster reduction),
+/// `WORKLOAD@v5` / `WORKLOAD@v5m` (the planner's configuration with the lean v5 main kernel /
+/// v5 with stage 3 merged into one pass)).
 pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut v = Vec::new();
     // None = the planner's choice for the shape
@@ -71,7 +73,9 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         // register file), S = 32 (`v4-s32`), and `v4c`: the cluster reduction (one launch) at
         // the smallest R with ≤ 8 blocks (train-s32: R = 4; elsewhere no such R ≤ 8: v4 at the
         // planner's R, two launches)
-        for t in ["v4-r1", "v4-r2", "v4-r3", "v4-s32", "v4c"] {
+        // v5 (`lean`: v4's arithmetic with fewer instructions per warp; bitwise v4 on these
+        // inputs) and v5m (stage 3 in one pass), at the planner's configuration
+        for t in ["v4-r1", "v4-r2", "v4-r3", "v4-s32", "v4c", "v5", "v5m"] {
             bwd_cfgs.push((Some(t.into()), None));
         }
         bwd_cfgs.push((Some("nopdl".into()), None));
@@ -115,6 +119,10 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
             let graph = tag.as_deref() != Some("nograph");
             let cfg = match cfg {
                 None if tag.as_deref() == Some("nopdl") => GateBwdConfig { pdl: false, ..GateBwdConfig::for_shape(s) },
+                None if tag.as_deref().is_some_and(|t| t.starts_with("v5")) => {
+                    let merge_s2 = tag.as_deref() == Some("v5m");
+                    GateBwdConfig { lean: true, merge_s2, ..GateBwdConfig::for_shape(s) }
+                }
                 None if tag.as_deref().is_some_and(|t| t.starts_with("v4")) => {
                     let t = tag.as_deref().unwrap_or("");
                     let p = GateBwdConfig::for_shape(s);

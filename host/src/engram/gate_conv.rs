@@ -117,6 +117,33 @@ const BWD4C: [[&str; 4]; 2] = [
     ],
     ["engram_gate_bwd4c_f16_r1", "engram_gate_bwd4c_f16_r2", "engram_gate_bwd4c_f16_r3", "engram_gate_bwd4c_f16_r4"],
 ];
+/// Backward v5 main kernels ("lean" v4; `[0]` v5, `[1]` v5m: merged stage 3),
+/// `[merged][dtype][NV−1]`.
+const BWD5: [[[&str; 4]; 2]; 2] = [
+    [
+        [
+            "engram_gate_bwd5_bf16_r1",
+            "engram_gate_bwd5_bf16_r2",
+            "engram_gate_bwd5_bf16_r3",
+            "engram_gate_bwd5_bf16_r4",
+        ],
+        ["engram_gate_bwd5_f16_r1", "engram_gate_bwd5_f16_r2", "engram_gate_bwd5_f16_r3", "engram_gate_bwd5_f16_r4"],
+    ],
+    [
+        [
+            "engram_gate_bwd5m_bf16_r1",
+            "engram_gate_bwd5m_bf16_r2",
+            "engram_gate_bwd5m_bf16_r3",
+            "engram_gate_bwd5m_bf16_r4",
+        ],
+        [
+            "engram_gate_bwd5m_f16_r1",
+            "engram_gate_bwd5m_f16_r2",
+            "engram_gate_bwd5m_f16_r3",
+            "engram_gate_bwd5m_f16_r4",
+        ],
+    ],
+];
 const BWD_REDUCE: &str = "engram_gate_bwd_reduce";
 
 pub(crate) const KERNELS: &[&str] = &[
@@ -185,6 +212,22 @@ pub(crate) const KERNELS: &[&str] = &[
     BWD4C[1][1],
     BWD4C[1][2],
     BWD4C[1][3],
+    BWD5[0][0][0],
+    BWD5[0][0][1],
+    BWD5[0][0][2],
+    BWD5[0][0][3],
+    BWD5[0][1][0],
+    BWD5[0][1][1],
+    BWD5[0][1][2],
+    BWD5[0][1][3],
+    BWD5[1][0][0],
+    BWD5[1][0][1],
+    BWD5[1][0][2],
+    BWD5[1][0][3],
+    BWD5[1][1][0],
+    BWD5[1][1][1],
+    BWD5[1][1][2],
+    BWD5[1][1][3],
 ];
 
 /// Weight chunks per thread of the v2 forward (`kernels-gpu` `FWD2_WL`).
@@ -317,11 +360,32 @@ pub struct GateBwdConfig {
     /// bitwise the reduce kernel's order. Elsewhere (more blocks, or the cluster cannot be
     /// scheduled) the reduce kernel runs as without it.
     pub cluster_reduce: bool,
+    /// With v4 running (`split_warps` ≥ 1, two launches): the v5 main kernel instead — v4's
+    /// arithmetic in the same order with fewer instructions per warp (shared memory through
+    /// 32-bit shared-window addresses, the ftz forms of `ex2`/`rcp`/`rsqrt.approx`, the
+    /// per-launch constants from the host, no integer divisions). Bitwise v4 wherever
+    /// |conv| < 87 (below that the ftz forms flush σ's subnormal range to 0). Needs `M` ≤ 65535
+    /// (a 2-D grid), else v4 runs.
+    pub lean: bool,
+    /// With `lean`: v5m, stage 3 in one pass — `Σ dvh·v` in closed form
+    /// (`Σ g·v + eps·rv'³·Σ du·wv·v`, `Σ g·v` summed in stage 1), one barrier, butterfly and
+    /// cross-warp sum fewer. `dv` bitwise v5; `dH`, `dk` differ in rounding (checked against
+    /// the reference).
+    pub merge_s2: bool,
 }
 
 impl Default for GateBwdConfig {
     fn default() -> Self {
-        Self { rows_per_block: 4, reduce_segments: 8, pdl: true, extra_warps: 0, split_warps: 0, cluster_reduce: false }
+        Self {
+            rows_per_block: 4,
+            reduce_segments: 8,
+            pdl: true,
+            extra_warps: 0,
+            split_warps: 0,
+            cluster_reduce: false,
+            lean: false,
+            merge_s2: false,
+        }
     }
 }
 
@@ -338,6 +402,13 @@ pub fn bwd_cluster_rows(shape: EngramGateShape) -> Option<u32> {
 pub fn bwd_split_warps(d: usize, rows_per_block: u32) -> u32 {
     let want = d.div_ceil(8).div_ceil(32).max(1) as u32;
     want.min(32 / (rows_per_block + 6)).max(1)
+}
+
+/// `ceil(2^16 / wpr)`: the v5 kernels' warp → row map `i = (w·magic) >> 16` equals `w / wpr`
+/// for every warp `w < 32` and `1 ≤ wpr ≤ 32` (the error `w·(magic − 2^16/wpr)/2^16 < 2^-11`
+/// never reaches the next multiple of `1/wpr`; checked exhaustively by a CPU test).
+pub fn bwd_warp_row_magic(wpr: u32) -> u32 {
+    65536u32.div_ceil(wpr.max(1))
 }
 
 impl GateBwdConfig {
@@ -361,6 +432,8 @@ impl GateBwdConfig {
             extra_warps: 0,
             split_warps: bwd_split_warps(shape.d, rows_per_block),
             cluster_reduce: false,
+            lean: false,
+            merge_s2: false,
         }
     }
 }
@@ -899,7 +972,31 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
     }
     let (mut pt, mut sc) = (part, scratch);
     let (mut tl, mut dd, mut rr, mut nt, mut eps) = (shape.t as u32, d as u32, r, ntiles as u32, EPS);
-    if v4 {
+    // v5 (`lean`): v4's block with the 4-slot split sums, grid (ntiles, M)
+    let v5_bytes = v4_bytes + 4 * 2 * (r as usize + 6) * wpr as usize;
+    if v4 && config.lean && shape.m <= 65535 && v5_bytes <= BWD4_SMEM_MAX {
+        let nv = d.div_ceil(8).div_ceil(32 * wpr as usize).clamp(1, 4);
+        let f5 = gpu.function(BWD5[config.merge_s2 as usize][dt][nv - 1])?;
+        let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        if v5_bytes > SMEM_DEFAULT && f5.get_attribute(attr)? < v5_bytes as i32 {
+            f5.set_attribute(attr, v5_bytes as i32)?;
+        }
+        check_block_fits(f5, warps * 32, 6)?;
+        let dims5 = LaunchDims { grid: (ntiles as u32, shape.m as u32, 1), shared_bytes: v5_bytes as u32, ..dims };
+        let (mut w, mut wm) = (wpr, bwd_warp_row_magic(wpr));
+        // s = 1/√d and 1/d correctly rounded (the bits of the kernels' `div.rn(1, sqrt.rn(d))`)
+        let df = d as f32;
+        let (mut s, mut inv_d) = (1.0f32 / df.sqrt(), 1.0f32 / df);
+        launch(
+            f5,
+            dims5,
+            stream,
+            &mut [
+                &mut g, &mut h, &mut k, &mut v, &mut wh, &mut wv, &mut cw, &mut a, &mut rh, &mut rk, &mut dh, &mut dk,
+                &mut dv, &mut pt, &mut tl, &mut dd, &mut rr, &mut w, &mut wm, &mut s, &mut inv_d, &mut eps,
+            ],
+        )?;
+    } else if v4 {
         let mut w = wpr;
         launch(
             f,
