@@ -400,3 +400,46 @@ fn bad_shapes_are_errors_naming_the_argument() {
         }
     }
 }
+
+/// The v5 kernels' warp → row map `(w·magic) >> 16` equals `w / wpr` for every warp of a block
+/// (w < 32) and every warps-per-row count.
+#[test]
+fn v5_warp_row_map_is_exact() {
+    for wpr in 1..=32u32 {
+        let m = rgk::engram::bwd_warp_row_magic(wpr);
+        for w in 0..32u32 {
+            assert_eq!((w * m) >> 16, w / wpr, "wpr {wpr} warp {w}");
+        }
+    }
+}
+
+/// v5m's closed form of the u-norm backward's `Σ dvh·v` (SPEC §5: `dvh = g + rv·du·wv −
+/// vh·rv³·mean(du·wv·vh)`, `vh = a·v`, `rv = (mean vh² + eps)^−½`):
+/// `a·Σ dvh·v = a·Σ g·v + eps·rv³·Σ du·wv·vh`, checked in f64 against the two-pass form on
+/// random rows at several scales (the identity is exact; only rounding separates them).
+#[test]
+fn v5m_closed_form_of_s2_matches_two_passes() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = StdRng::seed_from_u64(7);
+    let eps = 1e-6f64;
+    for &(d, scale) in &[(8usize, 1.0f64), (256, 0.1), (768, 1.0), (1000, 100.0), (64, 1e-3)] {
+        for _ in 0..20 {
+            let a: f64 = rng.random_range(0.01..0.99);
+            let v: Vec<f64> = (0..d).map(|_| scale * rng.random_range(-1.0..1.0)).collect();
+            let g: Vec<f64> = (0..d).map(|_| rng.random_range(-0.1..0.1)).collect();
+            let du: Vec<f64> = (0..d).map(|_| rng.random_range(-0.1..0.1)).collect();
+            let wv: Vec<f64> = (0..d).map(|_| rng.random_range(0.5..1.5)).collect();
+            let df = d as f64;
+            let rv = 1.0 / ((v.iter().map(|x| (a * x) * (a * x)).sum::<f64>() / df) + eps).sqrt();
+            let s1: f64 = (0..d).map(|j| du[j] * wv[j] * a * v[j]).sum();
+            let c1 = rv * rv * rv * s1 / df;
+            let terms: Vec<f64> = (0..d).map(|j| (g[j] + rv * du[j] * wv[j] - a * v[j] * c1) * v[j]).collect();
+            let two_pass = a * terms.iter().sum::<f64>();
+            let mag = a * terms.iter().map(|t| t.abs()).sum::<f64>()
+                + a * (0..d).map(|j| (rv * du[j] * wv[j] * v[j]).abs()).sum::<f64>();
+            let gv: f64 = (0..d).map(|j| g[j] * v[j]).sum();
+            let closed = a * gv + eps * rv * rv * rv * s1;
+            assert!((closed - two_pass).abs() <= 1e-12 * mag, "d {d} scale {scale}: {closed} vs {two_pass}");
+        }
+    }
+}

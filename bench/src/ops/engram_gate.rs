@@ -28,10 +28,11 @@ const F32_REL: f64 = 1e-4;
 /// (`WORKLOAD@rR` v1, `WORKLOAD@v2-rR` / `WORKLOAD@v2a-rR` the shared-memory-`u` kernels
 /// (exact / approximate silu), `WORKLOAD@v2f-rR` (approximate scalars too), `WORKLOAD@v2` /
 /// `WORKLOAD@v2a` / `WORKLOAD@v2f` those at the planner's R, `-xX` with X extra warps;
-/// backward `WORKLOAD@rR-sS` v1, `WORKLOAD@{v2,v3,v3a}[-rR-s16]` the main-kernel versions,
-/// `WORKLOAD@nopdl` / `WORKLOAD@v3a-nopdl` with the reduce kernel launched without PDL,
-/// `WORKLOAD@v3a-wW` the planner's v3a with extra warps up to W per block, `WORKLOAD@v3a-x3`,
-/// `WORKLOAD@v4[-rR|-wW]` the split-row main kernel).
+/// backward `WORKLOAD@nograph` (no graph submission), `WORKLOAD@nopdl` (the reduce kernel
+/// launched without PDL), `WORKLOAD@v4-rR` / `WORKLOAD@v4-s32` (the planner's split-row
+/// kernel at R rows per block / S = 32), `WORKLOAD@v4c` (the cluster reduction),
+/// `WORKLOAD@v5` / `WORKLOAD@v5m` (the planner's configuration with the lean v5 main kernel /
+/// v5 with stage 3 merged into one pass)).
 pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut v = Vec::new();
     // None = the planner's choice for the shape
@@ -62,23 +63,19 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                 fwd_cfgs.push((Some(format!("{kt}-r{r}-x{x}")), Some(c)));
             }
         }
-        // Session-3/4 backward sweeps (rR-sS, v2, v3, v3a-rR-sS rows) are recorded in
-        // kernels-gpu/src/engram/NOTES.md; `nograph`: the planner's config launched directly
-        // (the reduce kernel's dependent launch then reaches the device too late to overlap).
-        let base = GateBwdConfig { rows_per_block: 0, reduce_segments: 16, ..GateBwdConfig::default() };
+        // Session-3..6 backward sweeps (v1 rR-sS, v2, v3, v3a, v4-w1 rows; those kernels other
+        // than v1 are retired) are recorded in kernels-gpu/src/engram/NOTES.md; `nograph`: the
+        // planner's config launched directly (the reduce kernel's dependent launch then
+        // reaches the device too late to overlap).
         bwd_cfgs.push((Some("nograph".into()), None));
-        bwd_cfgs.push((Some("v3a".into()), Some(GateBwdConfig { smem_u: true, smem_w: true, approx: true, ..base })));
-        // the planner's config with extra warps up to W warps per block (stage 4's column
-        // loop and the weight loads; `v3a-wW`), and 3 extra at the planner's R (`v3a-x3`)
-        bwd_cfgs.push((Some("v3a-w16".into()), None));
-        // v4 (each tile row split over W warps): the planner's R with W = bwd_split_warps
-        // (`v4`), R 1..3 (`v4-rR`; R = 4 at d = 768 would need 30 warps of 72 registers, more
-        // than the register file), W = 1 (bitwise v3a: only the load order and cp.async
-        // weights) and W = 2 at the planner's R (`v4-wW`)
-        // (`v4-wW`), S = 32 (`v4-s32`), and `v4c`: the cluster reduction (one launch) at the
-        // smallest R with ≤ 8 blocks (train-s32: R = 4; elsewhere no such R ≤ 8: v4 at the
+        // v4 (the planner's kernel: each tile row split over W = bwd_split_warps warps) at R
+        // 1..3 (`v4-rR`; R = 4 at d = 768 would need 30 warps of 72 registers, more than the
+        // register file), S = 32 (`v4-s32`), and `v4c`: the cluster reduction (one launch) at
+        // the smallest R with ≤ 8 blocks (train-s32: R = 4; elsewhere no such R ≤ 8: v4 at the
         // planner's R, two launches)
-        for t in ["v4", "v4-r1", "v4-r2", "v4-r3", "v4-w1", "v4-s32", "v4c"] {
+        // v5 (`lean`: v4's arithmetic with fewer instructions per warp; bitwise v4 on these
+        // inputs) and v5m (stage 3 in one pass), at the planner's configuration
+        for t in ["v4-r1", "v4-r2", "v4-r3", "v4-s32", "v4c", "v5", "v5m"] {
             bwd_cfgs.push((Some(t.into()), None));
         }
         bwd_cfgs.push((Some("nopdl".into()), None));
@@ -122,10 +119,9 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
             let graph = tag.as_deref() != Some("nograph");
             let cfg = match cfg {
                 None if tag.as_deref() == Some("nopdl") => GateBwdConfig { pdl: false, ..GateBwdConfig::for_shape(s) },
-                None if tag.as_deref().is_some_and(|t| t.starts_with("v3a-w")) => {
-                    let w: u32 = tag.as_deref().and_then(|t| t[5..].parse().ok()).unwrap_or(0);
-                    let p = GateBwdConfig::for_shape(s);
-                    GateBwdConfig { extra_warps: w.saturating_sub(p.rows_per_block + 6), ..p }
+                None if tag.as_deref().is_some_and(|t| t.starts_with("v5")) => {
+                    let merge_s2 = tag.as_deref() == Some("v5m");
+                    GateBwdConfig { lean: true, merge_s2, ..GateBwdConfig::for_shape(s) }
                 }
                 None if tag.as_deref().is_some_and(|t| t.starts_with("v4")) => {
                     let t = tag.as_deref().unwrap_or("");
@@ -141,14 +137,6 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                     GateBwdConfig { rows_per_block: r, split_warps: w, reduce_segments: sg, cluster_reduce: cl, ..p }
                 }
                 None => GateBwdConfig::for_shape(s),
-                Some(c) if c.rows_per_block == 0 => GateBwdConfig {
-                    smem_u: c.smem_u,
-                    smem_w: c.smem_w,
-                    approx: c.approx,
-                    pdl: c.pdl,
-                    extra_warps: c.extra_warps,
-                    ..GateBwdConfig::for_shape(s)
-                },
                 Some(c) => c,
             };
             v.push(Workload {

@@ -101,43 +101,8 @@ const FWD2: [[[&str; 4]; 2]; 3] = [
         ],
     ],
 ];
-/// Backward v2 main kernels (`u` in shared memory), `[dtype][NV−1]`.
-const BWD2: [[&str; 4]; 2] = [
-    ["engram_gate_bwd2_bf16_r1", "engram_gate_bwd2_bf16_r2", "engram_gate_bwd2_bf16_r3", "engram_gate_bwd2_bf16_r4"],
-    ["engram_gate_bwd2_f16_r1", "engram_gate_bwd2_f16_r2", "engram_gate_bwd2_f16_r3", "engram_gate_bwd2_f16_r4"],
-];
-/// Backward v3 main kernels (weights in shared memory too), `[exact, approx silu'][dtype][NV−1]`.
-const BWD3: [[[&str; 4]; 2]; 2] = [
-    [
-        [
-            "engram_gate_bwd3s_bf16_r1",
-            "engram_gate_bwd3s_bf16_r2",
-            "engram_gate_bwd3s_bf16_r3",
-            "engram_gate_bwd3s_bf16_r4",
-        ],
-        [
-            "engram_gate_bwd3s_f16_r1",
-            "engram_gate_bwd3s_f16_r2",
-            "engram_gate_bwd3s_f16_r3",
-            "engram_gate_bwd3s_f16_r4",
-        ],
-    ],
-    [
-        [
-            "engram_gate_bwd3a_bf16_r1",
-            "engram_gate_bwd3a_bf16_r2",
-            "engram_gate_bwd3a_bf16_r3",
-            "engram_gate_bwd3a_bf16_r4",
-        ],
-        [
-            "engram_gate_bwd3a_f16_r1",
-            "engram_gate_bwd3a_f16_r2",
-            "engram_gate_bwd3a_f16_r3",
-            "engram_gate_bwd3a_f16_r4",
-        ],
-    ],
-];
-/// Backward v4 main kernels (v3a with each tile row split over several warps), `[dtype][NV−1]`.
+/// Backward v4 main kernels (weights, `u`, `dconv` in shared memory, each tile row split over
+/// several warps), `[dtype][NV−1]`.
 const BWD4: [[&str; 4]; 2] = [
     ["engram_gate_bwd4_bf16_r1", "engram_gate_bwd4_bf16_r2", "engram_gate_bwd4_bf16_r3", "engram_gate_bwd4_bf16_r4"],
     ["engram_gate_bwd4_f16_r1", "engram_gate_bwd4_f16_r2", "engram_gate_bwd4_f16_r3", "engram_gate_bwd4_f16_r4"],
@@ -151,6 +116,33 @@ const BWD4C: [[&str; 4]; 2] = [
         "engram_gate_bwd4c_bf16_r4",
     ],
     ["engram_gate_bwd4c_f16_r1", "engram_gate_bwd4c_f16_r2", "engram_gate_bwd4c_f16_r3", "engram_gate_bwd4c_f16_r4"],
+];
+/// Backward v5 main kernels ("lean" v4; `[0]` v5, `[1]` v5m: merged stage 3),
+/// `[merged][dtype][NV−1]`.
+const BWD5: [[[&str; 4]; 2]; 2] = [
+    [
+        [
+            "engram_gate_bwd5_bf16_r1",
+            "engram_gate_bwd5_bf16_r2",
+            "engram_gate_bwd5_bf16_r3",
+            "engram_gate_bwd5_bf16_r4",
+        ],
+        ["engram_gate_bwd5_f16_r1", "engram_gate_bwd5_f16_r2", "engram_gate_bwd5_f16_r3", "engram_gate_bwd5_f16_r4"],
+    ],
+    [
+        [
+            "engram_gate_bwd5m_bf16_r1",
+            "engram_gate_bwd5m_bf16_r2",
+            "engram_gate_bwd5m_bf16_r3",
+            "engram_gate_bwd5m_bf16_r4",
+        ],
+        [
+            "engram_gate_bwd5m_f16_r1",
+            "engram_gate_bwd5m_f16_r2",
+            "engram_gate_bwd5m_f16_r3",
+            "engram_gate_bwd5m_f16_r4",
+        ],
+    ],
 ];
 const BWD_REDUCE: &str = "engram_gate_bwd_reduce";
 
@@ -204,30 +196,6 @@ pub(crate) const KERNELS: &[&str] = &[
     FWD2[2][1][1],
     FWD2[2][1][2],
     FWD2[2][1][3],
-    BWD2[0][0],
-    BWD2[0][1],
-    BWD2[0][2],
-    BWD2[0][3],
-    BWD2[1][0],
-    BWD2[1][1],
-    BWD2[1][2],
-    BWD2[1][3],
-    BWD3[0][0][0],
-    BWD3[0][0][1],
-    BWD3[0][0][2],
-    BWD3[0][0][3],
-    BWD3[0][1][0],
-    BWD3[0][1][1],
-    BWD3[0][1][2],
-    BWD3[0][1][3],
-    BWD3[1][0][0],
-    BWD3[1][0][1],
-    BWD3[1][0][2],
-    BWD3[1][0][3],
-    BWD3[1][1][0],
-    BWD3[1][1][1],
-    BWD3[1][1][2],
-    BWD3[1][1][3],
     BWD4[0][0],
     BWD4[0][1],
     BWD4[0][2],
@@ -244,6 +212,22 @@ pub(crate) const KERNELS: &[&str] = &[
     BWD4C[1][1],
     BWD4C[1][2],
     BWD4C[1][3],
+    BWD5[0][0][0],
+    BWD5[0][0][1],
+    BWD5[0][0][2],
+    BWD5[0][0][3],
+    BWD5[0][1][0],
+    BWD5[0][1][1],
+    BWD5[0][1][2],
+    BWD5[0][1][3],
+    BWD5[1][0][0],
+    BWD5[1][0][1],
+    BWD5[1][0][2],
+    BWD5[1][0][3],
+    BWD5[1][1][0],
+    BWD5[1][1][1],
+    BWD5[1][1][2],
+    BWD5[1][1][3],
 ];
 
 /// Weight chunks per thread of the v2 forward (`kernels-gpu` `FWD2_WL`).
@@ -252,9 +236,9 @@ const FWD2_WL: usize = 5;
 /// Largest dynamic shared memory used without opting in (bytes).
 const SMEM_DEFAULT: usize = 48 * 1024;
 
-/// Largest dynamic shared memory of the v3 backward main kernel (opted in above 48 KiB; well
+/// Largest dynamic shared memory of the v4 backward main kernel (opted in above 48 KiB; well
 /// inside sm_90's 227 KiB, leaving room for the reduce kernel's blocks beside it under PDL).
-const BWD3_SMEM_MAX: usize = 64 * 1024;
+const BWD4_SMEM_MAX: usize = 64 * 1024;
 
 /// Sizes of one EngramGateConv call: `m` sequences of `t` rows of `d` channels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -348,37 +332,24 @@ pub struct GateBwdConfig {
     pub rows_per_block: u32,
     /// Warps per output column group in the partial reduction (`S`, 1..=32).
     pub reduce_segments: u32,
-    /// v2 main kernel: `u` of the tile rows computed once in stage 1 into shared memory
-    /// (stages 2 and 4 read it instead of recomputing it from global `alpha`, `v`, `rms_w_v`);
-    /// bitwise the same outputs. Resident layouts whose shared memory (`u` and `dconv`) fits in
-    /// 48 KiB only; other calls run v1.
-    pub smem_u: bool,
-    /// v3 main kernel (with `smem_u`): `rms_w_v`, `rms_w_h`, `conv_w` loaded by 16-byte loads
-    /// issued before the row loads into shared memory (stages 2–4 read them there instead of
-    /// through L1 after a prefetch); bitwise v2. Where v2 runs (plus `12·ceil(d/8)·8` B of
-    /// shared memory, opted in up to 64 KiB: d = 768 with R ≤ 3 fits).
-    pub smem_w: bool,
-    /// With `smem_w`: σ in `silu'` of stage 2 as `rcp.approx(1 + ex2.approx(−x·log2 e))`
-    /// instead of the correctly rounded division, `rrms_v'` by `rsqrt.approx` + one Newton
-    /// step, the two per-row divisions by d as products with 1/d (each ≈ 1–2 ulp f32; not
-    /// bitwise v2).
-    pub approx: bool,
     /// Launch the reduce kernel as a programmatic dependent of the main kernel (its launch
     /// and start-up overlap the main kernel; it waits for the main kernel's partials with
     /// `griddepcontrol.wait`). Bitwise the same outputs either way.
     pub pdl: bool,
-    /// Warps beyond the `R+6` of the tile (every main kernel): they skip stages 1–3 and only
-    /// take part in the weight loads (v3) and stage 4's column loop, which strides by the
+    /// Warps beyond the tile's `(R+6)·W` (every main kernel): they skip stages 1–3 and only
+    /// take part in the weight loads (v4) and stage 4's column loop, which strides by the
     /// block size (d = 768 at R = 3: 3 rounds of 288 columns → 2 with 3–7 extra warps; d = 512
     /// at R = 2: 2 rounds → 1 with 8). Bitwise the same outputs as 0. At most 32 warps in all
     /// and what the kernel's registers allow (checked before the launch).
     pub extra_warps: u32,
-    /// v4 main kernel when ≥ 1 ("split rows"; 0 = off): every tile row is worked on by this
-    /// many warps (`W`), each lane holding `ceil(ceil(d/8) / (32·W))` chunks of 8 elements
-    /// instead of `ceil(d/8)/32`; row sums are per-warp butterflies added over the `W` warps
-    /// in a fixed order after a block barrier. Implies v3a's numerics (`smem_u`, `smem_w`,
-    /// `approx` are ignored); `W = 1` is bitwise v3a. Runs where v3 runs (resident layouts,
-    /// shared memory within 64 KiB), else the other fields choose. The block has
+    /// v4 main kernel when ≥ 1 ("split rows"; 0 = the v1 kernel): every tile row is worked on
+    /// by this many warps (`W`), each lane holding `ceil(ceil(d/8) / (32·W))` chunks of 8
+    /// elements instead of `ceil(d/8)/32`; row sums are per-warp butterflies added over the
+    /// `W` warps in a fixed order after a block barrier. Weights, `u` and `dconv` in shared
+    /// memory, approximate σ in `silu'` and `rrms_v'` (≈ 1–2 ulp f32). Runs on resident layouts
+    /// (`d % 8 == 0`, `d ≤ 1024`, 16-byte aligned) whose `u` + `dconv` fit in 48 KiB and whole
+    /// shared memory in 64 KiB; elsewhere the v1 kernel runs (correctly rounded σ, weights
+    /// through L1, `dconv` in global scratch where it does not fit). The block has
     /// `(R+6)·W + extra_warps` warps (at most 32 and what the kernel's registers allow:
     /// checked before the launch). [`bwd_split_warps`] picks `W` for a shape.
     pub split_warps: u32,
@@ -389,6 +360,18 @@ pub struct GateBwdConfig {
     /// bitwise the reduce kernel's order. Elsewhere (more blocks, or the cluster cannot be
     /// scheduled) the reduce kernel runs as without it.
     pub cluster_reduce: bool,
+    /// With v4 running (`split_warps` ≥ 1, two launches): the v5 main kernel instead — v4's
+    /// arithmetic in the same order with fewer instructions per warp (shared memory through
+    /// 32-bit shared-window addresses, the ftz forms of `ex2`/`rcp`/`rsqrt.approx`, the
+    /// per-launch constants from the host, no integer divisions). Bitwise v4 wherever
+    /// |conv| < 87 (below that the ftz forms flush σ's subnormal range to 0). Needs `M` ≤ 65535
+    /// (a 2-D grid), else v4 runs.
+    pub lean: bool,
+    /// With `lean`: v5m, stage 3 in one pass — `Σ dvh·v` in closed form
+    /// (`Σ g·v + eps·rv'³·Σ du·wv·v`, `Σ g·v` summed in stage 1), one barrier, butterfly and
+    /// cross-warp sum fewer. `dv` bitwise v5; `dH`, `dk` differ in rounding (checked against
+    /// the reference).
+    pub merge_s2: bool,
 }
 
 impl Default for GateBwdConfig {
@@ -396,13 +379,12 @@ impl Default for GateBwdConfig {
         Self {
             rows_per_block: 4,
             reduce_segments: 8,
-            smem_u: false,
-            smem_w: false,
-            approx: false,
             pdl: true,
             extra_warps: 0,
             split_warps: 0,
             cluster_reduce: false,
+            lean: false,
+            merge_s2: false,
         }
     }
 }
@@ -422,6 +404,13 @@ pub fn bwd_split_warps(d: usize, rows_per_block: u32) -> u32 {
     want.min(32 / (rows_per_block + 6)).max(1)
 }
 
+/// `ceil(2^16 / wpr)`: the v5 kernels' warp → row map `i = (w·magic) >> 16` equals `w / wpr`
+/// for every warp `w < 32` and `1 ≤ wpr ≤ 32` (the error `w·(magic − 2^16/wpr)/2^16 < 2^-11`
+/// never reaches the next multiple of `1/wpr`; checked exhaustively by a CPU test).
+pub fn bwd_warp_row_magic(wpr: u32) -> u32 {
+    65536u32.div_ceil(wpr.max(1))
+}
+
 impl GateBwdConfig {
     /// The planner's choice for `shape` (what [`gate_conv_bwd`] runs and
     /// [`bwd_workspace_len`] sizes). From the measured sweep (2026-11-29, H200): S = 16 best
@@ -439,13 +428,12 @@ impl GateBwdConfig {
         Self {
             rows_per_block,
             reduce_segments: if shape.d >= 768 { 32 } else { 16 },
-            smem_u: true,
-            smem_w: true,
-            approx: true,
             pdl: true,
             extra_warps: 0,
             split_warps: bwd_split_warps(shape.d, rows_per_block),
             cluster_reduce: false,
+            lean: false,
+            merge_s2: false,
         }
     }
 }
@@ -915,17 +903,13 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
     let part = workspace;
     let scratch: CUdeviceptr = if in_smem { 0 } else { workspace + (nblocks * 6 * d * 4) as u64 };
     let u_bytes = 4 * (r as usize + 6) * d.div_ceil(8) * 8;
-    let v2 = config.smem_u && var < 4 && in_smem && bwd_smem_bytes(d, r, true) + u_bytes <= SMEM_DEFAULT;
     let w_bytes = 2 * 6 * d.div_ceil(8) * 8;
-    // v3 needs 6·ceil(d/8) ≤ BWD3_WL·threads weight chunks: ceil(d/8) ≤ 128 (var < 4), threads ≥ 224.
-    // Its weights may take it past 48 KiB (d = 768, R = 3: 54 KiB): opted in up to BWD3_SMEM_MAX.
-    let v3_bytes = bwd_smem_bytes(d, r, true) + u_bytes + w_bytes;
-    let v3 = v2 && config.smem_w && v3_bytes <= BWD3_SMEM_MAX;
-    // v4: where v3 runs (v2's conditions without `smem_u`/`smem_w`), W warps per row
+    // v4: resident layouts whose u + dconv fit in 48 KiB; the weights and the split sums may
+    // take it past 48 KiB (d = 768, R = 3: 54 KiB): opted in up to BWD4_SMEM_MAX
     let wpr = config.split_warps;
-    let v4_bytes = v3_bytes + 4 * 2 * (r as usize + 6) * wpr as usize;
-    let v2_ok = var < 4 && in_smem && bwd_smem_bytes(d, r, true) + u_bytes <= SMEM_DEFAULT;
-    let v4 = wpr >= 1 && v2_ok && v4_bytes <= BWD3_SMEM_MAX;
+    let v4_bytes = bwd_smem_bytes(d, r, true) + u_bytes + w_bytes + 4 * 2 * (r as usize + 6) * wpr as usize;
+    let u_fits = var < 4 && in_smem && bwd_smem_bytes(d, r, true) + u_bytes <= SMEM_DEFAULT;
+    let v4 = wpr >= 1 && u_fits && v4_bytes <= BWD4_SMEM_MAX;
     let tile_warps = if v4 { (r + 6).saturating_mul(wpr) } else { r + 6 };
     let (f, shared_bytes) = if v4 {
         // NV of the split row: ceil(ceil(d/8) / (32·W)) ≤ 4 (var < 4 means ceil(d/8) ≤ 128)
@@ -936,15 +920,6 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
             f.set_attribute(attr, v4_bytes as i32)?;
         }
         (f, v4_bytes)
-    } else if v3 {
-        let f = gpu.function(BWD3[config.approx as usize][dt][var])?;
-        let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-        if v3_bytes > SMEM_DEFAULT && f.get_attribute(attr)? < v3_bytes as i32 {
-            f.set_attribute(attr, v3_bytes as i32)?;
-        }
-        (f, v3_bytes)
-    } else if v2 {
-        (gpu.function(BWD2[dt][var])?, bwd_smem_bytes(d, r, true) + u_bytes)
     } else {
         (gpu.function(BWD[dt][var])?, bwd_smem_bytes(d, r, in_smem))
     };
@@ -968,7 +943,7 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
     let [mut dh, mut dk, mut dv, mut dwh, mut dwv, mut dcw] = outputs;
     // v4 with the cluster reduction: one launch of the whole grid as one cluster (≤ 8 blocks)
     let cl_bytes = v4_bytes + 4 * 6 * d;
-    if v4 && config.cluster_reduce && blocks <= 8 && cl_bytes <= BWD3_SMEM_MAX {
+    if v4 && config.cluster_reduce && blocks <= 8 && cl_bytes <= BWD4_SMEM_MAX {
         let nv = d.div_ceil(8).div_ceil(32 * wpr as usize).clamp(1, 4);
         let fc = gpu.function(BWD4C[dt][nv - 1])?;
         let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
@@ -997,7 +972,31 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
     }
     let (mut pt, mut sc) = (part, scratch);
     let (mut tl, mut dd, mut rr, mut nt, mut eps) = (shape.t as u32, d as u32, r, ntiles as u32, EPS);
-    if v4 {
+    // v5 (`lean`): v4's block with the 4-slot split sums, grid (ntiles, M)
+    let v5_bytes = v4_bytes + 4 * 2 * (r as usize + 6) * wpr as usize;
+    if v4 && config.lean && shape.m <= 65535 && v5_bytes <= BWD4_SMEM_MAX {
+        let nv = d.div_ceil(8).div_ceil(32 * wpr as usize).clamp(1, 4);
+        let f5 = gpu.function(BWD5[config.merge_s2 as usize][dt][nv - 1])?;
+        let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        if v5_bytes > SMEM_DEFAULT && f5.get_attribute(attr)? < v5_bytes as i32 {
+            f5.set_attribute(attr, v5_bytes as i32)?;
+        }
+        check_block_fits(f5, warps * 32, 6)?;
+        let dims5 = LaunchDims { grid: (ntiles as u32, shape.m as u32, 1), shared_bytes: v5_bytes as u32, ..dims };
+        let (mut w, mut wm) = (wpr, bwd_warp_row_magic(wpr));
+        // s = 1/√d and 1/d correctly rounded (the bits of the kernels' `div.rn(1, sqrt.rn(d))`)
+        let df = d as f32;
+        let (mut s, mut inv_d) = (1.0f32 / df.sqrt(), 1.0f32 / df);
+        launch(
+            f5,
+            dims5,
+            stream,
+            &mut [
+                &mut g, &mut h, &mut k, &mut v, &mut wh, &mut wv, &mut cw, &mut a, &mut rh, &mut rk, &mut dh, &mut dk,
+                &mut dv, &mut pt, &mut tl, &mut dd, &mut rr, &mut w, &mut wm, &mut s, &mut inv_d, &mut eps,
+            ],
+        )?;
+    } else if v4 {
         let mut w = wpr;
         launch(
             f,

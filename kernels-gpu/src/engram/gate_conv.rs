@@ -552,10 +552,6 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool>(
 
 // ---------------------------------------------------------------- backward
 
-/// Weight chunks (16 B) one thread of the v3 backward holds during stage 1: `6·ceil(d/8) ≤ 768`
-/// chunks over `(R+6)·32 ≥ 224` threads.
-pub const BWD3_WL: usize = 4;
-
 /// `(wq / nch, wq % nch)` for `wq < 6·nch`, by at most 5 subtractions.
 #[inline(always)]
 fn split6(wq: u32, nch: u32) -> (u32, u32) {
@@ -580,7 +576,7 @@ fn wrow_g(wv: *const u16, wh: *const u16, cw: *const u16, d: u32, wr: u32) -> *c
 }
 
 /// Smem (f32) of the backward's main kernel: `rrms_v'[R+6]`, `2·dz·s·rh·rk [R]`, padded to 4,
-/// then with `SU` (v2) `u[(R+6)][ceil(d/8)·8]`, then (when no global scratch is given)
+/// then (v4 only) `u[(R+6)][ceil(d/8)·8]`, then (when no global scratch is given)
 /// `dconv[(R+3)][ceil(d/8)·8]`.
 pub const fn bwd_smem_scalar_floats(r: u32) -> u32 {
     (2 * r + 6).div_ceil(4) * 4
@@ -593,7 +589,7 @@ pub const fn bwd_smem_scalar_floats(r: u32) -> u32 {
 /// (`drms_w_h, drms_w_v, dconv_w[0..4]`), reduced by [`engram_gate_bwd_reduce`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW: bool, const AP: bool>(
+unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
     g: *const u16,
     h: *const u16,
     k: *const u16,
@@ -627,25 +623,16 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
     let dpad = (nch * 8) as usize;
     let df = d as f32;
     let s = div_rn(1.0, sqrt_rn(df));
-    // AP: 1/d once; the per-row divisions by d become products (≈ 1 ulp)
-    let inv_d = if AP { div_rn(1.0, df) } else { 0.0 };
     let sm = dyn_smem::<f32>();
     let s_rv = sm;
     let s_ch = sm.add((r + 6) as usize);
-    // v2 (`SU`, resident only): u of every tile row, written in stage 1
     let s_u = sm.add(bwd_smem_scalar_floats(r) as usize);
-    let su_len = if SU { (r as usize + 6) * dpad } else { 0 };
-    let scr = if scratch.is_null() { s_u.add(su_len) } else { scratch.add(blk * (r as usize + 3) * dpad) };
-    // v3 (`SW`, with SU and smem scratch only): raw 16-bit weights after the scratch, rows
-    // 0 = rms_w_v, 1 = rms_w_h, 2..6 = conv_w[0..4]
-    let s_w = scr.add((r as usize + 3) * dpad) as *mut u16;
+    let scr = if scratch.is_null() { s_u } else { scratch.add(blk * (r as usize + 3) * dpad) };
     let base = (m * t_len) as usize; // first row of sequence m
     let rowp = |p: *const u16, t: u32| p.wrapping_add((base + t as usize) * d as usize);
-    // weight row `wr` (0 = rms_w_v, 1 = rms_w_h, 2 + p = conv_w[p]): smem (v3) or global
+    // weight row `wr` (0 = rms_w_v, 1 = rms_w_h, 2 + p = conv_w[p]), global
     let wrow = |wr: u32| -> *const u16 {
-        if SW {
-            s_w.add(wr as usize * dpad) as *const u16
-        } else if wr == 0 {
+        if wr == 0 {
             wv
         } else if wr == 1 {
             wh
@@ -653,30 +640,8 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
             cw.add((wr - 2) as usize * d as usize)
         }
     };
-    // a chunk of a weight row (16-byte smem read in v3)
-    let wld8 = |wr: u32, c: u32| -> F8 {
-        if SW {
-            unpack8::<D>(*(s_w.add(wr as usize * dpad + c as usize * 8) as *const Raw))
-        } else {
-            ld8::<D, FAST>(wrow(wr), c, d)
-        }
-    };
-
-    // ---- v3: every thread issues its (≤ BWD3_WL) 16-byte weight chunks first
-    let nthr = block_dim_x();
-    let nw = 6 * nch;
-    let mut wraw: [Raw; BWD3_WL] = [[0; 4]; BWD3_WL];
-    if SW {
-        let mut q = 0;
-        while q < BWD3_WL {
-            let wq = thread_idx_x() + q as u32 * nthr;
-            if wq < nw {
-                let (p, c) = split6(wq, nch);
-                wraw[q] = ld_raw(wrow_g(wv, wh, cw, d, p), c);
-            }
-            q += 1;
-        }
-    }
+    // a chunk of a weight row
+    let wld8 = |wr: u32, c: u32| -> F8 { ld8::<D, FAST>(wrow(wr), c, d) };
 
     let t = (t0 + i) as i32 - 3;
     let valid = i < r + 6 && t >= 0 && (t as u32) < t_len;
@@ -701,13 +666,9 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
         let (vr, gr, hr, kr) = (rowp(v, tu), rowp(g, tu), rowp(h, tu), rowp(k, tu));
         let mut svv = 0f32;
         let mut wres: [Raw; NV] = [[0; 4]; NV];
-        let mut wvres: [Raw; NV] = [[0; 4]; NV];
         each_chunk!(NV, lane, nch, |n, c| {
             if NV > 0 {
                 *vres.get_unchecked_mut(n) = ld_raw(vr, c);
-                if SU {
-                    *wvres.get_unchecked_mut(n) = ld_raw(wv, c);
-                }
                 if has_g {
                     *gres.get_unchecked_mut(n) = ld_raw(gr, c);
                 }
@@ -719,7 +680,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
             }
         });
         // the conv weights for stage 2 (one warp suffices: L1 is per SM)
-        if !SW && i == 3 {
+        if i == 3 {
             let mut c = lane;
             while c < nch {
                 prefetch_conv_weights(cw, wv, c, d);
@@ -743,45 +704,16 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
                 }
             }
         });
-        let rv = if AP { rrms_fast(warp_sum_f32(svv), inv_d, eps) } else { rrms(warp_sum_f32(svv), df, eps) };
+        let rv = rrms(warp_sum_f32(svv), df, eps);
         p_sum = warp_sum_f32(p_sum);
         if lane == 0 {
             *s_rv.add(i as usize) = rv;
-        }
-        if SU && NV > 0 {
-            // u = (alpha·v)·rv'·wv, bitwise what `u_of` / `u1` compute for this row
-            let urow = s_u.add(i as usize * dpad);
-            each_chunk!(NV, lane, nch, |n, c| {
-                let (vv, wvv) = (unpack8::<D>(res(&vres, n)), unpack8::<D>(res(&wvres, n)));
-                let mut o = [0f32; 8];
-                for q in 0..8 {
-                    o[q] = (a * vv[q]) * rv * wvv[q];
-                }
-                st8_f32(urow, c, o);
-            });
-        }
-    }
-    if SW {
-        let mut q = 0;
-        while q < BWD3_WL {
-            let wq = thread_idx_x() + q as u32 * nthr;
-            if wq < nw {
-                let (p, c) = split6(wq, nch);
-                let dst = s_w.add(p as usize * dpad + c as usize * 8) as *mut u32;
-                for e in 0..4 {
-                    *dst.add(e) = wraw[q][e];
-                }
-            }
-            q += 1;
         }
     }
     sync_threads();
 
     // u of tile row `ip` (t' = t0 − 3 + ip ≥ 0, < T), chunk c: (alpha·v)·rv'·wv
     let u_of = |ip: u32, c: u32, wvv: &F8| -> F8 {
-        if SU {
-            return ld8_f32(s_u.add(ip as usize * dpad), c);
-        }
         let tp = t0 + ip - 3;
         let ap = *alpha.add(base + tp as usize);
         let rvp = *s_rv.add(ip as usize);
@@ -800,7 +732,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
         each_chunk!(NV, lane, nch, |n, c| {
             let mut dc = [0f32; 8];
             if has_g {
-                let wvv = if SU { [0f32; 8] } else { ld8::<D, FAST>(wv, c, d) };
+                let wvv = ld8::<D, FAST>(wv, c, d);
                 let mut conv = [0f32; 8];
                 for p in 0..4u32 {
                     if tu + p >= 3 {
@@ -813,7 +745,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
                 }
                 let gg = if NV > 0 { unpack8::<D>(res(&gres, n)) } else { ld8::<D, FAST>(gr, c, d) };
                 for q in 0..8 {
-                    let sg = if AP { rcp_approx(1.0 + exp_f32(-conv[q])) } else { sigmoid(conv[q]) };
+                    let sg = sigmoid(conv[q]);
                     dc[q] = gg[q] * (sg * (1.0 + conv[q] * (1.0 - sg)));
                 }
             }
@@ -848,25 +780,20 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
         };
         // s1 = Σ du·wv·vh
         let mut s1 = 0f32;
-        // v3 (resident): du of this lane's chunks kept for the second pass (bitwise the same)
-        let mut dus: [F8; NV] = [[0f32; 8]; NV];
         each_chunk!(NV, lane, nch, |n, c| {
             let du = du_of(i, c);
-            if SW && NV > 0 {
-                *dus.get_unchecked_mut(n) = du;
-            }
             let (wvv, vv) = (wld8(0, c), get(&vres, vr, n, c));
             for q in 0..8 {
                 s1 = fma(du[q] * wvv[q], a * vv[q], s1);
             }
         });
         let s1 = warp_sum_f32(s1);
-        let c1 = rv * rv * rv * if AP { s1 * inv_d } else { div_rn(s1, df) };
+        let c1 = rv * rv * rv * div_rn(s1, df);
         // dvh = g + rv·du·wv − vh·c1; dv = alpha·dvh; s2 = Σ dvh·v
         let mut s2 = 0f32;
         let dvr = rowp(dv, tu) as *mut u16;
         each_chunk!(NV, lane, nch, |n, c| {
-            let du = if SW && NV > 0 { *dus.get_unchecked(n) } else { du_of(i, c) };
+            let du = du_of(i, c);
             let (wvv, vv, gg) = (wld8(0, c), get(&vres, vr, n, c), get(&gres, gr, n, c));
             let mut o = [0f32; 8];
             for q in 0..8 {
@@ -879,7 +806,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
         let s2 = warp_sum_f32(s2);
         let dz = a * (1.0 - a) * s2;
         let aa = dz * s * rh * rk;
-        let pd = if AP { p_sum * inv_d } else { div_rn(p_sum, df) };
+        let pd = div_rn(p_sum, df);
         let (ch, ck) = (rh * rh * pd, rk * rk * pd);
         let (dhr, dkr) = (rowp(dh, tu) as *mut u16, rowp(dk, tu) as *mut u16);
         each_chunk!(NV, lane, nch, |n, c| {
@@ -903,10 +830,13 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize, const SU: bool, const SW
     // in increasing t (fixed order).
     let nown = if t0 + r <= t_len { r } else { t_len - t0 };
     let pb = part.add(blk * 6 * d as usize);
-    bwd_weight_partials::<D, SU, SW>(pb, d, dpad, t0, nown, base, wrow, s_w, s_u, scr, s_rv, s_ch, alpha, v, h, k);
+    let s_w = core::ptr::null::<u16>();
+    bwd_weight_partials::<D, false, false>(
+        pb, d, dpad, t0, nown, base, wrow, s_w, s_u, scr, s_rv, s_ch, alpha, v, h, k,
+    );
 }
 
-/// Backward stage 4 (v3 and v4): this block's partial weight gradients `pb[e·d + j]`
+/// Backward stage 4 (v1 and v4): this block's partial weight gradients `pb[e·d + j]`
 /// (e = rms_w_h, rms_w_v, conv_w[0..4]), a thread per column j, the `nown` owned rows in
 /// increasing t (fixed order). `SU`: u of the tile rows from `s_u` (else recomputed from v);
 /// `SW`: the weights from `s_w` (else global, through `wrow`).
@@ -1023,26 +953,29 @@ macro_rules! each_chunk_s {
     };
 }
 
-/// Floats of the v4 backward's per-warp partial row sums (after the v3 weights):
+/// Floats of the v4 backward's per-warp partial row sums (after the raw weights):
 /// `[(R+6)·wpr][2]`.
 pub const fn bwd4_split_floats(r: u32, wpr: u32) -> u32 {
     2 * (r + 6) * wpr
 }
 
-/// EngramGateConvBwd main kernel v4 ("split rows"): v3a (`u`, `dconv` and the raw weights in
-/// shared memory, approximate σ in `silu'` and `rrms_v'`) with every tile row spread over
-/// `wpr` warps: warp `w` works on row `i = w / wpr`, its lane on chunks
-/// `(w % wpr)·32 + lane + 32·wpr·n` (`n < NV`), so a lane holds `ceil(ceil(d/8) / (32·wpr))`
-/// chunks instead of `ceil(d/8)/32` — the per-warp serial chain (which is the kernel's time)
-/// shrinks by that factor at d = 512 / 768. Row sums (`Σ vh²`, `P`, `s1`, `s2`) are a warp
-/// butterfly per warp, then (`wpr > 1`) the `wpr` warp sums added in increasing warp order
-/// from shared memory after a block barrier (three barriers more than v3a, executed at every
-/// `wpr`; deterministic). With `wpr = 1` the sums are v3a's (no shared-memory step): bitwise
-/// v3a. The row loads are issued
-/// before the weights, which are copied by `cp.async` straight into shared memory (no
-/// registers: v3a holds them in up to 16 registers through stage 1), and the per-launch
-/// constants are computed after both (v3a computes them first).
-/// Block `((R+6)·wpr + extra)·32` threads; smem as v3 plus [`bwd4_split_floats`] f32.
+/// EngramGateConvBwd main kernel v4 ("split rows"; the planner's kernel wherever it fits):
+/// `u`, `dconv` and the raw 16-bit weights (`rms_w_v`, `rms_w_h`, `conv_w[0..4]`) in shared
+/// memory, approximate σ in `silu'` (`rcp.approx(1 + ex2.approx)`), `rrms_v'` by
+/// `rsqrt.approx` + one Newton step, the per-row divisions by d as products with 1/d (each
+/// ≈ 1–2 ulp f32, within SPEC's tolerances), and every tile row spread over `wpr` warps: warp
+/// `w` works on row `i = w / wpr`, its lane on chunks `(w % wpr)·32 + lane + 32·wpr·n`
+/// (`n < NV`), so a lane holds `ceil(ceil(d/8) / (32·wpr))` chunks instead of
+/// `ceil(d/8)/32` — the per-warp serial chain (which is the kernel's time) shrinks by that
+/// factor at d = 512 / 768. Row sums (`Σ vh²`, `P`, `s1`, `s2`) are a warp butterfly per warp,
+/// then (`wpr > 1`) the `wpr` warp sums added in increasing warp order from shared memory
+/// after a block barrier (those barriers run at every `wpr`; deterministic). The row loads
+/// are issued first, the weights are copied by `cp.async` straight into shared memory (no
+/// registers), and the per-launch constants are computed after both. (Up to session 6 a
+/// `wpr = 1` run was tested bitwise equal to the retired v3a kernel.)
+/// Block `((R+6)·wpr + extra)·32` threads; dynamic smem: the scalars
+/// ([`bwd_smem_scalar_floats`]), `u` `[R+6][dpad]` and `dconv` `[R+3][dpad]` f32, the weights
+/// `[6][dpad]` u16, then [`bwd4_split_floats`] f32.
 ///
 /// `CL` ("cluster reduce", one launch): the whole grid is one thread-block cluster (≤ 8
 /// blocks); stage 4 writes the block's partials `[6, d]` to shared memory (`6·d` f32 after
@@ -1319,7 +1252,7 @@ unsafe fn bwd4<D: Dt, const NV: usize, const CL: bool>(
     }
     sync_threads();
 
-    // ---- stage 4: this block's partial weight gradients (as v3: a thread per column, the
+    // ---- stage 4: this block's partial weight gradients (as v1: a thread per column, the
     // owned rows in increasing t)
     let nown = if t0 + r <= t_len { r } else { t_len - t0 };
     // CL: the partials stay in shared memory, after the split sums
@@ -1366,6 +1299,455 @@ unsafe fn bwd4<D: Dt, const NV: usize, const CL: bool>(
         // no block leaves (its shared memory) while another may still read it
         cluster_arrive();
         cluster_wait();
+    }
+}
+
+// ---------------------------------------------------------------- backward v5 ("lean" v4)
+
+/// Floats of the v5 backward's per-warp partial row sums: `[(R+6)·wpr][4]` (v4's two slots,
+/// one for `Σ g·v` of `M3`, one of padding).
+pub const fn bwd5_split_floats(r: u32, wpr: u32) -> u32 {
+    4 * (r + 6) * wpr
+}
+
+/// 8 f32 from shared-window address `a` (16-byte aligned).
+#[inline(always)]
+unsafe fn lds8_f32(a: u32) -> F8 {
+    let (x, y) = (lds_v4(a), lds_v4(a + 16));
+    let mut o = [0f32; 8];
+    let mut e = 0;
+    while e < 4 {
+        o[e] = f32::from_bits(x[e]);
+        o[e + 4] = f32::from_bits(y[e]);
+        e += 1;
+    }
+    o
+}
+
+/// 8 f32 to shared-window address `a` (16-byte aligned).
+#[inline(always)]
+unsafe fn sts8_f32(a: u32, v: F8) {
+    sts_v4(a, [v[0].to_bits(), v[1].to_bits(), v[2].to_bits(), v[3].to_bits()]);
+    sts_v4(a + 16, [v[4].to_bits(), v[5].to_bits(), v[6].to_bits(), v[7].to_bits()]);
+}
+
+/// [`rrms_fast`] with `rsqrt.approx.ftz` (bitwise the same: its argument is ≥ eps, normal).
+#[inline(always)]
+fn rrms_fast_ftz(sum: f32, inv_d: f32, eps: f32) -> f32 {
+    let x = fma(sum, inv_d, eps);
+    let r = rsqrt_approx_ftz(x);
+    let n = r * fma(-0.5 * x, r * r, 1.5);
+    if r == f32::INFINITY {
+        r
+    } else {
+        n
+    }
+}
+
+/// EngramGateConvBwd main kernel v5 ("lean"): v4 (non-cluster) doing the same arithmetic in
+/// the same order with fewer instructions per warp — the kernel is a per-warp dependent chain
+/// and, at W = 2–3 (16–27 warps on one SM), also instruction-issue bound:
+/// 1. every shared-memory access (`u`, `dconv`, the raw weights, the row scalars and split
+///    sums, stage 4's column reads) through 32-bit shared-window addresses (`LDS`/`STS`,
+///    32-bit address arithmetic) instead of generic 64-bit loads and stores;
+/// 2. σ in `silu'` by `ex2.approx.ftz` / `rcp.approx.ftz` and `rrms_v'` by
+///    `rsqrt.approx.ftz`: the same results as v4's non-ftz forms wherever |conv| < 87 (the
+///    non-ftz forms only add subnormal-range fix-ups: ≈ 9 instructions per element);
+/// 3. the per-launch constants `s = 1/√d`, `inv_d = 1/d` from the host (correctly rounded
+///    there, so the same bits as v4's `div.rn`/`sqrt.rn`), no u32 division for the block's
+///    sequence (grid `(ntiles, M)`: m = blockIdx.y) and none for the warp's row
+///    (`i = (w·wmagic) >> 16` with `wmagic = ceil(2^16 / wpr)`, exact for w < 32).
+///
+/// `M3` ("merged stage 3", `v5m`): `s2 = Σ dvh·v` without its own pass, butterfly, barrier
+/// and cross-warp sum: with `rv'² = 1/(Σvh²/d + eps)` the rmsnorm backward gives exactly
+/// `Σ dvh·v = Σ g·v + eps·rv'³·Σ du·wv·v`, so `dz = alpha(1−alpha)·s2 =
+/// (1−alpha)·(alpha·Σ g·v + eps·rv'³·s1)` with `s1` as before and `Σ g·v` summed in stage 1
+/// (its butterfly beside the other two). `dv` is bitwise v4's (same `s1`, `c1`); `dH`, `dk`
+/// change through `dz` only (the closed form has no cancellation; checked against the f64
+/// reference). One barrier fewer; the dv/dH/dk stores in one pass.
+/// Grid `(ntiles, M)`, block `((R+6)·wpr + extra)·32`, dynamic smem as [`bwd4`] (non-cluster)
+/// but [`bwd5_split_floats`] for the split sums.
+/// Without `M3`: outputs bitwise v4's wherever |conv| < 87 (the tests' data); deterministic.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn bwd5<D: Dt, const NV: usize, const M3: bool>(
+    g: *const u16,
+    h: *const u16,
+    k: *const u16,
+    v: *const u16,
+    wh: *const u16,
+    wv: *const u16,
+    cw: *const u16,
+    alpha: *const f32,
+    rh_i: *const f32,
+    rk_i: *const f32,
+    dh: *mut u16,
+    dk: *mut u16,
+    dv: *mut u16,
+    part: *mut f32,
+    t_len: u32,
+    d: u32,
+    r: u32,
+    wpr: u32,
+    wmagic: u32,
+    s: f32,
+    inv_d: f32,
+    eps: f32,
+) {
+    grid_launch_dependents();
+    let lane = lane_id();
+    let wi = thread_idx_x() / 32;
+    let i = (wi * wmagic) >> 16;
+    let sub = wi - i * wpr;
+    let m = block_idx_y();
+    let t0 = block_idx_x() * r;
+    let blk = (m * grid_dim_x() + block_idx_x()) as usize;
+    let nch = d.div_ceil(8);
+    let dpad = nch * 8;
+    let c0 = sub * 32 + lane;
+    let cs = 32 * wpr;
+    let split = wpr > 1;
+    // shared-window addresses (bytes): scalars, u [R+6][dpad] f32, dconv [R+3][dpad] f32,
+    // weights [6][dpad] u16, split sums [(R+6)·wpr][4] f32
+    let a_sm = dyn_smem_u32();
+    let a_rv = a_sm;
+    let a_ch = a_sm + 4 * (r + 6);
+    let a_u = a_sm + 4 * bwd_smem_scalar_floats(r);
+    let a_scr = a_u + 4 * (r + 6) * dpad;
+    let a_w = a_scr + 4 * (r + 3) * dpad;
+    let a_sp = a_w + 2 * 6 * dpad;
+    // the generic address of the weights, for cp.async
+    let s_w = (dyn_smem::<u8>()).add((a_w - a_sm) as usize);
+    let base = (m * t_len) as usize;
+    let rowp = |p: *const u16, t: u32| p.wrapping_add((base + t as usize) * d as usize);
+    let wld8 = |wr: u32, c: u32| -> F8 { unpack8::<D>(lds_v4(a_w + 2 * (wr * dpad + c * 8))) };
+    // the `wpr` warp partials of row `ii`, slot `q`, added in increasing warp order (wpr ≤ 4:
+    // (R+6)·wpr ≤ 32 warps with R ≥ 1, checked by the host; no loop)
+    let row_sum = |ii: u32, q: u32| -> f32 {
+        let pp = a_sp + 4 * (ii * wpr * 4 + q);
+        let mut acc = lds_f32(pp);
+        if wpr > 1 {
+            acc += lds_f32(pp + 16);
+        }
+        if wpr > 2 {
+            acc += lds_f32(pp + 32);
+        }
+        if wpr > 3 {
+            acc += lds_f32(pp + 48);
+        }
+        acc
+    };
+
+    let t = (t0 + i) as i32 - 3;
+    let valid = i < r + 6 && t >= 0 && (t as u32) < t_len;
+    let tu = t as u32;
+    let owned = valid && i >= 3 && i < r + 3;
+    let has_g = valid && i >= 3;
+
+    // ---- row loads first (the longest DRAM round trip), then the weights
+    let mut vres: [Raw; NV] = [[0; 4]; NV];
+    let mut gres: [Raw; NV] = [[0; 4]; NV];
+    let mut hres: [Raw; NV] = [[0; 4]; NV];
+    let mut kres: [Raw; NV] = [[0; 4]; NV];
+    let mut wres: [Raw; NV] = [[0; 4]; NV];
+    let mut wvres: [Raw; NV] = [[0; 4]; NV];
+    let (mut a, mut rh, mut rk) = (0f32, 0f32, 0f32);
+    if valid {
+        a = *alpha.add(base + tu as usize);
+        if owned {
+            (rh, rk) = (*rh_i.add(base + tu as usize), *rk_i.add(base + tu as usize));
+        }
+        let (vr, gr, hr, kr) = (rowp(v, tu), rowp(g, tu), rowp(h, tu), rowp(k, tu));
+        each_chunk_s!(NV, c0, cs, nch, |n, c| {
+            *vres.get_unchecked_mut(n) = ld_raw(vr, c);
+            *wvres.get_unchecked_mut(n) = ld_raw(wv, c);
+            if has_g {
+                *gres.get_unchecked_mut(n) = ld_raw(gr, c);
+            }
+            if owned {
+                *hres.get_unchecked_mut(n) = ld_raw(hr, c);
+                *kres.get_unchecked_mut(n) = ld_raw(kr, c);
+                *wres.get_unchecked_mut(n) = ld_raw(wh, c);
+            }
+        });
+    }
+    // the weights straight into shared memory (`cp.async`: no registers hold them)
+    let nthr = block_dim_x();
+    let nw = 6 * nch;
+    let mut wq = thread_idx_x();
+    while wq < nw {
+        let (p, c) = split6(wq, nch);
+        let src = wrow_g(wv, wh, cw, d, p).add(c as usize * 8);
+        cp_async_16(s_w.add(2 * (p * dpad + c * 8) as usize), src as *const u8);
+        wq += nthr;
+    }
+
+    // ---- stage 1: Σ vh² (vh = alpha·v unrounded) of every tile row, P = Σ H·k·wh² of owned rows
+    let (mut svv, mut p_sum, mut sgv) = (0f32, 0f32, 0f32);
+    if valid {
+        each_chunk_s!(NV, c0, cs, nch, |n, c| {
+            let vv = unpack8::<D>(res(&vres, n));
+            for e in 0..8 {
+                let vh = a * vv[e];
+                svv = fma(vh, vh, svv);
+            }
+            if owned {
+                let (hh, kk, ww) =
+                    (unpack8::<D>(res(&hres, n)), unpack8::<D>(res(&kres, n)), unpack8::<D>(res(&wres, n)));
+                for e in 0..8 {
+                    p_sum = fma(hh[e] * kk[e], ww[e] * ww[e], p_sum);
+                }
+                if M3 {
+                    let gg = unpack8::<D>(res(&gres, n));
+                    for e in 0..8 {
+                        sgv = fma(gg[e], vv[e], sgv);
+                    }
+                }
+            }
+        });
+        svv = warp_sum_f32(svv);
+        p_sum = warp_sum_f32(p_sum);
+        if M3 {
+            sgv = warp_sum_f32(sgv);
+        }
+        if split && lane == 0 {
+            sts_f32(a_sp + 16 * wi, svv);
+            sts_f32(a_sp + 16 * wi + 4, p_sum);
+            if M3 {
+                sts_f32(a_sp + 16 * wi + 8, sgv);
+            }
+        }
+    }
+    // unconditional (see bwd4)
+    sync_threads();
+    let mut rv = 0f32;
+    if valid {
+        if split {
+            svv = row_sum(i, 0);
+            p_sum = row_sum(i, 1);
+            if M3 {
+                sgv = row_sum(i, 2);
+            }
+        }
+        rv = rrms_fast_ftz(svv, inv_d, eps);
+        if lane == 0 && sub == 0 {
+            sts_f32(a_rv + 4 * i, rv);
+        }
+        // u = (alpha·v)·rv'·wv of this row
+        let urow = a_u + 4 * i * dpad;
+        each_chunk_s!(NV, c0, cs, nch, |n, c| {
+            let (vv, wvv) = (unpack8::<D>(res(&vres, n)), unpack8::<D>(res(&wvres, n)));
+            let mut o = [0f32; 8];
+            for q in 0..8 {
+                o[q] = (a * vv[q]) * rv * wvv[q];
+            }
+            sts8_f32(urow + 32 * c, o);
+        });
+    }
+    cp_async_wait_all();
+    sync_threads();
+
+    // ---- stage 2: dconv = g·silu'(conv) of tile rows 3..R+6 into scratch row i−3
+    if i >= 3 && i < r + 6 {
+        let srow = a_scr + 4 * (i - 3) * dpad;
+        each_chunk_s!(NV, c0, cs, nch, |n, c| {
+            let mut dc = [0f32; 8];
+            if has_g {
+                let mut conv = [0f32; 8];
+                for p in 0..4u32 {
+                    if tu + p >= 3 {
+                        let uu = lds8_f32(a_u + 4 * ((i - 3 + p) * dpad + c * 8));
+                        let cwp = wld8(2 + p, c);
+                        for q in 0..8 {
+                            conv[q] = fma(cwp[q], uu[q], conv[q]);
+                        }
+                    }
+                }
+                let gg = unpack8::<D>(res(&gres, n));
+                for q in 0..8 {
+                    // exp_f32 / rcp_approx of v4 with the ftz forms (same bits for |conv| < 87)
+                    let sg = rcp_approx_ftz(1.0 + ex2_approx_ftz(-conv[q] * core::f32::consts::LOG2_E));
+                    dc[q] = gg[q] * (sg * (1.0 + conv[q] * (1.0 - sg)));
+                }
+            }
+            sts8_f32(srow + 32 * c, dc);
+        });
+    }
+    sync_threads();
+
+    // ---- stage 3: owned rows (u-norm backward, gate backward, the two rmsnorm backwards)
+    let mut dus: [F8; NV] = [[0f32; 8]; NV];
+    let mut s1 = 0f32;
+    if owned {
+        // s1 = Σ du·wv·vh, du[t] = Σ_p cw[p]·dconv[t+3−p]
+        each_chunk_s!(NV, c0, cs, nch, |n, c| {
+            let mut du = [0f32; 8];
+            for p in 0..4u32 {
+                let cwp = wld8(2 + p, c);
+                let dc = lds8_f32(a_scr + 4 * ((i - p) * dpad + c * 8));
+                for q in 0..8 {
+                    du[q] = fma(cwp[q], dc[q], du[q]);
+                }
+            }
+            *dus.get_unchecked_mut(n) = du;
+            let (wvv, vv) = (wld8(0, c), unpack8::<D>(res(&vres, n)));
+            for q in 0..8 {
+                s1 = fma(du[q] * wvv[q], a * vv[q], s1);
+            }
+        });
+        s1 = warp_sum_f32(s1);
+        if split && lane == 0 {
+            sts_f32(a_sp + 16 * wi, s1);
+        }
+    }
+    sync_threads();
+    if M3 {
+        if owned {
+            if split {
+                s1 = row_sum(i, 0);
+            }
+            let c1 = rv * rv * rv * (s1 * inv_d);
+            // Σ dvh·v in closed form (see above): dz = (1−a)·(a·Σg·v + eps·rv'³·s1)
+            let dz = (1.0 - a) * fma(a, sgv, eps * (rv * rv * rv) * s1);
+            let aa = dz * s * rh * rk;
+            let pd = p_sum * inv_d;
+            let (ch, ck) = (rh * rh * pd, rk * rk * pd);
+            let (dvr, dhr, dkr) = (rowp(dv, tu) as *mut u16, rowp(dh, tu) as *mut u16, rowp(dk, tu) as *mut u16);
+            each_chunk_s!(NV, c0, cs, nch, |n, c| {
+                let du = *dus.get_unchecked(n);
+                let (wvv, vv, gg) = (wld8(0, c), unpack8::<D>(res(&vres, n)), unpack8::<D>(res(&gres, n)));
+                let mut o = [0f32; 8];
+                for q in 0..8 {
+                    let dvh = gg[q] + (rv * (du[q] * wvv[q]) - (a * vv[q]) * c1);
+                    o[q] = a * dvh;
+                }
+                st8::<D, true>(dvr, c, d, o);
+                let (hh, kk, ww) = (unpack8::<D>(res(&hres, n)), unpack8::<D>(res(&kres, n)), wld8(1, c));
+                let (mut oh, mut ok) = ([0f32; 8], [0f32; 8]);
+                for q in 0..8 {
+                    let w2 = ww[q] * ww[q];
+                    oh[q] = aa * (kk[q] * w2 - hh[q] * ch);
+                    ok[q] = aa * (hh[q] * w2 - kk[q] * ck);
+                }
+                st8::<D, true>(dhr, c, d, oh);
+                st8::<D, true>(dkr, c, d, ok);
+            });
+            if lane == 0 && sub == 0 {
+                sts_f32(a_ch + 4 * (i - 3), 2.0 * aa);
+            }
+        }
+        sync_threads();
+    } else {
+        let mut s2 = 0f32;
+        if owned {
+            if split {
+                s1 = row_sum(i, 0);
+            }
+            let c1 = rv * rv * rv * (s1 * inv_d);
+            // dvh = g + rv·du·wv − vh·c1; dv = alpha·dvh; s2 = Σ dvh·v
+            let dvr = rowp(dv, tu) as *mut u16;
+            each_chunk_s!(NV, c0, cs, nch, |n, c| {
+                let du = *dus.get_unchecked(n);
+                let (wvv, vv, gg) = (wld8(0, c), unpack8::<D>(res(&vres, n)), unpack8::<D>(res(&gres, n)));
+                let mut o = [0f32; 8];
+                for q in 0..8 {
+                    let dvh = gg[q] + (rv * (du[q] * wvv[q]) - (a * vv[q]) * c1);
+                    o[q] = a * dvh;
+                    s2 = fma(dvh, vv[q], s2);
+                }
+                st8::<D, true>(dvr, c, d, o);
+            });
+            s2 = warp_sum_f32(s2);
+            if split && lane == 0 {
+                sts_f32(a_sp + 16 * wi + 4, s2);
+            }
+        }
+        sync_threads();
+        if owned {
+            if split {
+                s2 = row_sum(i, 1);
+            }
+            let dz = a * (1.0 - a) * s2;
+            let aa = dz * s * rh * rk;
+            let pd = p_sum * inv_d;
+            let (ch, ck) = (rh * rh * pd, rk * rk * pd);
+            let (dhr, dkr) = (rowp(dh, tu) as *mut u16, rowp(dk, tu) as *mut u16);
+            each_chunk_s!(NV, c0, cs, nch, |n, c| {
+                let (hh, kk, ww) = (unpack8::<D>(res(&hres, n)), unpack8::<D>(res(&kres, n)), wld8(1, c));
+                let (mut oh, mut ok) = ([0f32; 8], [0f32; 8]);
+                for q in 0..8 {
+                    let w2 = ww[q] * ww[q];
+                    oh[q] = aa * (kk[q] * w2 - hh[q] * ch);
+                    ok[q] = aa * (hh[q] * w2 - kk[q] * ck);
+                }
+                st8::<D, true>(dhr, c, d, oh);
+                st8::<D, true>(dkr, c, d, ok);
+            });
+            if lane == 0 && sub == 0 {
+                sts_f32(a_ch + 4 * (i - 3), 2.0 * aa);
+            }
+        }
+        sync_threads();
+    }
+
+    // ---- stage 4: this block's partial weight gradients, as bwd_weight_partials (a thread
+    // per column, the owned rows in increasing t, the same operations) with shared-window reads
+    let nown = if t0 + r <= t_len { r } else { t_len - t0 };
+    let pb = part.add(blk * 6 * d as usize);
+    let ld1 = |p: *const u16, j: u32| D::to_f32(*p.add(j as usize));
+    let mut j = thread_idx_x();
+    while j < d {
+        let wj = |wr: u32| -> f32 { D::to_f32(lds_u16(a_w + 2 * (wr * dpad + j))) };
+        let whj = wj(1);
+        let cwj = [wj(2), wj(3), wj(4), wj(5)];
+        let u1 = |ip: u32| -> f32 { lds_f32(a_u + 4 * (ip * dpad + j)) };
+        let (mut a_h, mut a_v, mut a_c0, mut a_c1, mut a_c2, mut a_c3) = (0f32, 0f32, 0f32, 0f32, 0f32, 0f32);
+        let (mut w0, mut w1, mut w2) = (0f32, 0f32, 0f32);
+        if t0 >= 3 {
+            w0 = u1(0);
+        }
+        if t0 >= 2 {
+            w1 = u1(1);
+        }
+        if t0 >= 1 {
+            w2 = u1(2);
+        }
+        let sc = |row: u32| lds_f32(a_scr + 4 * (row * dpad + j));
+        let (mut e0, mut e1, mut e2) = (sc(0), sc(1), sc(2));
+        let mut io = 0;
+        while io < nown {
+            let ii = io + 3;
+            let tt = t0 + io;
+            let w3 = u1(ii);
+            let e3 = sc(io + 3);
+            let mut du = 0f32;
+            du = fma(cwj[0], e3, du);
+            du = fma(cwj[1], e2, du);
+            du = fma(cwj[2], e1, du);
+            du = fma(cwj[3], e0, du);
+            let at = *alpha.add(base + tt as usize);
+            let rvt = lds_f32(a_rv + 4 * ii);
+            let cht = lds_f32(a_ch + 4 * io);
+            let (vv, hh, kk) = (ld1(rowp(v, tt), j), ld1(rowp(h, tt), j), ld1(rowp(k, tt), j));
+            a_h = fma(cht * whj, hh * kk, a_h);
+            a_v = fma(du, (at * vv) * rvt, a_v);
+            a_c0 = fma(e0, w0, a_c0);
+            a_c1 = fma(e0, w1, a_c1);
+            a_c2 = fma(e0, w2, a_c2);
+            a_c3 = fma(e0, w3, a_c3);
+            (w0, w1, w2) = (w1, w2, w3);
+            (e0, e1, e2) = (e1, e2, e3);
+            io += 1;
+        }
+        let dd = d as usize;
+        let pj = pb.add(j as usize);
+        *pj = a_h;
+        *pj.add(dd) = a_v;
+        *pj.add(2 * dd) = a_c0;
+        *pj.add(3 * dd) = a_c1;
+        *pj.add(4 * dd) = a_c2;
+        *pj.add(5 * dd) = a_c3;
+        j += block_dim_x();
     }
 }
 
@@ -1489,12 +1871,6 @@ macro_rules! fwd2_entry {
 
 macro_rules! bwd_entry {
     ($name:ident, $dt:ty, $fast:expr, $nv:expr) => {
-        bwd_entry!($name, $dt, $fast, $nv, false, false, false);
-    };
-    ($name:ident, $dt:ty, $fast:expr, $nv:expr, $su:expr) => {
-        bwd_entry!($name, $dt, $fast, $nv, $su, false, false);
-    };
-    ($name:ident, $dt:ty, $fast:expr, $nv:expr, $su:expr, $sw:expr, $ap:expr) => {
         /// EngramGateConvBwd main entry (see [`bwd`] for the launch contract).
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(
@@ -1519,7 +1895,7 @@ macro_rules! bwd_entry {
             ntiles: u32,
             eps: f32,
         ) {
-            bwd::<$dt, $fast, $nv, $su, $sw, $ap>(
+            bwd::<$dt, $fast, $nv>(
                 g, h, k, v, wh, wv, cw, alpha, rh, rk, dh, dk, dv, part, scratch, t_len, d, r, ntiles, eps,
             )
         }
@@ -1576,32 +1952,6 @@ bwd_entry!(engram_gate_bwd_f16_r3, F16, true, 3);
 bwd_entry!(engram_gate_bwd_f16_r4, F16, true, 4);
 bwd_entry!(engram_gate_bwd_f16_v8, F16, true, 0);
 bwd_entry!(engram_gate_bwd_f16_any, F16, false, 0);
-
-bwd_entry!(engram_gate_bwd2_bf16_r1, Bf16, true, 1, true);
-bwd_entry!(engram_gate_bwd2_bf16_r2, Bf16, true, 2, true);
-bwd_entry!(engram_gate_bwd2_bf16_r3, Bf16, true, 3, true);
-bwd_entry!(engram_gate_bwd2_bf16_r4, Bf16, true, 4, true);
-bwd_entry!(engram_gate_bwd2_f16_r1, F16, true, 1, true);
-bwd_entry!(engram_gate_bwd2_f16_r2, F16, true, 2, true);
-bwd_entry!(engram_gate_bwd2_f16_r3, F16, true, 3, true);
-bwd_entry!(engram_gate_bwd2_f16_r4, F16, true, 4, true);
-
-bwd_entry!(engram_gate_bwd3s_bf16_r1, Bf16, true, 1, true, true, false);
-bwd_entry!(engram_gate_bwd3s_bf16_r2, Bf16, true, 2, true, true, false);
-bwd_entry!(engram_gate_bwd3s_bf16_r3, Bf16, true, 3, true, true, false);
-bwd_entry!(engram_gate_bwd3s_bf16_r4, Bf16, true, 4, true, true, false);
-bwd_entry!(engram_gate_bwd3s_f16_r1, F16, true, 1, true, true, false);
-bwd_entry!(engram_gate_bwd3s_f16_r2, F16, true, 2, true, true, false);
-bwd_entry!(engram_gate_bwd3s_f16_r3, F16, true, 3, true, true, false);
-bwd_entry!(engram_gate_bwd3s_f16_r4, F16, true, 4, true, true, false);
-bwd_entry!(engram_gate_bwd3a_bf16_r1, Bf16, true, 1, true, true, true);
-bwd_entry!(engram_gate_bwd3a_bf16_r2, Bf16, true, 2, true, true, true);
-bwd_entry!(engram_gate_bwd3a_bf16_r3, Bf16, true, 3, true, true, true);
-bwd_entry!(engram_gate_bwd3a_bf16_r4, Bf16, true, 4, true, true, true);
-bwd_entry!(engram_gate_bwd3a_f16_r1, F16, true, 1, true, true, true);
-bwd_entry!(engram_gate_bwd3a_f16_r2, F16, true, 2, true, true, true);
-bwd_entry!(engram_gate_bwd3a_f16_r3, F16, true, 3, true, true, true);
-bwd_entry!(engram_gate_bwd3a_f16_r4, F16, true, 4, true, true, true);
 
 macro_rules! bwd4_entry {
     ($name:ident, $dt:ty, $nv:expr) => {
@@ -1689,3 +2039,55 @@ bwd4c_entry!(engram_gate_bwd4c_f16_r1, F16, 1);
 bwd4c_entry!(engram_gate_bwd4c_f16_r2, F16, 2);
 bwd4c_entry!(engram_gate_bwd4c_f16_r3, F16, 3);
 bwd4c_entry!(engram_gate_bwd4c_f16_r4, F16, 4);
+
+macro_rules! bwd5_entry {
+    ($name:ident, $dt:ty, $nv:expr, $m3:expr) => {
+        /// EngramGateConvBwd main entry v5 (see [`bwd5`] for the launch contract).
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(
+            g: *const u16,
+            h: *const u16,
+            k: *const u16,
+            v: *const u16,
+            wh: *const u16,
+            wv: *const u16,
+            cw: *const u16,
+            alpha: *const f32,
+            rh: *const f32,
+            rk: *const f32,
+            dh: *mut u16,
+            dk: *mut u16,
+            dv: *mut u16,
+            part: *mut f32,
+            t_len: u32,
+            d: u32,
+            r: u32,
+            wpr: u32,
+            wmagic: u32,
+            s: f32,
+            inv_d: f32,
+            eps: f32,
+        ) {
+            bwd5::<$dt, $nv, $m3>(
+                g, h, k, v, wh, wv, cw, alpha, rh, rk, dh, dk, dv, part, t_len, d, r, wpr, wmagic, s, inv_d, eps,
+            )
+        }
+    };
+}
+
+bwd5_entry!(engram_gate_bwd5_bf16_r1, Bf16, 1, false);
+bwd5_entry!(engram_gate_bwd5_bf16_r2, Bf16, 2, false);
+bwd5_entry!(engram_gate_bwd5_bf16_r3, Bf16, 3, false);
+bwd5_entry!(engram_gate_bwd5_bf16_r4, Bf16, 4, false);
+bwd5_entry!(engram_gate_bwd5_f16_r1, F16, 1, false);
+bwd5_entry!(engram_gate_bwd5_f16_r2, F16, 2, false);
+bwd5_entry!(engram_gate_bwd5_f16_r3, F16, 3, false);
+bwd5_entry!(engram_gate_bwd5_f16_r4, F16, 4, false);
+bwd5_entry!(engram_gate_bwd5m_bf16_r1, Bf16, 1, true);
+bwd5_entry!(engram_gate_bwd5m_bf16_r2, Bf16, 2, true);
+bwd5_entry!(engram_gate_bwd5m_bf16_r3, Bf16, 3, true);
+bwd5_entry!(engram_gate_bwd5m_bf16_r4, Bf16, 4, true);
+bwd5_entry!(engram_gate_bwd5m_f16_r1, F16, 1, true);
+bwd5_entry!(engram_gate_bwd5m_f16_r2, F16, 2, true);
+bwd5_entry!(engram_gate_bwd5m_f16_r3, F16, 3, true);
+bwd5_entry!(engram_gate_bwd5m_f16_r4, F16, 4, true);

@@ -699,5 +699,78 @@ pub fn shfl_idx_f32(v: f32, src: u32) -> f32 {
 pub unsafe fn ld_acquire_gpu_u32(p: *const u32) -> u32 {
     let r: u32;
     asm!("ld.acquire.gpu.global.u32 {}, [{}];", out(reg32) r, in(reg64) p, options(nostack));
+// ---------------------------------------------------------------- EngramGateConvBwd (session 7): shared-window accesses, ftz approximations
+
+/// The shared-window (32-bit) address of the block's dynamic shared memory (the same bytes as
+/// [`dyn_smem`]). With [`lds_v4`] and its siblings the accesses compile to `LDS`/`STS` with
+/// 32-bit address arithmetic instead of generic loads through 64-bit addresses.
+#[inline(always)]
+pub fn dyn_smem_u32() -> u32 {
+    let r: u32;
+    unsafe { asm!("mov.u32 {}, rgk_dyn_smem;", out(reg32) r, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `ld.shared.v4.u32` at shared-window address `a` (16-byte aligned).
+#[inline(always)]
+pub unsafe fn lds_v4(a: u32) -> [u32; 4] {
+    let (x, y, z, w): (u32, u32, u32, u32);
+    asm!("ld.shared.v4.u32 {{{}, {}, {}, {}}}, [{}];", out(reg32) x, out(reg32) y, out(reg32) z, out(reg32) w,
+         in(reg32) a, options(readonly, nostack));
+    [x, y, z, w]
+}
+
+/// `st.shared.v4.u32` at shared-window address `a` (16-byte aligned).
+#[inline(always)]
+pub unsafe fn sts_v4(a: u32, v: [u32; 4]) {
+    asm!("st.shared.v4.u32 [{}], {{{}, {}, {}, {}}};",
+         in(reg32) a, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack));
+}
+
+/// `ld.shared.f32` at shared-window address `a`.
+#[inline(always)]
+pub unsafe fn lds_f32(a: u32) -> f32 {
+    let r: f32;
+    asm!("ld.shared.f32 {}, [{}];", out(reg32) r, in(reg32) a, options(readonly, nostack));
+    r
+}
+
+/// `st.shared.f32` at shared-window address `a`.
+#[inline(always)]
+pub unsafe fn sts_f32(a: u32, v: f32) {
+    asm!("st.shared.f32 [{}], {};", in(reg32) a, in(reg32) v, options(nostack));
+}
+
+/// `ld.shared.u16` at shared-window address `a` (2-byte aligned).
+#[inline(always)]
+pub unsafe fn lds_u16(a: u32) -> u16 {
+    let r: u16;
+    asm!("ld.shared.u16 {}, [{}];", out(reg16) r, in(reg32) a, options(readonly, nostack));
+    r
+}
+
+/// `ex2.approx.ftz.f32`: 2^x; the same result as [`ex2_approx`] wherever x ≥ −126 (below,
+/// subnormal results flush to 0), without its subnormal-range fix-up instructions.
+#[inline(always)]
+pub fn ex2_approx_ftz(v: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("ex2.approx.ftz.f32 {}, {};", out(reg32) r, in(reg32) v, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `rcp.approx.ftz.f32`: 1/x; the same result as [`rcp_approx`] wherever 2^-126 ≤ |x| ≤ 2^126
+/// (outside, subnormal inputs/results flush to 0), without its range fix-up instructions.
+#[inline(always)]
+pub fn rcp_approx_ftz(v: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("rcp.approx.ftz.f32 {}, {};", out(reg32) r, in(reg32) v, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `rsqrt.approx.ftz.f32`: 1/√x; the same result as [`rsqrt_approx`] for normal x ≥ 2^-126.
+#[inline(always)]
+pub fn rsqrt_approx_ftz(v: f32) -> f32 {
+    let r: f32;
+    unsafe { asm!("rsqrt.approx.ftz.f32 {}, {};", out(reg32) r, in(reg32) v, options(pure, nomem, nostack)) };
     r
 }
