@@ -699,6 +699,9 @@ pub fn shfl_idx_f32(v: f32, src: u32) -> f32 {
 pub unsafe fn ld_acquire_gpu_u32(p: *const u32) -> u32 {
     let r: u32;
     asm!("ld.acquire.gpu.global.u32 {}, [{}];", out(reg32) r, in(reg64) p, options(nostack));
+    r
+}
+
 // ---------------------------------------------------------------- EngramGateConvBwd (session 7): shared-window accesses, ftz approximations
 
 /// The shared-window (32-bit) address of the block's dynamic shared memory (the same bytes as
