@@ -45,10 +45,7 @@ type Variant = (fn(usize, usize, Precision) -> FftOptions, fn(usize, Precision) 
 ///   transforms per block), `sp2`, `sp4` (c64 16384 in one pass, 2 × 8192 / 4 × 4096 blocks
 ///   per transform);
 /// - session 5: `n1m2`, `n1m1`, `n1p1`, `n1p2` (four-step plans split `n = n1·n2` with
-///   `log2 n1 = ⌊log2 n / 2⌋` − 2, − 1, + 1, + 2 instead of the balanced split);
-/// - session 6: `tile` (the four-step passes `cp.async`-staged, the column pass as `[L][C]`
-///   tiles of row pieces, double-buffered, persistent grids `Auto`), `tile-sm1` (the same, one
-///   persistent block per SM), `tile-bal` (`tile` on the balanced split).
+///   `log2 n1 = ⌊log2 n / 2⌋` − 2, − 1, + 1, + 2 instead of the balanced split).
 fn variants() -> Vec<(&'static str, Variant)> {
     fn st(persist: Persist) -> FftOptions {
         FftOptions { persist, stage_twiddles: true, hoist_twiddles: true, ..FftOptions::default() }
@@ -109,15 +106,6 @@ fn variants() -> Vec<(&'static str, Variant)> {
             "n1p2",
             (|n, b, p| FftOptions { log_n1: n.trailing_zeros() / 2 + 2, ..FftOptions::for_shape(n, b, p) }, four_step),
         ),
-        ("tile", (|n, b, p| FftOptions { tile: true, ..FftOptions::for_shape(n, b, p) }, four_step)),
-        (
-            "tile-sm1",
-            (
-                |n, b, p| FftOptions { tile: true, persist: Persist::PerSm(1), ..FftOptions::for_shape(n, b, p) },
-                four_step,
-            ),
-        ),
-        ("tile-bal", (|n, b, p| FftOptions { tile: true, log_n1: 0, ..FftOptions::for_shape(n, b, p) }, four_step)),
     ]
 }
 

@@ -184,7 +184,6 @@ kernels!(
     fft_c64_l6_sta,
     fft_c64_l9_sta,
     fft_c64_l10_sta,
-    fft_c64_l8_sta,
     fft_c64_l13_sp1,
     fft_c64_l12_sp2,
     fft_c64_l13_sp2
@@ -227,10 +226,7 @@ kernels!(
     fft_c128_l9_stn,
     fft_c128_l10_stn,
     fft_c128_l11_stn,
-    fft_c128_l12_stn,
-    fft_c128_l9_stna,
-    fft_c128_l10_stna,
-    fft_c128_l11_stna
+    fft_c128_l12_stn
 );
 
 /// Device memory of the emulation: a 16-byte aligned buffer of `len` complex elements.
@@ -388,7 +384,7 @@ pub(crate) fn execute<T: Elem>(passes: &[Pass], log_n: u32, batch: usize, x: &[f
 
 #[cfg(test)]
 mod tests {
-    use super::super::plan::{decompose, decompose_k, max_single_log, set_extra, set_tile, split_pass, Knobs};
+    use super::super::plan::{decompose, decompose_k, max_single_log, set_extra, split_pass, Knobs};
     use super::*;
     use crate::reference::{fft_c2c_fwd, fft_error, fft_error_bound};
 
@@ -593,59 +589,5 @@ mod tests {
         }
         case_st::<f32>(9, 300, false, Some(5), Some((512, false)));
         case_st::<f64>(12, 3, true, None, Some((256, false)));
-    }
-
-    /// Session 6: the staged four-step passes (`FftOptions::tile`) through the kernel code —
-    /// column passes reading `[L][C]` tiles of row pieces, `OUT_SMEM` row passes reading staged
-    /// rows — planned as `FftPlan::new_opts` does (stage tables, c64 hoisted, c128 in-stage;
-    /// `set_tile` where a kernel exists, asserted where `want` says), with persistent grids
-    /// (blocks looping over several groups, so the double buffer is exercised), odd batches
-    /// and in place.
-    fn case_tile<T: Elem>(log_n: u32, log_n1: u32, batch: usize, in_place: bool, grid: Option<u32>, want: [bool; 2]) {
-        let elem = T::BYTES;
-        let knobs = Knobs { log_n1, ..Knobs::default() };
-        let mut passes = decompose_k(log_n, batch, elem, max_single_log(elem), knobs);
-        assert_eq!(passes.len(), 2);
-        for (p, &w) in passes.iter_mut().zip(&want) {
-            p.st = true;
-            p.hoist = elem == 8;
-            // (the c64 l10 kernels allow 384 threads: the GPU plan shrinks to 256)
-            assert!(p.shrink_to(if elem == 8 && p.log_l == 10 { 256 } else { 512 }));
-            assert_eq!(set_tile(p, elem), w, "{p:?}");
-            if let Some(g) = grid {
-                p.grid = p.grid.min(g);
-            }
-        }
-        let n = 1usize << log_n;
-        let x = input(n * batch, (log_n as u64) << 20 | batch as u64 | 1 << 42);
-        let xr: Vec<f64> = x.iter().map(|&v| T::from_f64(v).to_f64()).collect();
-        let ours = execute::<T>(&passes, log_n, batch, &xr, in_place);
-        let (rel, _) = fft_error(&ours, &fft_c2c_fwd(n, batch, &xr));
-        let bound = fft_error_bound(n, elem == 16);
-        assert!(
-            rel <= bound,
-            "emulated tile c{} n=2^{log_n} n1=2^{log_n1} batch={batch} in_place={in_place} grid={grid:?}: rel {rel:e} > {bound:e}\n{passes:#?}",
-            elem * 8
-        );
-    }
-
-    #[test]
-    fn emulated_tile_kernels() {
-        // c64: 2^14 = 2^6 × 2^8 and 2^16 = 2^6 × 2^10 (the planner's longconv splits), 2^15 =
-        // 2^9 × 2^6 (an 8-column, 64-byte tile), 2^16 = 2^10 × 2^6 (a 4-column, 32-byte tile).
-        for (log_n, log_n1) in [(14, 6), (16, 6), (15, 9), (16, 10)] {
-            for (b, in_place, grid) in [(1, false, Some(3)), (3, true, Some(5)), (2, false, None)] {
-                case_tile::<f32>(log_n, log_n1, b, in_place, grid, [true, true]);
-            }
-        }
-        // c128: the column kernels l9 (8 columns) and l10 (4), the row kernels l11 (2 rows) and
-        // l10, at lengths the emulation runs quickly (scientific-1m's 2^9 × 2^11 runs on the GPU).
-        for (log_n, log_n1, want) in
-            [(16, 9, [true, false]), (16, 5, [false, true]), (15, 10, [true, false]), (15, 5, [false, true])]
-        {
-            for (b, in_place, grid) in [(1, false, Some(3)), (3, true, Some(2))] {
-                case_tile::<f64>(log_n, log_n1, b, in_place, grid, want);
-            }
-        }
     }
 }

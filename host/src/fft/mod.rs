@@ -212,10 +212,6 @@ pub(crate) const KERNELS: &[&str] = &[
     plan::EXTRA_KERNEL_NAMES[7],
     plan::EXTRA_KERNEL_NAMES[8],
     plan::EXTRA_KERNEL_NAMES[9],
-    plan::EXTRA_KERNEL_NAMES[10],
-    plan::TILE_C128_KERNELS[0].0,
-    plan::TILE_C128_KERNELS[1].0,
-    plan::TILE_C128_KERNELS[2].0,
     plan::SPLIT_KERNELS[0].0,
     plan::SPLIT_KERNELS[1].0,
     plan::SPLIT_KERNELS[2].0,
@@ -308,14 +304,6 @@ pub struct FftOptions {
     /// the `n2` columns of length `n1`, pass 2 the `n1` rows of length `n2`). 0, or a split whose
     /// lengths do not both fit one pass: the balanced `n1 = 2^⌊log2 n / 2⌋`.
     pub log_n1: u32,
-    /// With stage tables: the four-step passes (column pass and `OUT_SMEM` row pass) staged
-    /// where a kernel exists (c64 `_sta` with hoisted tables: lengths 2^6, 2^8, 2^9, 2^10;
-    /// c128 `_stna` with in-stage tables: 2^9, 2^10, 2^11): the group's input — the column
-    /// pass's tile of `C` columns as `L` contiguous row pieces of `C·esz` bytes, or the row
-    /// pass's rows — `cp.async`-copied into a double-buffered staging area, the next group's
-    /// copy in flight while the current group computes; persistent grids per `persist`
-    /// (`Auto`: one block per resident slot whenever the groups exceed the slots).
-    pub tile: bool,
 }
 
 impl Default for FftOptions {
@@ -334,7 +322,6 @@ impl Default for FftOptions {
             pdl: true,
             graph: true,
             log_n1: 0,
-            tile: false,
         }
     }
 }
@@ -520,16 +507,6 @@ impl FftPlan {
                 if q.shrink_to(max_threads as u32) {
                     *p = q;
                 }
-                if p.st && opts.tile && p.flags & (plan::COL_MAP | plan::OUT_SMEM) != 0 {
-                    let mut q = p.clone();
-                    if plan::set_tile(&mut q, elem) {
-                        let f = gpu.function(Self::pass_kernel(precision, &q))?;
-                        let mt = f.get_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
-                        if mt as u32 >= q.threads {
-                            *p = q;
-                        }
-                    }
-                }
                 if p.st && (opts.ping_pong || opts.staged) {
                     let mut q = p.clone();
                     if plan::set_extra(&mut q, elem, opts.ping_pong, opts.staged) {
@@ -561,19 +538,6 @@ impl FftPlan {
                     f.occupancy_max_active_blocks_per_multiprocessor(p.threads, p.smem_bytes as usize, None)?.max(1);
                 let per_sm = match persist {
                     Persist::Auto if p.blocks > 2 * sms * occ => Some(occ),
-                    Persist::PerSm(k) if p.blocks > sms * k.max(1) => Some(k.max(1)),
-                    _ => None,
-                };
-                if let Some(k) = per_sm {
-                    p.grid = sms * k;
-                }
-            } else if p.staged {
-                // Staged four-step passes: persistent whenever the groups exceed the resident
-                // slots, so that each block's next group loads while the current one computes.
-                let occ =
-                    f.occupancy_max_active_blocks_per_multiprocessor(p.threads, p.smem_bytes as usize, None)?.max(1);
-                let per_sm = match persist {
-                    Persist::Auto if p.blocks > sms * occ => Some(occ),
                     Persist::PerSm(k) if p.blocks > sms * k.max(1) => Some(k.max(1)),
                     _ => None,
                 };
@@ -639,11 +603,6 @@ impl FftPlan {
         }
         if prec == Precision::C64 && p.st && p.hoist {
             if let Some(name) = plan::extra_kernel(p.log_l, p.e, p.pp, p.staged) {
-                return name;
-            }
-        }
-        if prec == Precision::C128 && p.st && !p.hoist && p.staged {
-            if let Some(name) = plan::tile_kernel(16, p.log_l, p.e, false) {
                 return name;
             }
         }

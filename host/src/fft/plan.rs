@@ -113,7 +113,7 @@ pub(crate) struct Knobs {
 
 /// The extra kernels of session 4 (kernels-gpu/src/fft/stockham.rs, all c64 with hoisted
 /// stage tables): `(name, log_l, e, ping-pong, staged)`.
-const EXTRA_KERNELS: [(&str, u32, u32, bool, bool); 11] = [
+const EXTRA_KERNELS: [(&str, u32, u32, bool, bool); 10] = [
     ("fft_c64_l10_st8", 10, 8, false, false),
     ("fft_c64_l12_st8", 12, 8, false, false),
     ("fft_c64_l10_st8p", 10, 8, true, false),
@@ -124,12 +124,10 @@ const EXTRA_KERNELS: [(&str, u32, u32, bool, bool); 11] = [
     ("fft_c64_l6_sta", 6, 8, false, true),
     ("fft_c64_l9_sta", 9, 8, false, true),
     ("fft_c64_l10_sta", 10, 16, false, true),
-    // Session 6 (four-step `tile` passes; the `_sta` kernels above serve them too).
-    ("fft_c64_l8_sta", 8, 16, false, true),
 ];
 
 /// The PTX names of [`EXTRA_KERNELS`].
-pub(crate) const EXTRA_KERNEL_NAMES: [&str; 11] = [
+pub(crate) const EXTRA_KERNEL_NAMES: [&str; 10] = [
     EXTRA_KERNELS[0].0,
     EXTRA_KERNELS[1].0,
     EXTRA_KERNELS[2].0,
@@ -140,56 +138,7 @@ pub(crate) const EXTRA_KERNEL_NAMES: [&str; 11] = [
     EXTRA_KERNELS[7].0,
     EXTRA_KERNELS[8].0,
     EXTRA_KERNELS[9].0,
-    EXTRA_KERNELS[10].0,
 ];
-
-/// The c128 staged kernels of the four-step `tile` passes (in-stage stage tables, as the
-/// planner's `_stn` for 2^20): `(name, log_l, e)`.
-pub(crate) const TILE_C128_KERNELS: [(&str, u32, u32); 3] =
-    [("fft_c128_l9_stna", 9, 8), ("fft_c128_l10_stna", 10, 8), ("fft_c128_l11_stna", 11, 8)];
-
-/// Most dynamic shared memory of one block on the H200 (bytes).
-pub(crate) const MAX_SMEM: u32 = 227 * 1024;
-
-/// The staged kernel of a four-step `tile` pass: c64 with hoisted stage tables (the `_sta`
-/// kernels), c128 with in-stage ones (`_stna`).
-pub(crate) fn tile_kernel(elem_bytes: usize, log_l: u32, e: u32, hoist: bool) -> Option<&'static str> {
-    match (elem_bytes, hoist) {
-        (8, true) => extra_kernel(log_l, e, false, true),
-        (16, false) => TILE_C128_KERNELS.iter().find(|k| (k.1, k.2) == (log_l, e)).map(|k| k.0),
-        _ => None,
-    }
-}
-
-/// Makes `p` (a four-step pass on stage tables: the column pass or the `OUT_SMEM` row pass) a
-/// staged `tile` pass where a kernel exists: its input `cp.async`-copied into two staging
-/// buffers of `C·L` elements after the Stockham buffer (the column pass's as `[L][C]` tiles of
-/// `C·esz`-byte row pieces, which must be at least one 16-byte copy). `false` (and `p`
-/// unchanged) when there is no kernel, the row pieces are shorter than 16 bytes, the staging
-/// area would be misaligned or the shared memory exceeds [`MAX_SMEM`].
-pub(crate) fn set_tile(p: &mut Pass, elem_bytes: usize) -> bool {
-    let four = p.flags & (COL_MAP | OUT_SMEM) != 0;
-    let esz = elem_bytes as u32;
-    let c = 1u32 << p.log_c;
-    let stockham = c * p.sm_stride * esz;
-    let staging = 2 * (c << p.log_l) * esz;
-    if !four
-        || !p.st
-        || p.pp
-        || p.staged
-        || p.split > 0
-        || tile_kernel(elem_bytes, p.log_l, p.e, p.hoist).is_none()
-        || (p.log_min > 0 && c * esz < 16)
-        || p.smem_bytes != stockham
-        || !stockham.is_multiple_of(16)
-        || stockham + staging > MAX_SMEM
-    {
-        return false;
-    }
-    p.smem_bytes += staging;
-    p.staged = true;
-    true
-}
 
 /// The extra kernel for a c64 hoisted stage-table pass of length `2^log_l` with `e` elements
 /// per thread, ping-pong `pp` and staging `staged`, if there is one. (The plain `_st` kernels

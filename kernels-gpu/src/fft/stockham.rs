@@ -134,57 +134,33 @@ struct Bufs<T: Mem> {
     rd: *mut Cx<T>,
     wr: *mut Cx<T>,
     stg: *const Cx<T>,
-    /// Element `idx` of the staged input is at `stg[idx << stg_sh]`: 0 for rows (`[C][L]`
-    /// staging), `log_c` for a column tile (`[L][C]`, `stg` pointing at the thread's column).
-    stg_sh: u32,
     ping_pong: bool,
 }
 
-/// Copies group `g`'s input into the staging buffer `dst` with 16-byte `cp.async` copies (`x`
-/// and `dst` 16-byte aligned) and commits them as one group:
-/// - `log_min = 0`: the `2^log_c` rows (contiguous in `x`, rows past `count` left out), `[C][L]`;
-/// - `log_min > 0` (a four-step column pass): the tile of the `C = 2^log_c` columns `t0..t0+C`
-///   (one matrix: `C ≤ M`, whole groups), i.e. `L` row pieces of `C·esz ≥ 16` contiguous bytes
-///   at stride `M·esz`, row-major `[L][C]` (consecutive threads copy consecutive 16-byte
-///   pieces: full-line coalesced reads for `C·esz ≥ 128`).
-#[allow(clippy::too_many_arguments)]
+/// Copies the `2^log_c` rows of group `g` (contiguous in `x`, rows past `count` left out) into
+/// the staging buffer `dst` with 16-byte `cp.async` copies (`x` and `dst` 16-byte aligned),
+/// and commits them as one group.
 #[inline(always)]
 unsafe fn stage_copy<T: Mem>(
     x: *const Cx<T>,
     g: u32,
     log_c: u32,
     log_l: u32,
-    log_min: u32,
     count: u32,
     dst: *mut Cx<T>,
     tid: u32,
     nthreads: u32,
 ) {
     let t0 = g << log_c;
+    let rows = (count - t0).min(1 << log_c);
     let esz = core::mem::size_of::<Cx<T>>() as u32;
+    let chunks = ((rows << log_l) * esz) >> 4;
+    let src = x.add((t0 << log_l) as usize) as *const u8;
     let d = dst as *mut u8;
-    if log_min == 0 {
-        let rows = (count - t0).min(1 << log_c);
-        let chunks = ((rows << log_l) * esz) >> 4;
-        let src = x.add((t0 << log_l) as usize) as *const u8;
-        let mut i = tid;
-        while i < chunks {
-            cp_async_16(d.add((i << 4) as usize), src.add((i << 4) as usize));
-            i += nthreads;
-        }
-    } else {
-        // 16-byte pieces per row piece, log2 (`C·esz ≥ 16`, checked by the host).
-        let log_cpr = (log_c + esz.trailing_zeros()).wrapping_sub(4);
-        let src = x.add(base(t0, log_l, log_min) as usize) as *const u8;
-        let stride = (esz << log_min) as usize;
-        let chunks = 1u32 << (log_l + log_cpr);
-        let mut i = tid;
-        while i < chunks {
-            let j = (i >> log_cpr) as usize;
-            let cc = i & ((1 << log_cpr) - 1);
-            cp_async_16(d.add((i << 4) as usize), src.add(j * stride + (cc << 4) as usize));
-            i += nthreads;
-        }
+    let mut i = tid;
+    while i < chunks {
+        cp_async_16(d.add((i << 4) as usize), src.add((i << 4) as usize));
+        i += nthreads;
     }
     cp_async_commit_group();
 }
@@ -233,7 +209,7 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
             if !c.valid {
                 Cx::zero()
             } else if !bufs.stg.is_null() {
-                T::ld(bufs.stg.add((idx << bufs.stg_sh) as usize))
+                T::ld(bufs.stg.add(idx as usize))
             } else if c.log_r > 0 {
                 split_input(c, idx)
             } else {
@@ -362,9 +338,8 @@ unsafe fn fft_block<
     }
     // Shared memory: the Stockham buffer of the block's transforms (`C·sm_stride` elements;
     // with `PP` a second one after it, the stages alternating between them), then with `STG`
-    // two staging buffers of `C·L` elements that receive the block's next group by `cp.async`
-    // while the current group computes: rows `[C][L]` (row passes, also with `OUT_SMEM`), or a
-    // column pass's tile `[L][C]` (`log_min > 0`, see `stage_copy`).
+    // two staging buffers of `C·L` elements (natural order) that receive the block's next group
+    // of rows by `cp.async` while the current group computes (row passes only: `log_min = 0`).
     let area = sm_stride << log_c;
     let sm_b = if PP { sm.add(area as usize) } else { sm };
     let stg0 = sm.add((if PP { 2 * area } else { area }) as usize);
@@ -376,7 +351,7 @@ unsafe fn fft_block<
     let mut g = block_idx_x();
     let mut sbuf = 0u32;
     if STG && g < ngroups {
-        stage_copy(x, g, log_c, log_l, log_min, count, stg0, tid, nthreads);
+        stage_copy(x, g, log_c, log_l, count, stg0, tid, nthreads);
     }
     while g < ngroups {
         // Loop-variant copies: the per-thread addresses derived from them (twiddle, shared
@@ -390,8 +365,7 @@ unsafe fn fft_block<
             // previous group's first stage, before its first barrier); then this group's rows
             // (committed one group earlier) must have landed, and everyone's must be visible.
             if next < ngroups {
-                let nbuf = stg0.add(((sbuf ^ 1) * stg_len) as usize);
-                stage_copy(x, next, log_c, log_l, log_min, count, nbuf, tid, nthreads);
+                stage_copy(x, next, log_c, log_l, count, stg0.add(((sbuf ^ 1) * stg_len) as usize), tid, nthreads);
                 cp_async_wait_group_1();
             } else {
                 cp_async_wait_all();
@@ -425,13 +399,8 @@ unsafe fn fft_block<
             smc: sm.add((ci * sm_stride) as usize),
         };
         let smc_b = sm_b.add((ci * sm_stride) as usize);
-        let (stg, stg_sh) = if !STG {
-            (core::ptr::null(), 0)
-        } else if log_min > 0 {
-            (stg0.add((sbuf * stg_len + ci) as usize) as *const Cx<T>, log_c)
-        } else {
-            (stg0.add((sbuf * stg_len + (ci << log_l)) as usize) as *const Cx<T>, 0)
-        };
+        let stg =
+            if STG { stg0.add((sbuf * stg_len + (ci << log_l)) as usize) as *const Cx<T> } else { core::ptr::null() };
         let mut v = [Cx::<T>::zero(); E];
         unroll!(nst, s, {
             let lr = if s == 0 { first } else { log_e };
@@ -453,7 +422,7 @@ unsafe fn fft_block<
             } else {
                 (c.smc, c.smc)
             };
-            let b = Bufs { rd, wr, stg, stg_sh, ping_pong: PP };
+            let b = Bufs { rd, wr, stg, ping_pong: PP };
             match lr {
                 1 => stage::<T, E, 2>(&c, &mut v, ls, from_global, to_global, ST, &w, b),
                 2 => stage::<T, E, 4>(&c, &mut v, ls, from_global, to_global, ST, &w, b),
@@ -683,14 +652,3 @@ entry!(fft_c64_l10_sta, f32, 10, 16, true, true, false, true);
 entry!(fft_c64_l13_sp1, f32, 13, 16, true, false, false, false, 1);
 entry!(fft_c64_l12_sp2, f32, 12, 16, true, true, false, false, 2);
 entry!(fft_c64_l13_sp2, f32, 13, 16, true, false, false, false, 2);
-
-// Session 6 (bench rows `@tile`, `@tile-sm1`; host `FftOptions::tile`): the four-step passes
-// with staged input — the column pass's `[L][C]` tile (row pieces of `C·esz` bytes) or the
-// `OUT_SMEM` row pass's rows `cp.async`-copied into shared memory, the block's next group
-// copied while the current one computes (persistent grids). The `_sta` entries above (c64 6,
-// 9, 10) serve the c64 passes too; c128 with in-stage stage tables (`_stna`, as the planner's
-// `_stn` for 2^20).
-entry!(fft_c64_l8_sta, f32, 8, 16, true, true, false, true);
-entry!(fft_c128_l9_stna, f64, 9, 8, true, false, false, true);
-entry!(fft_c128_l10_stna, f64, 10, 8, true, false, false, true);
-entry!(fft_c128_l11_stna, f64, 11, 8, true, false, false, true);
