@@ -329,7 +329,12 @@ fn graph_plan_is_bitwise_direct_launches() {
     for &(m, t, d) in &[(1, 32, 256), (2, 64, 512), (1, 128, 256), (3, 96, 768), (2, 7, 8)] {
         let s = EngramGateShape { m, t, d };
         let p = GateBwdConfig::for_shape(s);
-        let v4 = GateBwdConfig { split_warps: engram::bwd_split_warps(d, p.rows_per_block), ..p };
+        let v4 = GateBwdConfig {
+            split_warps: engram::bwd_split_warps(d, p.rows_per_block),
+            lean: false,
+            merge_s2: false,
+            ..p
+        };
         let v5 = GateBwdConfig { lean: true, ..v4 };
         let v5m = GateBwdConfig { merge_s2: true, ..v5 };
         for (name, c) in

@@ -31,8 +31,9 @@ const F32_REL: f64 = 1e-4;
 /// backward `WORKLOAD@nograph` (no graph submission), `WORKLOAD@nopdl` (the reduce kernel
 /// launched without PDL), `WORKLOAD@v4-rR` / `WORKLOAD@v4-s32` (the planner's split-row
 /// kernel at R rows per block / S = 32), `WORKLOAD@v4c` (the cluster reduction),
-/// `WORKLOAD@v5` / `WORKLOAD@v5m` (the planner's configuration with the lean v5 main kernel /
-/// v5 with stage 3 merged into one pass)).
+/// `WORKLOAD@v4` (the planner's configuration with the v4 main kernel, the session-5
+/// default), `WORKLOAD@v5` (with the lean v5 main kernel; the planner runs v5m: v5 with stage
+/// 3 merged into one pass)).
 pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut v = Vec::new();
     // None = the planner's choice for the shape
@@ -74,8 +75,9 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         // the smallest R with ≤ 8 blocks (train-s32: R = 4; elsewhere no such R ≤ 8: v4 at the
         // planner's R, two launches)
         // v5 (`lean`: v4's arithmetic with fewer instructions per warp; bitwise v4 on these
-        // inputs) and v5m (stage 3 in one pass), at the planner's configuration
-        for t in ["v4-r1", "v4-r2", "v4-r3", "v4-s32", "v4c", "v5", "v5m"] {
+        // inputs) at the planner's configuration; the planner runs v5m (stage 3 in one pass),
+        // `v4` is the previous default
+        for t in ["v4", "v4-r1", "v4-r2", "v4-r3", "v4-s32", "v4c", "v5"] {
             bwd_cfgs.push((Some(t.into()), None));
         }
         bwd_cfgs.push((Some("nopdl".into()), None));
@@ -134,7 +136,15 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                         .and_then(|x| x.parse().ok())
                         .unwrap_or_else(|| engram::bwd_split_warps(d, r));
                     let sg = if t == "v4-s32" { 32 } else { p.reduce_segments };
-                    GateBwdConfig { rows_per_block: r, split_warps: w, reduce_segments: sg, cluster_reduce: cl, ..p }
+                    GateBwdConfig {
+                        rows_per_block: r,
+                        split_warps: w,
+                        reduce_segments: sg,
+                        cluster_reduce: cl,
+                        lean: false,
+                        merge_s2: false,
+                        ..p
+                    }
                 }
                 None => GateBwdConfig::for_shape(s),
                 Some(c) => c,

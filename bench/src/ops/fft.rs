@@ -87,6 +87,7 @@ fn variants() -> Vec<(&'static str, Variant)> {
         ("t64", (|n, b, p| FftOptions { row_threads: 64, ..FftOptions::for_shape(n, b, p) }, one_pass)),
         ("c4", (|n, b, p| FftOptions { cols: 4, ..FftOptions::for_shape(n, b, p) }, four_step)),
         ("c8", (|n, b, p| FftOptions { cols: 8, ..FftOptions::for_shape(n, b, p) }, four_step)),
+        ("c16", (|n, b, p| FftOptions { cols: 16, ..FftOptions::for_shape(n, b, p) }, four_step)),
         ("c32", (|n, b, p| FftOptions { cols: 32, ..FftOptions::for_shape(n, b, p) }, four_step)),
         ("sp2", (|n, b, p| FftOptions { split: 1, ..FftOptions::for_shape(n, b, p) }, split_rows)),
         ("sp4", (|n, b, p| FftOptions { split: 2, ..FftOptions::for_shape(n, b, p) }, split_rows)),

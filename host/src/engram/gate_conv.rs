@@ -424,6 +424,8 @@ impl GateBwdConfig {
         // Session 4 (H200, graph submission, `--variants`): the v4 main kernel (each tile row
         // split over `bwd_split_warps` warps) on every row: 5.31 / 6.98 / 5.41 / 10.43 µs
         // against v3a's 5.79 / 8.85 / 5.79 / 12.77; S = 32 at d = 768 (10.02).
+        // Session 6 (H200, `--variants`): v5m (the lean v4 with stage 3 in one pass) on every
+        // row: 4.93 / 6.11 / 5.15 / 9.03 µs against v4's 5.38 / 7.10 / 5.38 / 10.11.
         let rows_per_block = if shape.d >= 768 { 3 } else { 2 };
         Self {
             rows_per_block,
@@ -432,8 +434,8 @@ impl GateBwdConfig {
             extra_warps: 0,
             split_warps: bwd_split_warps(shape.d, rows_per_block),
             cluster_reduce: false,
-            lean: false,
-            merge_s2: false,
+            lean: true,
+            merge_s2: true,
         }
     }
 }
