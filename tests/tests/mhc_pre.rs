@@ -121,15 +121,6 @@ fn seed_workloads() {
                 check(&format!("{s:?} v6 call {call}"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
             println!("  v6 {:?}: worst {ulps:.3} ulp, {used:.3} of the tolerance", coop.plan().geometry.coop);
         }
-        // v7: the v5 pair with kernel 2 waiting on kernel 1's arrival counter (graph + PDL).
-        let mut flag = MhcPre::with_config(&gpu, s, PreConfig { flag: true, ..PreConfig::default() }).unwrap();
-        assert!(flag.plan().geometry.flag, "{s:?}: v7 not planned");
-        for call in 0..3 {
-            let out = run(&gpu, &mut flag, p, &inp);
-            let (ulps, used) =
-                check(&format!("{s:?} v7 call {call}"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
-            println!("  v7: worst {ulps:.3} ulp, {used:.3} of the tolerance");
-        }
     }
 }
 
@@ -150,17 +141,15 @@ fn shape_sweep() {
                 // The default (v5 where n ≤ 4), the one-launch path where it fits, the v4 pair.
                 let v4 = PreConfig { v5: false, ..PreConfig::default() };
                 let coop = PreConfig { coop: true, ..PreConfig::default() };
-                let flag = PreConfig { flag: true, ..PreConfig::default() };
                 let mut ops = [
                     MhcPre::new(&gpu, s).unwrap(),
                     MhcPre::with_config(&gpu, s, auto).unwrap(),
                     MhcPre::with_config(&gpu, s, v4).unwrap(),
                     MhcPre::with_config(&gpu, s, coop).unwrap(),
-                    MhcPre::with_config(&gpu, s, flag).unwrap(),
                 ];
                 for ((repeat, alphas), i) in [(0, (0.7, 1.3, 1.9)), (1, (1.0, 1.0, 1.0)), (20, (1.4, 0.6, 0.8))]
                     .into_iter()
-                    .flat_map(|a| [(a, 0), (a, 1), (a, 2), (a, 3), (a, 4)])
+                    .flat_map(|a| [(a, 0), (a, 1), (a, 2), (a, 3)])
                 {
                     let op = &mut ops[i];
                     let p = MhcPreParams {
@@ -173,11 +162,10 @@ fn shape_sweep() {
                     let out = run(&gpu, op, p, &inp);
                     let r = mhc_pre_fwd_from_logits(s, p, &logits, &inp.b, &inp.x);
                     let what = format!(
-                        "{s:?} repeat {repeat} fused {} v5 {} v6 {} v7 {}",
+                        "{s:?} repeat {repeat} fused {} v5 {} v6 {}",
                         op.plan().fused.is_some(),
                         op.plan().geometry.v5,
-                        op.plan().geometry.coop.is_some(),
-                        op.plan().geometry.flag
+                        op.plan().geometry.coop.is_some()
                     );
                     worst = worse(worst, check(&what, &out, &r));
                 }
@@ -213,9 +201,8 @@ fn bitwise_deterministic() {
     for s in [MhcPreShape { batch: 4, n: 4, c: 2560 }, MhcPreShape { batch: 32, n: 8, c: 4099 }] {
         let inp = inputs(&mut rng, s, 1.0 / ((s.n * s.c) as f32).sqrt(), 1.0);
         let p = MhcPreParams { sinkhorn_repeat: 20, ..MhcPreParams::default() };
-        for (v5, coop, flag) in [(false, false, false), (true, false, false), (true, true, false), (true, false, true)]
-        {
-            let config = PreConfig { v5, coop, flag, ..PreConfig::default() };
+        for (v5, coop) in [(false, false), (true, false), (true, true)] {
+            let config = PreConfig { v5, coop, ..PreConfig::default() };
             let mut op = MhcPre::with_config(&gpu, s, config).unwrap();
             let first = run(&gpu, &mut op, p, &inp);
             check(&format!("{s:?}"), &first, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
@@ -232,7 +219,7 @@ fn bitwise_deterministic() {
                 let op = if i % 2 == 0 { &mut op } else { &mut other };
                 assert!(
                     bits(&run(&gpu, op, p, &inp)) == want,
-                    "{s:?} v5 {v5} v6 {coop} v7 {flag}: run {i} differs from the first"
+                    "{s:?} v5 {v5} v6 {coop}: run {i} differs from the first"
                 );
             }
         }
@@ -258,17 +245,10 @@ fn graph_replay_matches_direct_launches() {
         let s = MhcPreShape { batch, n, c };
         let l = s.lens().unwrap();
         let st = gpu.stream();
-        for (pdl, v5, flag) in [
-            (true, false, false),
-            (false, false, false),
-            (true, true, false),
-            (false, true, false),
-            (true, true, true),
-            (false, true, true),
-        ] {
+        for (pdl, v5) in [(true, false), (false, false), (true, true), (false, true)] {
             let mut direct =
-                MhcPre::with_config(&gpu, s, PreConfig { graph: false, v5, flag, ..PreConfig::default() }).unwrap();
-            let config = PreConfig { graph: true, pdl, v5, flag, ..PreConfig::default() };
+                MhcPre::with_config(&gpu, s, PreConfig { graph: false, v5, ..PreConfig::default() }).unwrap();
+            let config = PreConfig { graph: true, pdl, v5, ..PreConfig::default() };
             let mut graphed = MhcPre::with_config(&gpu, s, config).unwrap();
             let mut dphi = st.alloc_zeros::<f32>(l.phi).unwrap();
             let mut dx = st.alloc_zeros::<bf16>(l.x).unwrap();
@@ -296,13 +276,13 @@ fn graph_replay_matches_direct_launches() {
                 };
                 let want = run(&gpu, &mut direct, p, &inp);
                 check(
-                    &format!("{s:?} graph pdl {pdl} v5 {v5} v7 {flag} round {round}"),
+                    &format!("{s:?} graph pdl {pdl} v5 {v5} round {round}"),
                     &got,
                     &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b),
                 );
                 assert!(
                     bits(&got) == bits(&want),
-                    "{s:?} pdl {pdl} v5 {v5} v7 {flag} round {round}: graph differs from direct launches"
+                    "{s:?} pdl {pdl} v5 {v5} round {round}: graph differs from direct launches"
                 );
             }
             // New buffers: a new key, a new capture.
@@ -368,15 +348,6 @@ fn every_launch_config_matches_reference() {
                     check(&format!("{s:?} {config:?}"), &out, &r);
                 }
             }
-        }
-        // v7 (counter flag): kernel-1 grids and blocks, kernel-2 blocks, with and without PDL.
-        for (max_grid, mma_block, mix_block, pdl) in
-            [(None, 256, 512, true), (Some(1), 32, 32, true), (Some(7), 96, 256, false), (Some(64), 512, 1024, true)]
-        {
-            let config = PreConfig { flag: true, max_grid, mma_block, mix_block, pdl, ..PreConfig::default() };
-            let mut op = MhcPre::with_config(&gpu, s, config).unwrap();
-            let out = run(&gpu, &mut op, p, &inp);
-            check(&format!("{s:?} {config:?} v7 {}", op.plan().geometry.flag), &out, &r);
         }
         // v6, one cooperative launch: block sizes and grids (n ≤ 4; else the v5 pair or v4).
         for mma_block in [32, 96, 256, 512] {
@@ -1192,12 +1163,4 @@ fn coop_geometry_invariants() {
     }
     let g = PreGeometry::new(MhcPreShape { batch: 2, n: 4, c: 1920 }, 132, 227 * 1024, PreConfig::default()).unwrap();
     assert!(g.coop.is_none(), "v6 is not the default until measured");
-    // v7: the v5 pair's workspace plus the counter word; only with the v5 pair.
-    for (n, want) in [(4, true), (8, false)] {
-        let s = MhcPreShape { batch: 3, n, c: 1000 };
-        let base = PreGeometry::new(s, 132, 227 * 1024, PreConfig::default()).unwrap();
-        let g = PreGeometry::new(s, 132, 227 * 1024, PreConfig { flag: true, ..PreConfig::default() }).unwrap();
-        assert_eq!(g.flag, want, "{s:?}");
-        assert_eq!(g.workspace, base.workspace + want as usize, "{s:?}");
-    }
 }

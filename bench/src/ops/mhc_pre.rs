@@ -37,9 +37,6 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         // one barrier; coefficients in every warp's registers) is the default, so the rows above
         // vary it; `v4` is the session-4 pair (`mhc_pre_mix4`).
         configs.push((Some("v4".into()), PreConfig { v5: false, ..PreConfig::default() }));
-        // v7: kernel 2 waits on kernel 1's arrival counter instead of griddepcontrol.wait.
-        configs.push((Some("v7".into()), PreConfig { flag: true, ..PreConfig::default() }));
-        configs.push((Some("v7-k2b256".into()), PreConfig { flag: true, mix_block: 256, ..PreConfig::default() }));
         // v6: one cooperative launch with a grid barrier (kernel-1 grid and block variants).
         let coop = PreConfig { coop: true, ..PreConfig::default() };
         configs.push((Some("v6".into()), coop));

@@ -19,8 +19,6 @@ pub(crate) const KERNEL_MIX4: &str = "mhc_pre_mix4";
 pub(crate) const KERNEL_PARTIAL_MMA5: &str = "mhc_pre_partial_mma5";
 pub(crate) const KERNEL_MIX5: &str = "mhc_pre_mix5";
 pub(crate) const KERNEL_COOP: &str = "mhc_pre_coop";
-pub(crate) const KERNEL_PARTIAL_MMA7: &str = "mhc_pre_partial_mma7";
-pub(crate) const KERNEL_MIX7: &str = "mhc_pre_mix7";
 pub(crate) const KERNELS: &[&str] = &[
     KERNEL_PARTIAL,
     KERNEL_MIX,
@@ -30,8 +28,6 @@ pub(crate) const KERNELS: &[&str] = &[
     KERNEL_PARTIAL_MMA5,
     KERNEL_MIX5,
     KERNEL_COOP,
-    KERNEL_PARTIAL_MMA7,
-    KERNEL_MIX7,
 ];
 /// Largest n of the lean kernel 2 (`mhc_pre_mix4`: a padded 4×4 R in one warp's registers).
 const NMAX_MIX4: usize = 4;
@@ -237,11 +233,6 @@ pub struct PreConfig {
     /// chain, each block mixing `⌈c/tiles⌉` columns of one batch row. Grid: kernel 1's
     /// (`max_grid`), block `mma_block`. Needs no graph (one launch).
     pub coop: bool,
-    /// v7 (with the v5 pair, where it applies): kernel 2 waits for a counter that each kernel-1
-    /// block increments after storing its partials (`mhc_pre_partial_mma7` / `mhc_pre_mix7`)
-    /// instead of `griddepcontrol.wait` (kernel 1's whole grid completed and flushed); the
-    /// counter lives in the workspace's last word and is reset by kernel 2's last block.
-    pub flag: bool,
 }
 
 impl Default for PreConfig {
@@ -265,7 +256,6 @@ impl Default for PreConfig {
             graph: true,
             v5: true,
             coop: false,
-            flag: false,
         }
     }
 }
@@ -390,9 +380,6 @@ pub struct PreGeometry {
     /// The one-cooperative-launch geometry (`config.coop` where it applies; [`PrePlan::new`]
     /// drops it when the device cannot hold the grid resident).
     pub coop: Option<CoopGeometry>,
-    /// v7 (`config.flag` with the v5 pair, not cooperative): the counter-flag pair
-    /// `mhc_pre_partial_mma7` + `mhc_pre_mix7`; the workspace has one more word (the counter).
-    pub flag: bool,
     /// Kernel 1 (tensor-core version only) runs in clusters of this many blocks along x, and
     /// writes `grid / k1_cluster` partials per quantity (1: no clusters, `grid` partials).
     pub k1_cluster: u32,
@@ -558,10 +545,9 @@ impl PreGeometry {
         }
         let coop =
             if config.coop && mma_ok { CoopGeometry::new(shape, max_smem, config.mma_block, cols) } else { None };
-        let flag = config.flag && v5 && coop.is_none();
         let workspace = match coop {
             Some(cg) => checked_product("x", &[batch, mq, cg.grid1 as usize])? + 1,
-            None => checked_product("x", &[batch, mq, grid])? + flag as usize,
+            None => checked_product("x", &[batch, mq, grid])?,
         };
         let mix_grid = checked_product("x", &[batch, tiles])?;
         if workspace >= 1 << 31 || mix_grid >= 1 << 31 || lens.x_layer >= 1 << 31 {
@@ -587,7 +573,6 @@ impl PreGeometry {
             mix4,
             v5,
             coop,
-            flag,
             k1_cluster: match mma {
                 Some(_) if v5 => 1,
                 Some(_) => {
@@ -638,14 +623,11 @@ impl PrePlan {
         let max_smem = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
         let geometry = PreGeometry::new(shape, sms, max_smem, config)?;
         let (k1, k1_arg, k1_block, k1_smem) = match geometry.mma {
-            Some((block, smem, _, _)) if geometry.flag => (KERNEL_PARTIAL_MMA7, "config.mma_block", block, smem),
             Some((block, smem, _, _)) if geometry.v5 => (KERNEL_PARTIAL_MMA5, "config.mma_block", block, smem),
             Some((block, smem, _, _)) => (KERNEL_PARTIAL_MMA, "config.mma_block", block, smem),
             None => (KERNEL_PARTIAL, "config.block", geometry.block, geometry.smem),
         };
-        let k2 = if geometry.flag {
-            KERNEL_MIX7
-        } else if geometry.v5 {
+        let k2 = if geometry.v5 {
             KERNEL_MIX5
         } else if geometry.mix4 {
             KERNEL_MIX4
@@ -830,8 +812,6 @@ impl MhcPre {
 /// kernel overwrites every word the second reads). Cooperative: the last word is the grid
 /// barrier's counter — it must be zero before the first call with this workspace and left to
 /// the kernel afterwards (every call returns its low 31 bits to zero); the rest is scratch.
-/// v7 plans (`plan.geometry.flag`): likewise the last word (two u32 counters) must be zero
-/// before the first call; every call leaves it zero.
 /// One workspace must not serve two calls that may run concurrently (different streams).
 ///
 /// # Safety
@@ -900,22 +880,12 @@ pub unsafe fn pre_fwd_raw(
         return launch_coop(plan, cg, params, [phi, x, b, x_res, x_layer, h_post], workspace, stream, gpu);
     }
     if let Some((block, smem, bpc, groups)) = geo.mma {
-        let f = gpu.function(if geo.flag {
-            KERNEL_PARTIAL_MMA7
-        } else if geo.v5 {
-            KERNEL_PARTIAL_MMA5
-        } else {
-            KERNEL_PARTIAL_MMA
-        })?;
+        let f = gpu.function(if geo.v5 { KERNEL_PARTIAL_MMA5 } else { KERNEL_PARTIAL_MMA })?;
         let (mut phi, mut xp, mut w) = (phi, x, workspace);
-        let mut cnt = flag_word(plan, workspace);
         let (mut batch, mut n, mut c, mut cw, mut bpc) = (s.batch as u32, s.n as u32, s.c as u32, geo.cols, bpc);
         let dims = LaunchDims { grid: (geo.grid, groups, 1), block: (block, 1, 1), shared_bytes: smem };
-        let args: &mut [&mut dyn KernelArg] = if geo.flag {
-            &mut [&mut phi, &mut xp, &mut w, &mut cnt, &mut batch, &mut n, &mut c, &mut cw, &mut bpc]
-        } else {
-            &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc]
-        };
+        let args: &mut [&mut dyn KernelArg] =
+            &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc];
         if geo.k1_cluster > 1 {
             launch_cluster(f, dims, geo.k1_cluster, stream, args)?;
         } else {
@@ -946,7 +916,7 @@ unsafe fn launch_coop(
     let f = gpu.function(KERNEL_COOP)?;
     let [mut phi, mut xp, mut bp, mut r, mut y, mut h] = bufs;
     let mut w = workspace;
-    let mut bar = flag_word(plan, workspace);
+    let mut bar = workspace + 8 * (plan.geometry.workspace as u64 - 1);
     let (mut batch, mut n, mut c) = (s.batch as u32, s.n as u32, s.c as u32);
     let (mut cw, mut grid1, mut jt) = (cg.cw, cg.grid1, cg.jt);
     let (mut a_pre, mut a_post, mut a_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
@@ -980,11 +950,6 @@ unsafe fn launch_coop(
             &mut inv_sqrt_nc,
         ],
     )
-}
-
-/// The v7 counter (two u32 words): the workspace's last u64 word.
-fn flag_word(plan: &PrePlan, workspace: CUdeviceptr) -> CUdeviceptr {
-    workspace + 8 * (plan.geometry.workspace as u64).saturating_sub(1)
 }
 
 /// Kernel 1, FMA version (`mhc_pre_partial`).
@@ -1109,7 +1074,7 @@ unsafe fn launch_mix5(
     gpu: &Gpu,
 ) -> Result<()> {
     let (s, geo) = (plan.shape, plan.geometry);
-    let f2 = gpu.function(if geo.flag { KERNEL_MIX7 } else { KERNEL_MIX5 })?;
+    let f2 = gpu.function(KERNEL_MIX5)?;
     let (mut xp, mut bp, mut w) = (x, b, workspace);
     let (mut r, mut y, mut h) = (x_res, x_layer, h_post);
     let (mut batch, mut n, mut c, mut grid1) = (s.batch as u32, s.n as u32, s.c as u32, geo.grid);
@@ -1119,36 +1084,6 @@ unsafe fn launch_mix5(
     let dims =
         LaunchDims { grid: (geo.tiles, s.batch as u32, 1), block: (geo.mix_block, 1, 1), shared_bytes: geo.mix_smem };
     let launch2 = if plan.config.pdl { launch_pdl } else { launch };
-    if geo.flag {
-        // Kernel 1's blocks: (grid, y-blocks) of the tensor-core kernel.
-        let mut arrivals = geo.grid * geo.mma.map_or(1, |m| m.3);
-        let mut cnt = flag_word(plan, workspace);
-        return launch2(
-            f2,
-            dims,
-            stream,
-            &mut [
-                &mut xp,
-                &mut bp,
-                &mut w,
-                &mut cnt,
-                &mut r,
-                &mut y,
-                &mut h,
-                &mut batch,
-                &mut n,
-                &mut c,
-                &mut grid1,
-                &mut arrivals,
-                &mut a_pre,
-                &mut a_post,
-                &mut a_res,
-                &mut rep,
-                &mut eps,
-                &mut inv_sqrt_nc,
-            ],
-        );
-    }
     launch2(
         f2,
         dims,

@@ -1005,29 +1005,6 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix5(
     eps: f32,
     inv_sqrt_nc: f64,
 ) {
-    let coef = PreCoef { alpha_pre, alpha_post, alpha_res, repeat, eps, inv_sqrt_nc };
-    mix5_body(x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, coef, grid_dependency_wait);
-}
-
-/// The body of [`mhc_pre_mix5`] and [`mhc_pre_mix7`]; `wait` is what separates the prologue
-/// (independent of kernel 1) from the partial loads.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn mix5_body(
-    x: *const u16,
-    bias: *const f32,
-    part_ws: *const f64,
-    x_res: *mut u16,
-    x_layer: *mut u16,
-    h_post: *mut f32,
-    batch: u32,
-    n: u32,
-    c: u32,
-    grid1: u32,
-    coef: PreCoef,
-    wait: impl FnOnce(),
-) {
-    let PreCoef { alpha_pre, alpha_post, alpha_res, repeat, eps, inv_sqrt_nc } = coef;
     let t = thread_idx_x();
     let nt = block_dim_x();
     let lane = t & 31;
@@ -1146,7 +1123,7 @@ unsafe fn mix5_body(
         alpha_res
     };
     let scale = alpha as f64 * inv_r;
-    wait();
+    grid_dependency_wait();
 
     // ---- partial sums: lane's logit over blocks g = w, w + W, … (GL5 loads in flight).
     let pb = part_ws.add((beta * mq + e) as usize);
@@ -2131,99 +2108,4 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_coop(
         }
         jj += nt;
     }
-}
-
-// ================================================================ v7: a flag instead of the grid-completion wait
-
-/// Kernel 1's arrival on the v7 counter `cnt[0]`: after the block barrier (every partial store
-/// of the block issued), thread 0 fences at gpu scope (cumulative: the block's stores become
-/// visible first) and adds 1.
-#[inline(always)]
-unsafe fn flag_arrive(cnt: *mut u32) {
-    sync_threads();
-    if thread_idx_x() == 0 {
-        fence_gpu();
-        atomic_add_u32(cnt, 1);
-    }
-}
-
-/// Kernel 2's wait on the v7 counter: thread 0 polls `cnt[0]` with acquire loads until all
-/// `arrivals` kernel-1 blocks have arrived (a trap after 2^24 polls instead of a hang), then
-/// counts its block on `cnt[1]`; the last kernel-2 block to pass resets both words to 0 for the
-/// next call (which starts after this kernel completes: kernel 1 is an ordinary launch). A block
-/// barrier releases the block.
-///
-/// No deadlock: kernel 2 is a programmatic dependent of kernel 1, launched only once every
-/// kernel-1 block has executed `griddepcontrol.launch_dependents` (at its entry), i.e. every
-/// kernel-1 block is already resident when any kernel-2 block polls. Without PDL kernel 1 has
-/// completed before kernel 2 starts.
-#[inline(always)]
-unsafe fn flag_wait(cnt: *mut u32, arrivals: u32) {
-    if thread_idx_x() == 0 {
-        let mut polls = 0u32;
-        while ld_acquire_gpu_u32(cnt) < arrivals {
-            polls += 1;
-            if polls == 1 << 24 {
-                trap();
-            }
-        }
-        fence_gpu();
-        let blocks = grid_dim_x() * grid_dim_y();
-        if atomic_add_u32(cnt.add(1), 1) == blocks - 1 {
-            core::ptr::write_volatile(cnt, 0);
-            core::ptr::write_volatile(cnt.add(1), 0);
-        }
-    }
-    sync_threads();
-}
-
-crate::entry_directive!("mhc_pre_partial_mma7", ".maxntid 512, 1, 1 .minnctapersm 1");
-
-/// [`mhc_pre_partial_mma5`] that also arrives on the v7 counter `cnt` ([`flag_arrive`]) once
-/// its partials are stored, for [`mhc_pre_mix7`].
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma7(
-    phi: *const f32,
-    x: *const u16,
-    part_ws: *mut f64,
-    cnt: *mut u32,
-    batch: u32,
-    n: u32,
-    c: u32,
-    cw: u32,
-    bpc: u32,
-) {
-    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, true);
-    flag_arrive(cnt);
-}
-
-/// [`mhc_pre_mix5`] waiting on the v7 counter `cnt` ([`flag_wait`]: all `arrivals` blocks of
-/// [`mhc_pre_partial_mma7`] have stored their partials) instead of `griddepcontrol.wait` (kernel
-/// 1's grid completed and flushed). `cnt` (two u32 words) must be zero before the first call
-/// and is left zero by every call.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_mix7(
-    x: *const u16,
-    bias: *const f32,
-    part_ws: *const f64,
-    cnt: *mut u32,
-    x_res: *mut u16,
-    x_layer: *mut u16,
-    h_post: *mut f32,
-    batch: u32,
-    n: u32,
-    c: u32,
-    grid1: u32,
-    arrivals: u32,
-    alpha_pre: f32,
-    alpha_post: f32,
-    alpha_res: f32,
-    repeat: u32,
-    eps: f32,
-    inv_sqrt_nc: f64,
-) {
-    let coef = PreCoef { alpha_pre, alpha_post, alpha_res, repeat, eps, inv_sqrt_nc };
-    mix5_body(x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, coef, || flag_wait(cnt, arrivals));
 }
