@@ -23,6 +23,7 @@ pub mod prim {
         pub(super) static BDIM: Cell<u32> = const { Cell::new(0) };
         pub(super) static GDIM: Cell<u32> = const { Cell::new(0) };
         pub(super) static SMEM: Cell<usize> = const { Cell::new(0) };
+        pub(super) static SMEM_LEN: Cell<usize> = const { Cell::new(0) };
         pub(super) static BAR: std::cell::RefCell<Option<Arc<Barrier>>> = const { std::cell::RefCell::new(None) };
     }
 
@@ -45,6 +46,46 @@ pub mod prim {
     }
     pub fn dyn_smem<T>() -> *mut T {
         SMEM.with(|c| c.get()) as *mut T
+    }
+    /// The shared-window address of the dynamic shared memory: not 0 (as on the GPU, where
+    /// reserved and static shared memory come first), so an offset taken for an address shows.
+    pub const SMEM_WINDOW: u32 = 0x400;
+    pub fn dyn_smem_u32() -> u32 {
+        SMEM_WINDOW
+    }
+    /// The host address of shared-window address `a` for a `T` access: checks that it lies in
+    /// the block's dynamic shared memory (the launch's `smem_bytes`) and is naturally aligned.
+    fn shared<T>(a: u32) -> *mut T {
+        let len = SMEM_LEN.with(|c| c.get());
+        let sz = std::mem::size_of::<T>();
+        assert!(
+            a >= SMEM_WINDOW && (a - SMEM_WINDOW) as usize + sz <= len,
+            "shared access {a:#x} outside [{SMEM_WINDOW:#x}, +{len})"
+        );
+        assert!((a as usize).is_multiple_of(sz), "shared access {a:#x} misaligned for {sz} bytes");
+        (SMEM.with(|c| c.get()) + (a - SMEM_WINDOW) as usize) as *mut T
+    }
+    /// # Safety
+    /// None beyond the checks of `shared` (the block's buffer is live during the launch).
+    pub unsafe fn lds_v2_f32(a: u32) -> (f32, f32) {
+        let p = shared::<[f32; 2]>(a);
+        ((*p)[0], (*p)[1])
+    }
+    /// # Safety
+    /// As [`lds_v2_f32`].
+    pub unsafe fn sts_v2_f32(a: u32, x: f32, y: f32) {
+        *shared::<[f32; 2]>(a) = [x, y];
+    }
+    /// # Safety
+    /// As [`lds_v2_f32`].
+    pub unsafe fn lds_v2_f64(a: u32) -> (f64, f64) {
+        let p = shared::<[f64; 2]>(a);
+        ((*p)[0], (*p)[1])
+    }
+    /// # Safety
+    /// As [`lds_v2_f32`].
+    pub unsafe fn sts_v2_f64(a: u32, x: f64, y: f64) {
+        *shared::<[f64; 2]>(a) = [x, y];
     }
     pub fn opaque_u32(v: u32) -> u32 {
         v
@@ -301,6 +342,7 @@ fn launch<T: Elem>(k: Kernel<T>, a: &PassArgs) {
                     prim::BDIM.with(|c| c.set(a.threads));
                     prim::GDIM.with(|c| c.set(a.grid));
                     prim::BAR.with(|b| *b.borrow_mut() = Some(bar.clone()));
+                    prim::SMEM_LEN.with(|c| c.set(smem_bytes));
                     for b in 0..a.grid {
                         prim::BID.with(|c| c.set(b));
                         prim::SMEM.with(|c| c.set(smem_addrs[b as usize] as usize));

@@ -5,7 +5,7 @@ pub use super::dft::{dft, Cx, Real};
 
 /// Loads and stores of one complex element of a [`Real`] type.
 pub trait Mem: Real {
-    /// One complex element from global or shared memory (one vector access).
+    /// One complex element from global memory (one vector access).
     ///
     /// # Safety
     /// `p` must be valid and naturally aligned for two `Self` (8 or 16 bytes).
@@ -18,6 +18,15 @@ pub trait Mem: Real {
     /// # Safety
     /// As [`Mem::ld`].
     unsafe fn ld_ro(p: *const Cx<Self>) -> Cx<Self>;
+    /// One complex element from shared memory at the 32-bit shared-window address `a`
+    /// (`prim::dyn_smem_u32` plus a byte offset): one `ld.shared` vector access.
+    ///
+    /// # Safety
+    /// `a` must lie in the block's shared memory, naturally aligned (8 or 16 bytes).
+    unsafe fn lds(a: u32) -> Cx<Self>;
+    /// # Safety
+    /// As [`Mem::lds`].
+    unsafe fn sts(a: u32, v: Cx<Self>);
 }
 
 #[derive(Clone, Copy)]
@@ -42,6 +51,15 @@ impl Mem for f32 {
         let (a, b) = super::prim::ld_nc_v2_u32(p as *const u32);
         Cx { re: f32::from_bits(a), im: f32::from_bits(b) }
     }
+    #[inline(always)]
+    unsafe fn lds(a: u32) -> Cx<Self> {
+        let (re, im) = super::prim::lds_v2_f32(a);
+        Cx { re, im }
+    }
+    #[inline(always)]
+    unsafe fn sts(a: u32, v: Cx<Self>) {
+        super::prim::sts_v2_f32(a, v.re, v.im)
+    }
 }
 
 impl Mem for f64 {
@@ -61,5 +79,14 @@ impl Mem for f64 {
             re: f64::from_bits(w[0] as u64 | ((w[1] as u64) << 32)),
             im: f64::from_bits(w[2] as u64 | ((w[3] as u64) << 32)),
         }
+    }
+    #[inline(always)]
+    unsafe fn lds(a: u32) -> Cx<Self> {
+        let (re, im) = super::prim::lds_v2_f64(a);
+        Cx { re, im }
+    }
+    #[inline(always)]
+    unsafe fn sts(a: u32, v: Cx<Self>) {
+        super::prim::sts_v2_f64(a, v.re, v.im)
     }
 }

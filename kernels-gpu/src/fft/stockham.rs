@@ -52,7 +52,9 @@ struct Ctx<T: Mem> {
     /// radix-R step fused into the first stage's loads; the host passes `log_mout = log_r`, so
     /// output `k` goes to `y[T·n + k·R + r]`). 0: a plain pass.
     log_r: u32,
-    smc: *mut Cx<T>,
+    /// Shared-window byte address (32-bit, `dyn_smem_u32`-based) of this transform's slot in
+    /// the first Stockham buffer.
+    smc: u32,
 }
 
 /// `v · (−i)^q` (q < 4): exact.
@@ -95,6 +97,27 @@ fn sidx(i: u32) -> u32 {
     i + (i >> 4)
 }
 
+/// Shared-window byte address of slot `i` of the `T` elements at `at` (all shared-memory
+/// accesses are `ld.shared`/`st.shared` at 32-bit addresses: `LDS`/`STS`, 32-bit arithmetic).
+#[inline(always)]
+fn saddr<T: Mem>(at: u32, i: u32) -> u32 {
+    at + i * core::mem::size_of::<Cx<T>>() as u32
+}
+
+/// `sidx(a + d)` as `sidx(a) + sidx(d)` where that is exact: when `(a mod 16) + (d mod 16) < 16`
+/// for every `a mod 16 ≤ amax` (then `(a + d) >> 4 = (a >> 4) + (d >> 4)`). `d` and `amax` are
+/// compile-time constants in the unrolled stages, so the branch folds and the access becomes
+/// one shared-memory instruction at `at_a + constant` (`sa = saddr(at, sidx(a))`); otherwise
+/// the full index arithmetic. The address is the same either way.
+#[inline(always)]
+fn saddr_off<T: Mem>(at: u32, sa: u32, a: u32, d: u32, amax: u32) -> u32 {
+    if (d & 15) + amax.min(15) < 16 {
+        saddr::<T>(sa, sidx(d))
+    } else {
+        saddr::<T>(at, sidx(a + d))
+    }
+}
+
 #[inline(always)]
 fn base(t: u32, log_l: u32, log_m: u32) -> u32 {
     ((t >> log_m) << (log_l + log_m)) + (t & ((1 << log_m) - 1))
@@ -124,16 +147,18 @@ unsafe fn prefetch_table(p: *const u8, bytes: u32, tid: u32, nthreads: u32, keep
     }
 }
 
-/// The shared memory one stage uses: it reads its inputs at `rd` (a transform's slot, `sidx`
-/// layout) and writes its outputs at `wr`. With `ping_pong` the two differ (alternating
-/// buffers), so a stage needs no barrier between its reads and its writes. The first stage
-/// reads global memory, or with a non-null `stg` the transform's staged input (natural order,
-/// unpadded; `cp.async`-copied by the block, see `fft_block`).
+/// The shared memory one stage uses (32-bit shared-window byte addresses): it reads its
+/// inputs at `rd` (a transform's slot, `sidx` layout) and writes its outputs at `wr`. With
+/// `ping_pong` the two differ (alternating buffers), so a stage needs no barrier between its
+/// reads and its writes. The first stage reads global memory, or with `staged` the transform's
+/// staged input at `stg` (natural order, unpadded; `cp.async`-copied by the block, see
+/// `fft_block`).
 #[derive(Clone, Copy)]
-struct Bufs<T: Mem> {
-    rd: *mut Cx<T>,
-    wr: *mut Cx<T>,
-    stg: *const Cx<T>,
+struct Bufs {
+    rd: u32,
+    wr: u32,
+    stg: u32,
+    staged: bool,
     ping_pong: bool,
 }
 
@@ -193,30 +218,34 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
     to_global: bool,
     pre: bool,
     w: &[Cx<T>; E],
-    bufs: Bufs<T>,
+    bufs: Bufs,
 ) {
     if R > E {
         return;
     }
     let lr = R.trailing_zeros();
     let tpt = 1u32 << c.log_tpt;
-    let quarter = 1u32 << (c.log_l - lr); // L/R
-                                          // Read: element e of the thread is input r = e mod R of its butterfly q = e / R.
+    // L/R.
+    let quarter = 1u32 << (c.log_l - lr);
+    // Read: element e of the thread is input r = e mod R of its butterfly q = e / R. The
+    // shared-memory addresses are a per-thread base plus constants where exact (`saddr_off`):
+    // reads at `jt + off` (`jt < tpt`), writes at `o0 + d` (see below).
+    let rd_jt = saddr::<T>(bufs.rd, sidx(c.jt));
     unroll!(E, e, {
-        let j = c.jt + (e / R) as u32 * tpt;
-        let idx = j + (e % R) as u32 * quarter;
+        let off = (e / R) as u32 * tpt + (e % R) as u32 * quarter;
+        let idx = c.jt + off;
         v[e] = if from_global {
             if !c.valid {
                 Cx::zero()
-            } else if !bufs.stg.is_null() {
-                T::ld(bufs.stg.add(idx as usize))
+            } else if bufs.staged {
+                T::lds(saddr::<T>(bufs.stg, idx))
             } else if c.log_r > 0 {
                 split_input(c, idx)
             } else {
                 T::ld_ro(c.x.add((c.base_in + (idx << c.log_min)) as usize))
             }
         } else {
-            T::ld(bufs.rd.add(sidx(idx) as usize))
+            T::lds(saddr_off::<T>(bufs.rd, rd_jt, c.jt, off, tpt - 1))
         };
     });
     if !from_global && !to_global && !bufs.ping_pong {
@@ -244,11 +273,19 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
     unroll!(E / R, q, {
         dft::<T, R>(&mut *(v.as_mut_ptr().add(q * R) as *mut [Cx<T>; R]));
     });
-    // Write.
+    // Write. When `q·tpt` is a multiple of `Ns`, `k = jt mod Ns` for every butterfly q of the
+    // thread and `o = o0 + d` with `o0 = ((jt − k) << lr) + k` and the constant
+    // `d = (q·tpt << lr) + (r << ls)`; `o0 mod 2^(ls + lr) = k < Ns`, so `o0 mod 16 < Ns` when
+    // `ls + lr ≥ 4` (any value below 16 otherwise).
+    let k0 = c.jt & ns_mask;
+    let o0 = ((c.jt - k0) << lr) + k0;
+    let wr_o0 = saddr::<T>(bufs.wr, sidx(o0));
+    let o0max = if ls + lr >= 4 { ns_mask } else { 15 };
     unroll!(E, e, {
         let j = c.jt + (e / R) as u32 * tpt;
         let k = j & ns_mask;
         let o = ((j - k) << lr) + k + (((e % R) as u32) << ls);
+        let qt = (e / R) as u32 * tpt;
         if to_global {
             if c.valid {
                 let mut val = v[e];
@@ -258,7 +295,12 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
                 T::st(c.y.add((c.base_out + (o << c.log_mout)) as usize), val);
             }
         } else {
-            T::st(bufs.wr.add(sidx(o) as usize), v[e]);
+            let a = if qt & ns_mask == 0 {
+                saddr_off::<T>(bufs.wr, wr_o0, o0, (qt << lr) + (((e % R) as u32) << ls), o0max)
+            } else {
+                saddr::<T>(bufs.wr, sidx(o))
+            };
+            T::sts(a, v[e]);
         }
     });
     if !to_global {
@@ -303,7 +345,10 @@ unsafe fn fft_block<
     } else {
         (tid >> log_tpt, tid & ((1 << log_tpt) - 1))
     };
+    // Shared memory: the generic pointer only for the `cp.async` staging copies; every load
+    // and store at 32-bit shared-window addresses from `sm32`.
     let sm = dyn_smem::<Cx<T>>();
+    let sm32 = dyn_smem_u32();
     // Start the twiddle tables on their way into L2 while the data loads are in flight (after
     // an L2 flush they would otherwise cost one DRAM round trip per stage).
     let nthreads = block_dim_x();
@@ -341,8 +386,10 @@ unsafe fn fft_block<
     // two staging buffers of `C·L` elements (natural order) that receive the block's next group
     // of rows by `cp.async` while the current group computes (row passes only: `log_min = 0`).
     let area = sm_stride << log_c;
-    let sm_b = if PP { sm.add(area as usize) } else { sm };
-    let stg0 = sm.add((if PP { 2 * area } else { area }) as usize);
+    let sm_b = if PP { saddr::<T>(sm32, area) } else { sm32 };
+    let stg_at = if PP { 2 * area } else { area };
+    let stg0 = sm.add(stg_at as usize);
+    let stg0_32 = saddr::<T>(sm32, stg_at);
     let stg_len = 1u32 << (log_c + log_l);
     // Groups of 2^log_c transforms; a grid smaller than the group count loops (persistent
     // blocks), prefetching the next group's rows (into L2, or with `STG` into shared memory)
@@ -396,11 +443,10 @@ unsafe fn fft_block<
             base_out: base(t, log_l, log_mout),
             log_min,
             log_r: SP,
-            smc: sm.add((ci * sm_stride) as usize),
+            smc: saddr::<T>(sm32, ci * sm_stride),
         };
-        let smc_b = sm_b.add((ci * sm_stride) as usize);
-        let stg =
-            if STG { stg0.add((sbuf * stg_len + (ci << log_l)) as usize) as *const Cx<T> } else { core::ptr::null() };
+        let smc_b = saddr::<T>(sm_b, ci * sm_stride);
+        let stg = if STG { saddr::<T>(stg0_32, sbuf * stg_len + (ci << log_l)) } else { 0 };
         let mut v = [Cx::<T>::zero(); E];
         unroll!(nst, s, {
             let lr = if s == 0 { first } else { log_e };
@@ -422,7 +468,7 @@ unsafe fn fft_block<
             } else {
                 (c.smc, c.smc)
             };
-            let b = Bufs { rd, wr, stg, ping_pong: PP };
+            let b = Bufs { rd, wr, stg, staged: STG, ping_pong: PP };
             match lr {
                 1 => stage::<T, E, 2>(&c, &mut v, ls, from_global, to_global, ST, &w, b),
                 2 => stage::<T, E, 4>(&c, &mut v, ls, from_global, to_global, ST, &w, b),
@@ -434,7 +480,7 @@ unsafe fn fft_block<
         if out_smem {
             // The result is in shared memory (the last stage ended with a barrier): store it
             // with consecutive threads on consecutive columns. (It is in buffer (nst − 1) mod 2.)
-            let fin = if PP && (nst - 1) % 2 == 1 { sm_b } else { sm };
+            let fin = if PP && (nst - 1) % 2 == 1 { sm_b } else { sm32 };
             let mut q = 0;
             while q < E {
                 let e = tid + q as u32 * nthreads;
@@ -442,7 +488,7 @@ unsafe fn fft_block<
                 let k = e >> log_c;
                 let t2 = t0 + c2;
                 if t2 < count {
-                    let mut val = T::ld(fin.add((c2 * sm_stride + sidx(k)) as usize));
+                    let mut val = T::lds(saddr::<T>(fin, c2 * sm_stride + sidx(k)));
                     if flags & TW4 != 0 {
                         val = tw4(&c, val, t2 & c.min_mask, k);
                     }

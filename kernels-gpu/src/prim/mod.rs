@@ -777,3 +777,49 @@ pub fn rsqrt_approx_ftz(v: f32) -> f32 {
     unsafe { asm!("rsqrt.approx.ftz.f32 {}, {};", out(reg32) r, in(reg32) v, options(pure, nomem, nostack)) };
     r
 }
+
+// ---------------------------------------------------------------- FFTC2CFwd (session 6)
+// The FFT's shared-memory exchanges at 32-bit shared-window addresses ([`dyn_smem_u32`] plus a
+// byte offset): `LDS`/`STS` with 32-bit address arithmetic instead of generic `LD`/`ST` through
+// 64-bit `cvta` pointers. The loads are `readonly`, not `pure`: a barrier ([`sync_threads`], a
+// call that may write any memory) orders them, and a store between two of them is not skipped.
+
+/// `ld.shared.v2.f32` at shared-window address `a` (8-byte aligned): one c64 element.
+///
+/// # Safety
+/// `a` must be an 8-byte aligned address inside this block's shared memory.
+#[inline(always)]
+pub unsafe fn lds_v2_f32(a: u32) -> (f32, f32) {
+    let (x, y): (f32, f32);
+    asm!("ld.shared.v2.f32 {{{}, {}}}, [{}];", out(reg32) x, out(reg32) y, in(reg32) a, options(readonly, nostack));
+    (x, y)
+}
+
+/// `st.shared.v2.f32` at shared-window address `a` (8-byte aligned).
+///
+/// # Safety
+/// As [`lds_v2_f32`].
+#[inline(always)]
+pub unsafe fn sts_v2_f32(a: u32, x: f32, y: f32) {
+    asm!("st.shared.v2.f32 [{}], {{{}, {}}};", in(reg32) a, in(reg32) x, in(reg32) y, options(nostack));
+}
+
+/// `ld.shared.v2.f64` at shared-window address `a` (16-byte aligned): one c128 element.
+///
+/// # Safety
+/// `a` must be a 16-byte aligned address inside this block's shared memory.
+#[inline(always)]
+pub unsafe fn lds_v2_f64(a: u32) -> (f64, f64) {
+    let (x, y): (f64, f64);
+    asm!("ld.shared.v2.f64 {{{}, {}}}, [{}];", out(reg64) x, out(reg64) y, in(reg32) a, options(readonly, nostack));
+    (x, y)
+}
+
+/// `st.shared.v2.f64` at shared-window address `a` (16-byte aligned).
+///
+/// # Safety
+/// As [`lds_v2_f64`].
+#[inline(always)]
+pub unsafe fn sts_v2_f64(a: u32, x: f64, y: f64) {
+    asm!("st.shared.v2.f64 [{}], {{{}, {}}};", in(reg32) a, in(reg64) x, in(reg64) y, options(nostack));
+}
