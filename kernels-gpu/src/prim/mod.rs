@@ -777,3 +777,12 @@ pub fn rsqrt_approx_ftz(v: f32) -> f32 {
     unsafe { asm!("rsqrt.approx.ftz.f32 {}, {};", out(reg32) r, in(reg32) v, options(pure, nomem, nostack)) };
     r
 }
+
+// ---------------------------------------------------------------- EngramGateConvFwd (session 7): lean forward
+
+/// `cp.async.cg.shared.global` of 16 bytes to the shared-window address `dst` (32-bit, as from
+/// [`dyn_smem_u32`], 16-byte aligned) from `src` (global, 16-byte aligned); see [`cp_async_16`].
+#[inline(always)]
+pub unsafe fn cp_async_16_s(dst: u32, src: *const u8) {
+    asm!("cp.async.cg.shared.global [{d}], [{g}], 16;", d = in(reg32) dst, g = in(reg64) src as u64, options(nostack));
+}
