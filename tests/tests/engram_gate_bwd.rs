@@ -165,6 +165,12 @@ fn every_launch_config_matches_reference() {
                     if let Some(b10) = run_bwd(&gpu, &x, &f0, 0, Some(c10), f32::NAN) {
                         check_bwd(&format!("{what} v5m W {w}"), &x, &b10);
                         assert_eq!(bits_h(&b7.dv), bits_h(&b10.dv), "{what} v5m W {w}: dv differs from v4");
+                        // the 16-byte reduce kernel: bitwise the scalar one at the same S
+                        for rv in [8, 32] {
+                            let c11 = GateBwdConfig { reduce_vec: rv, ..c10 };
+                            let b11 = run_bwd(&gpu, &x, &f0, 0, Some(c11), f32::NAN).unwrap();
+                            assert_bwd_bitwise(&format!("{what} v5m W {w} reduce_vec {rv}"), &b10, &b11);
+                        }
                     }
                     let xw = 32 - (r + 6) * w;
                     if xw > 0 {
@@ -250,6 +256,16 @@ fn versions_match<T: Half + rgk::cudarc::driver::DeviceRepr>(
         assert_eq!(bits_h(&bw.dv), bits_h(&b5m.dv), "{what} v5m W {w}: dv differs from v4");
         let b5m2 = run_bwd(gpu, x, &f0, 0, Some(GateBwdConfig { pdl: false, ..c5m }), 0.0).unwrap();
         assert_bwd_bitwise(&format!("{what} v5m W {w} twice"), &b5m, &b5m2);
+        // the 16-byte reduce kernel (the bench's `rvX`): checked, bitwise the scalar reduce at
+        // the same S, with and without PDL
+        for rv in [8, 16, 32] {
+            let cr = GateBwdConfig { reduce_vec: rv, ..c5m };
+            let br = run_bwd(gpu, x, &f0, 0, Some(cr), f32::NAN).unwrap();
+            check_bwd(&format!("{what} v5m W {w} reduce_vec {rv}"), x, &br);
+            assert_bwd_bitwise(&format!("{what} v5m W {w} reduce_vec {rv}"), &b5m, &br);
+            let br2 = run_bwd(gpu, x, &f0, 0, Some(GateBwdConfig { pdl: false, ..cr }), 0.0).unwrap();
+            assert_bwd_bitwise(&format!("{what} v5m W {w} reduce_vec {rv} twice"), &b5m, &br2);
+        }
         // extra warps (1, and up to 12 / 16 warps per block): bitwise none
         let tile = (r + 6) * w;
         let mut xws = vec![1, 12u32.saturating_sub(tile), 16u32.saturating_sub(tile)];
@@ -337,9 +353,16 @@ fn graph_plan_is_bitwise_direct_launches() {
         };
         let v5 = GateBwdConfig { lean: true, ..v4 };
         let v5m = GateBwdConfig { merge_s2: true, ..v5 };
-        for (name, c) in
-            [("planner", p), ("v4", v4), ("nopdl", GateBwdConfig { pdl: false, ..p }), ("v5", v5), ("v5m", v5m)]
-        {
+        for (name, c) in [
+            ("planner", p),
+            ("v4", v4),
+            ("nopdl", GateBwdConfig { pdl: false, ..p }),
+            ("v5", v5),
+            ("v5m", v5m),
+            ("rv8", GateBwdConfig { reduce_vec: 8, ..p }),
+            ("rv32", GateBwdConfig { reduce_vec: 32, ..p }),
+            ("rv8-s32", GateBwdConfig { reduce_vec: 8, reduce_segments: 32, ..p }),
+        ] {
             let x = gen::<bf16>(&mut rng, s, 1.0, false);
             let what = format!("graph {name} {s:?}");
             wd.step(&what);
@@ -363,6 +386,12 @@ fn backward_is_bitwise_deterministic() {
         let f1 = run_fwd(&gpu, &x, 0, None).unwrap();
         let b1 = run_bwd(&gpu, &x, &f1, 0, None, 0.0).unwrap();
         let b2 = run_bwd(&gpu, &x, &f1, 0, None, f32::NAN).unwrap();
+        // the 16-byte reduce kernel at the planner's S: bitwise the planner's outputs
+        let cr = GateBwdConfig { reduce_vec: 8, ..GateBwdConfig::for_shape(s) };
+        let b3 = run_bwd(&gpu, &x, &f1, 0, Some(cr), f32::NAN).unwrap();
+        assert_eq!(bits_f(&b1.dconv_w), bits_f(&b3.dconv_w), "{s:?}: reduce_vec 8 dconv_w differs");
+        assert_eq!(bits_f(&b1.drms_w_h), bits_f(&b3.drms_w_h), "{s:?}: reduce_vec 8 drms_w_h differs");
+        assert_eq!(bits_f(&b1.drms_w_v), bits_f(&b3.drms_w_v), "{s:?}: reduce_vec 8 drms_w_v differs");
         assert_eq!(bits_h(&b1.dh), bits_h(&b2.dh), "{s:?}: dH differs between runs");
         assert_eq!(bits_h(&b1.dk), bits_h(&b2.dk), "{s:?}: dk differs between runs");
         assert_eq!(bits_h(&b1.dv), bits_h(&b2.dv), "{s:?}: dv differs between runs");

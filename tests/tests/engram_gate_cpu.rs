@@ -413,6 +413,19 @@ fn v5_warp_row_map_is_exact() {
     }
 }
 
+/// The lean forward's phase-2 row index: the high word of `e·fwd_chunk_magic(d)` equals
+/// `e / ceil(d/8)` for every element chunk `e < R·ceil(d/8)` (R ≤ 29) of every d the kernel
+/// takes (16 ≤ d ≤ 1024, d % 8 == 0).
+#[test]
+fn lean_fwd_chunk_index_is_exact() {
+    for d in (16..=1024usize).step_by(8) {
+        let (nch, m) = (d.div_ceil(8) as u64, rgk::engram::fwd_chunk_magic(d) as u64);
+        for e in 0..29 * nch {
+            assert_eq!((e * m) >> 32, e / nch, "d {d} e {e}");
+        }
+    }
+}
+
 /// v5m's closed form of the u-norm backward's `Σ dvh·v` (SPEC §5: `dvh = g + rv·du·wv −
 /// vh·rv³·mean(du·wv·vh)`, `vh = a·v`, `rv = (mean vh² + eps)^−½`):
 /// `a·Σ dvh·v = a·Σ g·v + eps·rv³·Σ du·wv·vh`, checked in f64 against the two-pass form on

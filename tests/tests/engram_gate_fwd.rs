@@ -120,8 +120,13 @@ fn every_launch_config_matches_reference() {
     }
 }
 
-const KERNELS: [GateFwdKernel; 4] =
-    [GateFwdKernel::V1, GateFwdKernel::SmemU, GateFwdKernel::SmemUApprox, GateFwdKernel::SmemUFast];
+const KERNELS: [GateFwdKernel; 5] = [
+    GateFwdKernel::V1,
+    GateFwdKernel::SmemU,
+    GateFwdKernel::SmemUApprox,
+    GateFwdKernel::SmemUFast,
+    GateFwdKernel::SmemULean,
+];
 
 fn bits_h<T: Half>(v: &[T]) -> Vec<u64> {
     v.iter().map(|x| x.to_f64().to_bits()).collect()
@@ -168,8 +173,24 @@ fn v2_case<T: Half + rgk::cudarc::driver::DeviceRepr>(
         check_fwd(&format!("{what} SmemUFast"), &x, &f4);
         let flips = f1.vhat.iter().zip(&f4.vhat).filter(|(a, b)| a.to_f64() != b.to_f64()).count();
         println!("{what}: SmemUFast vhat differs from v1 in {flips} of {} elements", f1.vhat.len());
+        // SmemULean (the bench's `lean`): checked, and bitwise SmemUFast on these inputs (the
+        // ftz MUFU forms agree wherever |conv| and |alpha's logit| < 87)
+        let Some(f5) = run(GateFwdKernel::SmemULean) else { continue };
+        check_fwd(&format!("{what} SmemULean"), &x, &f5);
+        assert_eq!(bits_h(&f4.y), bits_h(&f5.y), "{what}: SmemULean Y differs from SmemUFast");
+        assert_eq!(bits_h(&f4.vhat), bits_h(&f5.vhat), "{what}: SmemULean vhat differs from SmemUFast");
+        for (a, b, n) in [
+            (&f4.alpha, &f5.alpha, "alpha"),
+            (&f4.rrms_h, &f5.rrms_h, "rrms_h"),
+            (&f4.rrms_k, &f5.rrms_k, "rrms_k"),
+            (&f4.rrms_v, &f5.rrms_v, "rrms_v"),
+        ] {
+            assert_eq!(bits_f(a), bits_f(b), "{what}: SmemULean {n} differs from SmemUFast");
+        }
         // extra warps: bitwise the same outputs as without
-        for (kernel, f0) in [(GateFwdKernel::SmemUApprox, &f3), (GateFwdKernel::SmemUFast, &f4)] {
+        for (kernel, f0) in
+            [(GateFwdKernel::SmemUApprox, &f3), (GateFwdKernel::SmemUFast, &f4), (GateFwdKernel::SmemULean, &f5)]
+        {
             for extra_warps in [1, 3, 6] {
                 let c = GateFwdConfig { rows_per_block: r, kernel, extra_warps };
                 let Some(f) = run_fwd(gpu, &x, 0, Some(c)) else { continue };
@@ -217,12 +238,18 @@ fn v2_kernels_match_v1() {
 #[test]
 fn forward_is_bitwise_deterministic() {
     let Some((gpu, wd, mut rng)) = start("engram_gate_fwd::deterministic") else { return };
-    for (m, t, d) in [(3, 96, 768), (7, 257, 1000), (1, 33, 4096)] {
+    for (m, t, d) in [(3, 96, 768), (7, 257, 1000), (1, 33, 4096), (2, 64, 512)] {
         let s = EngramGateShape { m, t, d };
         let x = gen::<bf16>(&mut rng, s, 1.0, false);
         wd.step(format!("fwd twice {s:?}"));
         let f1 = run_fwd(&gpu, &x, 0, None).unwrap();
         let f2 = run_fwd(&gpu, &x, 0, None).unwrap();
+        // the lean kernel at the planner's R: twice, bitwise
+        let cl = GateFwdConfig { kernel: GateFwdKernel::SmemULean, ..GateFwdConfig::for_shape(s) };
+        let (l1, l2) = (run_fwd(&gpu, &x, 0, Some(cl)).unwrap(), run_fwd(&gpu, &x, 0, Some(cl)).unwrap());
+        assert_eq!(bits_h(&l1.y), bits_h(&l2.y), "{s:?}: lean Y differs between runs");
+        assert_eq!(bits_f(&l1.alpha), bits_f(&l2.alpha), "{s:?}: lean alpha differs between runs");
+        check_fwd(&format!("{s:?} lean"), &x, &l1);
         assert_eq!(bits_h(&f1.y), bits_h(&f2.y), "{s:?}: Y differs between runs");
         assert_eq!(bits_h(&f1.vhat), bits_h(&f2.vhat), "{s:?}: vhat differs between runs");
         for (a, b, n) in [

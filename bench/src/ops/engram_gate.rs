@@ -33,7 +33,9 @@ const F32_REL: f64 = 1e-4;
 /// kernel at R rows per block / S = 32), `WORKLOAD@v4c` (the cluster reduction),
 /// `WORKLOAD@v4` (the planner's configuration with the v4 main kernel, the session-5
 /// default), `WORKLOAD@v5` (with the lean v5 main kernel; the planner runs v5m: v5 with stage
-/// 3 merged into one pass)).
+/// 3 merged into one pass); forward `WORKLOAD@lean` (the planner's configuration with the
+/// lean v2 kernel, `GateFwdKernel::SmemULean`), backward `WORKLOAD@rvX` / `WORKLOAD@rvX-sS`
+/// (the planner's configuration with the 16-byte reduce kernel, `reduce_vec` X, S segments)).
 pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut v = Vec::new();
     // None = the planner's choice for the shape
@@ -53,6 +55,8 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                 fwd_cfgs.push((Some(format!("{kt}-r{r}")), Some(GateFwdConfig { rows_per_block: r, ..c })));
             }
         }
+        // the lean v2 forward (bitwise v2f on these inputs) at the planner's R and extra warps
+        fwd_cfgs.push((Some("lean".into()), None));
         // extra warps (weight loads and phase 2 only) on the approximate kernels
         for (kt, kernel) in [("v2a", GateFwdKernel::SmemUApprox), ("v2f", GateFwdKernel::SmemUFast)] {
             for x in [2, 3, 5] {
@@ -81,6 +85,11 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
             bwd_cfgs.push((Some(t.into()), None));
         }
         bwd_cfgs.push((Some("nopdl".into()), None));
+        // the 16-byte reduce kernel (bitwise the scalar one at the same S) at the planner's
+        // configuration: 8 / 32 threads per segment row, S = 8 / 32
+        for t in ["rv8", "rv32", "rv8-s8", "rv8-s32"] {
+            bwd_cfgs.push((Some(t.into()), None));
+        }
     }
     for &(name, m, t, d, is_f16) in &SEED {
         let s = EngramGateShape { m, t, d };
@@ -88,6 +97,9 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         for (tag, cfg) in fwd_cfgs.clone() {
             // rows_per_block 0: the planner's R with the given kernel
             let cfg = match cfg {
+                None if tag.as_deref() == Some("lean") => {
+                    GateFwdConfig { kernel: GateFwdKernel::SmemULean, ..GateFwdConfig::for_shape(s) }
+                }
                 None => GateFwdConfig::for_shape(s),
                 Some(c) if c.rows_per_block == 0 => {
                     GateFwdConfig { kernel: c.kernel, extra_warps: c.extra_warps, ..GateFwdConfig::for_shape(s) }
@@ -121,6 +133,15 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
             let graph = tag.as_deref() != Some("nograph");
             let cfg = match cfg {
                 None if tag.as_deref() == Some("nopdl") => GateBwdConfig { pdl: false, ..GateBwdConfig::for_shape(s) },
+                None if tag.as_deref().is_some_and(|t| t.starts_with("rv")) => {
+                    let t = tag.as_deref().unwrap_or("").trim_start_matches("rv");
+                    let p = GateBwdConfig::for_shape(s);
+                    let (xw, sg) = match t.split_once("-s") {
+                        Some((x, sg)) => (x.parse().unwrap_or(8), sg.parse().unwrap_or(p.reduce_segments)),
+                        None => (t.parse().unwrap_or(8), p.reduce_segments),
+                    };
+                    GateBwdConfig { reduce_vec: xw, reduce_segments: sg, ..p }
+                }
                 None if tag.as_deref().is_some_and(|t| t.starts_with("v5")) => {
                     let merge_s2 = tag.as_deref() == Some("v5m");
                     GateBwdConfig { lean: true, merge_s2, ..GateBwdConfig::for_shape(s) }

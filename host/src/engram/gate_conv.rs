@@ -145,6 +145,18 @@ const BWD5: [[[&str; 4]; 2]; 2] = [
     ],
 ];
 const BWD_REDUCE: &str = "engram_gate_bwd_reduce";
+/// The reduce kernel with 16-byte loads ([`GateBwdConfig::reduce_vec`]).
+const BWD_REDUCE4: &str = "engram_gate_bwd_reduce4";
+/// Forward v2 lean kernels ([`GateFwdKernel::SmemULean`]), `[dtype][NV−1]`.
+const FWD2L: [[&str; 4]; 2] = [
+    [
+        "engram_gate_fwd2l_bf16_r1",
+        "engram_gate_fwd2l_bf16_r2",
+        "engram_gate_fwd2l_bf16_r3",
+        "engram_gate_fwd2l_bf16_r4",
+    ],
+    ["engram_gate_fwd2l_f16_r1", "engram_gate_fwd2l_f16_r2", "engram_gate_fwd2l_f16_r3", "engram_gate_fwd2l_f16_r4"],
+];
 
 pub(crate) const KERNELS: &[&str] = &[
     FWD[0][0],
@@ -228,6 +240,15 @@ pub(crate) const KERNELS: &[&str] = &[
     BWD5[1][1][1],
     BWD5[1][1][2],
     BWD5[1][1][3],
+    BWD_REDUCE4,
+    FWD2L[0][0],
+    FWD2L[0][1],
+    FWD2L[0][2],
+    FWD2L[0][3],
+    FWD2L[1][0],
+    FWD2L[1][1],
+    FWD2L[1][2],
+    FWD2L[1][3],
 ];
 
 /// Weight chunks per thread of the v2 forward (`kernels-gpu` `FWD2_WL`).
@@ -283,6 +304,13 @@ pub enum GateFwdKernel {
     /// Newton step, `alpha`'s σ by `rcp.approx`, no divisions on the chain (≈ 1–2 ulp f32 in
     /// `alpha`, `rrms_*`; `vhat` may flip at a 16-bit rounding tie).
     SmemUFast,
+    /// `SmemUFast` with fewer instructions (v2 "lean"): grid `(ntiles, M)` instead of a
+    /// division, `1/d`, `1/√d` and phase 2's `e / ceil(d/8)` multiplier from the host, shared
+    /// memory through 32-bit shared-window addresses, the ftz forms of `ex2`/`rcp`/`rsqrt`.
+    /// Bitwise `SmemUFast` wherever |conv| and |alpha's logit| < 87 (beyond, σ's subnormal range
+    /// flushes to 0). Runs where `SmemUFast` runs with `d ≥ 16` and `M ≤ 65535`; elsewhere
+    /// `SmemUFast` (or `V1`) runs.
+    SmemULean,
 }
 
 /// Launch configuration of the forward. Blocks above 512 threads may exceed what a kernel's
@@ -372,6 +400,14 @@ pub struct GateBwdConfig {
     /// cross-warp sum fewer. `dv` bitwise v5; `dH`, `dk` differ in rounding (checked against
     /// the reference).
     pub merge_s2: bool,
+    /// The reduce kernel with 16-byte loads when ≥ 1 (`engram_gate_bwd_reduce4`): block
+    /// `(reduce_vec, S)`, thread x owning 4 consecutive outputs, up to 4 loads in flight per
+    /// thread (the last batch padded), the S segment sums added by 16-byte shared loads in
+    /// increasing order — bitwise the scalar reduce kernel at the same S (same order of every
+    /// sum), with 4× fewer threads and loads. Applies where `d % 4 == 0` and the workspace is
+    /// 16-byte aligned, else the scalar kernel runs. `reduce_vec` ∈ {0, 8, 16, 32} (threads
+    /// per segment row: 8 = 128-byte rows of a segment, more smaller blocks).
+    pub reduce_vec: u32,
 }
 
 impl Default for GateBwdConfig {
@@ -385,6 +421,7 @@ impl Default for GateBwdConfig {
             cluster_reduce: false,
             lean: false,
             merge_s2: false,
+            reduce_vec: 0,
         }
     }
 }
@@ -436,6 +473,7 @@ impl GateBwdConfig {
             cluster_reduce: false,
             lean: true,
             merge_s2: true,
+            reduce_vec: 0,
         }
     }
 }
@@ -608,9 +646,11 @@ pub unsafe fn gate_conv_fwd_raw_with<T: Half>(
         GateFwdKernel::V1 => None,
         GateFwdKernel::SmemU => Some(0),
         GateFwdKernel::SmemUApprox => Some(1),
-        GateFwdKernel::SmemUFast => Some(2),
+        GateFwdKernel::SmemUFast | GateFwdKernel::SmemULean => Some(2),
     });
+    let lean = v2.is_some() && config.kernel == GateFwdKernel::SmemULean && shape.d >= 16 && shape.m <= 65535;
     let (f, shared_bytes) = match v2 {
+        Some(_) if lean => (gpu.function(FWD2L[dt][var])?, fwd2_smem_bytes(shape.d, r) as u32),
         Some(ap) => (gpu.function(FWD2[ap][dt][var])?, fwd2_smem_bytes(shape.d, r) as u32),
         None => (gpu.function(FWD[dt][var])?, 8 * (r + 3)),
     };
@@ -629,6 +669,41 @@ pub unsafe fn gate_conv_fwd_raw_with<T: Half>(
     let [mut a0, mut a1, mut a2, mut a3, mut a4, mut a5] = inputs;
     let [mut o0, mut o1, mut o2, mut o3, mut o4, mut o5] = outputs;
     let (mut tl, mut d, mut rr, mut nt, mut eps) = (shape.t as u32, shape.d as u32, r, ntiles as u32, EPS);
+    if lean {
+        // grid (ntiles, M); 1/d and 1/√d correctly rounded (the bits of the kernels'
+        // `div.rn(1, d)`, `div.rn(1, sqrt.rn(d))`); ceil(2^32 / ceil(d/8)) for phase 2's row
+        // index (d ≥ 16: at least 2 chunks, so it fits in u32)
+        let dims_l = LaunchDims { grid: (ntiles as u32, shape.m as u32, 1), ..dims };
+        let df = shape.d as f32;
+        let (mut inv_d, mut inv_sqrt_d) = (1.0f32 / df, 1.0f32 / df.sqrt());
+        let mut magic = fwd_chunk_magic(shape.d);
+        return launch(
+            f,
+            dims_l,
+            stream,
+            &mut [
+                &mut a0,
+                &mut a1,
+                &mut a2,
+                &mut a3,
+                &mut a4,
+                &mut a5,
+                &mut o0,
+                &mut o1,
+                &mut o2,
+                &mut o3,
+                &mut o4,
+                &mut o5,
+                &mut tl,
+                &mut d,
+                &mut rr,
+                &mut inv_d,
+                &mut inv_sqrt_d,
+                &mut magic,
+                &mut eps,
+            ],
+        );
+    }
     launch(
         f,
         dims,
@@ -638,6 +713,14 @@ pub unsafe fn gate_conv_fwd_raw_with<T: Half>(
             &mut tl, &mut d, &mut rr, &mut nt, &mut eps,
         ],
     )
+}
+
+/// `ceil(2^32 / ceil(d/8))` (d ≥ 16): the lean forward's phase 2 takes the row index of
+/// element chunk `e` as the high word of `e·magic`, which equals `e / ceil(d/8)` whenever
+/// `e·ceil(d/8) < 2^32` (always here: `e < 29·128`).
+pub fn fwd_chunk_magic(d: usize) -> u32 {
+    let nch = d.div_ceil(8).max(2) as u64;
+    (1u64 << 32).div_ceil(nch) as u32
 }
 
 /// Bytes of dynamic shared memory of the v2 forward (`kernels-gpu` `fwd2_smem_bytes`).
@@ -893,6 +976,12 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
     if sg == 0 || sg > 32 {
         return Err(Error::Shape { arg: "config.reduce_segments", msg: format!("{sg} is not in 1..=32") });
     }
+    if !matches!(config.reduce_vec, 0 | 8 | 16 | 32) {
+        return Err(Error::Shape {
+            arg: "config.reduce_vec",
+            msg: format!("{} is not 0, 8, 16 or 32", config.reduce_vec),
+        });
+    }
     let dt = dtype_index::<T>()?;
     let d = shape.d;
     let mut ptrs = inputs.to_vec();
@@ -1020,8 +1109,14 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
             ],
         )?;
     }
-    let f2 = gpu.function(BWD_REDUCE)?;
-    let dims2 = LaunchDims { grid: ((6 * d).div_ceil(32) as u32, 1, 1), block: (32, sg, 1), shared_bytes: 4 * 32 * sg };
+    let xw = config.reduce_vec;
+    let (f2, dims2) = if xw >= 1 && d.is_multiple_of(4) && part.is_multiple_of(16) {
+        let grid = ((6 * d / 4).div_ceil(xw as usize) as u32, 1, 1);
+        (gpu.function(BWD_REDUCE4)?, LaunchDims { grid, block: (xw, sg, 1), shared_bytes: 16 * xw * sg })
+    } else {
+        let grid = ((6 * d).div_ceil(32) as u32, 1, 1);
+        (gpu.function(BWD_REDUCE)?, LaunchDims { grid, block: (32, sg, 1), shared_bytes: 4 * 32 * sg })
+    };
     let (mut pt2, mut nb, mut d2) = (part, blocks, d as u32);
     let launch2 = if config.pdl { launch_pdl } else { launch };
     launch2(f2, dims2, stream, &mut [&mut pt2, &mut dwh, &mut dwv, &mut dcw, &mut nb, &mut d2])

@@ -371,6 +371,59 @@ fn silu<const APPROX: bool>(x: f32) -> f32 {
     }
 }
 
+/// Per-launch constants of the lean forward (`fwd2l`), computed on the host: `1/d`, `1/√d`
+/// (correctly rounded, the bits of the other kernels' `div.rn`), `ceil(2^32 / ceil(d/8))`.
+#[derive(Clone, Copy)]
+struct FwdLean {
+    inv_d: f32,
+    inv_sqrt_d: f32,
+    nch_magic: u32,
+}
+
+const NO_LEAN: FwdLean = FwdLean { inv_d: 0.0, inv_sqrt_d: 0.0, nch_magic: 0 };
+
+/// [`rrms_fast`] with `rsqrt.approx.ftz` (the same bits: its argument is ≥ eps, normal).
+#[inline(always)]
+fn rrms_lean(sum: f32, inv_d: f32, eps: f32) -> f32 {
+    let x = fma(sum, inv_d, eps);
+    let r = rsqrt_approx_ftz(x);
+    let n = r * fma(-0.5 * x, r * r, 1.5);
+    if r == f32::INFINITY {
+        r
+    } else {
+        n
+    }
+}
+
+/// [`silu`]`::<true>` through the ftz forms of `ex2`/`rcp` (the same bits for x > −87).
+#[inline(always)]
+fn silu_lean(x: f32) -> f32 {
+    x * rcp_approx_ftz(1.0 + ex2_approx_ftz(-x * core::f32::consts::LOG2_E))
+}
+
+/// 8 f32 from shared-window address `a` (32-byte aligned).
+#[inline(always)]
+unsafe fn lds8(a: u32) -> F8 {
+    let (p, q) = (lds_v4(a), lds_v4(a + 16));
+    [
+        f32::from_bits(p[0]),
+        f32::from_bits(p[1]),
+        f32::from_bits(p[2]),
+        f32::from_bits(p[3]),
+        f32::from_bits(q[0]),
+        f32::from_bits(q[1]),
+        f32::from_bits(q[2]),
+        f32::from_bits(q[3]),
+    ]
+}
+
+/// 8 f32 to shared-window address `a` (32-byte aligned).
+#[inline(always)]
+unsafe fn sts8(a: u32, v: F8) {
+    sts_v4(a, [v[0].to_bits(), v[1].to_bits(), v[2].to_bits(), v[3].to_bits()]);
+    sts_v4(a + 16, [v[4].to_bits(), v[5].to_bits(), v[6].to_bits(), v[7].to_bits()]);
+}
+
 /// EngramGateConvFwd v2 (resident, 16-byte layout only: `d % 8 == 0`, `ceil(d/8) ≤ 32·NV`,
 /// aligned). Same grid, block and pointers as [`fwd`]; dynamic smem [`fwd2_smem_bytes`].
 /// Differences from v1, nothing else: (1) the block loads `rms_w_v` and `conv_w` for real
@@ -381,7 +434,7 @@ fn silu<const APPROX: bool>(x: f32) -> f32 {
 /// a zero `u` row before t = 0 adds `fma(cw, 0, +0) = +0`, as v1's skipped term).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool>(
+unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool, const LEAN: bool>(
     h: *const u16,
     k: *const u16,
     v: *const u16,
@@ -399,12 +452,18 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool>(
     r: u32,
     ntiles: u32,
     eps: f32,
+    lc: FwdLean,
 ) {
     let tid = thread_idx_x();
     let lane = lane_id();
     let i = tid / 32;
-    let m = block_idx_x() / ntiles;
-    let t0 = (block_idx_x() - m * ntiles) * r;
+    // LEAN: grid (ntiles, M), no division
+    let (m, t0) = if LEAN {
+        (block_idx_y(), block_idx_x() * r)
+    } else {
+        let m = block_idx_x() / ntiles;
+        (m, (block_idx_x() - m * ntiles) * r)
+    };
     let nch = d.div_ceil(8);
     let dpad = (nch * 8) as usize;
     let df = d as f32;
@@ -412,23 +471,57 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool>(
     let s_u = sm;
     let s_vh = sm.add((r as usize + 3) * dpad);
     let s_w = sm.add((2 * r as usize + 3) * dpad) as *mut u16;
-    // FS: 1/d and 1/sqrt(d) once (off the loads' critical path) for the approximate scalars
-    let (inv_d, inv_sqrt_d) = if FS { (div_rn(1.0, df), div_rn(1.0, sqrt_rn(df))) } else { (0.0, 0.0) };
+    // LEAN: the same regions through 32-bit shared-window addresses
+    let sm32 = if LEAN { dyn_smem_u32() } else { 0 };
+    let a_u = sm32;
+    let a_vh = sm32 + 4 * (r + 3) * dpad as u32;
+    let a_w = sm32 + 4 * (2 * r + 3) * dpad as u32;
+    // FS: 1/d and 1/sqrt(d) once (off the loads' critical path) for the approximate scalars;
+    // LEAN: from the host (the same correctly rounded bits)
+    let (inv_d, inv_sqrt_d) = if LEAN {
+        (lc.inv_d, lc.inv_sqrt_d)
+    } else if FS {
+        (div_rn(1.0, df), div_rn(1.0, sqrt_rn(df)))
+    } else {
+        (0.0, 0.0)
+    };
 
     // ---- weights: every thread issues its (≤ FWD2_WL) 16-byte chunks first
     let nw = 5 * nch;
     let nthr = block_dim_x();
     let mut wraw: [Raw; FWD2_WL] = [[0; 4]; FWD2_WL];
-    let mut q = 0;
-    while q < FWD2_WL {
-        let wq = tid + q as u32 * nthr;
-        if wq < nw {
-            let (p, c) = split5(wq, nch);
-            let src = if p == 0 { wv } else { cw.add((p - 1) as usize * d as usize) };
-            wraw[q] = ld_raw(src, c);
+    if !LEAN {
+        let mut q = 0;
+        while q < FWD2_WL {
+            let wq = tid + q as u32 * nthr;
+            if wq < nw {
+                let (p, c) = split5(wq, nch);
+                let src = if p == 0 { wv } else { cw.add((p - 1) as usize * d as usize) };
+                wraw[q] = ld_raw(src, c);
+            }
+            q += 1;
         }
-        q += 1;
     }
+    // LEAN: the weights straight into shared memory by `cp.async` (no registers), issued after
+    // the row loads (phase 1's chain waits on those; the weights are read after the barrier)
+    // (thread `tid` copies chunk `c = tid + k·nthr < nch` of all 5 rows: no index arithmetic
+    // beyond one compare per chunk)
+    let issue_w = || {
+        if LEAN {
+            let mut c = tid;
+            while c < nch {
+                let dst = a_w + 16 * c;
+                cp_async_16_s(dst, wv.add(8 * c as usize) as *const u8);
+                let mut p = 0;
+                while p < 4 {
+                    let src = cw.add(p as usize * d as usize + 8 * c as usize);
+                    cp_async_16_s(dst + 2 * (p + 1) * dpad as u32, src as *const u8);
+                    p += 1;
+                }
+                c += nthr;
+            }
+        }
+    };
 
     // ---- phase 1: per-row scalars of every tile row (warp i ↔ t = t0 − 3 + i), then u (and vh)
     let t = (t0 + i) as i32 - 3;
@@ -436,8 +529,13 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool>(
     // warps past the tile (`extra_warps` of the launch) only load weights and run phase 2
     let in_tile = i < r + 3;
     if in_tile && t < 0 {
+        issue_w();
         each_chunk!(NV, lane, nch, |n, c| {
-            st8_f32(urow, c, [0f32; 8]);
+            if LEAN {
+                sts8(a_u + 4 * (i * dpad as u32 + 8 * c), [0f32; 8]);
+            } else {
+                st8_f32(urow, c, [0f32; 8]);
+            }
         });
     } else if in_tile && (t as u32) < t_len {
         let row = (m * t_len + t as u32) as usize * d as usize;
@@ -456,6 +554,7 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool>(
             *wres.get_unchecked_mut(n) = ld_raw(wh, c);
             *wvres.get_unchecked_mut(n) = ld_raw(wv, c);
         });
+        issue_w();
         each_chunk!(NV, lane, nch, |n, c| {
             let (hh, kk, ww) = (unpack8::<D>(res(&hres, n)), unpack8::<D>(res(&kres, n)), unpack8::<D>(res(&wres, n)));
             for e in 0..8 {
@@ -465,7 +564,10 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool>(
             }
         });
         let (shh, skk, shk) = (warp_sum_f32(shh), warp_sum_f32(skk), warp_sum_f32(shk));
-        let (rh, rk, alpha) = if FS {
+        let (rh, rk, alpha) = if LEAN {
+            let (rh, rk) = (rrms_lean(shh, inv_d, eps), rrms_lean(skk, inv_d, eps));
+            (rh, rk, rcp_approx_ftz(1.0 + ex2_approx_ftz(-(shk * rh * rk * inv_sqrt_d) * core::f32::consts::LOG2_E)))
+        } else if FS {
             let (rh, rk) = (rrms_fast(shh, inv_d, eps), rrms_fast(skk, inv_d, eps));
             (rh, rk, rcp_approx(1.0 + exp_f32(-(shk * rh * rk * inv_sqrt_d))))
         } else {
@@ -485,7 +587,13 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool>(
                 st8::<D, true>(vq_out, c, d, o);
             }
         });
-        let rv = if FS { rrms_fast(warp_sum_f32(svv), inv_d, eps) } else { rrms(warp_sum_f32(svv), df, eps) };
+        let rv = if LEAN {
+            rrms_lean(warp_sum_f32(svv), inv_d, eps)
+        } else if FS {
+            rrms_fast(warp_sum_f32(svv), inv_d, eps)
+        } else {
+            rrms(warp_sum_f32(svv), df, eps)
+        };
         let vhrow = s_vh.add(if owned { (i - 3) as usize * dpad } else { 0 });
         each_chunk!(NV, lane, nch, |n, c| {
             let (vv, wvv) = (unpack8::<D>(res(&vres, n)), unpack8::<D>(res(&wvres, n)));
@@ -495,9 +603,16 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool>(
                 vh[e] = alpha * vv[e];
                 u[e] = qf::<D>(vh[e]) * rv * wvv[e];
             }
-            st8_f32(urow, c, u);
-            if owned {
-                st8_f32(vhrow, c, vh);
+            if LEAN {
+                sts8(a_u + 4 * (i * dpad as u32 + 8 * c), u);
+                if owned {
+                    sts8(a_vh + 4 * ((i - 3) * dpad as u32 + 8 * c), vh);
+                }
+            } else {
+                st8_f32(urow, c, u);
+                if owned {
+                    st8_f32(vhrow, c, vh);
+                }
             }
         });
         if lane == 0 && owned {
@@ -507,10 +622,12 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool>(
             *rk_o.add(rix) = rk;
             *rv_o.add(rix) = rv;
         }
+    } else {
+        issue_w();
     }
     // the weights into smem (raw 16-bit)
     let mut q = 0;
-    while q < FWD2_WL {
+    while q < FWD2_WL && !LEAN {
         let wq = tid + q as u32 * nthr;
         if wq < nw {
             let (p, c) = split5(wq, nch);
@@ -521,28 +638,46 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool>(
         }
         q += 1;
     }
+    if LEAN {
+        cp_async_wait_all();
+    }
     sync_threads();
 
     // ---- phase 2: conv and Y from smem, element chunks of the R owned rows over the block
     let total = r * nch;
     let mut e = tid;
     while e < total {
-        let io = e / nch; // owned row index 0..R (tile row io + 3)
+        // owned row index 0..R (tile row io + 3); LEAN: e / nch by a multiply-high with the
+        // host's ceil(2^32 / nch) (exact for e·nch < 2^32)
+        let io = if LEAN { ((e as u64 * lc.nch_magic as u64) >> 32) as u32 } else { e / nch };
         let c = e - io * nch;
         let t = t0 + io;
         if t < t_len {
             let mut conv = [0f32; 8];
             for p in 0..4u32 {
-                let cwp = unpack8::<D>(*(s_w.add((p as usize + 1) * dpad + c as usize * 8) as *const Raw));
-                let uu = ld8_f32(s_u.add((io + p) as usize * dpad), c);
+                let (cwp, uu) = if LEAN {
+                    (
+                        unpack8::<D>(lds_v4(a_w + 2 * ((p + 1) * dpad as u32 + 8 * c))),
+                        lds8(a_u + 4 * ((io + p) * dpad as u32 + 8 * c)),
+                    )
+                } else {
+                    (
+                        unpack8::<D>(*(s_w.add((p as usize + 1) * dpad + c as usize * 8) as *const Raw)),
+                        ld8_f32(s_u.add((io + p) as usize * dpad), c),
+                    )
+                };
                 for q in 0..8 {
                     conv[q] = fma(cwp[q], uu[q], conv[q]);
                 }
             }
-            let vt = ld8_f32(s_vh.add(io as usize * dpad), c);
+            let vt = if LEAN {
+                lds8(a_vh + 4 * (io * dpad as u32 + 8 * c))
+            } else {
+                ld8_f32(s_vh.add(io as usize * dpad), c)
+            };
             let mut out = [0f32; 8];
             for q in 0..8 {
-                out[q] = silu::<APPROX>(conv[q]) + vt[q];
+                out[q] = if LEAN { silu_lean(conv[q]) } else { silu::<APPROX>(conv[q]) } + vt[q];
             }
             st8::<D, true>(y.add((m * t_len + t) as usize * d as usize), c, d, out);
         }
@@ -1808,6 +1943,86 @@ pub unsafe extern "ptx-kernel" fn engram_gate_bwd_reduce(
     }
 }
 
+/// [`engram_gate_bwd_reduce`] with 16-byte loads, bitwise its result for the same `S`: thread
+/// `(x, y)` of block `(XW, S)` owns the 4 outputs `e = 4·(blockIdx.x·XW + x) .. +4` and sums
+/// blocks `b ≡ y (mod S)` in increasing b, issuing up to 4 of its 16-byte loads at once (the
+/// last batch padded with +0, which leaves a sum begun at +0 bitwise unchanged: such a sum is
+/// never −0); then y = 0 adds the S sums in increasing y. Needs `d % 4 == 0` (a group of 4
+/// never straddles two outputs) and `part` 16-byte aligned. Grid `ceil(6d/4/XW)`; smem
+/// `16·XW·S` bytes.
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn engram_gate_bwd_reduce4(
+    part: *const f32,
+    drms_w_h: *mut f32,
+    drms_w_v: *mut f32,
+    dconv_w: *mut f32,
+    nblocks: u32,
+    d: u32,
+) {
+    let x = thread_idx_x();
+    let yy = thread_idx_y();
+    let xw = block_dim_x();
+    let sgs = block_dim_y();
+    let g = block_idx_x() * xw + x;
+    let e = 4 * g;
+    let n6 = 6 * d;
+    let sm = dyn_smem_u32();
+    grid_dependency_wait();
+    let mut acc = [0f32; 4];
+    if e < n6 {
+        let at = |b: u32| -> [u32; 4] {
+            if b < nblocks {
+                ld_cg_v4_u32(part.add(b as usize * n6 as usize + e as usize) as *const u32)
+            } else {
+                [0; 4]
+            }
+        };
+        let mut b = yy;
+        while b < nblocks {
+            let xs = [at(b), at(b + sgs), at(b + 2 * sgs), at(b + 3 * sgs)];
+            for xq in xs {
+                for c in 0..4 {
+                    acc[c] += f32::from_bits(xq[c]);
+                }
+            }
+            b += 4 * sgs;
+        }
+    }
+    let slot = |q: u32| sm + 16 * (q * xw + x);
+    sts_v4(slot(yy), [acc[0].to_bits(), acc[1].to_bits(), acc[2].to_bits(), acc[3].to_bits()]);
+    sync_threads();
+    if yy == 0 && e < n6 {
+        let mut tot = [0f32; 4];
+        let mut q = 0;
+        while q + 4 <= sgs {
+            let xs = [lds_v4(slot(q)), lds_v4(slot(q + 1)), lds_v4(slot(q + 2)), lds_v4(slot(q + 3))];
+            for xq in xs {
+                for c in 0..4 {
+                    tot[c] += f32::from_bits(xq[c]);
+                }
+            }
+            q += 4;
+        }
+        while q < sgs {
+            let xq = lds_v4(slot(q));
+            for c in 0..4 {
+                tot[c] += f32::from_bits(xq[c]);
+            }
+            q += 1;
+        }
+        let (o, j) = if e < d {
+            (drms_w_h, e)
+        } else if e < 2 * d {
+            (drms_w_v, e - d)
+        } else {
+            (dconv_w, e - 2 * d)
+        };
+        for c in 0..4 {
+            *o.add((j + c as u32) as usize) = tot[c];
+        }
+    }
+}
+
 // ---------------------------------------------------------------- entries
 
 macro_rules! fwd_entry {
@@ -1864,7 +2079,42 @@ macro_rules! fwd2_entry {
             ntiles: u32,
             eps: f32,
         ) {
-            fwd2::<$dt, $nv, $approx, $fs>(h, k, v, wh, wv, cw, y, vhat, alpha, rh, rk, rv, t_len, d, r, ntiles, eps)
+            fwd2::<$dt, $nv, $approx, $fs, false>(
+                h, k, v, wh, wv, cw, y, vhat, alpha, rh, rk, rv, t_len, d, r, ntiles, eps, NO_LEAN,
+            )
+        }
+    };
+}
+
+macro_rules! fwd2l_entry {
+    ($name:ident, $dt:ty, $nv:expr) => {
+        /// EngramGateConvFwd v2 lean entry: [`fwd2`] with `FS` and `LEAN` — grid `(ntiles, M)`,
+        /// the per-launch constants from the host, shared memory through 32-bit addresses, the
+        /// ftz `ex2`/`rcp`/`rsqrt` forms; bitwise `fwd2f` where |conv| and |alpha's logit| < 87.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(
+            h: *const u16,
+            k: *const u16,
+            v: *const u16,
+            wh: *const u16,
+            wv: *const u16,
+            cw: *const u16,
+            y: *mut u16,
+            vhat: *mut u16,
+            alpha: *mut f32,
+            rh: *mut f32,
+            rk: *mut f32,
+            rv: *mut f32,
+            t_len: u32,
+            d: u32,
+            r: u32,
+            inv_d: f32,
+            inv_sqrt_d: f32,
+            nch_magic: u32,
+            eps: f32,
+        ) {
+            let lc = FwdLean { inv_d, inv_sqrt_d, nch_magic };
+            fwd2::<$dt, $nv, true, true, true>(h, k, v, wh, wv, cw, y, vhat, alpha, rh, rk, rv, t_len, d, r, 0, eps, lc)
         }
     };
 }
@@ -1939,6 +2189,14 @@ fwd2_entry!(engram_gate_fwd2f_f16_r1, F16, 1, true, true);
 fwd2_entry!(engram_gate_fwd2f_f16_r2, F16, 2, true, true);
 fwd2_entry!(engram_gate_fwd2f_f16_r3, F16, 3, true, true);
 fwd2_entry!(engram_gate_fwd2f_f16_r4, F16, 4, true, true);
+fwd2l_entry!(engram_gate_fwd2l_bf16_r1, Bf16, 1);
+fwd2l_entry!(engram_gate_fwd2l_bf16_r2, Bf16, 2);
+fwd2l_entry!(engram_gate_fwd2l_bf16_r3, Bf16, 3);
+fwd2l_entry!(engram_gate_fwd2l_bf16_r4, Bf16, 4);
+fwd2l_entry!(engram_gate_fwd2l_f16_r1, F16, 1);
+fwd2l_entry!(engram_gate_fwd2l_f16_r2, F16, 2);
+fwd2l_entry!(engram_gate_fwd2l_f16_r3, F16, 3);
+fwd2l_entry!(engram_gate_fwd2l_f16_r4, F16, 4);
 
 bwd_entry!(engram_gate_bwd_bf16_r1, Bf16, true, 1);
 bwd_entry!(engram_gate_bwd_bf16_r2, Bf16, true, 2);

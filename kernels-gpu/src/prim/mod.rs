@@ -823,3 +823,12 @@ pub unsafe fn lds_v2_f64(a: u32) -> (f64, f64) {
 pub unsafe fn sts_v2_f64(a: u32, x: f64, y: f64) {
     asm!("st.shared.v2.f64 [{}], {{{}, {}}};", in(reg32) a, in(reg64) x, in(reg64) y, options(nostack));
 }
+
+// ---------------------------------------------------------------- EngramGateConvFwd (session 7): lean forward
+
+/// `cp.async.cg.shared.global` of 16 bytes to the shared-window address `dst` (32-bit, as from
+/// [`dyn_smem_u32`], 16-byte aligned) from `src` (global, 16-byte aligned); see [`cp_async_16`].
+#[inline(always)]
+pub unsafe fn cp_async_16_s(dst: u32, src: *const u8) {
+    asm!("cp.async.cg.shared.global [{d}], [{g}], 16;", d = in(reg32) dst, g = in(reg64) src as u64, options(nostack));
+}
