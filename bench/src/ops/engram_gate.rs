@@ -164,6 +164,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                         cluster_reduce: cl,
                         lean: false,
                         merge_s2: false,
+                        reduce_vec: 0,
                         ..p
                     }
                 }

@@ -349,7 +349,10 @@ impl GateFwdConfig {
         } else {
             0
         };
-        Self { rows_per_block, kernel: GateFwdKernel::SmemUFast, extra_warps }
+        // Session 6 (H200, `--variants`): the lean v2 kernel (32-bit shared addresses, ftz MUFU
+        // forms, host constants; bitwise v2f where |conv| < 87) on every row: 2.30 / 2.91 / 2.50
+        // / 3.65 µs against v2f's 3.01 / 3.68 / 3.10 / 4.77.
+        Self { rows_per_block, kernel: GateFwdKernel::SmemULean, extra_warps }
     }
 }
 
@@ -473,7 +476,9 @@ impl GateBwdConfig {
             cluster_reduce: false,
             lean: true,
             merge_s2: true,
-            reduce_vec: 0,
+            // Session 6: the 16-byte reduce at d = 768 (s96 8.90 → 8.67–8.77 µs, bitwise the
+            // same sums); neutral to slower at d ≤ 512.
+            reduce_vec: if shape.d >= 768 { 8 } else { 0 },
         }
     }
 }
