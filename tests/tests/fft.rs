@@ -201,7 +201,14 @@ fn session4_variants() {
     let c64 = Precision::C64;
     // The session-3 planner (the options these rows add one at a time to); the session-4
     // planner's own choices run in `seed_shapes`.
-    let base = |n, b, p| FftOptions { e8: false, ping_pong: false, row_threads: 0, ..FftOptions::for_shape(n, b, p) };
+    let base = |n: usize, b, p| FftOptions {
+        e8: false,
+        ping_pong: false,
+        row_threads: 0,
+        staged: false,
+        persist: if n <= 64 { Persist::Never } else { Persist::Auto },
+        ..FftOptions::for_shape(n, b, p)
+    };
     let e8 = |n, b| FftOptions { e8: true, ..base(n, b, c64) };
     let e8p = |n, b| FftOptions { e8: true, ping_pong: true, ..base(n, b, c64) };
     let pp = |n, b| FftOptions { ping_pong: true, ..base(n, b, c64) };
