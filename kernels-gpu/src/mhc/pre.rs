@@ -883,22 +883,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix4(
     // place of the f64 `sqrt`/`div` and f32 `div.rn` subroutines, one exp per lane).
     if w == 0 {
         let ss = *tot.add(m as usize);
-        // 1/r, r = √ss·(1/√(nc)) + 1e-4, to f64 accuracy: rsqrt and rcp estimates (≈ 2^-22)
-        // with two Newton steps each (error squares per step: 2^-44, then below f64 rounding).
-        let mut y = rsqrt_approx_f64(ss);
-        let mut k = 0;
-        while k < 2 {
-            y = y * (1.5 - 0.5 * ss * y * y);
-            k += 1;
-        }
-        let root = if ss > 0.0 { ss * y } else { 0.0 };
-        let r = root * inv_sqrt_nc + 1e-4;
-        let mut inv_r = rcp_approx_f64(r);
-        let mut k = 0;
-        while k < 2 {
-            inv_r = inv_r + inv_r * (1.0 - r * inv_r);
-            k += 1;
-        }
+        let inv_r = inv_r_of(ss, inv_sqrt_nc);
         let (e, valid) = match my_logit {
             Some(e) => (e, true),
             None => (0, false),
@@ -927,6 +912,74 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix4(
     // ---- mixing of the staged tile.
     let out = TileOut { x_res, x_layer, beta, n, c, col0 };
     mix_tile::<NMAX_MIX4>(out, xs, jta, hs, ra, 4, t, nt);
+}
+
+/// `1/r` for `r = √ss·inv_sqrt_nc + 1e-4` to f64 accuracy: rsqrt and rcp estimates (≈ 2^-22)
+/// with two Newton steps each (the error squares per step: 2^-44, then below f64 rounding).
+#[inline(always)]
+fn inv_r_of(ss: f64, inv_sqrt_nc: f64) -> f64 {
+    let mut y = rsqrt_approx_f64(ss);
+    let mut k = 0;
+    while k < 2 {
+        y = y * (1.5 - 0.5 * ss * y * y);
+        k += 1;
+    }
+    let root = if ss > 0.0 { ss * y } else { 0.0 };
+    let r = root * inv_sqrt_nc + 1e-4;
+    let mut inv_r = rcp_approx_f64(r);
+    let mut k = 0;
+    while k < 2 {
+        inv_r = inv_r + inv_r * (1.0 - r * inv_r);
+        k += 1;
+    }
+    inv_r
+}
+
+/// `Σ pb[g·gstride]` over the blocks `g = w, w + W, …` below `grid1` (warp `w` of `nw`), in
+/// increasing g, [`GL5`] loads in flight per round; 0 where `load` is false (the same rounds).
+#[inline(always)]
+unsafe fn warp_partial_sum(pb: *const f64, load: bool, grid1: u32, gstride: u32, w: u32, nw: u32) -> f64 {
+    let mut acc = 0f64;
+    let mut g0 = w;
+    while g0 < grid1 {
+        let mut v = [0f64; GL5];
+        let mut u = 0;
+        while u < GL5 {
+            let g = g0 + u as u32 * nw;
+            if load && g < grid1 {
+                v[u] = *pb.add((g * gstride) as usize);
+            }
+            u += 1;
+        }
+        let mut u = 0;
+        while u < GL5 {
+            if g0 + (u as u32) * nw < grid1 {
+                acc += v[u];
+            }
+            u += 1;
+        }
+        g0 += GL5 as u32 * nw;
+    }
+    acc
+}
+
+/// H_pre (lanes 0..4's σ, `sg`) and the 4×4 R (lanes 16..32's `v`) of [`lane_coefficients`]
+/// broadcast to every lane by 20 `shfl.idx`.
+#[inline(always)]
+fn broadcast_coefficients(sg: f32, v: f32) -> ([f32; NMAX_MIX4 as usize], [f32; 16]) {
+    let mut hs = [0f32; NMAX_MIX4 as usize];
+    let mut k = 0;
+    while k < NMAX_MIX4 {
+        hs[k as usize] = shfl_idx_f32(sg, k);
+        k += 1;
+    }
+    let mut ra = [0f32; 16];
+    let mut q = 0;
+    while q < 16 {
+        ra[q as usize] = shfl_idx_f32(v, 16 + q);
+        q += 1;
+    }
+    (hs, ra)
 }
 
 /// Bytes of [`mhc_pre_mix4`]'s shared memory before the x tile.
@@ -1100,21 +1153,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix5(
     }
     sync_threads();
     let ss = sum4(ssw, nw, 1);
-    // 1/r, r = √ss·(1/√(nc)) + 1e-4, to f64 accuracy (as in `mhc_pre_mix4`).
-    let mut y = rsqrt_approx_f64(ss);
-    let mut k = 0;
-    while k < 2 {
-        y = y * (1.5 - 0.5 * ss * y * y);
-        k += 1;
-    }
-    let root = if ss > 0.0 { ss * y } else { 0.0 };
-    let r = root * inv_sqrt_nc + 1e-4;
-    let mut inv_r = rcp_approx_f64(r);
-    let mut k = 0;
-    while k < 2 {
-        inv_r = inv_r + inv_r * (1.0 - r * inv_r);
-        k += 1;
-    }
+    let inv_r = inv_r_of(ss, inv_sqrt_nc);
     let alpha = if lane < 4 {
         alpha_pre
     } else if lane < 8 {
@@ -1128,27 +1167,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix5(
     // ---- partial sums: lane's logit over blocks g = w, w + W, … (GL5 loads in flight).
     let pb = part_ws.add((beta * mq + e) as usize);
     let gstride = batch * mq;
-    let mut acc = 0f64;
-    let mut g0 = w;
-    while g0 < grid1 {
-        let mut v = [0f64; GL5];
-        let mut u = 0;
-        while u < GL5 {
-            let g = g0 + u as u32 * nw;
-            if valid && g < grid1 {
-                v[u] = *pb.add((g * gstride) as usize);
-            }
-            u += 1;
-        }
-        let mut u = 0;
-        while u < GL5 {
-            if g0 + (u as u32) * nw < grid1 {
-                acc += v[u];
-            }
-            u += 1;
-        }
-        g0 += GL5 as u32 * nw;
-    }
+    let acc = warp_partial_sum(pb, valid, grid1, gstride, w, nw);
     *red.add((w * 32 + lane) as usize) = acc;
     sync_threads();
     let h = sum4(red.add(lane as usize), nw, 32);
@@ -1160,18 +1179,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix5(
     if tile == 0 && w == 0 && valid && (4..8).contains(&lane) {
         *h_post.add((beta * n + lane - 4) as usize) = 2.0 * sg;
     }
-    let mut hs = [0f32; NMAX_MIX4 as usize];
-    let mut k = 0;
-    while k < NMAX_MIX4 {
-        hs[k as usize] = shfl_idx_f32(sg, k);
-        k += 1;
-    }
-    let mut ra = [0f32; 16];
-    let mut q = 0;
-    while q < 16 {
-        ra[q as usize] = shfl_idx_f32(v, 16 + q);
-        q += 1;
-    }
+    let (hs, ra) = broadcast_coefficients(sg, v);
 
     // ---- mixing from registers.
     if active {
@@ -2021,46 +2029,12 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_coop(
     let red = dyn_smem::<f64>();
     let pb = part_ws.add((beta * mq + q) as usize) as *const f64;
     let gstride = batch * mq;
-    let mut acc = 0f64;
-    let mut g0 = w;
-    while g0 < grid1 {
-        let mut v = [0f64; GL5];
-        let mut u = 0;
-        while u < GL5 {
-            let gg = g0 + u as u32 * nw;
-            if loads && gg < grid1 {
-                v[u] = *pb.add((gg * gstride) as usize);
-            }
-            u += 1;
-        }
-        let mut u = 0;
-        while u < GL5 {
-            if g0 + (u as u32) * nw < grid1 {
-                acc += v[u];
-            }
-            u += 1;
-        }
-        g0 += GL5 as u32 * nw;
-    }
+    let acc = warp_partial_sum(pb, loads, grid1, gstride, w, nw);
     *red.add((w * 32 + lane) as usize) = acc;
     sync_threads();
     let h = sum4(red.add(lane as usize), nw, 32);
     let ss = sum4(red.add(8), nw, 32);
-    // 1/r, r = √ss·(1/√(nc)) + 1e-4, to f64 accuracy (as in `mhc_pre_mix4`).
-    let mut y = rsqrt_approx_f64(ss);
-    let mut k = 0;
-    while k < 2 {
-        y = y * (1.5 - 0.5 * ss * y * y);
-        k += 1;
-    }
-    let root = if ss > 0.0 { ss * y } else { 0.0 };
-    let r = root * inv_sqrt_nc + 1e-4;
-    let mut inv_r = rcp_approx_f64(r);
-    let mut k = 0;
-    while k < 2 {
-        inv_r = inv_r + inv_r * (1.0 - r * inv_r);
-        k += 1;
-    }
+    let inv_r = inv_r_of(ss, inv_sqrt_nc);
 
     // ---- coefficients, redundantly in every warp (the same bits everywhere).
     let z = if valid { fma_f64(alpha as f64 * inv_r, h, bias_l as f64) } else { f64::NEG_INFINITY };
@@ -2069,18 +2043,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_coop(
     if tile == 0 && w == 0 && valid && (4..8).contains(&lane) {
         *h_post.add((beta * n + lane - 4) as usize) = 2.0 * sg;
     }
-    let mut hs = [0f32; NMAX_MIX4 as usize];
-    let mut k = 0;
-    while k < NMAX_MIX4 {
-        hs[k as usize] = shfl_idx_f32(sg, k);
-        k += 1;
-    }
-    let mut ra = [0f32; 16];
-    let mut i = 0;
-    while i < 16 {
-        ra[i as usize] = shfl_idx_f32(v, 16 + i);
-        i += 1;
-    }
+    let (hs, ra) = broadcast_coefficients(sg, v);
 
     // ---- mixing from registers: the preloaded column, then any further rounds.
     let mut jj = t;
