@@ -1164,3 +1164,89 @@ fn coop_geometry_invariants() {
     let g = PreGeometry::new(MhcPreShape { batch: 2, n: 4, c: 1920 }, 132, 227 * 1024, PreConfig::default()).unwrap();
     assert!(g.coop.is_none(), "v6 is not the default until measured");
 }
+
+/// Diagnostic timeline of the v5 pair (`PreConfig::stamps`): the `_ts` kernels' outputs equal the
+/// default kernels' bit for bit, every block's stamps are ordered, and the medians over 25
+/// graph replays (L2 flushed before each, as in the bench) of when each step ends, in µs after
+/// the first kernel-1 block starts, are printed: kernel 1 (entry, slab staged, MMA done, own
+/// last store issued) and
+/// kernel 2 (entry, prologue done, `griddepcontrol.wait` returned, partials loaded, logits
+/// summed, coefficients broadcast, stores issued).
+#[test]
+fn v5_stamped_timeline() {
+    let Some(gpu) = gpu_or_skip("mhc_pre::v5_stamped_timeline") else { return };
+    let mut rng = fresh_rng("mhc_pre::v5_stamped_timeline");
+    let st = gpu.stream();
+    let mut flush = st.alloc_zeros::<u8>(256 << 20).unwrap();
+    for (batch, c) in SEEDS {
+        let s = MhcPreShape { batch, n: 4, c };
+        let l = s.lens().unwrap();
+        let inp = inputs(&mut rng, s, 1.0, 1.0);
+        let p = MhcPreParams::default();
+        let mut base = MhcPre::new(&gpu, s).unwrap();
+        let want = run(&gpu, &mut base, p, &inp);
+        let (k1w, k2w) = base.plan().geometry.stamp_words(batch).expect("the default is the v5 pair");
+        let ts = st.alloc_zeros::<u64>(k1w + k2w).unwrap();
+        let tsp = {
+            use rgk::cudarc::driver::DevicePtr;
+            let (ptr, _g) = ts.device_ptr(st);
+            ptr
+        };
+        let mut op = MhcPre::with_config(&gpu, s, PreConfig { stamps: tsp, ..PreConfig::default() }).unwrap();
+        let (dphi, dx, db) =
+            (st.clone_htod(&inp.phi).unwrap(), st.clone_htod(&inp.x).unwrap(), st.clone_htod(&inp.b).unwrap());
+        let mut dr = st.clone_htod(&poisoned::<bf16>(l.x)).unwrap();
+        let mut dy = st.clone_htod(&poisoned::<bf16>(l.x_layer)).unwrap();
+        let mut dh = st.clone_htod(&vec![f32::NAN; l.h_post]).unwrap();
+        let names = ["k1 entry", "k1 staged", "k1 mma", "k1 stored", "k2 entry", "k2 prologue", "k2 wait", "k2 partials", "k2 logits", "k2 coef", "k2 stored"];
+        let mut cols: Vec<Vec<[f64; 3]>> = vec![Vec::new(); names.len()];
+        for call in 0..26 {
+            st.memset_zeros(&mut flush).unwrap();
+            op.run(&gpu, p, &dphi, &dx, &db, &mut dr, &mut dy, &mut dh).unwrap();
+            let v = st.clone_dtoh(&ts).unwrap();
+            if call == 0 {
+                let got = Outputs {
+                    x_res: st.clone_dtoh(&dr).unwrap(),
+                    x_layer: st.clone_dtoh(&dy).unwrap(),
+                    h_post: st.clone_dtoh(&dh).unwrap(),
+                };
+                assert!(got.x_res == want.x_res && got.x_layer == want.x_layer, "{s:?}: stamped outputs differ");
+                assert!(got.h_post.iter().zip(&want.h_post).all(|(a, b)| a.to_bits() == b.to_bits()), "{s:?}: h_post");
+                continue;
+            }
+            let k1: Vec<&[u64]> = v[..k1w].chunks(4).collect();
+            let k2: Vec<&[u64]> = v[k1w..].chunks(8).collect();
+            for b in &k1 {
+                assert!(b[0] > 0 && b.windows(2).all(|w| w[1] >= w[0]), "{s:?}: kernel-1 stamps {b:?}");
+            }
+            for b in &k2 {
+                assert!(b[0] > 0 && b[..7].windows(2).all(|w| w[1] >= w[0]), "{s:?}: kernel-2 stamps {b:?}");
+            }
+            let t0 = k1.iter().map(|b| b[0]).min().unwrap();
+            let us = |t: u64| (t as f64 - t0 as f64) / 1e3;
+            let stat = |it: &mut dyn Iterator<Item = u64>| {
+                let mut a: Vec<f64> = it.map(us).collect();
+                a.sort_by(f64::total_cmp);
+                [a[0], a[a.len() / 2], a[a.len() - 1]]
+            };
+            for q in 0..4 {
+                cols[q].push(stat(&mut k1.iter().map(|b| b[q])));
+            }
+            for q in 0..7 {
+                cols[4 + q].push(stat(&mut k2.iter().map(|b| b[q])));
+            }
+        }
+        println!("{s:?}: k1 {} blocks, k2 {} blocks; µs after the first kernel-1 block's entry (median over 25 calls of min / median / max over blocks)", k1w / 4, k2w / 8);
+        for (name, col) in names.iter().zip(&cols) {
+            let med = |i: usize| {
+                let mut a: Vec<f64> = col.iter().map(|r| r[i]).collect();
+                a.sort_by(f64::total_cmp);
+                a[a.len() / 2]
+            };
+            println!("  {name:12} {:7.3} {:7.3} {:7.3}", med(0), med(1), med(2));
+        }
+        let v = st.clone_dtoh(&ts).unwrap();
+        let sms2: Vec<u64> = v[k1w..].chunks(8).map(|b| b[7]).collect();
+        println!("  k2 SMs {sms2:?}");
+    }
+}

@@ -22,7 +22,14 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         configs.push((Some("graph-nopdl".into()), PreConfig { graph: true, pdl: false, ..PreConfig::default() }));
         // `partial_cluster` applies to the v4 pair only.
         configs.push((Some("pc8".into()), PreConfig { partial_cluster: 8, v5: false, ..PreConfig::default() }));
-        for max_grid in [32, 64] {
+        // Session 7: 96 / 128 kernel-1 blocks (fewer rows per block; kernel 2's loads stay one
+        // round up to 8·W blocks), alone and with 128-thread kernel-1 blocks; 1024-thread kernel 2.
+        for max_grid in [96, 128] {
+            let g = PreConfig { max_grid: Some(max_grid), ..PreConfig::default() };
+            configs.push((Some(format!("g{max_grid}-mb128")), PreConfig { mma_block: 128, ..g }));
+        }
+        configs.push((Some("k2b1024".into()), PreConfig { mix_block: 1024, ..PreConfig::default() }));
+        for max_grid in [32, 64, 96, 128] {
             configs
                 .push((Some(format!("g{max_grid}")), PreConfig { max_grid: Some(max_grid), ..PreConfig::default() }));
         }

@@ -18,6 +18,16 @@ pub(crate) const KERNEL_PARTIAL_MMA: &str = "mhc_pre_partial_mma";
 pub(crate) const KERNEL_MIX4: &str = "mhc_pre_mix4";
 pub(crate) const KERNEL_PARTIAL_MMA5: &str = "mhc_pre_partial_mma5";
 pub(crate) const KERNEL_MIX5: &str = "mhc_pre_mix5";
+pub(crate) const KERNEL_PARTIAL_MMA5_TS: &str = "mhc_pre_partial_mma5_ts";
+pub(crate) const KERNEL_MIX5_TS: &str = "mhc_pre_mix5_ts";
+
+/// u64 stamps per block of `mhc_pre_partial_mma5_ts` (the kernel's `MMA5_STAMPS`): entry, slab
+/// and x staged, MMA tiles in shared memory, last partial store issued.
+pub const MMA5_STAMPS: usize = 4;
+/// u64 stamps per block of `mhc_pre_mix5_ts` (the kernel's `MIX5_STAMPS`): entry, prologue done,
+/// `griddepcontrol.wait` returned, partials loaded, logits summed, coefficients broadcast,
+/// outputs stored (issued), SM id.
+pub const MIX5_STAMPS: usize = 8;
 pub(crate) const KERNEL_COOP: &str = "mhc_pre_coop";
 pub(crate) const KERNELS: &[&str] = &[
     KERNEL_PARTIAL,
@@ -27,6 +37,8 @@ pub(crate) const KERNELS: &[&str] = &[
     KERNEL_MIX4,
     KERNEL_PARTIAL_MMA5,
     KERNEL_MIX5,
+    KERNEL_PARTIAL_MMA5_TS,
+    KERNEL_MIX5_TS,
     KERNEL_COOP,
 ];
 /// Largest n of the lean kernel 2 (`mhc_pre_mix4`: a padded 4×4 R in one warp's registers).
@@ -233,6 +245,12 @@ pub struct PreConfig {
     /// chain, each block mixing `⌈c/tiles⌉` columns of one batch row. Grid: kernel 1's
     /// (`max_grid`), block `mma_block`. Needs no graph (one launch).
     pub coop: bool,
+    /// Diagnostic (v5 pair only; 0 = off): the device address of a u64 buffer that receives
+    /// `%globaltimer` stamps (ns) — kernel 1's blocks first ([`MMA5_STAMPS`] words each, `grid ×
+    /// groups` blocks), then kernel 2's ([`MIX5_STAMPS`] each, `tiles × batch` blocks) — from
+    /// the `_ts` twins of the two kernels (same arithmetic, same outputs). See
+    /// [`PreGeometry::stamp_words`].
+    pub stamps: u64,
 }
 
 impl Default for PreConfig {
@@ -256,6 +274,7 @@ impl Default for PreConfig {
             graph: true,
             v5: true,
             coop: false,
+            stamps: 0,
         }
     }
 }
@@ -470,6 +489,18 @@ fn check_block(arg: &'static str, block: u32) -> Result<()> {
 }
 
 impl PreGeometry {
+    /// u64 words of a `PreConfig::stamps` buffer for this geometry (v5 pair): kernel 1's blocks
+    /// then kernel 2's; `None` when the geometry is not the v5 pair.
+    pub fn stamp_words(&self, batch: usize) -> Option<(usize, usize)> {
+        match self.mma {
+            Some((_, _, _, groups)) if self.v5 && self.coop.is_none() => Some((
+                self.grid as usize * groups as usize * MMA5_STAMPS,
+                self.tiles as usize * batch * MIX5_STAMPS,
+            )),
+            _ => None,
+        }
+    }
+
     /// The geometry for `shape` on a device with `sms` multiprocessors and `max_smem` bytes of
     /// opt-in shared memory per block. Kernel 1: the columns split evenly over `min(c, sms,
     /// max_grid, 256)` blocks, up to 4 batch rows per group, staged tiles of at most 32 KiB.
@@ -623,11 +654,16 @@ impl PrePlan {
         let max_smem = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
         let geometry = PreGeometry::new(shape, sms, max_smem, config)?;
         let (k1, k1_arg, k1_block, k1_smem) = match geometry.mma {
+            Some((block, smem, _, _)) if geometry.v5 && config.stamps != 0 => {
+                (KERNEL_PARTIAL_MMA5_TS, "config.mma_block", block, smem)
+            }
             Some((block, smem, _, _)) if geometry.v5 => (KERNEL_PARTIAL_MMA5, "config.mma_block", block, smem),
             Some((block, smem, _, _)) => (KERNEL_PARTIAL_MMA, "config.mma_block", block, smem),
             None => (KERNEL_PARTIAL, "config.block", geometry.block, geometry.smem),
         };
-        let k2 = if geometry.v5 {
+        let k2 = if geometry.v5 && config.stamps != 0 {
+            KERNEL_MIX5_TS
+        } else if geometry.v5 {
             KERNEL_MIX5
         } else if geometry.mix4 {
             KERNEL_MIX4
@@ -880,12 +916,21 @@ pub unsafe fn pre_fwd_raw(
         return launch_coop(plan, cg, params, [phi, x, b, x_res, x_layer, h_post], workspace, stream, gpu);
     }
     if let Some((block, smem, bpc, groups)) = geo.mma {
-        let f = gpu.function(if geo.v5 { KERNEL_PARTIAL_MMA5 } else { KERNEL_PARTIAL_MMA })?;
+        let stamped = geo.v5 && plan.config.stamps != 0;
+        let f = gpu.function(match (geo.v5, stamped) {
+            (true, true) => KERNEL_PARTIAL_MMA5_TS,
+            (true, false) => KERNEL_PARTIAL_MMA5,
+            _ => KERNEL_PARTIAL_MMA,
+        })?;
         let (mut phi, mut xp, mut w) = (phi, x, workspace);
         let (mut batch, mut n, mut c, mut cw, mut bpc) = (s.batch as u32, s.n as u32, s.c as u32, geo.cols, bpc);
+        let mut ts = plan.config.stamps;
         let dims = LaunchDims { grid: (geo.grid, groups, 1), block: (block, 1, 1), shared_bytes: smem };
-        let args: &mut [&mut dyn KernelArg] =
-            &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc];
+        let args: &mut [&mut dyn KernelArg] = if stamped {
+            &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc, &mut ts]
+        } else {
+            &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc]
+        };
         if geo.k1_cluster > 1 {
             launch_cluster(f, dims, geo.k1_cluster, stream, args)?;
         } else {
@@ -1074,37 +1119,37 @@ unsafe fn launch_mix5(
     gpu: &Gpu,
 ) -> Result<()> {
     let (s, geo) = (plan.shape, plan.geometry);
-    let f2 = gpu.function(KERNEL_MIX5)?;
+    let stamped = plan.config.stamps != 0;
+    let f2 = gpu.function(if stamped { KERNEL_MIX5_TS } else { KERNEL_MIX5 })?;
     let (mut xp, mut bp, mut w) = (x, b, workspace);
     let (mut r, mut y, mut h) = (x_res, x_layer, h_post);
     let (mut batch, mut n, mut c, mut grid1) = (s.batch as u32, s.n as u32, s.c as u32, geo.grid);
     let (mut a_pre, mut a_post, mut a_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
     let (mut rep, mut eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
     let mut inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
+    // The stamps of kernel 2 follow kernel 1's in the diagnostic buffer.
+    let mut ts = plan.config.stamps + 8 * plan.geometry.stamp_words(s.batch).map_or(0, |(k1, _)| k1) as u64;
     let dims =
         LaunchDims { grid: (geo.tiles, s.batch as u32, 1), block: (geo.mix_block, 1, 1), shared_bytes: geo.mix_smem };
     let launch2 = if plan.config.pdl { launch_pdl } else { launch };
-    launch2(
-        f2,
-        dims,
-        stream,
-        &mut [
-            &mut xp,
-            &mut bp,
-            &mut w,
-            &mut r,
-            &mut y,
-            &mut h,
-            &mut batch,
-            &mut n,
-            &mut c,
-            &mut grid1,
-            &mut a_pre,
-            &mut a_post,
-            &mut a_res,
-            &mut rep,
-            &mut eps,
-            &mut inv_sqrt_nc,
-        ],
-    )
+    let mut args: [&mut dyn KernelArg; 17] = [
+        &mut xp,
+        &mut bp,
+        &mut w,
+        &mut r,
+        &mut y,
+        &mut h,
+        &mut batch,
+        &mut n,
+        &mut c,
+        &mut grid1,
+        &mut a_pre,
+        &mut a_post,
+        &mut a_res,
+        &mut rep,
+        &mut eps,
+        &mut inv_sqrt_nc,
+        &mut ts,
+    ];
+    launch2(f2, dims, stream, &mut args[..if stamped { 17 } else { 16 }])
 }

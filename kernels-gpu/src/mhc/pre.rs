@@ -1058,6 +1058,69 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix5(
     eps: f32,
     inv_sqrt_nc: f64,
 ) {
+    let a = [alpha_pre, alpha_post, alpha_res, eps];
+    mix5_body::<false>(x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, a, repeat, inv_sqrt_nc, core::ptr::null_mut());
+}
+
+/// [`mhc_pre_mix5`] with `%globaltimer` stamps (diagnostic, `PreConfig::stamps`): thread 0 of
+/// block `(tile, β)` writes [`MIX5_STAMPS`] u64 words at `ts[(β·tiles + tile)·MIX5_STAMPS]`:
+/// entry, prologue done (before `griddepcontrol.wait`), wait returned, partials loaded, logits
+/// summed (after the barrier), coefficients broadcast, outputs stored (issued), then the SM id.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn mhc_pre_mix5_ts(
+    x: *const u16,
+    bias: *const f32,
+    part_ws: *const f64,
+    x_res: *mut u16,
+    x_layer: *mut u16,
+    h_post: *mut f32,
+    batch: u32,
+    n: u32,
+    c: u32,
+    grid1: u32,
+    alpha_pre: f32,
+    alpha_post: f32,
+    alpha_res: f32,
+    repeat: u32,
+    eps: f32,
+    inv_sqrt_nc: f64,
+    ts: *mut u64,
+) {
+    let a = [alpha_pre, alpha_post, alpha_res, eps];
+    mix5_body::<true>(x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, a, repeat, inv_sqrt_nc, ts);
+}
+
+/// Stamps per block of [`mhc_pre_mix5_ts`].
+pub const MIX5_STAMPS: u32 = 8;
+/// Stamps per block of [`mhc_pre_partial_mma5_ts`].
+pub const MMA5_STAMPS: u32 = 4;
+
+/// The body of [`mhc_pre_mix5`] (`TS`: with the diagnostic stamps of [`mhc_pre_mix5_ts`];
+/// `a` = alpha_pre, alpha_post, alpha_res, eps).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn mix5_body<const TS: bool>(
+    x: *const u16,
+    bias: *const f32,
+    part_ws: *const f64,
+    x_res: *mut u16,
+    x_layer: *mut u16,
+    h_post: *mut f32,
+    batch: u32,
+    n: u32,
+    c: u32,
+    grid1: u32,
+    a: [f32; 4],
+    repeat: u32,
+    inv_sqrt_nc: f64,
+    ts: *mut u64,
+) {
+    let [alpha_pre, alpha_post, alpha_res, eps] = a;
+    let mut st = [0u64; MIX5_STAMPS as usize];
+    if TS {
+        st[0] = globaltimer();
+    }
     let t = thread_idx_x();
     let nt = block_dim_x();
     let lane = t & 31;
@@ -1162,15 +1225,27 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix5(
         alpha_res
     };
     let scale = alpha as f64 * inv_r;
+    if TS {
+        st[1] = globaltimer_after_f64(scale);
+    }
     grid_dependency_wait();
+    if TS {
+        st[2] = globaltimer();
+    }
 
     // ---- partial sums: lane's logit over blocks g = w, w + W, … (GL5 loads in flight).
     let pb = part_ws.add((beta * mq + e) as usize);
     let gstride = batch * mq;
     let acc = warp_partial_sum(pb, valid, grid1, gstride, w, nw);
     *red.add((w * 32 + lane) as usize) = acc;
+    if TS {
+        st[3] = globaltimer_after_f64(acc);
+    }
     sync_threads();
     let h = sum4(red.add(lane as usize), nw, 32);
+    if TS {
+        st[4] = globaltimer_after_f64(h);
+    }
 
     // ---- coefficients, redundantly in every warp (the same bits everywhere).
     let z = if valid { fma_f64(scale, h, bias_l as f64) } else { f64::NEG_INFINITY };
@@ -1180,6 +1255,9 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix5(
         *h_post.add((beta * n + lane - 4) as usize) = 2.0 * sg;
     }
     let (hs, ra) = broadcast_coefficients(sg, v);
+    if TS {
+        st[5] = globaltimer_after_f32(hs[0] + ra[15]);
+    }
 
     // ---- mixing from registers.
     if active {
@@ -1193,6 +1271,16 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix5(
                 *x_res.add(((beta * n + i) * c + col) as usize) = f32_to_bf16(s);
             }
             i += 1;
+        }
+    }
+    if TS && t == 0 {
+        st[6] = globaltimer();
+        st[7] = sm_id() as u64;
+        let o = ts.add(((beta * grid_dim_x() + tile) * MIX5_STAMPS) as usize);
+        let mut q = 0;
+        while q < MIX5_STAMPS as usize {
+            *o.add(q) = st[q];
+            q += 1;
         }
     }
 }
@@ -1315,7 +1403,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fused(
 ) {
     let p = PreCoef { alpha_pre, alpha_post, alpha_res, repeat, eps, inv_sqrt_nc };
     let null = core::ptr::null_mut();
-    pre_mma_body(phi, x, bias, x_res, x_layer, h_post, batch, n, c, cw, bpc, p, null, false);
+    pre_mma_body(phi, x, bias, x_res, x_layer, h_post, batch, n, c, cw, bpc, p, null, false, null as *mut u64);
 }
 
 crate::entry_directive!("mhc_pre_partial_mma", ".maxntid 512, 1, 1 .minnctapersm 1");
@@ -1338,7 +1426,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma(
     cw: u32,
     bpc: u32,
 ) {
-    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, false);
+    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, false, core::ptr::null_mut());
 }
 
 crate::entry_directive!("mhc_pre_partial_mma5", ".maxntid 512, 1, 1 .minnctapersm 1");
@@ -1359,7 +1447,35 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma5(
     cw: u32,
     bpc: u32,
 ) {
-    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, true);
+    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, true, core::ptr::null_mut());
+}
+
+crate::entry_directive!("mhc_pre_partial_mma5_ts", ".maxntid 512, 1, 1 .minnctapersm 1");
+
+/// [`mhc_pre_partial_mma5`] with `%globaltimer` stamps (diagnostic, `PreConfig::stamps`):
+/// thread 0 of block `(g, y)` writes [`MMA5_STAMPS`] u64 words at
+/// `ts[(y·grid_x + g)·MMA5_STAMPS]`: entry, the slab and x staged (after the barrier), the
+/// MMA tiles in shared memory (after the barrier), its own last partial store issued (of the
+/// block's first batch group).
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma5_ts(
+    phi: *const f32,
+    x: *const u16,
+    part_ws: *mut f64,
+    batch: u32,
+    n: u32,
+    c: u32,
+    cw: u32,
+    bpc: u32,
+    ts: *mut u64,
+) {
+    let t0 = globaltimer();
+    let o = ts.add(((block_idx_y() * grid_dim_x() + block_idx_x()) * MMA5_STAMPS) as usize);
+    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, true, o);
+    if thread_idx_x() == 0 {
+        *o = t0;
+    }
 }
 
 /// The body of the two kernel-1 entries on tensor cores: trigger kernel 2's dependent launch,
@@ -1376,6 +1492,7 @@ unsafe fn partial_mma_entry(
     cw: u32,
     bpc: u32,
     v5: bool,
+    ts: *mut u64,
 ) {
     grid_launch_dependents();
     let p = PreCoef { alpha_pre: 0.0, alpha_post: 0.0, alpha_res: 0.0, repeat: 0, eps: 0.0, inv_sqrt_nc: 0.0 };
@@ -1395,6 +1512,7 @@ unsafe fn partial_mma_entry(
         p,
         part_ws,
         v5,
+        ts,
     );
 }
 
@@ -1558,7 +1676,14 @@ unsafe fn pre_mma_body(
     coef: PreCoef,
     part_ws: *mut f64,
     direct: bool,
+    ts: *mut u64,
 ) {
+    // Diagnostic stamps (thread 0, first batch group; `ts` null: none).
+    let stamp = |i: usize, t: u32, first: bool| {
+        if !ts.is_null() && t == 0 && first {
+            unsafe { *ts.add(i) = globaltimer() };
+        }
+    };
     let PreCoef { alpha_pre, alpha_post, alpha_res, repeat, eps, inv_sqrt_nc } = coef;
     let partial = !part_ws.is_null();
     let t = thread_idx_x();
@@ -1634,6 +1759,7 @@ unsafe fn pre_mma_body(
         }
         cp_async_wait_all();
         sync_threads();
+        stamp(1, t, b0 == b_lo);
 
         // ---- fp64 MMA over the slab: warp w, 4-row steps w, w+W, …
         let mut acc = [[0f64; 2]; NTMAX];
@@ -1681,6 +1807,7 @@ unsafe fn pre_mma_body(
         *rw.add((ntile * 64) as usize) = accx[0];
         *rw.add((ntile * 64 + 1) as usize) = accx[1];
         sync_threads();
+        stamp(2, t, b0 == b_lo);
         // ---- block partial of item (β, q): 4 slices s sum warps w ≡ s (mod 4) in order, then
         // (s0 + s1) + (s2 + s3) by butterfly. Every thread runs the same number of rounds.
         let items = bga * mq;
@@ -1713,6 +1840,7 @@ unsafe fn pre_mma_body(
             i0 += nt;
         }
         if direct {
+            stamp(3, t, b0 == b_lo);
             // No trailing barrier: the next group writes `red` only after its staging barrier,
             // which every thread reaches after its slot sums of this group.
             b0 += bga;
@@ -2018,6 +2146,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_coop(
             p,
             part_ws,
             true,
+            core::ptr::null_mut(),
         );
     }
     grid_barrier(bar);

@@ -832,3 +832,44 @@ pub unsafe fn sts_v2_f64(a: u32, x: f64, y: f64) {
 pub unsafe fn cp_async_16_s(dst: u32, src: *const u8) {
     asm!("cp.async.cg.shared.global [{d}], [{g}], 16;", d = in(reg32) dst, g = in(reg64) src as u64, options(nostack));
 }
+
+// ---------------------------------------------------------------- diagnostics: timestamps
+
+/// `%globaltimer`: the device's nanosecond timer, common to all SMs (diagnostic stamps).
+#[inline(always)]
+pub fn globaltimer() -> u64 {
+    let t: u64;
+    unsafe { asm!("mov.u64 {}, %globaltimer;", out(reg64) t, options(nostack)) };
+    t
+}
+
+/// [`globaltimer`] read after `v` is available: a comparison consumes `v` first (the stamp
+/// then also waits for the load or arithmetic that produces `v`).
+#[inline(always)]
+pub fn globaltimer_after_f64(v: f64) -> u64 {
+    let t: u64;
+    unsafe {
+        asm!(
+            "{{ .reg .pred p; setp.eq.f64 p, {v}, 0d7FF0DEAD00000001; mov.u64 {t}, %globaltimer; @p mov.u64 {t}, 0; }}",
+            v = in(reg64) v,
+            t = out(reg64) t,
+            options(nostack)
+        )
+    };
+    t
+}
+
+/// [`globaltimer_after_f64`] for an f32 value.
+#[inline(always)]
+pub fn globaltimer_after_f32(v: f32) -> u64 {
+    globaltimer_after_f64(v as f64)
+}
+
+/// `%smid`: the SM this thread runs on.
+#[inline(always)]
+pub fn sm_id() -> u32 {
+    let s: u32;
+    unsafe { asm!("mov.u32 {}, %smid;", out(reg32) s, options(nostack, nomem)) };
+    s
+}
+
