@@ -416,7 +416,8 @@ fn persistent_grids() {
 /// One plan executed many times gives bitwise the same output; sub-views at element offsets.
 /// Multi-pass plans submitted as a CUDA graph with programmatic dependent launches (the
 /// planner's default) give the bits of direct launches without them — on the capturing call
-/// and on replays with new data in the same buffers.
+/// and on replays with new data in the same buffers; so does the session-6 wait order
+/// (`wait_first`).
 #[test]
 fn graph_and_pdl_are_bitwise_direct() {
     let Some(gpu) = gpu_or_skip("fft::graph_and_pdl") else { return };
@@ -432,21 +433,32 @@ fn graph_and_pdl_are_bitwise_direct() {
         let mut graphed = FftPlan::new_opts(&gpu, n, batch, prec, planned).unwrap();
         let direct = FftOptions { graph: false, pdl: false, ..planned };
         let mut plain = FftPlan::new_opts(&gpu, n, batch, prec, direct).unwrap();
+        // The session-6 order: each pass waits at entry, before its twiddle loads.
+        let wait_first = FftOptions { wait_first: true, ..planned };
+        let mut first = FftPlan::new_opts(&gpu, n, batch, prec, wait_first).unwrap();
         let len = 2 * n * batch;
         match prec {
             Precision::C64 => {
                 let mut dx = st.alloc_zeros::<f32>(len).unwrap();
                 let mut dy = st.alloc_zeros::<f32>(len).unwrap();
                 let mut dz = st.alloc_zeros::<f32>(len).unwrap();
+                let mut dw = st.alloc_zeros::<f32>(len).unwrap();
                 for round in 0..3 {
                     st.memcpy_htod(&randn_f32(&mut rng, len, 1.0), &mut dx).unwrap();
                     st.memcpy_htod(&vec![f32::NAN; len], &mut dy).unwrap();
+                    st.memcpy_htod(&vec![f32::NAN; len], &mut dw).unwrap();
                     graphed.execute_c64(&gpu, &dx, &mut dy).unwrap();
                     plain.execute_c64(&gpu, &dx, &mut dz).unwrap();
+                    first.execute_c64(&gpu, &dx, &mut dw).unwrap();
                     let (a, b): (Vec<f32>, Vec<f32>) = (st.clone_dtoh(&dy).unwrap(), st.clone_dtoh(&dz).unwrap());
+                    let w: Vec<f32> = st.clone_dtoh(&dw).unwrap();
                     assert!(
                         a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
                         "c64 n={n} round {round}: graph ≠ direct"
+                    );
+                    assert!(
+                        w.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                        "c64 n={n} round {round}: wait_first ≠ direct"
                     );
                 }
             }
@@ -454,16 +466,24 @@ fn graph_and_pdl_are_bitwise_direct() {
                 let mut dx = st.alloc_zeros::<f64>(len).unwrap();
                 let mut dy = st.alloc_zeros::<f64>(len).unwrap();
                 let mut dz = st.alloc_zeros::<f64>(len).unwrap();
+                let mut dw = st.alloc_zeros::<f64>(len).unwrap();
                 for round in 0..3 {
                     let x: Vec<f64> = randn_f32(&mut rng, len, 1.0).iter().map(|&v| v as f64).collect();
                     st.memcpy_htod(&x, &mut dx).unwrap();
                     st.memcpy_htod(&vec![f64::NAN; len], &mut dy).unwrap();
+                    st.memcpy_htod(&vec![f64::NAN; len], &mut dw).unwrap();
                     graphed.execute_c128(&gpu, &dx, &mut dy).unwrap();
                     plain.execute_c128(&gpu, &dx, &mut dz).unwrap();
+                    first.execute_c128(&gpu, &dx, &mut dw).unwrap();
                     let (a, b): (Vec<f64>, Vec<f64>) = (st.clone_dtoh(&dy).unwrap(), st.clone_dtoh(&dz).unwrap());
+                    let w: Vec<f64> = st.clone_dtoh(&dw).unwrap();
                     assert!(
                         a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
                         "c128 n={n} round {round}: graph ≠ direct"
+                    );
+                    assert!(
+                        w.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                        "c128 n={n} round {round}: wait_first ≠ direct"
                     );
                 }
             }

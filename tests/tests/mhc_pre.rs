@@ -1250,3 +1250,4 @@ fn v5_stamped_timeline() {
         println!("  k2 SMs {sms2:?}");
     }
 }
+

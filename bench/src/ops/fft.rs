@@ -45,7 +45,9 @@ type Variant = (fn(usize, usize, Precision) -> FftOptions, fn(usize, Precision) 
 ///   transforms per block), `sp2`, `sp4` (c64 16384 in one pass, 2 × 8192 / 4 × 4096 blocks
 ///   per transform);
 /// - session 5: `n1m2`, `n1m1`, `n1p1`, `n1p2` (four-step plans split `n = n1·n2` with
-///   `log2 n1 = ⌊log2 n / 2⌋` − 2, − 1, + 1, + 2 instead of the balanced split).
+///   `log2 n1 = ⌊log2 n / 2⌋` − 2, − 1, + 1, + 2 instead of the balanced split);
+/// - session 7: `waitfirst` (multi-pass rows: each pass waits for the previous one at entry,
+///   before its twiddle loads, as in session 6).
 fn variants() -> Vec<(&'static str, Variant)> {
     fn st(persist: Persist) -> FftOptions {
         FftOptions { persist, stage_twiddles: true, hoist_twiddles: true, ..FftOptions::default() }
@@ -60,6 +62,7 @@ fn variants() -> Vec<(&'static str, Variant)> {
         ("stn", (|_, _, _| FftOptions { hoist_twiddles: false, ..st(Persist::Auto) }, all)),
         ("nograph", (|n, b, p| FftOptions { graph: false, ..FftOptions::for_shape(n, b, p) }, four_step)),
         ("nopdl", (|n, b, p| FftOptions { pdl: false, ..FftOptions::for_shape(n, b, p) }, four_step)),
+        ("waitfirst", (|n, b, p| FftOptions { wait_first: true, ..FftOptions::for_shape(n, b, p) }, four_step)),
         ("e8", (|n, b, p| FftOptions { e8: true, ..FftOptions::for_shape(n, b, p) }, e8_rows)),
         ("e8p", (|n, b, p| FftOptions { e8: true, ping_pong: true, ..FftOptions::for_shape(n, b, p) }, e8_rows)),
         (

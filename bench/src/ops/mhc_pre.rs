@@ -37,7 +37,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
             configs.push((Some(format!("k2b{mix_block}")), PreConfig { mix_block, ..PreConfig::default() }));
         }
         configs.push((Some("fma1".into()), PreConfig { mma_partials: false, ..PreConfig::default() }));
-        for mma_block in [128, 512] {
+        for mma_block in [128, 256, 512] {
             configs.push((Some(format!("mb{mma_block}")), PreConfig { mma_block, ..PreConfig::default() }));
         }
         // Session 5: the v5 pair (block-major partials; r, x column and bias before the wait;
@@ -50,7 +50,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         for max_grid in [32, 128] {
             configs.push((Some(format!("v6-g{max_grid}")), PreConfig { max_grid: Some(max_grid), ..coop }));
         }
-        for mma_block in [128, 512] {
+        for mma_block in [128, 256, 512] {
             configs.push((Some(format!("v6-b{mma_block}")), PreConfig { mma_block, ..coop }));
         }
         let fused = PreConfig { path: PrePath::Fused, ..PreConfig::default() };

@@ -93,6 +93,8 @@ pub mod prim {
     /// # Safety
     /// None needed (no access).
     pub unsafe fn prefetch_l2<T>(_p: *const T) {}
+    /// `griddepcontrol.wait`: nothing to wait for in the emulation.
+    pub fn grid_dependency_wait() {}
     /// # Safety
     /// None needed (no access).
     pub unsafe fn prefetch_l2_evict_last(_p: *const u8) {}

@@ -304,6 +304,10 @@ pub struct FftOptions {
     /// the `n2` columns of length `n1`, pass 2 the `n1` rows of length `n2`). 0, or a split whose
     /// lengths do not both fit one pass: the balanced `n1 = 2^⌊log2 n / 2⌋`.
     pub log_n1: u32,
+    /// Every pass waits for the previous one (`griddepcontrol.wait`) at kernel entry, before
+    /// loading its twiddles (session 6); `false`: after issuing the twiddle loads, so a
+    /// dependent pass's twiddle round trip overlaps the previous pass (session 7).
+    pub wait_first: bool,
 }
 
 impl Default for FftOptions {
@@ -322,6 +326,7 @@ impl Default for FftOptions {
             pdl: true,
             graph: true,
             log_n1: 0,
+            wait_first: false,
         }
     }
 }
@@ -401,6 +406,7 @@ pub struct FftPlan {
     log_lt: u32,
     pdl: bool,
     use_graph: bool,
+    wait_first: bool,
     graph: GraphReplay,
 }
 
@@ -588,6 +594,7 @@ impl FftPlan {
             log_lt,
             pdl: opts.pdl,
             use_graph: opts.graph,
+            wait_first: opts.wait_first,
             graph: GraphReplay::new(),
         })
     }
@@ -786,7 +793,8 @@ impl FftPlan {
             };
             let (mut src, mut dst, mut tw, mut lo, mut hi) = (a.src, a.dst, a.tw, a.lo, a.hi);
             let (mut log_c, mut log_min, mut log_mout, mut count) = (a.log_c, a.log_min, a.log_mout, a.count);
-            let (mut log_lt, mut log_split, mut flags, mut sm_stride) = (a.log_lt, a.log_split, a.flags, a.sm_stride);
+            let (mut log_lt, mut log_split, mut sm_stride) = (a.log_lt, a.log_split, a.sm_stride);
+            let mut flags = if self.wait_first { a.flags | plan::WAIT_FIRST } else { a.flags };
             let dims = LaunchDims { grid: (a.grid, 1, 1), block: (a.threads, 1, 1), shared_bytes: a.smem_bytes };
             // Every pass after the first as a programmatic dependent of the one before.
             let launch_pass = if self.pdl && i > 0 { launch_pdl } else { launch };

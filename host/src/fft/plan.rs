@@ -22,6 +22,8 @@ pub const MAX_ELEMENTS: usize = 1 << 31;
 pub(crate) const COL_MAP: u32 = 1;
 pub(crate) const OUT_SMEM: u32 = 2;
 pub(crate) const TW4: u32 = 4;
+/// Wait for the previous pass at kernel entry (before the twiddle loads).
+pub(crate) const WAIT_FIRST: u32 = 8;
 
 /// Threads per block a pass aims for, and the most it may use.
 const TARGET_THREADS: u32 = 256;

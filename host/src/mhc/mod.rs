@@ -6,7 +6,7 @@ pub use post::{post_fwd, post_fwd_raw, post_fwd_raw_with, MhcPostShape, PostConf
 pub use pre::{
     fastdiv_magic, fused_smem_bytes as pre_fused_smem_bytes, mix_smem_bytes as pre_mix_smem_bytes,
     partial_smem_bytes as pre_partial_smem_bytes, pre_fwd_raw, CoopGeometry, FusedGeometry, MhcPre, MhcPreLens,
-    MhcPreParams, MhcPreShape, PreConfig, PreGeometry, PrePath, PrePlan,
+    MhcPreParams, MhcPreShape, PreConfig, PreGeometry, PrePath, PrePlan, MIX5_STAMPS, MMA5_STAMPS,
 };
 
 /// PTX entries of MHCPostFwd.

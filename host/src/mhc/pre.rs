@@ -575,7 +575,7 @@ impl PreGeometry {
             return Err(too_big(mix_smem));
         }
         let coop =
-            if config.coop && mma_ok { CoopGeometry::new(shape, max_smem, config.mma_block, cols) } else { None };
+            if config.coop && mma_ok { CoopGeometry::new(shape, max_smem, kb, cols) } else { None };
         let workspace = match coop {
             Some(cg) => checked_product("x", &[batch, mq, cg.grid1 as usize])? + 1,
             None => checked_product("x", &[batch, mq, grid])?,
@@ -584,7 +584,7 @@ impl PreGeometry {
         if workspace >= 1 << 31 || mix_grid >= 1 << 31 || lens.x_layer >= 1 << 31 {
             return Err(Error::Overflow { arg: "x", msg: format!("batch {batch}: workspace or grid exceeds 2^31") });
         }
-        let mb = config.mma_block;
+        let mb = kb;
         let mma = mma_ok.then(|| {
             let bpc = BTF.min(batch);
             (mb, fused_smem_bytes(mb as usize, n, cols) as u32, bpc as u32, batch.div_ceil(bpc) as u32)

@@ -26,6 +26,9 @@ pub const COL_MAP: u32 = 1;
 pub const OUT_SMEM: u32 = 2;
 /// Multiply output `k` of transform `t` by `W_n^{(t mod M_in)·k}`.
 pub const TW4: u32 = 4;
+/// Wait for the previous pass (programmatic dependent launch) at kernel entry, before the
+/// twiddle loads (the session-6 order); without it the wait follows the twiddle loads.
+pub const WAIT_FIRST: u32 = 8;
 
 struct Ctx<T: Mem> {
     x: *const Cx<T>,
@@ -397,6 +400,11 @@ unsafe fn fft_block<
     let ngroups = (count + (1 << log_c) - 1) >> log_c;
     let mut g = block_idx_x();
     let mut sbuf = 0u32;
+    // Programmatic dependent launch: the twiddle tables (written at plan time, never by a
+    // pass) are already on their way; wait for the previous pass before touching `x` or `y`.
+    if flags & WAIT_FIRST == 0 {
+        grid_dependency_wait();
+    }
     if STG && g < ngroups {
         stage_copy(x, g, log_c, log_l, count, stg0, tid, nthreads);
     }
@@ -540,11 +548,13 @@ macro_rules! entry {
             flags: u32,
             sm_stride: u32,
         ) {
-            // Programmatic dependent launch: let the next pass start its blocks now; wait for
-            // the previous pass (when launched as its dependent; a no-op otherwise) before any
-            // global memory access.
+            // Programmatic dependent launch: let the next pass start its blocks now. The wait
+            // for the previous pass (a no-op when not launched as its dependent) is in
+            // `fft_block`, after the twiddle loads and before any access to `x` or `y`.
             crate::prim::grid_launch_dependents();
-            crate::prim::grid_dependency_wait();
+            if flags & WAIT_FIRST != 0 {
+                crate::prim::grid_dependency_wait();
+            }
             fft_block::<$t, $log_l, $e, $st, $hoist, $pp, $stg, $sp>(
                 x, y, tw, twlo, twhi, log_c, log_min, log_mout, count, log_lt, log_split, flags, sm_stride,
             )
