@@ -1198,7 +1198,19 @@ fn v5_stamped_timeline() {
         let mut dr = st.clone_htod(&poisoned::<bf16>(l.x)).unwrap();
         let mut dy = st.clone_htod(&poisoned::<bf16>(l.x_layer)).unwrap();
         let mut dh = st.clone_htod(&vec![f32::NAN; l.h_post]).unwrap();
-        let names = ["k1 entry", "k1 staged", "k1 mma", "k1 stored", "k2 entry", "k2 prologue", "k2 wait", "k2 partials", "k2 logits", "k2 coef", "k2 stored"];
+        let names = [
+            "k1 entry",
+            "k1 staged",
+            "k1 mma",
+            "k1 stored",
+            "k2 entry",
+            "k2 prologue",
+            "k2 wait",
+            "k2 partials",
+            "k2 logits",
+            "k2 coef",
+            "k2 stored",
+        ];
         let mut cols: Vec<Vec<[f64; 3]>> = vec![Vec::new(); names.len()];
         for call in 0..26 {
             st.memset_zeros(&mut flush).unwrap();
@@ -1250,4 +1262,3 @@ fn v5_stamped_timeline() {
         println!("  k2 SMs {sms2:?}");
     }
 }
-

@@ -488,15 +488,20 @@ fn check_block(arg: &'static str, block: u32) -> Result<()> {
     Ok(())
 }
 
+/// u64 words of the two-launch workspace: one f64 partial per (batch row, quantity, kernel-1
+/// block), quantities = the `n²+2n` logits and Σx².
+fn pair_workspace(shape: MhcPreShape, grid: usize) -> Result<usize> {
+    checked_product("x", &[shape.batch, shape.logits() + 1, grid])
+}
+
 impl PreGeometry {
     /// u64 words of a `PreConfig::stamps` buffer for this geometry (v5 pair): kernel 1's blocks
     /// then kernel 2's; `None` when the geometry is not the v5 pair.
     pub fn stamp_words(&self, batch: usize) -> Option<(usize, usize)> {
         match self.mma {
-            Some((_, _, _, groups)) if self.v5 && self.coop.is_none() => Some((
-                self.grid as usize * groups as usize * MMA5_STAMPS,
-                self.tiles as usize * batch * MIX5_STAMPS,
-            )),
+            Some((_, _, _, groups)) if self.v5 && self.coop.is_none() => {
+                Some((self.grid as usize * groups as usize * MMA5_STAMPS, self.tiles as usize * batch * MIX5_STAMPS))
+            }
             _ => None,
         }
     }
@@ -574,11 +579,10 @@ impl PreGeometry {
         if mix_smem > max_smem {
             return Err(too_big(mix_smem));
         }
-        let coop =
-            if config.coop && mma_ok { CoopGeometry::new(shape, max_smem, kb, cols) } else { None };
+        let coop = if config.coop && mma_ok { CoopGeometry::new(shape, max_smem, kb, cols) } else { None };
         let workspace = match coop {
             Some(cg) => checked_product("x", &[batch, mq, cg.grid1 as usize])? + 1,
-            None => checked_product("x", &[batch, mq, grid])?,
+            None => pair_workspace(shape, grid)?,
         };
         let mix_grid = checked_product("x", &[batch, tiles])?;
         if workspace >= 1 << 31 || mix_grid >= 1 << 31 || lens.x_layer >= 1 << 31 {
@@ -691,7 +695,7 @@ impl PrePlan {
             let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(cg.block, cg.smem as usize, None)?;
             if (per_sm as usize).saturating_mul(sms) < cg.grid as usize {
                 geometry.coop = None;
-                geometry.workspace = checked_product("x", &[shape.batch, shape.logits() + 1, geometry.grid as usize])?;
+                geometry.workspace = pair_workspace(shape, geometry.grid as usize)?;
             }
         }
         if let Some((block, smem, _, groups)) = geometry.mma {

@@ -1059,7 +1059,22 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix5(
     inv_sqrt_nc: f64,
 ) {
     let a = [alpha_pre, alpha_post, alpha_res, eps];
-    mix5_body::<false>(x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, a, repeat, inv_sqrt_nc, core::ptr::null_mut());
+    mix5_body::<false>(
+        x,
+        bias,
+        part_ws,
+        x_res,
+        x_layer,
+        h_post,
+        batch,
+        n,
+        c,
+        grid1,
+        a,
+        repeat,
+        inv_sqrt_nc,
+        core::ptr::null_mut(),
+    );
 }
 
 /// [`mhc_pre_mix5`] with `%globaltimer` stamps (diagnostic, `PreConfig::stamps`): thread 0 of

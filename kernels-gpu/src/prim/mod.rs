@@ -872,4 +872,3 @@ pub fn sm_id() -> u32 {
     unsafe { asm!("mov.u32 {}, %smid;", out(reg32) s, options(nostack, nomem)) };
     s
 }
-
