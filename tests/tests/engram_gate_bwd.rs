@@ -143,7 +143,7 @@ fn every_launch_config_matches_reference() {
                         assert_bwd_bitwise(&format!("{what} v1 extra_warps {xw}"), &b, &b6);
                     }
                 }
-                // v4 (split rows) at W = 1, 2 and the planner's W for this R: checked against the
+                // v5 (split rows) at W = 1, 2 and the planner's W for this R: checked against the
                 // reference, the other PDL mode bitwise, extra warps bitwise
                 for w in [1, 2, engram::bwd_split_warps(d, r)] {
                     if (r + 6) * w > 32 {
@@ -151,20 +151,15 @@ fn every_launch_config_matches_reference() {
                     }
                     let c7 = GateBwdConfig { split_warps: w, ..c };
                     let Some(b7) = run_bwd(&gpu, &x, &f0, 0, Some(c7), f32::NAN) else { continue };
-                    check_bwd(&format!("{what} v4 W {w}"), &x, &b7);
+                    check_bwd(&format!("{what} v5 W {w}"), &x, &b7);
                     let c7p = GateBwdConfig { pdl: !pdl, ..c7 };
                     let b7p = run_bwd(&gpu, &x, &f0, 0, Some(c7p), 0.0).unwrap();
-                    assert_bwd_bitwise(&format!("{what} v4 W {w} pdl/nopdl"), &b7, &b7p);
-                    // v5 (lean): bitwise v4 on these inputs (|conv| < 87); v5m (stage 3 in one
-                    // pass): checked, dv bitwise v4
-                    let c9 = GateBwdConfig { lean: true, ..c7 };
-                    if let Some(b9) = run_bwd(&gpu, &x, &f0, 0, Some(c9), f32::NAN) {
-                        assert_bwd_bitwise(&format!("{what} v5 W {w}"), &b7, &b9);
-                    }
-                    let c10 = GateBwdConfig { lean: true, merge_s2: true, ..c7 };
+                    assert_bwd_bitwise(&format!("{what} v5 W {w} pdl/nopdl"), &b7, &b7p);
+                    // v5m (stage 3 in one pass): checked, dv bitwise v5
+                    let c10 = GateBwdConfig { merge_s2: true, ..c7 };
                     if let Some(b10) = run_bwd(&gpu, &x, &f0, 0, Some(c10), f32::NAN) {
                         check_bwd(&format!("{what} v5m W {w}"), &x, &b10);
-                        assert_eq!(bits_h(&b7.dv), bits_h(&b10.dv), "{what} v5m W {w}: dv differs from v4");
+                        assert_eq!(bits_h(&b7.dv), bits_h(&b10.dv), "{what} v5m W {w}: dv differs from v5");
                         // the 16-byte reduce kernel: bitwise the scalar one at the same S
                         for rv in [8, 32] {
                             let c11 = GateBwdConfig { reduce_vec: rv, ..c10 };
@@ -176,14 +171,8 @@ fn every_launch_config_matches_reference() {
                     if xw > 0 {
                         let c5 = GateBwdConfig { extra_warps: xw, ..c7 };
                         if let Some(b5) = run_bwd(&gpu, &x, &f0, 0, Some(c5), f32::NAN) {
-                            assert_bwd_bitwise(&format!("{what} v4 W {w} extra_warps {xw}"), &b7, &b5);
+                            assert_bwd_bitwise(&format!("{what} v5 W {w} extra_warps {xw}"), &b7, &b5);
                         }
-                    }
-                    // the cluster reduction (one launch; applies at ≤ 8 blocks, else as c7)
-                    let c8 = GateBwdConfig { cluster_reduce: true, ..c7 };
-                    if let Some(b8) = run_bwd(&gpu, &x, &f0, 0, Some(c8), f32::NAN) {
-                        check_bwd(&format!("{what} v4 W {w} cluster"), &x, &b8);
-                        assert_rows_bitwise(&format!("{what} v4 W {w} cluster"), &b7, &b8);
                     }
                 }
             }
@@ -198,14 +187,6 @@ fn bits_f(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// The row outputs (dH, dk, dv) bitwise equal (the weight gradients may be summed in another
-/// fixed order).
-fn assert_rows_bitwise<T: Half>(what: &str, b1: &BwdOut<T>, b2: &BwdOut<T>) {
-    assert_eq!(bits_h(&b1.dh), bits_h(&b2.dh), "{what}: dH differs");
-    assert_eq!(bits_h(&b1.dk), bits_h(&b2.dk), "{what}: dk differs");
-    assert_eq!(bits_h(&b1.dv), bits_h(&b2.dv), "{what}: dv differs");
-}
-
 fn assert_bwd_bitwise<T: Half>(what: &str, b1: &BwdOut<T>, b2: &BwdOut<T>) {
     assert_eq!(bits_h(&b1.dh), bits_h(&b2.dh), "{what}: dH differs");
     assert_eq!(bits_h(&b1.dk), bits_h(&b2.dk), "{what}: dk differs");
@@ -216,10 +197,10 @@ fn assert_bwd_bitwise<T: Half>(what: &str, b1: &BwdOut<T>, b2: &BwdOut<T>) {
 }
 
 /// The main-kernel versions at one configuration `c` (v1, reduce without PDL): v1 checked;
-/// v4 at W = 1, 2, 3 and the planner's W checked against the f64 reference, a second run
-/// (other PDL mode) bitwise the first, extra warps bitwise none, the cluster reduction checked
-/// with dH/dk/dv bitwise the two-launch v4. (v4 and v1 differ by design: approximate σ and
-/// rsqrt in v4, so they are compared through the reference, not bitwise.)
+/// v5 and v5m at W = 1, 2, 3 and the planner's W checked against the f64 reference, a second
+/// run (other PDL mode) bitwise the first, v5m's dv bitwise v5's, extra warps bitwise none.
+/// (v5 and v1 differ by design: approximate σ and rsqrt in v5, so they are compared through
+/// the reference, not bitwise; v5m's dH/dk differ from v5's in rounding.)
 fn versions_match<T: Half + rgk::cudarc::driver::DeviceRepr>(
     gpu: &Gpu,
     what: &str,
@@ -239,21 +220,18 @@ fn versions_match<T: Half + rgk::cudarc::driver::DeviceRepr>(
         if (r + 6) * w > 32 {
             continue;
         }
-        let c4 = GateBwdConfig { split_warps: w, pdl: true, ..c };
-        let Some(bw) = run_bwd(gpu, x, &f0, 0, Some(c4), f32::NAN) else { continue };
-        check_bwd(&format!("{what} v4 W {w}"), x, &bw);
-        let again = run_bwd(gpu, x, &f0, 0, Some(GateBwdConfig { pdl: false, ..c4 }), 0.0).unwrap();
-        assert_bwd_bitwise(&format!("{what} v4 W {w} twice"), &bw, &again);
-        // v5 (the bench's `v5`): checked, bitwise v4 on these inputs (|conv| < 87), extra warps
-        // bitwise; v5m (`v5m`): checked, dv bitwise v4, a second run (other PDL mode) bitwise
-        let c5 = GateBwdConfig { lean: true, ..c4 };
-        let b5 = run_bwd(gpu, x, &f0, 0, Some(c5), f32::NAN).unwrap();
+        // v5 (the bench's `v5`): checked, a second run (other PDL mode) bitwise the first
+        let c5 = GateBwdConfig { split_warps: w, pdl: true, ..c };
+        let Some(b5) = run_bwd(gpu, x, &f0, 0, Some(c5), f32::NAN) else { continue };
         check_bwd(&format!("{what} v5 W {w}"), x, &b5);
-        assert_bwd_bitwise(&format!("{what} v5 W {w} = v4"), &bw, &b5);
+        let again = run_bwd(gpu, x, &f0, 0, Some(GateBwdConfig { pdl: false, ..c5 }), 0.0).unwrap();
+        assert_bwd_bitwise(&format!("{what} v5 W {w} twice"), &b5, &again);
+        // v5m (`v5m`, the planner's): checked, dv bitwise v5, a second run (other PDL mode)
+        // bitwise
         let c5m = GateBwdConfig { merge_s2: true, ..c5 };
         let b5m = run_bwd(gpu, x, &f0, 0, Some(c5m), f32::NAN).unwrap();
         check_bwd(&format!("{what} v5m W {w}"), x, &b5m);
-        assert_eq!(bits_h(&bw.dv), bits_h(&b5m.dv), "{what} v5m W {w}: dv differs from v4");
+        assert_eq!(bits_h(&b5.dv), bits_h(&b5m.dv), "{what} v5m W {w}: dv differs from v5");
         let b5m2 = run_bwd(gpu, x, &f0, 0, Some(GateBwdConfig { pdl: false, ..c5m }), 0.0).unwrap();
         assert_bwd_bitwise(&format!("{what} v5m W {w} twice"), &b5m, &b5m2);
         // the 16-byte reduce kernel (the bench's `rvX`): checked, bitwise the scalar reduce at
@@ -272,10 +250,6 @@ fn versions_match<T: Half + rgk::cudarc::driver::DeviceRepr>(
         xws.retain(|&xw| xw > 0 && tile + xw <= 32);
         xws.dedup();
         for xw in xws {
-            let cx = GateBwdConfig { extra_warps: xw, ..c4 };
-            if let Some(bx) = run_bwd(gpu, x, &f0, 0, Some(cx), f32::NAN) {
-                assert_bwd_bitwise(&format!("{what} v4 W {w} extra_warps {xw}"), &bw, &bx);
-            }
             for (name, cl, want) in [("v5", c5, &b5), ("v5m", c5m, &b5m)] {
                 let cx = GateBwdConfig { extra_warps: xw, ..cl };
                 if let Some(bx) = run_bwd(gpu, x, &f0, 0, Some(cx), f32::NAN) {
@@ -283,14 +257,6 @@ fn versions_match<T: Half + rgk::cudarc::driver::DeviceRepr>(
                 }
             }
         }
-        // the cluster reduction (the bench's `v4c`; one launch where the grid is ≤ 8 blocks):
-        // checked, dH/dk/dv bitwise the two-launch v4, a second run bitwise the first
-        let cc = GateBwdConfig { cluster_reduce: true, ..c4 };
-        let Some(bc) = run_bwd(gpu, x, &f0, 0, Some(cc), f32::NAN) else { continue };
-        check_bwd(&format!("{what} v4 W {w} cluster"), x, &bc);
-        assert_rows_bitwise(&format!("{what} v4 W {w} cluster"), &bw, &bc);
-        let bc2 = run_bwd(gpu, x, &f0, 0, Some(cc), 0.0).unwrap();
-        assert_bwd_bitwise(&format!("{what} v4 W {w} cluster twice"), &bc, &bc2);
     }
     for xw in [3, 12u32.saturating_sub(r + 6), 16u32.saturating_sub(r + 6)] {
         let cx = GateBwdConfig { extra_warps: xw, ..c };
@@ -301,7 +267,7 @@ fn versions_match<T: Half + rgk::cudarc::driver::DeviceRepr>(
     }
 }
 
-/// The main-kernel versions (v1, v4 at several W, the cluster reduction, v5, v5m) on the seed shapes
+/// The main-kernel versions (v1, v5 and v5m at several W) on the seed shapes
 /// and odd shapes, both dtypes, both scales, R 1–4: each checked against the f64 reference,
 /// reruns and extra warps bitwise.
 #[test]
@@ -338,24 +304,17 @@ fn main_kernel_versions_match_reference() {
 
 /// `GateConvBwdPlan` (graph submission of the two launches, the reduce kernel's dependent
 /// launch inside the graph): bitwise the direct launches of the same configuration, on the
-/// capturing call and on replays, for the planner's and the v4 configurations.
+/// capturing call and on replays, for the planner's, the v5 and the v5m configurations.
 #[test]
 fn graph_plan_is_bitwise_direct_launches() {
     let Some((gpu, wd, mut rng)) = start("engram_gate_bwd::graph_plan") else { return };
     for &(m, t, d) in &[(1, 32, 256), (2, 64, 512), (1, 128, 256), (3, 96, 768), (2, 7, 8)] {
         let s = EngramGateShape { m, t, d };
         let p = GateBwdConfig::for_shape(s);
-        let v4 = GateBwdConfig {
-            split_warps: engram::bwd_split_warps(d, p.rows_per_block),
-            lean: false,
-            merge_s2: false,
-            ..p
-        };
-        let v5 = GateBwdConfig { lean: true, ..v4 };
+        let v5 = GateBwdConfig { split_warps: engram::bwd_split_warps(d, p.rows_per_block), merge_s2: false, ..p };
         let v5m = GateBwdConfig { merge_s2: true, ..v5 };
         for (name, c) in [
             ("planner", p),
-            ("v4", v4),
             ("nopdl", GateBwdConfig { pdl: false, ..p }),
             ("v5", v5),
             ("v5m", v5m),

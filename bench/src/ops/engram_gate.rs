@@ -29,12 +29,10 @@ const F32_REL: f64 = 1e-4;
 /// (exact / approximate silu), `WORKLOAD@v2f-rR` (approximate scalars too), `WORKLOAD@v2` /
 /// `WORKLOAD@v2a` / `WORKLOAD@v2f` those at the planner's R, `-xX` with X extra warps;
 /// backward `WORKLOAD@nograph` (no graph submission), `WORKLOAD@nopdl` (the reduce kernel
-/// launched without PDL), `WORKLOAD@v4-rR` / `WORKLOAD@v4-s32` (the planner's split-row
-/// kernel at R rows per block / S = 32), `WORKLOAD@v4c` (the cluster reduction),
-/// `WORKLOAD@v4` (the planner's configuration with the v4 main kernel, the session-5
-/// default), `WORKLOAD@v5` (with the lean v5 main kernel; the planner runs v5m: v5 with stage
-/// 3 merged into one pass); forward `WORKLOAD@lean` (the planner's configuration with the
-/// lean v2 kernel, `GateFwdKernel::SmemULean`), backward `WORKLOAD@rvX` / `WORKLOAD@rvX-sS`
+/// launched without PDL), `WORKLOAD@v5` (the planner's configuration with the v5 main kernel,
+/// stage 3 not merged; the planner runs v5m: v5 with stage 3 merged into one pass); forward
+/// `WORKLOAD@lean` (the planner's configuration with the lean v2 kernel,
+/// `GateFwdKernel::SmemULean`), backward `WORKLOAD@rvX` / `WORKLOAD@rvX-sS`
 /// (the planner's configuration with the 16-byte reduce kernel, `reduce_vec` X, S segments)).
 pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut v = Vec::new();
@@ -68,22 +66,14 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                 fwd_cfgs.push((Some(format!("{kt}-r{r}-x{x}")), Some(c)));
             }
         }
-        // Session-3..6 backward sweeps (v1 rR-sS, v2, v3, v3a, v4-w1 rows; those kernels other
-        // than v1 are retired) are recorded in kernels-gpu/src/engram/NOTES.md; `nograph`: the
-        // planner's config launched directly (the reduce kernel's dependent launch then
-        // reaches the device too late to overlap).
+        // Session-3..6 backward sweeps (v1 rR-sS, v2, v3, v3a, v4-w1, v4-rR, v4-s32, v4c, v4
+        // rows; those kernels other than v1 are retired) are recorded in
+        // kernels-gpu/src/engram/NOTES.md; `nograph`: the planner's config launched directly
+        // (the reduce kernel's dependent launch then reaches the device too late to overlap).
         bwd_cfgs.push((Some("nograph".into()), None));
-        // v4 (the planner's kernel: each tile row split over W = bwd_split_warps warps) at R
-        // 1..3 (`v4-rR`; R = 4 at d = 768 would need 30 warps of 72 registers, more than the
-        // register file), S = 32 (`v4-s32`), and `v4c`: the cluster reduction (one launch) at
-        // the smallest R with ≤ 8 blocks (train-s32: R = 4; elsewhere no such R ≤ 8: v4 at the
-        // planner's R, two launches)
-        // v5 (`lean`: v4's arithmetic with fewer instructions per warp; bitwise v4 on these
-        // inputs) at the planner's configuration; the planner runs v5m (stage 3 in one pass),
-        // `v4` is the previous default
-        for t in ["v4", "v4-r1", "v4-r2", "v4-r3", "v4-s32", "v4c", "v5"] {
-            bwd_cfgs.push((Some(t.into()), None));
-        }
+        // v5 (each tile row split over W = bwd_split_warps warps, stage 3 in two passes) at the
+        // planner's configuration; the planner runs v5m (stage 3 in one pass)
+        bwd_cfgs.push((Some("v5".into()), None));
         bwd_cfgs.push((Some("nopdl".into()), None));
         // the 16-byte reduce kernel (bitwise the scalar one at the same S) at the planner's
         // configuration: 8 / 32 threads per segment row, S = 8 / 32
@@ -144,29 +134,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                 }
                 None if tag.as_deref().is_some_and(|t| t.starts_with("v5")) => {
                     let merge_s2 = tag.as_deref() == Some("v5m");
-                    GateBwdConfig { lean: true, merge_s2, ..GateBwdConfig::for_shape(s) }
-                }
-                None if tag.as_deref().is_some_and(|t| t.starts_with("v4")) => {
-                    let t = tag.as_deref().unwrap_or("");
-                    let p = GateBwdConfig::for_shape(s);
-                    let cl = t == "v4c";
-                    let r0 = if cl { engram::bwd_cluster_rows(s) } else { None };
-                    let r = t.strip_prefix("v4-r").and_then(|x| x.parse().ok()).or(r0).unwrap_or(p.rows_per_block);
-                    let w = t
-                        .strip_prefix("v4-w")
-                        .and_then(|x| x.parse().ok())
-                        .unwrap_or_else(|| engram::bwd_split_warps(d, r));
-                    let sg = if t == "v4-s32" { 32 } else { p.reduce_segments };
-                    GateBwdConfig {
-                        rows_per_block: r,
-                        split_warps: w,
-                        reduce_segments: sg,
-                        cluster_reduce: cl,
-                        lean: false,
-                        merge_s2: false,
-                        reduce_vec: 0,
-                        ..p
-                    }
+                    GateBwdConfig { merge_s2, ..GateBwdConfig::for_shape(s) }
                 }
                 None => GateBwdConfig::for_shape(s),
                 Some(c) => c,

@@ -7,7 +7,7 @@
 use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, DevicePtr, DevicePtrMut};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_cluster, launch_pdl, max_active_clusters, GraphReplay, LaunchDims};
+use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
 use crate::verify::Half;
 use crate::{Error, Gpu, Result};
 
@@ -101,24 +101,8 @@ const FWD2: [[[&str; 4]; 2]; 3] = [
         ],
     ],
 ];
-/// Backward v4 main kernels (weights, `u`, `dconv` in shared memory, each tile row split over
-/// several warps), `[dtype][NV−1]`.
-const BWD4: [[&str; 4]; 2] = [
-    ["engram_gate_bwd4_bf16_r1", "engram_gate_bwd4_bf16_r2", "engram_gate_bwd4_bf16_r3", "engram_gate_bwd4_bf16_r4"],
-    ["engram_gate_bwd4_f16_r1", "engram_gate_bwd4_f16_r2", "engram_gate_bwd4_f16_r3", "engram_gate_bwd4_f16_r4"],
-];
-/// Backward v4 with the in-kernel cluster reduction (one launch), `[dtype][NV−1]`.
-const BWD4C: [[&str; 4]; 2] = [
-    [
-        "engram_gate_bwd4c_bf16_r1",
-        "engram_gate_bwd4c_bf16_r2",
-        "engram_gate_bwd4c_bf16_r3",
-        "engram_gate_bwd4c_bf16_r4",
-    ],
-    ["engram_gate_bwd4c_f16_r1", "engram_gate_bwd4c_f16_r2", "engram_gate_bwd4c_f16_r3", "engram_gate_bwd4c_f16_r4"],
-];
-/// Backward v5 main kernels ("lean" v4; `[0]` v5, `[1]` v5m: merged stage 3),
-/// `[merged][dtype][NV−1]`.
+/// Backward v5 main kernels (weights, `u`, `dconv` in shared memory, each tile row split over
+/// several warps; `[0]` v5, `[1]` v5m: merged stage 3), `[merged][dtype][NV−1]`.
 const BWD5: [[[&str; 4]; 2]; 2] = [
     [
         [
@@ -208,22 +192,6 @@ pub(crate) const KERNELS: &[&str] = &[
     FWD2[2][1][1],
     FWD2[2][1][2],
     FWD2[2][1][3],
-    BWD4[0][0],
-    BWD4[0][1],
-    BWD4[0][2],
-    BWD4[0][3],
-    BWD4[1][0],
-    BWD4[1][1],
-    BWD4[1][2],
-    BWD4[1][3],
-    BWD4C[0][0],
-    BWD4C[0][1],
-    BWD4C[0][2],
-    BWD4C[0][3],
-    BWD4C[1][0],
-    BWD4C[1][1],
-    BWD4C[1][2],
-    BWD4C[1][3],
     BWD5[0][0][0],
     BWD5[0][0][1],
     BWD5[0][0][2],
@@ -257,9 +225,9 @@ const FWD2_WL: usize = 5;
 /// Largest dynamic shared memory used without opting in (bytes).
 const SMEM_DEFAULT: usize = 48 * 1024;
 
-/// Largest dynamic shared memory of the v4 backward main kernel (opted in above 48 KiB; well
+/// Largest dynamic shared memory of the v5 backward main kernel (opted in above 48 KiB; well
 /// inside sm_90's 227 KiB, leaving room for the reduce kernel's blocks beside it under PDL).
-const BWD4_SMEM_MAX: usize = 64 * 1024;
+const BWD5_SMEM_MAX: usize = 64 * 1024;
 
 /// Sizes of one EngramGateConv call: `m` sequences of `t` rows of `d` channels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -368,40 +336,30 @@ pub struct GateBwdConfig {
     /// `griddepcontrol.wait`). Bitwise the same outputs either way.
     pub pdl: bool,
     /// Warps beyond the tile's `(R+6)·W` (every main kernel): they skip stages 1–3 and only
-    /// take part in the weight loads (v4) and stage 4's column loop, which strides by the
+    /// take part in the weight loads (v5) and stage 4's column loop, which strides by the
     /// block size (d = 768 at R = 3: 3 rounds of 288 columns → 2 with 3–7 extra warps; d = 512
     /// at R = 2: 2 rounds → 1 with 8). Bitwise the same outputs as 0. At most 32 warps in all
     /// and what the kernel's registers allow (checked before the launch).
     pub extra_warps: u32,
-    /// v4 main kernel when ≥ 1 ("split rows"; 0 = the v1 kernel): every tile row is worked on
+    /// v5 main kernel when ≥ 1 ("split rows"; 0 = the v1 kernel): every tile row is worked on
     /// by this many warps (`W`), each lane holding `ceil(ceil(d/8) / (32·W))` chunks of 8
     /// elements instead of `ceil(d/8)/32`; row sums are per-warp butterflies added over the
     /// `W` warps in a fixed order after a block barrier. Weights, `u` and `dconv` in shared
-    /// memory, approximate σ in `silu'` and `rrms_v'` (≈ 1–2 ulp f32). Runs on resident layouts
-    /// (`d % 8 == 0`, `d ≤ 1024`, 16-byte aligned) whose `u` + `dconv` fit in 48 KiB and whole
-    /// shared memory in 64 KiB; elsewhere the v1 kernel runs (correctly rounded σ, weights
+    /// memory (32-bit shared-window addresses), approximate σ in `silu'` and `rrms_v'` (the ftz
+    /// forms of `ex2`/`rcp`/`rsqrt.approx`, ≈ 1–2 ulp f32), the per-launch constants from the
+    /// host, no integer divisions. Runs on resident layouts (`d % 8 == 0`, `d ≤ 1024`, 16-byte
+    /// aligned) whose `u` + `dconv` fit in 48 KiB and whole shared memory in 64 KiB, with
+    /// `M` ≤ 65535 (a 2-D grid); elsewhere the v1 kernel runs (correctly rounded σ, weights
     /// through L1, `dconv` in global scratch where it does not fit). The block has
     /// `(R+6)·W + extra_warps` warps (at most 32 and what the kernel's registers allow:
-    /// checked before the launch). [`bwd_split_warps`] picks `W` for a shape.
+    /// checked before the launch). [`bwd_split_warps`] picks `W` for a shape. (Up to session 7
+    /// a v4 kernel with the same arithmetic and a one-launch cluster-reduction variant ran
+    /// here; v5 was bitwise v4 wherever |conv| < 87.)
     pub split_warps: u32,
-    /// With v4 running (`split_warps` ≥ 1), when the whole grid is at most 8 blocks: launch
-    /// them as one thread-block cluster and reduce the weight gradients inside the kernel
-    /// through distributed shared memory (each block adds the blocks' partials of a slice of
-    /// the outputs in increasing block order): one launch instead of two. Deterministic, not
-    /// bitwise the reduce kernel's order. Elsewhere (more blocks, or the cluster cannot be
-    /// scheduled) the reduce kernel runs as without it.
-    pub cluster_reduce: bool,
-    /// With v4 running (`split_warps` ≥ 1, two launches): the v5 main kernel instead — v4's
-    /// arithmetic in the same order with fewer instructions per warp (shared memory through
-    /// 32-bit shared-window addresses, the ftz forms of `ex2`/`rcp`/`rsqrt.approx`, the
-    /// per-launch constants from the host, no integer divisions). Bitwise v4 wherever
-    /// |conv| < 87 (below that the ftz forms flush σ's subnormal range to 0). Needs `M` ≤ 65535
-    /// (a 2-D grid), else v4 runs.
-    pub lean: bool,
-    /// With `lean`: v5m, stage 3 in one pass — `Σ dvh·v` in closed form
-    /// (`Σ g·v + eps·rv'³·Σ du·wv·v`, `Σ g·v` summed in stage 1), one barrier, butterfly and
-    /// cross-warp sum fewer. `dv` bitwise v5; `dH`, `dk` differ in rounding (checked against
-    /// the reference).
+    /// With v5 running (`split_warps` ≥ 1): v5m, stage 3 in one pass — `Σ dvh·v` in closed
+    /// form (`Σ g·v + eps·rv'³·Σ du·wv·v`, `Σ g·v` summed in stage 1), one barrier, butterfly
+    /// and cross-warp sum fewer. `dv` bitwise v5; `dH`, `dk` differ in rounding (checked
+    /// against the reference).
     pub merge_s2: bool,
     /// The reduce kernel with 16-byte loads when ≥ 1 (`engram_gate_bwd_reduce4`): block
     /// `(reduce_vec, S)`, thread x owning 4 consecutive outputs, up to 4 loads in flight per
@@ -421,22 +379,13 @@ impl Default for GateBwdConfig {
             pdl: true,
             extra_warps: 0,
             split_warps: 0,
-            cluster_reduce: false,
-            lean: false,
             merge_s2: false,
             reduce_vec: 0,
         }
     }
 }
 
-/// Rows per block for the v4 cluster reduction ([`GateBwdConfig::cluster_reduce`]): the
-/// smallest `R` whose grid `M·ceil(T/R)` is at most 8 blocks, if that `R` is at most 8
-/// (more rows make one block's chain too long); else `None`.
-pub fn bwd_cluster_rows(shape: EngramGateShape) -> Option<u32> {
-    (1..=8u32).find(|&r| shape.m * shape.t.div_ceil(r as usize) <= 8)
-}
-
-/// Warps per tile row for the v4 backward ([`GateBwdConfig::split_warps`]) at `R` rows per
+/// Warps per tile row for the v5 backward ([`GateBwdConfig::split_warps`]) at `R` rows per
 /// block: enough for one 8-element chunk per lane (`ceil(ceil(d/8)/32)`), as many as fit in
 /// 32 warps (`(R+6)·W ≤ 32`), at least 1.
 pub fn bwd_split_warps(d: usize, rows_per_block: u32) -> u32 {
@@ -466,6 +415,7 @@ impl GateBwdConfig {
         // against v3a's 5.79 / 8.85 / 5.79 / 12.77; S = 32 at d = 768 (10.02).
         // Session 6 (H200, `--variants`): v5m (the lean v4 with stage 3 in one pass) on every
         // row: 4.93 / 6.11 / 5.15 / 9.03 µs against v4's 5.38 / 7.10 / 5.38 / 10.11.
+        // Session 7: v4 and its cluster reduction retired (v5 is v4's arithmetic, leaner).
         let rows_per_block = if shape.d >= 768 { 3 } else { 2 };
         Self {
             rows_per_block,
@@ -473,8 +423,6 @@ impl GateBwdConfig {
             pdl: true,
             extra_warps: 0,
             split_warps: bwd_split_warps(shape.d, rows_per_block),
-            cluster_reduce: false,
-            lean: true,
             merge_s2: true,
             // Session 6: the 16-byte reduce at d = 768 (s96 8.90 → 8.67–8.77 µs, bitwise the
             // same sums); neutral to slower at d ≤ 512.
@@ -1000,27 +948,28 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
     let scratch: CUdeviceptr = if in_smem { 0 } else { workspace + (nblocks * 6 * d * 4) as u64 };
     let u_bytes = 4 * (r as usize + 6) * d.div_ceil(8) * 8;
     let w_bytes = 2 * 6 * d.div_ceil(8) * 8;
-    // v4: resident layouts whose u + dconv fit in 48 KiB; the weights and the split sums may
-    // take it past 48 KiB (d = 768, R = 3: 54 KiB): opted in up to BWD4_SMEM_MAX
+    // v5: resident layouts whose u + dconv fit in 48 KiB; the weights and the split sums
+    // (4 slots per warp) may take it past 48 KiB (d = 768, R = 3: ≈ 54 KiB): opted in up to
+    // BWD5_SMEM_MAX; a 2-D grid (ntiles, M)
     let wpr = config.split_warps;
-    let v4_bytes = bwd_smem_bytes(d, r, true) + u_bytes + w_bytes + 4 * 2 * (r as usize + 6) * wpr as usize;
+    let v5_bytes = bwd_smem_bytes(d, r, true) + u_bytes + w_bytes + 4 * 4 * (r as usize + 6) * wpr as usize;
     let u_fits = var < 4 && in_smem && bwd_smem_bytes(d, r, true) + u_bytes <= SMEM_DEFAULT;
-    let v4 = wpr >= 1 && u_fits && v4_bytes <= BWD4_SMEM_MAX;
-    let tile_warps = if v4 { (r + 6).saturating_mul(wpr) } else { r + 6 };
-    let (f, shared_bytes) = if v4 {
+    let v5 = wpr >= 1 && u_fits && shape.m <= 65535 && v5_bytes <= BWD5_SMEM_MAX;
+    let tile_warps = if v5 { (r + 6).saturating_mul(wpr) } else { r + 6 };
+    let (f, dims_grid, shared_bytes) = if v5 {
         // NV of the split row: ceil(ceil(d/8) / (32·W)) ≤ 4 (var < 4 means ceil(d/8) ≤ 128)
         let nv = d.div_ceil(8).div_ceil(32 * wpr as usize).clamp(1, 4);
-        let f = gpu.function(BWD4[dt][nv - 1])?;
+        let f = gpu.function(BWD5[config.merge_s2 as usize][dt][nv - 1])?;
         let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-        if v4_bytes > SMEM_DEFAULT && f.get_attribute(attr)? < v4_bytes as i32 {
-            f.set_attribute(attr, v4_bytes as i32)?;
+        if v5_bytes > SMEM_DEFAULT && f.get_attribute(attr)? < v5_bytes as i32 {
+            f.set_attribute(attr, v5_bytes as i32)?;
         }
-        (f, v4_bytes)
+        (f, (ntiles as u32, shape.m as u32, 1), v5_bytes)
     } else {
-        (gpu.function(BWD[dt][var])?, bwd_smem_bytes(d, r, in_smem))
+        (gpu.function(BWD[dt][var])?, (blocks, 1, 1), bwd_smem_bytes(d, r, in_smem))
     };
     let warps = tile_warps.saturating_add(config.extra_warps);
-    if v4 && tile_warps > 32 {
+    if v5 && tile_warps > 32 {
         return Err(Error::Shape {
             arg: "config.split_warps",
             msg: format!("{wpr} warps per row with {r} rows per block: more than 32 warps"),
@@ -1033,74 +982,24 @@ pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
         });
     }
     check_block_fits(f, warps * 32, 6)?;
-    let dims = LaunchDims { grid: (blocks, 1, 1), block: (warps * 32, 1, 1), shared_bytes: shared_bytes as u32 };
+    let dims = LaunchDims { grid: dims_grid, block: (warps * 32, 1, 1), shared_bytes: shared_bytes as u32 };
     let [mut g, mut h, mut k, mut v, mut wh, mut wv, mut cw] = inputs;
     let [mut a, mut rh, mut rk] = saved;
     let [mut dh, mut dk, mut dv, mut dwh, mut dwv, mut dcw] = outputs;
-    // v4 with the cluster reduction: one launch of the whole grid as one cluster (≤ 8 blocks)
-    let cl_bytes = v4_bytes + 4 * 6 * d;
-    if v4 && config.cluster_reduce && blocks <= 8 && cl_bytes <= BWD4_SMEM_MAX {
-        let nv = d.div_ceil(8).div_ceil(32 * wpr as usize).clamp(1, 4);
-        let fc = gpu.function(BWD4C[dt][nv - 1])?;
-        let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-        if cl_bytes > SMEM_DEFAULT && fc.get_attribute(attr)? < cl_bytes as i32 {
-            fc.set_attribute(attr, cl_bytes as i32)?;
-        }
-        let dims_c = LaunchDims { shared_bytes: cl_bytes as u32, ..dims };
-        // where the cluster kernel's block does not fit (its registers) or the cluster cannot be
-        // scheduled, the two launches below run instead
-        let fits = warps * 32 <= 256 || fc.max_threads_per_block()? as u32 >= warps * 32;
-        if fits && max_active_clusters(fc, dims_c, blocks, stream)? > 0 {
-            let (mut tl, mut dd, mut rr, mut nt, mut w, mut eps) =
-                (shape.t as u32, d as u32, r, ntiles as u32, wpr, EPS);
-            return launch_cluster(
-                fc,
-                dims_c,
-                blocks,
-                stream,
-                &mut [
-                    &mut g, &mut h, &mut k, &mut v, &mut wh, &mut wv, &mut cw, &mut a, &mut rh, &mut rk, &mut dh,
-                    &mut dk, &mut dv, &mut dwh, &mut dwv, &mut dcw, &mut tl, &mut dd, &mut rr, &mut nt, &mut w,
-                    &mut eps,
-                ],
-            );
-        }
-    }
     let (mut pt, mut sc) = (part, scratch);
     let (mut tl, mut dd, mut rr, mut nt, mut eps) = (shape.t as u32, d as u32, r, ntiles as u32, EPS);
-    // v5 (`lean`): v4's block with the 4-slot split sums, grid (ntiles, M)
-    let v5_bytes = v4_bytes + 4 * 2 * (r as usize + 6) * wpr as usize;
-    if v4 && config.lean && shape.m <= 65535 && v5_bytes <= BWD4_SMEM_MAX {
-        let nv = d.div_ceil(8).div_ceil(32 * wpr as usize).clamp(1, 4);
-        let f5 = gpu.function(BWD5[config.merge_s2 as usize][dt][nv - 1])?;
-        let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-        if v5_bytes > SMEM_DEFAULT && f5.get_attribute(attr)? < v5_bytes as i32 {
-            f5.set_attribute(attr, v5_bytes as i32)?;
-        }
-        check_block_fits(f5, warps * 32, 6)?;
-        let dims5 = LaunchDims { grid: (ntiles as u32, shape.m as u32, 1), shared_bytes: v5_bytes as u32, ..dims };
+    if v5 {
         let (mut w, mut wm) = (wpr, bwd_warp_row_magic(wpr));
         // s = 1/√d and 1/d correctly rounded (the bits of the kernels' `div.rn(1, sqrt.rn(d))`)
         let df = d as f32;
         let (mut s, mut inv_d) = (1.0f32 / df.sqrt(), 1.0f32 / df);
-        launch(
-            f5,
-            dims5,
-            stream,
-            &mut [
-                &mut g, &mut h, &mut k, &mut v, &mut wh, &mut wv, &mut cw, &mut a, &mut rh, &mut rk, &mut dh, &mut dk,
-                &mut dv, &mut pt, &mut tl, &mut dd, &mut rr, &mut w, &mut wm, &mut s, &mut inv_d, &mut eps,
-            ],
-        )?;
-    } else if v4 {
-        let mut w = wpr;
         launch(
             f,
             dims,
             stream,
             &mut [
                 &mut g, &mut h, &mut k, &mut v, &mut wh, &mut wv, &mut cw, &mut a, &mut rh, &mut rk, &mut dh, &mut dk,
-                &mut dv, &mut pt, &mut tl, &mut dd, &mut rr, &mut nt, &mut w, &mut eps,
+                &mut dv, &mut pt, &mut tl, &mut dd, &mut rr, &mut w, &mut wm, &mut s, &mut inv_d, &mut eps,
             ],
         )?;
     } else {

@@ -14,7 +14,7 @@ pub use decode::{
     EngramDecodeShape,
 };
 pub use gate_conv::{
-    bwd_cluster_rows, bwd_split_warps, bwd_warp_row_magic, bwd_workspace_len, bwd_workspace_len_with, fwd_chunk_magic,
-    gate_conv_bwd, gate_conv_bwd_raw, gate_conv_bwd_raw_with, gate_conv_fwd, gate_conv_fwd_raw, gate_conv_fwd_raw_with,
+    bwd_split_warps, bwd_warp_row_magic, bwd_workspace_len, bwd_workspace_len_with, fwd_chunk_magic, gate_conv_bwd,
+    gate_conv_bwd_raw, gate_conv_bwd_raw_with, gate_conv_fwd, gate_conv_fwd_raw, gate_conv_fwd_raw_with,
     EngramGateShape, GateBwdConfig, GateConvBwdPlan, GateFwdConfig, GateFwdKernel,
 };

@@ -711,7 +711,7 @@ fn wrow_g(wv: *const u16, wh: *const u16, cw: *const u16, d: u32, wr: u32) -> *c
 }
 
 /// Smem (f32) of the backward's main kernel: `rrms_v'[R+6]`, `2·dz·s·rh·rk [R]`, padded to 4,
-/// then (v4 only) `u[(R+6)][ceil(d/8)·8]`, then (when no global scratch is given)
+/// then (v5 only) `u[(R+6)][ceil(d/8)·8]`, then (when no global scratch is given)
 /// `dconv[(R+3)][ceil(d/8)·8]`.
 pub const fn bwd_smem_scalar_floats(r: u32) -> u32 {
     (2 * r + 6).div_ceil(4) * 4
@@ -971,10 +971,11 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
     );
 }
 
-/// Backward stage 4 (v1 and v4): this block's partial weight gradients `pb[e·d + j]`
+/// Backward stage 4 (v1): this block's partial weight gradients `pb[e·d + j]`
 /// (e = rms_w_h, rms_w_v, conv_w[0..4]), a thread per column j, the `nown` owned rows in
 /// increasing t (fixed order). `SU`: u of the tile rows from `s_u` (else recomputed from v);
-/// `SW`: the weights from `s_w` (else global, through `wrow`).
+/// `SW`: the weights from `s_w` (else global, through `wrow`). (v1 runs it with neither; the
+/// retired v4 ran it with both. Kept generic: dropping the parameters changes v1's PTX.)
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn bwd_weight_partials<D: Dt, const SU: bool, const SW: bool>(
@@ -1088,359 +1089,10 @@ macro_rules! each_chunk_s {
     };
 }
 
-/// Floats of the v4 backward's per-warp partial row sums (after the raw weights):
-/// `[(R+6)·wpr][2]`.
-pub const fn bwd4_split_floats(r: u32, wpr: u32) -> u32 {
-    2 * (r + 6) * wpr
-}
+// ---------------------------------------------------------------- backward v5 (split rows, lean)
 
-/// EngramGateConvBwd main kernel v4 ("split rows"; the planner's kernel wherever it fits):
-/// `u`, `dconv` and the raw 16-bit weights (`rms_w_v`, `rms_w_h`, `conv_w[0..4]`) in shared
-/// memory, approximate σ in `silu'` (`rcp.approx(1 + ex2.approx)`), `rrms_v'` by
-/// `rsqrt.approx` + one Newton step, the per-row divisions by d as products with 1/d (each
-/// ≈ 1–2 ulp f32, within SPEC's tolerances), and every tile row spread over `wpr` warps: warp
-/// `w` works on row `i = w / wpr`, its lane on chunks `(w % wpr)·32 + lane + 32·wpr·n`
-/// (`n < NV`), so a lane holds `ceil(ceil(d/8) / (32·wpr))` chunks instead of
-/// `ceil(d/8)/32` — the per-warp serial chain (which is the kernel's time) shrinks by that
-/// factor at d = 512 / 768. Row sums (`Σ vh²`, `P`, `s1`, `s2`) are a warp butterfly per warp,
-/// then (`wpr > 1`) the `wpr` warp sums added in increasing warp order from shared memory
-/// after a block barrier (those barriers run at every `wpr`; deterministic). The row loads
-/// are issued first, the weights are copied by `cp.async` straight into shared memory (no
-/// registers), and the per-launch constants are computed after both. (Up to session 6 a
-/// `wpr = 1` run was tested bitwise equal to the retired v3a kernel.)
-/// Block `((R+6)·wpr + extra)·32` threads; dynamic smem: the scalars
-/// ([`bwd_smem_scalar_floats`]), `u` `[R+6][dpad]` and `dconv` `[R+3][dpad]` f32, the weights
-/// `[6][dpad]` u16, then [`bwd4_split_floats`] f32.
-///
-/// `CL` ("cluster reduce", one launch): the whole grid is one thread-block cluster (≤ 8
-/// blocks); stage 4 writes the block's partials `[6, d]` to shared memory (`6·d` f32 after
-/// the split sums) instead of `part`, and after a cluster barrier block `ρ` of `C` adds, for
-/// the outputs `e` in its `ceil(6d/C)` slice, the `C` blocks' partials in increasing block order
-/// (distributed shared memory) and writes `drms_w_h`, `drms_w_v`, `dconv_w` (`o_*`); a second
-/// cluster barrier keeps every block's shared memory alive until all reads are done.
-/// Deterministic (a fixed order, not the reduce kernel's).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn bwd4<D: Dt, const NV: usize, const CL: bool>(
-    g: *const u16,
-    h: *const u16,
-    k: *const u16,
-    v: *const u16,
-    wh: *const u16,
-    wv: *const u16,
-    cw: *const u16,
-    alpha: *const f32,
-    rh_i: *const f32,
-    rk_i: *const f32,
-    dh: *mut u16,
-    dk: *mut u16,
-    dv: *mut u16,
-    part: *mut f32,
-    o_wh: *mut f32,
-    o_wv: *mut f32,
-    o_cw: *mut f32,
-    t_len: u32,
-    d: u32,
-    r: u32,
-    ntiles: u32,
-    wpr: u32,
-    eps: f32,
-) {
-    grid_launch_dependents();
-    let lane = lane_id();
-    let wi = thread_idx_x() / 32;
-    let i = wi / wpr;
-    let sub = wi - i * wpr;
-    let m = block_idx_x() / ntiles;
-    let t0 = (block_idx_x() - m * ntiles) * r;
-    let blk = block_idx_x() as usize;
-    let nch = d.div_ceil(8);
-    let dpad = (nch * 8) as usize;
-    let c0 = sub * 32 + lane;
-    let cs = 32 * wpr;
-    let split = wpr > 1;
-    let sm = dyn_smem::<f32>();
-    let s_rv = sm;
-    let s_ch = sm.add((r + 6) as usize);
-    let s_u = sm.add(bwd_smem_scalar_floats(r) as usize);
-    let scr = s_u.add((r as usize + 6) * dpad);
-    let s_w = scr.add((r as usize + 3) * dpad) as *mut u16;
-    let s_sp = s_w.add(6 * dpad) as *mut f32;
-    let base = (m * t_len) as usize;
-    let rowp = |p: *const u16, t: u32| p.wrapping_add((base + t as usize) * d as usize);
-    let wld8 = |wr: u32, c: u32| -> F8 { unpack8::<D>(*(s_w.add(wr as usize * dpad + c as usize * 8) as *const Raw)) };
-    // the `wpr` warp partials of row `ii`, slot `q`, added in increasing warp order
-    let row_sum = |ii: u32, q: usize| -> f32 {
-        let pp = s_sp.add(ii as usize * wpr as usize * 2 + q);
-        let mut acc = *pp;
-        let mut w = 1;
-        while w < wpr {
-            acc += *pp.add(2 * w as usize);
-            w += 1;
-        }
-        acc
-    };
-
-    let t = (t0 + i) as i32 - 3;
-    let valid = i < r + 6 && t >= 0 && (t as u32) < t_len;
-    let tu = t as u32;
-    let owned = valid && i >= 3 && i < r + 3;
-    let has_g = valid && i >= 3;
-
-    // ---- row loads first (the longest DRAM round trip), then the weights
-    let mut vres: [Raw; NV] = [[0; 4]; NV];
-    let mut gres: [Raw; NV] = [[0; 4]; NV];
-    let mut hres: [Raw; NV] = [[0; 4]; NV];
-    let mut kres: [Raw; NV] = [[0; 4]; NV];
-    let mut wres: [Raw; NV] = [[0; 4]; NV];
-    let mut wvres: [Raw; NV] = [[0; 4]; NV];
-    let (mut a, mut rh, mut rk) = (0f32, 0f32, 0f32);
-    if valid {
-        a = *alpha.add(base + tu as usize);
-        if owned {
-            (rh, rk) = (*rh_i.add(base + tu as usize), *rk_i.add(base + tu as usize));
-        }
-        let (vr, gr, hr, kr) = (rowp(v, tu), rowp(g, tu), rowp(h, tu), rowp(k, tu));
-        each_chunk_s!(NV, c0, cs, nch, |n, c| {
-            *vres.get_unchecked_mut(n) = ld_raw(vr, c);
-            *wvres.get_unchecked_mut(n) = ld_raw(wv, c);
-            if has_g {
-                *gres.get_unchecked_mut(n) = ld_raw(gr, c);
-            }
-            if owned {
-                *hres.get_unchecked_mut(n) = ld_raw(hr, c);
-                *kres.get_unchecked_mut(n) = ld_raw(kr, c);
-                *wres.get_unchecked_mut(n) = ld_raw(wh, c);
-            }
-        });
-    }
-    // the weights straight into shared memory (`cp.async`: no registers hold them)
-    let nthr = block_dim_x();
-    let nw = 6 * nch;
-    let mut wq = thread_idx_x();
-    while wq < nw {
-        let (p, c) = split6(wq, nch);
-        let src = wrow_g(wv, wh, cw, d, p).add(c as usize * 8);
-        cp_async_16(s_w.add(p as usize * dpad + c as usize * 8) as *mut u8, src as *const u8);
-        wq += nthr;
-    }
-    let df = d as f32;
-    let s = div_rn(1.0, sqrt_rn(df));
-    let inv_d = div_rn(1.0, df);
-
-    // ---- stage 1: Σ vh² (vh = alpha·v unrounded) of every tile row, P = Σ H·k·wh² of owned rows
-    let (mut svv, mut p_sum) = (0f32, 0f32);
-    if valid {
-        each_chunk_s!(NV, c0, cs, nch, |n, c| {
-            let vv = unpack8::<D>(res(&vres, n));
-            for e in 0..8 {
-                let vh = a * vv[e];
-                svv = fma(vh, vh, svv);
-            }
-            if owned {
-                let (hh, kk, ww) =
-                    (unpack8::<D>(res(&hres, n)), unpack8::<D>(res(&kres, n)), unpack8::<D>(res(&wres, n)));
-                for e in 0..8 {
-                    p_sum = fma(hh[e] * kk[e], ww[e] * ww[e], p_sum);
-                }
-            }
-        });
-        svv = warp_sum_f32(svv);
-        p_sum = warp_sum_f32(p_sum);
-        if split && lane == 0 {
-            *s_sp.add(wi as usize * 2) = svv;
-            *s_sp.add(wi as usize * 2 + 1) = p_sum;
-        }
-    }
-    // unconditional (a barrier under `if split` reads as warp-divergent to the PTX checker
-    // once LLVM merges it into the `valid` branches; at W = 1 it only costs the wait)
-    sync_threads();
-    let mut rv = 0f32;
-    if valid {
-        if split {
-            svv = row_sum(i, 0);
-            p_sum = row_sum(i, 1);
-        }
-        rv = rrms_fast(svv, inv_d, eps);
-        if lane == 0 && sub == 0 {
-            *s_rv.add(i as usize) = rv;
-        }
-        // u = (alpha·v)·rv'·wv of this row
-        let urow = s_u.add(i as usize * dpad);
-        each_chunk_s!(NV, c0, cs, nch, |n, c| {
-            let (vv, wvv) = (unpack8::<D>(res(&vres, n)), unpack8::<D>(res(&wvres, n)));
-            let mut o = [0f32; 8];
-            for q in 0..8 {
-                o[q] = (a * vv[q]) * rv * wvv[q];
-            }
-            st8_f32(urow, c, o);
-        });
-    }
-    cp_async_wait_all();
-    sync_threads();
-
-    // ---- stage 2: dconv = g·silu'(conv) of tile rows 3..R+6 into scratch row i−3
-    if i >= 3 && i < r + 6 {
-        let srow = scr.add((i - 3) as usize * dpad);
-        each_chunk_s!(NV, c0, cs, nch, |n, c| {
-            let mut dc = [0f32; 8];
-            if has_g {
-                let mut conv = [0f32; 8];
-                for p in 0..4u32 {
-                    if tu + p >= 3 {
-                        let uu = ld8_f32(s_u.add((i - 3 + p) as usize * dpad), c);
-                        let cwp = wld8(2 + p, c);
-                        for q in 0..8 {
-                            conv[q] = fma(cwp[q], uu[q], conv[q]);
-                        }
-                    }
-                }
-                let gg = unpack8::<D>(res(&gres, n));
-                for q in 0..8 {
-                    let sg = rcp_approx(1.0 + exp_f32(-conv[q]));
-                    dc[q] = gg[q] * (sg * (1.0 + conv[q] * (1.0 - sg)));
-                }
-            }
-            st8_f32(srow, c, dc);
-        });
-    }
-    sync_threads();
-
-    // ---- stage 3: owned rows (u-norm backward, gate backward, the two rmsnorm backwards)
-    let mut dus: [F8; NV] = [[0f32; 8]; NV];
-    let mut s1 = 0f32;
-    if owned {
-        // s1 = Σ du·wv·vh, du[t] = Σ_p cw[p]·dconv[t+3−p]
-        each_chunk_s!(NV, c0, cs, nch, |n, c| {
-            let mut du = [0f32; 8];
-            for p in 0..4u32 {
-                let cwp = wld8(2 + p, c);
-                let dc = ld8_f32(scr.add((i - p) as usize * dpad), c);
-                for q in 0..8 {
-                    du[q] = fma(cwp[q], dc[q], du[q]);
-                }
-            }
-            *dus.get_unchecked_mut(n) = du;
-            let (wvv, vv) = (wld8(0, c), unpack8::<D>(res(&vres, n)));
-            for q in 0..8 {
-                s1 = fma(du[q] * wvv[q], a * vv[q], s1);
-            }
-        });
-        s1 = warp_sum_f32(s1);
-        if split && lane == 0 {
-            *s_sp.add(wi as usize * 2) = s1;
-        }
-    }
-    // unconditional (a barrier under `if split` reads as warp-divergent to the PTX checker
-    // once LLVM merges it into the `valid` branches; at W = 1 it only costs the wait)
-    sync_threads();
-    let mut s2 = 0f32;
-    if owned {
-        if split {
-            s1 = row_sum(i, 0);
-        }
-        let c1 = rv * rv * rv * (s1 * inv_d);
-        // dvh = g + rv·du·wv − vh·c1; dv = alpha·dvh; s2 = Σ dvh·v
-        let dvr = rowp(dv, tu) as *mut u16;
-        each_chunk_s!(NV, c0, cs, nch, |n, c| {
-            let du = *dus.get_unchecked(n);
-            let (wvv, vv, gg) = (wld8(0, c), unpack8::<D>(res(&vres, n)), unpack8::<D>(res(&gres, n)));
-            let mut o = [0f32; 8];
-            for q in 0..8 {
-                let dvh = gg[q] + (rv * (du[q] * wvv[q]) - (a * vv[q]) * c1);
-                o[q] = a * dvh;
-                s2 = fma(dvh, vv[q], s2);
-            }
-            st8::<D, true>(dvr, c, d, o);
-        });
-        s2 = warp_sum_f32(s2);
-        if split && lane == 0 {
-            *s_sp.add(wi as usize * 2 + 1) = s2;
-        }
-    }
-    // unconditional (a barrier under `if split` reads as warp-divergent to the PTX checker
-    // once LLVM merges it into the `valid` branches; at W = 1 it only costs the wait)
-    sync_threads();
-    if owned {
-        if split {
-            s2 = row_sum(i, 1);
-        }
-        let dz = a * (1.0 - a) * s2;
-        let aa = dz * s * rh * rk;
-        let pd = p_sum * inv_d;
-        let (ch, ck) = (rh * rh * pd, rk * rk * pd);
-        let (dhr, dkr) = (rowp(dh, tu) as *mut u16, rowp(dk, tu) as *mut u16);
-        each_chunk_s!(NV, c0, cs, nch, |n, c| {
-            let (hh, kk, ww) = (unpack8::<D>(res(&hres, n)), unpack8::<D>(res(&kres, n)), wld8(1, c));
-            let (mut oh, mut ok) = ([0f32; 8], [0f32; 8]);
-            for q in 0..8 {
-                let w2 = ww[q] * ww[q];
-                oh[q] = aa * (kk[q] * w2 - hh[q] * ch);
-                ok[q] = aa * (hh[q] * w2 - kk[q] * ck);
-            }
-            st8::<D, true>(dhr, c, d, oh);
-            st8::<D, true>(dkr, c, d, ok);
-        });
-        if lane == 0 && sub == 0 {
-            *s_ch.add((i - 3) as usize) = 2.0 * aa;
-        }
-    }
-    sync_threads();
-
-    // ---- stage 4: this block's partial weight gradients (as v1: a thread per column, the
-    // owned rows in increasing t)
-    let nown = if t0 + r <= t_len { r } else { t_len - t0 };
-    // CL: the partials stay in shared memory, after the split sums
-    let s_part = s_sp.add(bwd4_split_floats(r, wpr) as usize);
-    let pb = if CL { s_part } else { part.add(blk * 6 * d as usize) };
-    let wrow = |wr: u32| s_w.add(wr as usize * dpad) as *const u16;
-    bwd_weight_partials::<D, true, true>(pb, d, dpad, t0, nown, base, wrow, s_w, s_u, scr, s_rv, s_ch, alpha, v, h, k);
-    if CL {
-        // every block's partials complete and visible cluster-wide
-        cluster_arrive();
-        cluster_wait();
-        let nb = cluster_nctarank();
-        let rank = cluster_ctarank();
-        let n6 = 6 * d;
-        let per = n6.div_ceil(nb);
-        let e_end = if (rank + 1) * per < n6 { (rank + 1) * per } else { n6 };
-        let mut e = rank * per + thread_idx_x();
-        while e < e_end {
-            // the C partials in increasing block order (4 remote loads in flight at a time)
-            let at = |b: u32| *mapa(s_part.add(e as usize) as *const f32, b);
-            let mut acc = 0f32;
-            let mut b = 0;
-            while b + 3 < nb {
-                let (x0, x1, x2, x3) = (at(b), at(b + 1), at(b + 2), at(b + 3));
-                acc += x0;
-                acc += x1;
-                acc += x2;
-                acc += x3;
-                b += 4;
-            }
-            while b < nb {
-                acc += at(b);
-                b += 1;
-            }
-            if e < d {
-                *o_wh.add(e as usize) = acc;
-            } else if e < 2 * d {
-                *o_wv.add((e - d) as usize) = acc;
-            } else {
-                *o_cw.add((e - 2 * d) as usize) = acc;
-            }
-            e += block_dim_x();
-        }
-        // no block leaves (its shared memory) while another may still read it
-        cluster_arrive();
-        cluster_wait();
-    }
-}
-
-// ---------------------------------------------------------------- backward v5 ("lean" v4)
-
-/// Floats of the v5 backward's per-warp partial row sums: `[(R+6)·wpr][4]` (v4's two slots,
-/// one for `Σ g·v` of `M3`, one of padding).
+/// Floats of the v5 backward's per-warp partial row sums: `[(R+6)·wpr][4]` (two slots, one
+/// for `Σ g·v` of `M3`, one of padding).
 pub const fn bwd5_split_floats(r: u32, wpr: u32) -> u32 {
     4 * (r + 6) * wpr
 }
@@ -1479,17 +1131,30 @@ fn rrms_fast_ftz(sum: f32, inv_d: f32, eps: f32) -> f32 {
     }
 }
 
-/// EngramGateConvBwd main kernel v5 ("lean"): v4 (non-cluster) doing the same arithmetic in
-/// the same order with fewer instructions per warp — the kernel is a per-warp dependent chain
-/// and, at W = 2–3 (16–27 warps on one SM), also instruction-issue bound:
+/// EngramGateConvBwd main kernel v5 ("split rows", lean; the planner's kernel wherever it
+/// fits): `u`, `dconv` and the raw 16-bit weights (`rms_w_v`, `rms_w_h`, `conv_w[0..4]`) in
+/// shared memory, approximate σ in `silu'`, `rrms_v'` by `rsqrt.approx` + one Newton step,
+/// the per-row divisions by d as products with 1/d (each ≈ 1–2 ulp f32, within SPEC's
+/// tolerances), and every tile row spread over `wpr` warps: warp `w` works on row
+/// `i = w / wpr`, its lane on chunks `(w % wpr)·32 + lane + 32·wpr·n` (`n < NV`), so a lane
+/// holds `ceil(ceil(d/8) / (32·wpr))` chunks instead of `ceil(d/8)/32` — the per-warp serial
+/// chain (which is the kernel's time) shrinks by that factor at d = 512 / 768. Row sums
+/// (`Σ vh²`, `P`, `s1`, `s2`) are a warp butterfly per warp, then (`wpr > 1`) the `wpr` warp
+/// sums added in increasing warp order from shared memory after a block barrier (those
+/// barriers run at every `wpr`; deterministic). The row loads are issued first, the weights
+/// are copied by `cp.async` straight into shared memory (no registers). Fewer instructions
+/// per warp than its predecessor v4 (same arithmetic in the same order; retired in session 7)
+/// — the kernel is a per-warp dependent chain and, at W = 2–3 (16–27 warps on one SM), also
+/// instruction-issue bound:
 /// 1. every shared-memory access (`u`, `dconv`, the raw weights, the row scalars and split
 ///    sums, stage 4's column reads) through 32-bit shared-window addresses (`LDS`/`STS`,
 ///    32-bit address arithmetic) instead of generic 64-bit loads and stores;
-/// 2. σ in `silu'` by `ex2.approx.ftz` / `rcp.approx.ftz` and `rrms_v'` by
-///    `rsqrt.approx.ftz`: the same results as v4's non-ftz forms wherever |conv| < 87 (the
-///    non-ftz forms only add subnormal-range fix-ups: ≈ 9 instructions per element);
+/// 2. σ in `silu'` by `ex2.approx.ftz` / `rcp.approx.ftz` (`rcp(1 + ex2(−x·log2 e))`) and
+///    `rrms_v'` by `rsqrt.approx.ftz`: the same results as the non-ftz forms wherever
+///    |conv| < 87 (the non-ftz forms only add subnormal-range fix-ups: ≈ 9 instructions per
+///    element);
 /// 3. the per-launch constants `s = 1/√d`, `inv_d = 1/d` from the host (correctly rounded
-///    there, so the same bits as v4's `div.rn`/`sqrt.rn`), no u32 division for the block's
+///    there, so the same bits as `div.rn`/`sqrt.rn`), no u32 division for the block's
 ///    sequence (grid `(ntiles, M)`: m = blockIdx.y) and none for the warp's row
 ///    (`i = (w·wmagic) >> 16` with `wmagic = ceil(2^16 / wpr)`, exact for w < 32).
 ///
@@ -1497,12 +1162,14 @@ fn rrms_fast_ftz(sum: f32, inv_d: f32, eps: f32) -> f32 {
 /// and cross-warp sum: with `rv'² = 1/(Σvh²/d + eps)` the rmsnorm backward gives exactly
 /// `Σ dvh·v = Σ g·v + eps·rv'³·Σ du·wv·v`, so `dz = alpha(1−alpha)·s2 =
 /// (1−alpha)·(alpha·Σ g·v + eps·rv'³·s1)` with `s1` as before and `Σ g·v` summed in stage 1
-/// (its butterfly beside the other two). `dv` is bitwise v4's (same `s1`, `c1`); `dH`, `dk`
-/// change through `dz` only (the closed form has no cancellation; checked against the f64
-/// reference). One barrier fewer; the dv/dH/dk stores in one pass.
-/// Grid `(ntiles, M)`, block `((R+6)·wpr + extra)·32`, dynamic smem as [`bwd4`] (non-cluster)
-/// but [`bwd5_split_floats`] for the split sums.
-/// Without `M3`: outputs bitwise v4's wherever |conv| < 87 (the tests' data); deterministic.
+/// (its butterfly beside the other two). `dv` is bitwise the non-merged kernel's (same `s1`,
+/// `c1`); `dH`, `dk` change through `dz` only (the closed form has no cancellation; checked
+/// against the f64 reference). One barrier fewer; the dv/dH/dk stores in one pass.
+/// Grid `(ntiles, M)`, block `((R+6)·wpr + extra)·32` threads; dynamic smem: the scalars
+/// ([`bwd_smem_scalar_floats`]), `u` `[R+6][dpad]` and `dconv` `[R+3][dpad]` f32, the weights
+/// `[6][dpad]` u16, then [`bwd5_split_floats`] f32. `part`: `[blocks, 6, d]` f32 per-block
+/// partial weight gradients, reduced by [`engram_gate_bwd_reduce`] /
+/// [`engram_gate_bwd_reduce4`]. Deterministic.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn bwd5<D: Dt, const NV: usize, const M3: bool>(
@@ -1653,7 +1320,8 @@ unsafe fn bwd5<D: Dt, const NV: usize, const M3: bool>(
             }
         }
     }
-    // unconditional (see bwd4)
+    // unconditional (a barrier under `if split` reads as warp-divergent to the PTX checker
+    // once LLVM merges it into the `valid` branches; at W = 1 it only costs the wait)
     sync_threads();
     let mut rv = 0f32;
     if valid {
@@ -1700,7 +1368,7 @@ unsafe fn bwd5<D: Dt, const NV: usize, const M3: bool>(
                 }
                 let gg = unpack8::<D>(res(&gres, n));
                 for q in 0..8 {
-                    // exp_f32 / rcp_approx of v4 with the ftz forms (same bits for |conv| < 87)
+                    // exp_f32 / rcp_approx with the ftz forms (same bits for |conv| < 87)
                     let sg = rcp_approx_ftz(1.0 + ex2_approx_ftz(-conv[q] * core::f32::consts::LOG2_E));
                     dc[q] = gg[q] * (sg * (1.0 + conv[q] * (1.0 - sg)));
                 }
@@ -2210,93 +1878,6 @@ bwd_entry!(engram_gate_bwd_f16_r3, F16, true, 3);
 bwd_entry!(engram_gate_bwd_f16_r4, F16, true, 4);
 bwd_entry!(engram_gate_bwd_f16_v8, F16, true, 0);
 bwd_entry!(engram_gate_bwd_f16_any, F16, false, 0);
-
-macro_rules! bwd4_entry {
-    ($name:ident, $dt:ty, $nv:expr) => {
-        /// EngramGateConvBwd main entry v4, split rows (see [`bwd4`] for the launch contract).
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(
-            g: *const u16,
-            h: *const u16,
-            k: *const u16,
-            v: *const u16,
-            wh: *const u16,
-            wv: *const u16,
-            cw: *const u16,
-            alpha: *const f32,
-            rh: *const f32,
-            rk: *const f32,
-            dh: *mut u16,
-            dk: *mut u16,
-            dv: *mut u16,
-            part: *mut f32,
-            t_len: u32,
-            d: u32,
-            r: u32,
-            ntiles: u32,
-            wpr: u32,
-            eps: f32,
-        ) {
-            let z = core::ptr::null_mut();
-            bwd4::<$dt, $nv, false>(
-                g, h, k, v, wh, wv, cw, alpha, rh, rk, dh, dk, dv, part, z, z, z, t_len, d, r, ntiles, wpr, eps,
-            )
-        }
-    };
-}
-
-macro_rules! bwd4c_entry {
-    ($name:ident, $dt:ty, $nv:expr) => {
-        /// EngramGateConvBwd v4 with the cluster reduction: the only launch (see [`bwd4`]).
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(
-            g: *const u16,
-            h: *const u16,
-            k: *const u16,
-            v: *const u16,
-            wh: *const u16,
-            wv: *const u16,
-            cw: *const u16,
-            alpha: *const f32,
-            rh: *const f32,
-            rk: *const f32,
-            dh: *mut u16,
-            dk: *mut u16,
-            dv: *mut u16,
-            o_wh: *mut f32,
-            o_wv: *mut f32,
-            o_cw: *mut f32,
-            t_len: u32,
-            d: u32,
-            r: u32,
-            ntiles: u32,
-            wpr: u32,
-            eps: f32,
-        ) {
-            let z = core::ptr::null_mut();
-            bwd4::<$dt, $nv, true>(
-                g, h, k, v, wh, wv, cw, alpha, rh, rk, dh, dk, dv, z, o_wh, o_wv, o_cw, t_len, d, r, ntiles, wpr, eps,
-            )
-        }
-    };
-}
-
-bwd4_entry!(engram_gate_bwd4_bf16_r1, Bf16, 1);
-bwd4_entry!(engram_gate_bwd4_bf16_r2, Bf16, 2);
-bwd4_entry!(engram_gate_bwd4_bf16_r3, Bf16, 3);
-bwd4_entry!(engram_gate_bwd4_bf16_r4, Bf16, 4);
-bwd4_entry!(engram_gate_bwd4_f16_r1, F16, 1);
-bwd4_entry!(engram_gate_bwd4_f16_r2, F16, 2);
-bwd4_entry!(engram_gate_bwd4_f16_r3, F16, 3);
-bwd4_entry!(engram_gate_bwd4_f16_r4, F16, 4);
-bwd4c_entry!(engram_gate_bwd4c_bf16_r1, Bf16, 1);
-bwd4c_entry!(engram_gate_bwd4c_bf16_r2, Bf16, 2);
-bwd4c_entry!(engram_gate_bwd4c_bf16_r3, Bf16, 3);
-bwd4c_entry!(engram_gate_bwd4c_bf16_r4, Bf16, 4);
-bwd4c_entry!(engram_gate_bwd4c_f16_r1, F16, 1);
-bwd4c_entry!(engram_gate_bwd4c_f16_r2, F16, 2);
-bwd4c_entry!(engram_gate_bwd4c_f16_r3, F16, 3);
-bwd4c_entry!(engram_gate_bwd4c_f16_r4, F16, 4);
 
 macro_rules! bwd5_entry {
     ($name:ident, $dt:ty, $nv:expr, $m3:expr) => {
