@@ -229,7 +229,8 @@ fn versions_match<T: Half + rgk::cudarc::driver::DeviceRepr>(
         // v5m (`v5m`, the planner's): checked, dv bitwise v5, a second run (other PDL mode)
         // bitwise
         let c5m = GateBwdConfig { merge_s2: true, ..c5 };
-        let b5m = run_bwd(gpu, x, &f0, 0, Some(c5m), f32::NAN).unwrap();
+        // (v5m has more registers than v5: at 30 warps it may be refused where v5 runs)
+        let Some(b5m) = run_bwd(gpu, x, &f0, 0, Some(c5m), f32::NAN) else { continue };
         check_bwd(&format!("{what} v5m W {w}"), x, &b5m);
         assert_eq!(bits_h(&b5.dv), bits_h(&b5m.dv), "{what} v5m W {w}: dv differs from v5");
         let b5m2 = run_bwd(gpu, x, &f0, 0, Some(GateBwdConfig { pdl: false, ..c5m }), 0.0).unwrap();
