@@ -15,6 +15,7 @@ use rgk::verify::{check_float, check_half, poisoned, Report};
 use rgk::{bf16, Error, Gpu};
 use rgk_tests::{fresh_rng, gpu_or_skip, randn_f32, randn_half};
 
+#[derive(Clone)]
 struct Inputs {
     phi: Vec<f32>,
     x: Vec<bf16>,
@@ -105,8 +106,14 @@ fn seed_workloads() {
         let out = run(&gpu, &mut fused, p, &inp);
         let (ulps, used) = check(&format!("{s:?} one launch"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
         println!("  one launch {:?}: worst {ulps:.3} ulp, {used:.3} of the tolerance", fused.plan().fused);
-        // The default is the v5 pair (checked above); the v4 pair (`mhc_pre_mix4`) too.
-        assert!(op.plan().geometry.v5, "{s:?}: the default does not run the v5 pair");
+        // The default is the v8 pair (fixed-point sums, checked above and over three calls below);
+        // the v5 pair (partials) and the v4 pair (`mhc_pre_mix4`) too.
+        assert!(op.plan().geometry.v5 && op.plan().geometry.fx, "{s:?}: the default does not run the v8 pair");
+        let mut v5 = MhcPre::with_config(&gpu, s, PreConfig { fixed_point: false, ..PreConfig::default() }).unwrap();
+        assert!(v5.plan().geometry.v5 && !v5.plan().geometry.fx, "{s:?}: not the v5 pair");
+        let out = run(&gpu, &mut v5, p, &inp);
+        let (ulps, used) = check(&format!("{s:?} v5"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
+        println!("  v5: worst {ulps:.3} ulp, {used:.3} of the tolerance");
         let mut v4 = MhcPre::with_config(&gpu, s, PreConfig { v5: false, ..PreConfig::default() }).unwrap();
         assert!(!v4.plan().geometry.v5, "{s:?}: v5 still on");
         let out = run(&gpu, &mut v4, p, &inp);
@@ -120,6 +127,15 @@ fn seed_workloads() {
             let (ulps, used) =
                 check(&format!("{s:?} v6 call {call}"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
             println!("  v6 {:?}: worst {ulps:.3} ulp, {used:.3} of the tolerance", coop.plan().geometry.coop);
+        }
+        // v8: fixed-point split-K sums; the accumulators carry state between calls (epoch parity).
+        let mut fx = MhcPre::new(&gpu, s).unwrap();
+        for call in 0..3 {
+            let inp = if call == 1 { inputs(&mut rng, s, 1.0, 1.0) } else { inp.clone() };
+            let out = run(&gpu, &mut fx, p, &inp);
+            let (ulps, used) =
+                check(&format!("{s:?} v8 call {call}"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
+            println!("  v8 call {call}: worst {ulps:.3} ulp, {used:.3} of the tolerance");
         }
     }
 }
@@ -141,15 +157,18 @@ fn shape_sweep() {
                 // The default (v5 where n ≤ 4), the one-launch path where it fits, the v4 pair.
                 let v4 = PreConfig { v5: false, ..PreConfig::default() };
                 let coop = PreConfig { coop: true, ..PreConfig::default() };
+                let fx = PreConfig { fixed_point: true, ..PreConfig::default() };
+                let v5 = PreConfig { fixed_point: false, ..PreConfig::default() };
                 let mut ops = [
-                    MhcPre::new(&gpu, s).unwrap(),
+                    MhcPre::with_config(&gpu, s, v5).unwrap(),
                     MhcPre::with_config(&gpu, s, auto).unwrap(),
                     MhcPre::with_config(&gpu, s, v4).unwrap(),
                     MhcPre::with_config(&gpu, s, coop).unwrap(),
+                    MhcPre::with_config(&gpu, s, fx).unwrap(),
                 ];
                 for ((repeat, alphas), i) in [(0, (0.7, 1.3, 1.9)), (1, (1.0, 1.0, 1.0)), (20, (1.4, 0.6, 0.8))]
                     .into_iter()
-                    .flat_map(|a| [(a, 0), (a, 1), (a, 2), (a, 3)])
+                    .flat_map(|a| [(a, 0), (a, 1), (a, 2), (a, 3), (a, 4)])
                 {
                     let op = &mut ops[i];
                     let p = MhcPreParams {
@@ -162,10 +181,11 @@ fn shape_sweep() {
                     let out = run(&gpu, op, p, &inp);
                     let r = mhc_pre_fwd_from_logits(s, p, &logits, &inp.b, &inp.x);
                     let what = format!(
-                        "{s:?} repeat {repeat} fused {} v5 {} v6 {}",
+                        "{s:?} repeat {repeat} fused {} v5 {} v6 {} v8 {}",
                         op.plan().fused.is_some(),
                         op.plan().geometry.v5,
-                        op.plan().geometry.coop.is_some()
+                        op.plan().geometry.coop.is_some(),
+                        op.plan().geometry.fx
                     );
                     worst = worse(worst, check(&what, &out, &r));
                 }
@@ -179,9 +199,14 @@ fn shape_sweep() {
 fn extreme_inputs_are_finite_and_match() {
     let Some(gpu) = gpu_or_skip("mhc_pre::extreme_inputs") else { return };
     let mut rng = fresh_rng("mhc_pre::extreme_inputs");
-    for s in [MhcPreShape { batch: 4, n: 4, c: 2560 }, MhcPreShape { batch: 5, n: 3, c: 7 }] {
+    for (s, fixed_point) in [
+        (MhcPreShape { batch: 4, n: 4, c: 2560 }, false),
+        (MhcPreShape { batch: 4, n: 4, c: 2560 }, true),
+        (MhcPreShape { batch: 5, n: 3, c: 7 }, false),
+        (MhcPreShape { batch: 5, n: 3, c: 7 }, true),
+    ] {
         let p = MhcPreParams::default();
-        let mut op = MhcPre::new(&gpu, s).unwrap();
+        let mut op = MhcPre::with_config(&gpu, s, PreConfig { fixed_point, ..PreConfig::default() }).unwrap();
         let mut inp = inputs(&mut rng, s, 1.0, 1.0);
         inp.x.iter_mut().for_each(|v| *v = bf16::ZERO);
         let out = run(&gpu, &mut op, p, &inp);
@@ -201,8 +226,10 @@ fn bitwise_deterministic() {
     for s in [MhcPreShape { batch: 4, n: 4, c: 2560 }, MhcPreShape { batch: 32, n: 8, c: 4099 }] {
         let inp = inputs(&mut rng, s, 1.0 / ((s.n * s.c) as f32).sqrt(), 1.0);
         let p = MhcPreParams { sinkhorn_repeat: 20, ..MhcPreParams::default() };
-        for (v5, coop) in [(false, false), (true, false), (true, true)] {
-            let config = PreConfig { v5, coop, ..PreConfig::default() };
+        for (v5, coop, fixed_point) in
+            [(false, false, false), (true, false, false), (true, true, false), (true, false, true)]
+        {
+            let config = PreConfig { v5, coop, fixed_point, ..PreConfig::default() };
             let mut op = MhcPre::with_config(&gpu, s, config).unwrap();
             let first = run(&gpu, &mut op, p, &inp);
             check(&format!("{s:?}"), &first, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
@@ -219,7 +246,7 @@ fn bitwise_deterministic() {
                 let op = if i % 2 == 0 { &mut op } else { &mut other };
                 assert!(
                     bits(&run(&gpu, op, p, &inp)) == want,
-                    "{s:?} v5 {v5} v6 {coop}: run {i} differs from the first"
+                    "{s:?} v5 {v5} v6 {coop} v8 {fixed_point}: run {i} differs from the first"
                 );
             }
         }
@@ -245,10 +272,17 @@ fn graph_replay_matches_direct_launches() {
         let s = MhcPreShape { batch, n, c };
         let l = s.lens().unwrap();
         let st = gpu.stream();
-        for (pdl, v5) in [(true, false), (false, false), (true, true), (false, true)] {
-            let mut direct =
-                MhcPre::with_config(&gpu, s, PreConfig { graph: false, v5, ..PreConfig::default() }).unwrap();
-            let config = PreConfig { graph: true, pdl, v5, ..PreConfig::default() };
+        for (pdl, v5, fixed_point) in [
+            (true, false, false),
+            (false, false, false),
+            (true, true, false),
+            (false, true, false),
+            (true, true, true),
+            (false, true, true),
+        ] {
+            let direct_config = PreConfig { graph: false, v5, fixed_point, ..PreConfig::default() };
+            let mut direct = MhcPre::with_config(&gpu, s, direct_config).unwrap();
+            let config = PreConfig { graph: true, pdl, v5, fixed_point, ..PreConfig::default() };
             let mut graphed = MhcPre::with_config(&gpu, s, config).unwrap();
             let mut dphi = st.alloc_zeros::<f32>(l.phi).unwrap();
             let mut dx = st.alloc_zeros::<bf16>(l.x).unwrap();
@@ -276,13 +310,13 @@ fn graph_replay_matches_direct_launches() {
                 };
                 let want = run(&gpu, &mut direct, p, &inp);
                 check(
-                    &format!("{s:?} graph pdl {pdl} v5 {v5} round {round}"),
+                    &format!("{s:?} graph pdl {pdl} v5 {v5} v8 {fixed_point} round {round}"),
                     &got,
                     &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b),
                 );
                 assert!(
                     bits(&got) == bits(&want),
-                    "{s:?} pdl {pdl} v5 {v5} round {round}: graph differs from direct launches"
+                    "{s:?} pdl {pdl} v5 {v5} v8 {fixed_point} round {round}: graph differs from direct launches"
                 );
             }
             // New buffers: a new key, a new capture.
@@ -358,6 +392,26 @@ fn every_launch_config_matches_reference() {
                 check(&format!("{s:?} {config:?} {:?}", op.plan().geometry.coop), &out, &r);
             }
         }
+        // v8, fixed-point sums: kernel-1 grids and blocks, kernel-2 blocks, with and without PDL.
+        for mma_block in [32, 96, 256, 512] {
+            for max_grid in [None, Some(1), Some(7), Some(64), Some(132)] {
+                for (mix_block, pdl) in [(32, true), (256, false), (1024, true)] {
+                    let config =
+                        PreConfig { fixed_point: true, mma_block, max_grid, mix_block, pdl, ..PreConfig::default() };
+                    let mut op = match MhcPre::with_config(&gpu, s, config) {
+                        Ok(op) => op,
+                        Err(Error::Shape { arg: "config.mix_block", .. }) if mix_block == 1024 => continue,
+                        Err(e) => panic!("{s:?} {config:?}: {e}"),
+                    };
+                    // Fixed-point sums wherever the v5 pair applies (n ≤ 4, kernel 1's slab fits).
+                    assert_eq!(op.plan().geometry.fx, op.plan().geometry.v5, "{s:?} {config:?}");
+                    for call in 0..2 {
+                        let out = run(&gpu, &mut op, p, &inp);
+                        check(&format!("{s:?} {config:?} call {call}"), &out, &r);
+                    }
+                }
+            }
+        }
         // The one-launch path: cluster sizes, batch rows per cluster, block sizes.
         for cluster in [1, 2, 3, 4, 8, 16] {
             for batch_per_cluster in [0, 1, 2, 3] {
@@ -385,53 +439,62 @@ fn every_launch_config_matches_reference() {
     }
 }
 
-/// The raw entry with a caller-owned workspace full of garbage (NaN bits, then the previous
-/// call's partials): the first kernel overwrites every word the second reads, so no reset is
-/// needed. Also: a short or misaligned workspace is an error before any launch.
+/// The raw entry with a caller-owned workspace: for the partials pair, full of garbage (NaN
+/// bits, then the previous call's partials) — the first kernel overwrites every word the second
+/// reads, so no reset is needed; for the fixed-point pair, zeroed once and then left to the
+/// kernels across five calls. Also: a short or misaligned workspace is an error before any
+/// launch, and the word past the workspace is never written.
 #[test]
 fn raw_entry_with_a_dirty_workspace() {
     use rgk::cudarc::driver::{DevicePtr, DevicePtrMut};
     let Some(gpu) = gpu_or_skip("mhc_pre::raw_entry_with_a_dirty_workspace") else { return };
     let mut rng = fresh_rng("mhc_pre::raw_entry_with_a_dirty_workspace");
     let s = MhcPreShape { batch: 2, n: 4, c: 1920 };
-    let two = PreConfig { path: PrePath::TwoLaunch, ..PreConfig::default() };
-    let plan = rgk::mhc::PrePlan::new(&gpu, s, two).unwrap();
-    let l = s.lens().unwrap();
-    let st = gpu.stream();
-    let mut ws = st.clone_htod(&vec![u64::MAX; plan.geometry.workspace + 1]).unwrap();
-    for call in 0..5 {
-        let inp = inputs(&mut rng, s, 1.0, 1.0);
-        let p = MhcPreParams::default();
-        let (dphi, dx, db) =
-            (st.clone_htod(&inp.phi).unwrap(), st.clone_htod(&inp.x).unwrap(), st.clone_htod(&inp.b).unwrap());
-        let mut dr = st.clone_htod(&poisoned::<bf16>(l.x)).unwrap();
-        let mut dy = st.clone_htod(&poisoned::<bf16>(l.x_layer)).unwrap();
-        let mut dh = st.clone_htod(&vec![f32::NAN; l.h_post]).unwrap();
-        {
-            let (a, _ga) = dphi.device_ptr(st);
-            let (b, _gb) = dx.device_ptr(st);
-            let (c, _gc) = db.device_ptr(st);
-            let (d, _gd) = dr.device_ptr_mut(st);
-            let (e, _ge) = dy.device_ptr_mut(st);
-            let (f, _gf) = dh.device_ptr_mut(st);
-            let wl = ws.len() - 1;
-            let (w, _gw) = ws.device_ptr_mut(st);
-            unsafe { rgk::mhc::pre_fwd_raw(&gpu, &plan, p, a, b, c, d, e, f, w, wl, st.cu_stream()) }.unwrap();
-            let short = unsafe { rgk::mhc::pre_fwd_raw(&gpu, &plan, p, a, b, c, d, e, f, w, wl - 1, st.cu_stream()) };
-            assert!(matches!(short, Err(Error::BufferTooSmall { arg: "workspace", .. })), "{short:?}");
-            let odd = unsafe { rgk::mhc::pre_fwd_raw(&gpu, &plan, p, a, b, c, d, e, f, w + 4, wl, st.cu_stream()) };
-            assert!(matches!(odd, Err(Error::Shape { arg: "workspace", .. })), "{odd:?}");
+    for fixed_point in [false, true] {
+        let two = PreConfig { path: PrePath::TwoLaunch, fixed_point, ..PreConfig::default() };
+        let plan = rgk::mhc::PrePlan::new(&gpu, s, two).unwrap();
+        assert_eq!(plan.geometry.fx, fixed_point);
+        let l = s.lens().unwrap();
+        let st = gpu.stream();
+        // Scratch partials: garbage is fine. Fixed-point accumulators: zero before the first call.
+        let mut init = vec![if fixed_point { 0 } else { u64::MAX }; plan.geometry.workspace + 1];
+        *init.last_mut().unwrap() = u64::MAX;
+        let mut ws = st.clone_htod(&init).unwrap();
+        for call in 0..5 {
+            let inp = inputs(&mut rng, s, 1.0, 1.0);
+            let p = MhcPreParams::default();
+            let (dphi, dx, db) =
+                (st.clone_htod(&inp.phi).unwrap(), st.clone_htod(&inp.x).unwrap(), st.clone_htod(&inp.b).unwrap());
+            let mut dr = st.clone_htod(&poisoned::<bf16>(l.x)).unwrap();
+            let mut dy = st.clone_htod(&poisoned::<bf16>(l.x_layer)).unwrap();
+            let mut dh = st.clone_htod(&vec![f32::NAN; l.h_post]).unwrap();
+            {
+                let (a, _ga) = dphi.device_ptr(st);
+                let (b, _gb) = dx.device_ptr(st);
+                let (c, _gc) = db.device_ptr(st);
+                let (d, _gd) = dr.device_ptr_mut(st);
+                let (e, _ge) = dy.device_ptr_mut(st);
+                let (f, _gf) = dh.device_ptr_mut(st);
+                let wl = ws.len() - 1;
+                let (w, _gw) = ws.device_ptr_mut(st);
+                unsafe { rgk::mhc::pre_fwd_raw(&gpu, &plan, p, a, b, c, d, e, f, w, wl, st.cu_stream()) }.unwrap();
+                let short =
+                    unsafe { rgk::mhc::pre_fwd_raw(&gpu, &plan, p, a, b, c, d, e, f, w, wl - 1, st.cu_stream()) };
+                assert!(matches!(short, Err(Error::BufferTooSmall { arg: "workspace", .. })), "{short:?}");
+                let odd = unsafe { rgk::mhc::pre_fwd_raw(&gpu, &plan, p, a, b, c, d, e, f, w + 4, wl, st.cu_stream()) };
+                assert!(matches!(odd, Err(Error::Shape { arg: "workspace", .. })), "{odd:?}");
+            }
+            let out = Outputs {
+                x_res: st.clone_dtoh(&dr).unwrap(),
+                x_layer: st.clone_dtoh(&dy).unwrap(),
+                h_post: st.clone_dtoh(&dh).unwrap(),
+            };
+            check(&format!("v8 {fixed_point} call {call}"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
         }
-        let out = Outputs {
-            x_res: st.clone_dtoh(&dr).unwrap(),
-            x_layer: st.clone_dtoh(&dy).unwrap(),
-            h_post: st.clone_dtoh(&dh).unwrap(),
-        };
-        check(&format!("call {call}"), &out, &mhc_pre_fwd(s, p, &inp.phi, &inp.x, &inp.b));
+        // The word past the workspace is never touched.
+        let tail: Vec<u64> = st.clone_dtoh(&ws.slice(plan.geometry.workspace..)).unwrap();
+        assert_eq!(tail, [u64::MAX], "the kernels wrote past the workspace");
     }
-    // The word past the workspace is never touched.
-    let tail: Vec<u64> = st.clone_dtoh(&ws.slice(plan.geometry.workspace..)).unwrap();
-    assert_eq!(tail, [u64::MAX], "the kernels wrote past the workspace");
 }
 
 #[test]
@@ -471,6 +534,15 @@ fn bad_input_is_an_error_naming_the_argument() {
     };
     for block in [0, 48, 2048] {
         assert!(matches!(geo(block), Err(Error::Shape { arg: "config.block", .. })), "block {block}");
+        if block == 0 {
+            // mix_block 0 is the rule (256 for the fixed-point pair, else 512), not an error.
+            let g = |fixed_point| {
+                let config = PreConfig { mix_block: 0, fixed_point, ..PreConfig::default() };
+                PreGeometry::new(MhcPreShape { batch: 1, n: 4, c: 64 }, 132, 227 * 1024, config).unwrap().mix_block
+            };
+            assert_eq!((g(true), g(false)), (256, 512));
+            continue;
+        }
         let g = PreGeometry::new(
             MhcPreShape { batch: 1, n: 4, c: 64 },
             132,
@@ -843,7 +915,13 @@ fn geometry_invariants() {
                     let sl = 1usize << g.slices_log2;
                     assert!(sl <= 32 && sl <= grid && (mq * sl <= mix_block as usize || sl == 1), "{s:?} {g:?}");
                     assert!(g.smem <= 227 * 1024 && g.mix_smem <= 227 * 1024);
-                    assert_eq!(g.workspace, batch * mq * grid);
+                    if g.fx {
+                        // v8: two halves of 5 words per (batch row, logit), then the epoch word.
+                        assert!(g.v5 && g.mma.is_some(), "{s:?} {g:?}");
+                        assert_eq!(g.workspace, 2 * batch * (mq - 1) * rgk::mhc::FX_WORDS + 1);
+                    } else {
+                        assert_eq!(g.workspace, batch * mq * grid);
+                    }
                 }
             }
         }
@@ -873,7 +951,7 @@ fn v5_partial_layout_covers_every_read() {
             for (max_grid, mix_block) in [(None, 512), (Some(64), 32), (Some(7), 96), (Some(32), 1024), (Some(1), 256)]
             {
                 let s = MhcPreShape { batch, n, c };
-                let config = PreConfig { v5: true, max_grid, mix_block, ..PreConfig::default() };
+                let config = PreConfig { v5: true, fixed_point: false, max_grid, mix_block, ..PreConfig::default() };
                 let g = PreGeometry::new(s, 132, 227 * 1024, config).unwrap();
                 if g.mma.is_none() {
                     // One block's slab exceeds shared memory (e.g. grid 1): the FMA kernel 1, no v5.
@@ -1178,12 +1256,13 @@ fn v5_stamped_timeline() {
     let mut rng = fresh_rng("mhc_pre::v5_stamped_timeline");
     let st = gpu.stream();
     let mut flush = st.alloc_zeros::<u8>(256 << 20).unwrap();
-    for (batch, c) in SEEDS {
+    for ((batch, c), fixed_point) in SEEDS.into_iter().flat_map(|sc| [(sc, true), (sc, false)]) {
         let s = MhcPreShape { batch, n: 4, c };
         let l = s.lens().unwrap();
         let inp = inputs(&mut rng, s, 1.0, 1.0);
         let p = MhcPreParams::default();
-        let mut base = MhcPre::new(&gpu, s).unwrap();
+        let cfg = PreConfig { fixed_point, ..PreConfig::default() };
+        let mut base = MhcPre::with_config(&gpu, s, cfg).unwrap();
         let want = run(&gpu, &mut base, p, &inp);
         let (k1w, k2w) = base.plan().geometry.stamp_words(batch).expect("the default is the v5 pair");
         let ts = st.alloc_zeros::<u64>(k1w + k2w).unwrap();
@@ -1192,7 +1271,8 @@ fn v5_stamped_timeline() {
             let (ptr, _g) = ts.device_ptr(st);
             ptr
         };
-        let mut op = MhcPre::with_config(&gpu, s, PreConfig { stamps: tsp, ..PreConfig::default() }).unwrap();
+        let mut op = MhcPre::with_config(&gpu, s, PreConfig { stamps: tsp, ..cfg }).unwrap();
+        assert_eq!(op.plan().geometry.fx, fixed_point);
         let (dphi, dx, db) =
             (st.clone_htod(&inp.phi).unwrap(), st.clone_htod(&inp.x).unwrap(), st.clone_htod(&inp.b).unwrap());
         let mut dr = st.clone_htod(&poisoned::<bf16>(l.x)).unwrap();
@@ -1248,7 +1328,7 @@ fn v5_stamped_timeline() {
                 cols[4 + q].push(stat(&mut k2.iter().map(|b| b[q])));
             }
         }
-        println!("{s:?}: k1 {} blocks, k2 {} blocks; µs after the first kernel-1 block's entry (median over 25 calls of min / median / max over blocks)", k1w / 4, k2w / 8);
+        println!("{s:?} fixed-point {fixed_point}: k1 {} blocks, k2 {} blocks; µs after the first kernel-1 block's entry (median over 25 calls of min / median / max over blocks)", k1w / 4, k2w / 8);
         for (name, col) in names.iter().zip(&cols) {
             let med = |i: usize| {
                 let mut a: Vec<f64> = col.iter().map(|r| r[i]).collect();
@@ -1260,5 +1340,137 @@ fn v5_stamped_timeline() {
         let v = st.clone_dtoh(&ts).unwrap();
         let sms2: Vec<u64> = v[k1w..].chunks(8).map(|b| b[7]).collect();
         println!("  k2 SMs {sms2:?}");
+    }
+}
+
+/// A CPU mirror of the v8 kernels' limb arithmetic (`fx_add` / `fx_value` in
+/// `kernels-gpu/src/mhc/pre.rs`): the four 48-bit limbs of a partial are exact — they add up to
+/// the partial truncated toward zero at 2^-64 — and the sum of many partials' limbs converts to
+/// their exact (truncated) sum within f64 rounding, whatever the order of the additions.
+#[test]
+fn fixed_point_limbs_are_exact() {
+    fn limbs(v: f64) -> Option<[i64; 4]> {
+        let t = v.abs();
+        // Not below 2^128, or NaN.
+        if t.partial_cmp(&2f64.powi(128)) != Some(std::cmp::Ordering::Less) {
+            return None;
+        }
+        let mut out = [0i64; 4];
+        for (k, o) in out.iter_mut().enumerate() {
+            let y = t * 2f64.powi(64 - 48 * k as i32);
+            let (fl, hi) = (y.floor(), (y * 2f64.powi(-48)).floor());
+            let q = fl - hi * 2f64.powi(48);
+            assert!((0.0..2f64.powi(48)).contains(&q) && q.fract() == 0.0, "{v:e} limb {k}: {q}");
+            *o = if v < 0.0 { -(q as i64) } else { q as i64 };
+        }
+        Some(out)
+    }
+    fn value(s: &[i64; 4]) -> f64 {
+        (0..4).fold(0.0, |h, k| h + s[k] as f64 * 2f64.powi(48 * k as i32 - 64))
+    }
+    let mut rng = fresh_rng("mhc_pre::fixed_point_limbs_are_exact");
+    use rand::Rng;
+    for _ in 0..20000 {
+        let e: i32 = rng.random_range(-70..62);
+        let v = (rng.random::<f64>() - 0.5) * 2f64.powi(e);
+        let l = limbs(v).unwrap();
+        // Exact: |v|·2^64 < 2^126 fits u128; the limbs are its base-2^48 digits.
+        let want = (v.abs() * 2f64.powi(64)).trunc() as u128;
+        assert_eq!(l[3], 0, "{v:e}: |v| < 2^62 has no bits at 2^80 and above");
+        let got: u128 = (0..3).map(|k| (l[k].unsigned_abs() as u128) << (48 * k)).sum();
+        assert_eq!(got, want, "{v:e}");
+        assert!(l.iter().all(|&q| q == 0 || (q < 0) == (v < 0.0)));
+    }
+    // Sums of 64 partials of mixed signs and magnitudes, in two orders: the same integer sums,
+    // the same f64 value, within 2^-53 relative + 64·2^-64 absolute of the exact f64 sum.
+    for _ in 0..2000 {
+        let parts: Vec<f64> =
+            (0..64).map(|_| (rng.random::<f64>() - 0.5) * 2f64.powi(rng.random_range(-40..40))).collect();
+        let add = |order: &mut dyn Iterator<Item = &f64>| {
+            let mut s = [0i64; 4];
+            for &v in order {
+                let l = limbs(v).unwrap();
+                (0..4).for_each(|k| s[k] = s[k].wrapping_add(l[k]));
+            }
+            s
+        };
+        let (a, b) = (add(&mut parts.iter()), add(&mut parts.iter().rev()));
+        assert_eq!(a, b);
+        let exact: f64 = {
+            // Two-sum compensated summation (the reference; 64 terms).
+            let (mut s, mut c) = (0f64, 0f64);
+            for &v in &parts {
+                let t = s + v;
+                c += if s.abs() >= v.abs() { (s - t) + v } else { (v - t) + s };
+                s = t;
+            }
+            s + c
+        };
+        let got = value(&a);
+        let tol = 4.0 * f64::EPSILON * parts.iter().map(|v| v.abs()).sum::<f64>() + 64.0 * 2f64.powi(-64);
+        assert!((got - exact).abs() <= tol, "{got:e} vs {exact:e}");
+    }
+    // Non-finite and ≥ 2^128 partials are flagged (the kernel's count word → NaN logit).
+    for v in [f64::NAN, f64::INFINITY, -f64::INFINITY, 2f64.powi(128), -3e40] {
+        assert!(limbs(v).is_none(), "{v:e}");
+    }
+}
+
+/// The v8 workspace, mirrored from the kernels: kernel 1's limb adds of every (batch row of its
+/// y-block groups, logit) land in one half (`((β·m + q)·FX_WORDS + k`, k < FX_WORDS), its zeroing
+/// loop (word `bid·T + t`, stride `blocks·T`) writes every word of the other half exactly once,
+/// kernel 2's loads (one logit per lane, both halves) stay inside the halves, and the epoch word
+/// is the workspace's last u64 word.
+#[test]
+fn v8_accumulator_layout() {
+    use rgk::mhc::FX_WORDS;
+    for n in [1, 2, 3, 4] {
+        for (batch, c) in [(1, 1280), (2, 1920), (4, 2560), (5, 7), (11, 77), (32, 4099), (9, 1)] {
+            for (max_grid, mma_block) in [(None, 0), (Some(64), 32), (Some(7), 96), (Some(1), 512), (Some(132), 0)] {
+                let s = MhcPreShape { batch, n, c };
+                let config = PreConfig { max_grid, mma_block, ..PreConfig::default() };
+                let g = PreGeometry::new(s, 132, 227 * 1024, config).unwrap();
+                assert_eq!(g.fx, g.v5, "{s:?} {g:?}");
+                let Some((block, _, bpc, groups)) = g.mma.filter(|_| g.fx) else { continue };
+                let m = s.logits();
+                let words = batch * m * FX_WORDS;
+                assert_eq!(g.workspace, 2 * words + 1, "{s:?} {g:?}");
+                // Kernel 1's adds: every (β, q) of every y-block's group, limbs and count word.
+                let mut added = vec![0u32; words];
+                for by in 0..groups as usize {
+                    let b0 = by * bpc as usize;
+                    for bl in 0..(batch - b0).min(8).min(bpc as usize) {
+                        for q in 0..m {
+                            for k in 0..FX_WORDS {
+                                added[((b0 + bl) * m + q) * FX_WORDS + k] += 1;
+                            }
+                        }
+                    }
+                }
+                assert!(added.iter().all(|&a| a == 1), "{s:?} {g:?}: an accumulator no block adds to");
+                // Kernel 1's zeroing of the other half, over all grid × groups blocks.
+                let (nb, t) = (g.grid as usize * groups as usize, block as usize);
+                let mut zeroed = vec![0u32; words];
+                for bid in 0..nb {
+                    for th in 0..t {
+                        let mut i = bid * t + th;
+                        while i < words {
+                            zeroed[i] += 1;
+                            i += nb * t;
+                        }
+                    }
+                }
+                assert!(zeroed.iter().all(|&z| z == 1), "{s:?} {g:?}: zeroing misses or repeats a word");
+                // Kernel 2: lane logit e of row β reads words (β·m + e)·FX_WORDS + k of both halves.
+                for beta in 0..batch {
+                    for lane in 0..32 {
+                        if let Some(e) = mix4_logit(lane, n) {
+                            let hi = words + (beta * m + e) * FX_WORDS + FX_WORDS - 1;
+                            assert!(hi < 2 * words, "{s:?} {g:?}");
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -53,6 +53,12 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
         for mma_block in [128, 256, 512] {
             configs.push((Some(format!("v6-b{mma_block}")), PreConfig { mma_block, ..coop }));
         }
+        // Session 8: the default is the v8 pair (fixed-point split-K sums, kernel-2 block 256,
+        // kernel-1 block by rule); `v5` is the session-7 default (partials, 512, 256).
+        let v5 = PreConfig { fixed_point: false, mix_block: 512, mma_block: 256, ..PreConfig::default() };
+        configs.push((Some("v5".into()), v5));
+        configs.push((Some("k2b512".into()), PreConfig { mix_block: 512, ..PreConfig::default() }));
+        configs.push((Some("fx-nograph".into()), PreConfig { graph: false, ..PreConfig::default() }));
         let fused = PreConfig { path: PrePath::Fused, ..PreConfig::default() };
         configs.push((Some("fused".into()), fused));
     }

@@ -29,6 +29,10 @@ pub const MMA5_STAMPS: usize = 4;
 /// outputs stored (issued), SM id.
 pub const MIX5_STAMPS: usize = 8;
 pub(crate) const KERNEL_COOP: &str = "mhc_pre_coop";
+pub(crate) const KERNEL_PARTIAL_FX: &str = "mhc_pre_partial_fx";
+pub(crate) const KERNEL_MIX_FX: &str = "mhc_pre_mix_fx";
+pub(crate) const KERNEL_PARTIAL_FX_TS: &str = "mhc_pre_partial_fx_ts";
+pub(crate) const KERNEL_MIX_FX_TS: &str = "mhc_pre_mix_fx_ts";
 pub(crate) const KERNELS: &[&str] = &[
     KERNEL_PARTIAL,
     KERNEL_MIX,
@@ -40,6 +44,10 @@ pub(crate) const KERNELS: &[&str] = &[
     KERNEL_PARTIAL_MMA5_TS,
     KERNEL_MIX5_TS,
     KERNEL_COOP,
+    KERNEL_PARTIAL_FX,
+    KERNEL_MIX_FX,
+    KERNEL_PARTIAL_FX_TS,
+    KERNEL_MIX_FX_TS,
 ];
 /// Largest n of the lean kernel 2 (`mhc_pre_mix4`: a padded 4×4 R in one warp's registers).
 const NMAX_MIX4: usize = 4;
@@ -210,12 +218,14 @@ pub struct PreConfig {
     /// Upper bound on kernel 1's grid (blocks); `None` = the device's SM count. Capped at 256.
     pub max_grid: Option<u32>,
     /// Threads per block of kernel 2 (reduction, coefficients, mixing), a multiple of 32 in
-    /// 32..=1024; each block mixes up to this many channel columns of one batch row.
+    /// 32..=1024; each block mixes up to this many channel columns of one batch row. 0 = by rule:
+    /// 256 with `fixed_point`, else 512 (the planned value is `PreGeometry::mix_block`).
     pub mix_block: u32,
     /// Two-launch path: kernel 1 on fp64 tensor cores (`mhc_pre_partial_mma`) where the shape
     /// allows it (n ≤ 4, the block's slab within shared memory), else the FMA kernel.
     pub mma_partials: bool,
-    /// Threads per block of the tensor-core kernel 1, a multiple of 32 in 32..=512.
+    /// Threads per block of the tensor-core kernel 1, a multiple of 32 in 32..=512; 0 = by rule
+    /// ([`auto_mma_block`]: 256, or 512 when one round of its slot sums needs more threads).
     pub mma_block: u32,
     /// Launch kernel 2 as a programmatic dependent launch (its start-up and x loads overlap
     /// kernel 1; it waits for kernel 1's partials in `griddepcontrol.wait`).
@@ -251,12 +261,21 @@ pub struct PreConfig {
     /// the `_ts` twins of the two kernels (same arithmetic, same outputs). See
     /// [`PreGeometry::stamp_words`].
     pub stamps: u64,
+    /// v8 (with the v5 pair where it applies; `stamps` then selects its `_ts` twins): deterministic fixed-point
+    /// split-K sums. Kernel 1 (`mhc_pre_partial_fx`) adds each block partial as four 48-bit
+    /// integer limbs (`red.global.add.u64`; range 2^-64 … 2^128) into one accumulator per
+    /// (batch row, logit) instead of storing `G` partials; kernel 2 (`mhc_pre_mix_fx`) loads
+    /// one accumulator per lane after `griddepcontrol.wait` — no cross-warp sum, no barrier.
+    /// Integer addition is associative: bitwise reproducible. The workspace then carries state
+    /// between calls (two accumulator halves and an epoch word; see [`pre_fwd_raw`]).
+    pub fixed_point: bool,
 }
 
 impl Default for PreConfig {
     /// Two launches: measured faster than the one-launch cluster on every seed row (see
     /// `kernels-gpu/src/mhc/NOTES.md`, v3/v3.1); the v5 pair (session 5, H200: 6.43 → 5.70,
-    /// 6.75 → 5.98, 7.55 → 6.62 µs on the seed rows).
+    /// 6.75 → 5.98, 7.55 → 6.62 µs on the seed rows) with fixed-point sums and the block rules
+    /// (session 8: 5.76 → 5.0, 5.95 → 5.4, 6.59 → 5.95 µs).
     fn default() -> Self {
         Self {
             path: PrePath::TwoLaunch,
@@ -265,9 +284,9 @@ impl Default for PreConfig {
             fused_block: 512,
             block: 256,
             max_grid: Some(64),
-            mix_block: 512,
+            mix_block: 0,
             mma_partials: true,
-            mma_block: 256,
+            mma_block: 0,
             pdl: true,
             lean_mix: true,
             partial_cluster: 1,
@@ -275,6 +294,7 @@ impl Default for PreConfig {
             v5: true,
             coop: false,
             stamps: 0,
+            fixed_point: true,
         }
     }
 }
@@ -399,6 +419,9 @@ pub struct PreGeometry {
     /// The one-cooperative-launch geometry (`config.coop` where it applies; [`PrePlan::new`]
     /// drops it when the device cannot hold the grid resident).
     pub coop: Option<CoopGeometry>,
+    /// The v8 pair (`config.fixed_point` with the v5 pair): `mhc_pre_partial_fx` +
+    /// `mhc_pre_mix_fx`, the v5 grids; the workspace holds the accumulators.
+    pub fx: bool,
     /// Kernel 1 (tensor-core version only) runs in clusters of this many blocks along x, and
     /// writes `grid / k1_cluster` partials per quantity (1: no clusters, `grid` partials).
     pub k1_cluster: u32,
@@ -489,10 +512,32 @@ fn check_block(arg: &'static str, block: u32) -> Result<()> {
 }
 
 /// u64 words of the two-launch workspace: one f64 partial per (batch row, quantity, kernel-1
-/// block), quantities = the `n²+2n` logits and Σx².
-fn pair_workspace(shape: MhcPreShape, grid: usize) -> Result<usize> {
+/// block), quantities = the `n²+2n` logits and Σx²; with `fx` (v8), two halves of
+/// [`FX_WORDS`] words per (batch row, logit) and the epoch word.
+fn pair_workspace(shape: MhcPreShape, grid: usize, fx: bool) -> Result<usize> {
+    if fx {
+        return Ok(2 * checked_product("x", &[shape.batch, shape.logits(), FX_WORDS])? + 1);
+    }
     checked_product("x", &[shape.batch, shape.logits() + 1, grid])
 }
+
+/// Kernel 1's block (tensor-core kernels) when `PreConfig::mma_block` is 0: 256 threads, or 512
+/// when the block's slot sums — 4 threads per (batch row of its group of ≤ 8, quantity) —
+/// would need a second round at 256 (batch ≥ 3 for n = 4). Measured on the H200 (session 8,
+/// fixed-point pair): hidden-2560 (batch 4) 6.25 → 5.95 µs at 512, hidden-1920 (batch 2)
+/// 5.44 → 5.70 µs (worse) at 512.
+pub fn auto_mma_block(shape: MhcPreShape) -> u32 {
+    let items = 4 * shape.batch.min(BTF) * (shape.logits() + 1);
+    if items > 256 {
+        512
+    } else {
+        256
+    }
+}
+
+/// u64 words per (batch row, logit) accumulator of the v8 kernels (the kernels' `FX_WORDS`:
+/// four integer limbs and a count of non-finite partials).
+pub const FX_WORDS: usize = 5;
 
 impl PreGeometry {
     /// u64 words of a `PreConfig::stamps` buffer for this geometry (v5 pair): kernel 1's blocks
@@ -518,6 +563,13 @@ impl PreGeometry {
     pub fn new(shape: MhcPreShape, sms: usize, max_smem: usize, config: PreConfig) -> Result<Self> {
         let lens = shape.lens()?;
         check_block("config.block", config.block)?;
+        // Kernel 2's block by rule: 256 for the fixed-point pair (its blocks no longer read one
+        // partial per kernel-1 block, so more, smaller blocks win), 512 otherwise.
+        let config = match config.mix_block {
+            0 if config.fixed_point && config.v5 && shape.n <= NMAX_MIX4 => PreConfig { mix_block: 256, ..config },
+            0 => PreConfig { mix_block: 512, ..config },
+            _ => config,
+        };
         check_block("config.mix_block", config.mix_block)?;
         let block = config.block;
         let MhcPreShape { batch, n, c } = shape;
@@ -551,7 +603,7 @@ impl PreGeometry {
         if n > UN * mb {
             return Err(Error::Shape { arg: "n", msg: format!("n = {n} exceeds {UN}·mix_block = {}", UN * mb) });
         }
-        let kb = config.mma_block;
+        let kb = if config.mma_block == 0 { auto_mma_block(shape) } else { config.mma_block };
         let mma_ok = config.mma_partials
             && n <= NMAX_FUSED
             && kb >= 32
@@ -580,9 +632,10 @@ impl PreGeometry {
             return Err(too_big(mix_smem));
         }
         let coop = if config.coop && mma_ok { CoopGeometry::new(shape, max_smem, kb, cols) } else { None };
+        let fx = v5 && config.fixed_point;
         let workspace = match coop {
             Some(cg) => checked_product("x", &[batch, mq, cg.grid1 as usize])? + 1,
-            None => pair_workspace(shape, grid)?,
+            None => pair_workspace(shape, grid, fx)?,
         };
         let mix_grid = checked_product("x", &[batch, tiles])?;
         if workspace >= 1 << 31 || mix_grid >= 1 << 31 || lens.x_layer >= 1 << 31 {
@@ -608,6 +661,7 @@ impl PreGeometry {
             mix4,
             v5,
             coop,
+            fx,
             k1_cluster: match mma {
                 Some(_) if v5 => 1,
                 Some(_) => {
@@ -658,15 +712,23 @@ impl PrePlan {
         let max_smem = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
         let geometry = PreGeometry::new(shape, sms, max_smem, config)?;
         let (k1, k1_arg, k1_block, k1_smem) = match geometry.mma {
+            Some((block, smem, _, _)) if geometry.fx && config.stamps != 0 => {
+                (KERNEL_PARTIAL_FX_TS, "config.mma_block", block, smem)
+            }
             Some((block, smem, _, _)) if geometry.v5 && config.stamps != 0 => {
                 (KERNEL_PARTIAL_MMA5_TS, "config.mma_block", block, smem)
             }
+            Some((block, smem, _, _)) if geometry.fx => (KERNEL_PARTIAL_FX, "config.mma_block", block, smem),
             Some((block, smem, _, _)) if geometry.v5 => (KERNEL_PARTIAL_MMA5, "config.mma_block", block, smem),
             Some((block, smem, _, _)) => (KERNEL_PARTIAL_MMA, "config.mma_block", block, smem),
             None => (KERNEL_PARTIAL, "config.block", geometry.block, geometry.smem),
         };
-        let k2 = if geometry.v5 && config.stamps != 0 {
+        let k2 = if geometry.fx && config.stamps != 0 {
+            KERNEL_MIX_FX_TS
+        } else if geometry.v5 && config.stamps != 0 {
             KERNEL_MIX5_TS
+        } else if geometry.fx {
+            KERNEL_MIX_FX
         } else if geometry.v5 {
             KERNEL_MIX5
         } else if geometry.mix4 {
@@ -695,7 +757,7 @@ impl PrePlan {
             let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(cg.block, cg.smem as usize, None)?;
             if (per_sm as usize).saturating_mul(sms) < cg.grid as usize {
                 geometry.coop = None;
-                geometry.workspace = pair_workspace(shape, geometry.grid as usize)?;
+                geometry.workspace = pair_workspace(shape, geometry.grid as usize, geometry.fx)?;
             }
         }
         if let Some((block, smem, _, groups)) = geometry.mma {
@@ -852,6 +914,9 @@ impl MhcPre {
 /// kernel overwrites every word the second reads). Cooperative: the last word is the grid
 /// barrier's counter — it must be zero before the first call with this workspace and left to
 /// the kernel afterwards (every call returns its low 31 bits to zero); the rest is scratch.
+/// Fixed-point pair (`plan.geometry.fx`): the whole workspace is state — all zero before the
+/// first call with it, then left to the kernels (each call's kernel 1 adds into the half the
+/// last word's parity names and zeroes the other; kernel 2 flips the parity).
 /// One workspace must not serve two calls that may run concurrently (different streams).
 ///
 /// # Safety
@@ -922,7 +987,9 @@ pub unsafe fn pre_fwd_raw(
     if let Some((block, smem, bpc, groups)) = geo.mma {
         let stamped = geo.v5 && plan.config.stamps != 0;
         let f = gpu.function(match (geo.v5, stamped) {
+            (true, true) if geo.fx => KERNEL_PARTIAL_FX_TS,
             (true, true) => KERNEL_PARTIAL_MMA5_TS,
+            (true, false) if geo.fx => KERNEL_PARTIAL_FX,
             (true, false) => KERNEL_PARTIAL_MMA5,
             _ => KERNEL_PARTIAL_MMA,
         })?;
@@ -1124,7 +1191,12 @@ unsafe fn launch_mix5(
 ) -> Result<()> {
     let (s, geo) = (plan.shape, plan.geometry);
     let stamped = plan.config.stamps != 0;
-    let f2 = gpu.function(if stamped { KERNEL_MIX5_TS } else { KERNEL_MIX5 })?;
+    let f2 = gpu.function(match (stamped, geo.fx) {
+        (true, true) => KERNEL_MIX_FX_TS,
+        (true, false) => KERNEL_MIX5_TS,
+        (false, true) => KERNEL_MIX_FX,
+        (false, false) => KERNEL_MIX5,
+    })?;
     let (mut xp, mut bp, mut w) = (x, b, workspace);
     let (mut r, mut y, mut h) = (x_res, x_layer, h_post);
     let (mut batch, mut n, mut c, mut grid1) = (s.batch as u32, s.n as u32, s.c as u32, geo.grid);

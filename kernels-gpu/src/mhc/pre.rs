@@ -1059,7 +1059,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix5(
     inv_sqrt_nc: f64,
 ) {
     let a = [alpha_pre, alpha_post, alpha_res, eps];
-    mix5_body::<false>(
+    mix5_body::<false, false>(
         x,
         bias,
         part_ws,
@@ -1103,7 +1103,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix5_ts(
     ts: *mut u64,
 ) {
     let a = [alpha_pre, alpha_post, alpha_res, eps];
-    mix5_body::<true>(x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, a, repeat, inv_sqrt_nc, ts);
+    mix5_body::<true, false>(x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, a, repeat, inv_sqrt_nc, ts);
 }
 
 /// Stamps per block of [`mhc_pre_mix5_ts`].
@@ -1115,7 +1115,7 @@ pub const MMA5_STAMPS: u32 = 4;
 /// `a` = alpha_pre, alpha_post, alpha_res, eps).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn mix5_body<const TS: bool>(
+unsafe fn mix5_body<const TS: bool, const FX: bool>(
     x: *const u16,
     bias: *const f32,
     part_ws: *const f64,
@@ -1248,19 +1248,53 @@ unsafe fn mix5_body<const TS: bool>(
         st[2] = globaltimer();
     }
 
-    // ---- partial sums: lane's logit over blocks g = w, w + W, … (GL5 loads in flight).
-    let pb = part_ws.add((beta * mq + e) as usize);
-    let gstride = batch * mq;
-    let acc = warp_partial_sum(pb, valid, grid1, gstride, w, nw);
-    *red.add((w * 32 + lane) as usize) = acc;
-    if TS {
-        st[3] = globaltimer_after_f64(acc);
-    }
-    sync_threads();
-    let h = sum4(red.add(lane as usize), nw, 32);
-    if TS {
-        st[4] = globaltimer_after_f64(h);
-    }
+    let h = if FX {
+        // ---- v8: the lane's logit from the two accumulator halves (this call's sums and the
+        // half kernel 1 zeroed), one round of 2·FX_WORDS independent loads per lane, no barrier.
+        let words = batch * m * FX_WORDS;
+        let a = part_ws as *const u64;
+        let mut v = [0u64; 2 * FX_WORDS as usize];
+        if valid {
+            let p0 = a.add(((beta * m + e) * FX_WORDS) as usize);
+            let mut k = 0;
+            while k < FX_WORDS as usize {
+                v[k] = *p0.add(k);
+                v[FX_WORDS as usize + k] = *p0.add(words as usize + k);
+                k += 1;
+            }
+        }
+        if tile == 0 && beta == 0 && t == 0 {
+            // Every kernel-1 block read the epoch before this grid's wait returned: flip it.
+            red_add_u32(a.add(2 * words as usize) as *mut u32, 1);
+        }
+        let mut sw = [0u64; FX_WORDS as usize];
+        let mut k = 0;
+        while k < FX_WORDS as usize {
+            sw[k] = v[k].wrapping_add(v[FX_WORDS as usize + k]);
+            k += 1;
+        }
+        let h = fx_value(&sw);
+        if TS {
+            st[3] = globaltimer_after_f64(h);
+            st[4] = st[3];
+        }
+        h
+    } else {
+        // ---- partial sums: lane's logit over blocks g = w, w + W, … (GL5 loads in flight).
+        let pb = part_ws.add((beta * mq + e) as usize);
+        let gstride = batch * mq;
+        let acc = warp_partial_sum(pb, valid, grid1, gstride, w, nw);
+        *red.add((w * 32 + lane) as usize) = acc;
+        if TS {
+            st[3] = globaltimer_after_f64(acc);
+        }
+        sync_threads();
+        let h = sum4(red.add(lane as usize), nw, 32);
+        if TS {
+            st[4] = globaltimer_after_f64(h);
+        }
+        h
+    };
 
     // ---- coefficients, redundantly in every warp (the same bits everywhere).
     let z = if valid { fma_f64(scale, h, bias_l as f64) } else { f64::NEG_INFINITY };
@@ -1298,6 +1332,166 @@ unsafe fn mix5_body<const TS: bool>(
             q += 1;
         }
     }
+}
+
+// ================================================================ v8: fixed-point split-K sums (n ≤ 4)
+
+/// Limbs per (batch row, logit) accumulator of the v8 pair: limb `k` holds bits
+/// `[48k − 64, 48k − 16)` of `|partial|` (so `2^-64 ≤` resolution, range `< 2^128`, the f32
+/// range), each as a signed 64-bit sum over the kernel-1 blocks (≤ 2^15 blocks cannot overflow).
+pub const FX_LIMBS: u32 = 4;
+/// u64 words per accumulator: the [`FX_LIMBS`] limbs, then a count of partials that were not
+/// finite or not below 2^128 (the logit is then NaN).
+pub const FX_WORDS: u32 = FX_LIMBS + 1;
+
+/// Adds limb `k < FX_LIMBS` of the f64 block partial `v` to the accumulator `p`
+/// (`red.global.add`, no result): `⌊|v|·2^(64−48k)⌋ mod 2^48`, negated for `v < 0`; limb 0 also
+/// counts a non-finite or out-of-range `v` in word [`FX_LIMBS`]. The limbs are exact: the sum of
+/// the limbs is `v` truncated toward zero to a multiple of 2^-64, and integer addition is
+/// associative, so the total does not depend on the order in which blocks arrive.
+#[inline(always)]
+unsafe fn fx_add(p: *mut u64, v: f64, k: u32) {
+    let t = if v < 0.0 { -v } else { v };
+    // 2^128: false for NaN and ±∞ too.
+    if !(t < f64::from_bits(0x47F0_0000_0000_0000)) {
+        if k == 0 {
+            red_add_u64(p.add(FX_LIMBS as usize), 1);
+        }
+        return;
+    }
+    // y = t·2^(64 − 48k), an exact power-of-two scaling; limb = ⌊y⌋ − 2^48·⌊y/2^48⌋, exact by
+    // Sterbenz (⌊y⌋ and 2^48·⌊y/2^48⌋ are within a factor 2 of each other, or the latter is 0).
+    let y = t * f64::from_bits(((1087 - 48 * k) as u64) << 52);
+    let fl = floor_f64(y);
+    let hi = floor_f64(y * f64::from_bits(0x3CF0_0000_0000_0000));
+    let q = fl - hi * f64::from_bits(0x42F0_0000_0000_0000);
+    if q != 0.0 {
+        let qi = f64_to_i64_rz(q);
+        let sq = if v < 0.0 { qi.wrapping_neg() } else { qi };
+        red_add_u64(p.add(k as usize), sq as u64);
+    }
+}
+
+/// The logit of one v8 accumulator (limb sums as signed integers, from the lowest limb up, in
+/// f64); NaN when a partial was counted as non-finite.
+#[inline(always)]
+fn fx_value(s: &[u64; FX_WORDS as usize]) -> f64 {
+    if s[FX_LIMBS as usize] != 0 {
+        return f64::NAN;
+    }
+    let mut h = 0f64;
+    let mut k = 0;
+    while k < FX_LIMBS {
+        h += (s[k as usize] as i64) as f64 * f64::from_bits(((959 + 48 * k) as u64) << 52);
+        k += 1;
+    }
+    h
+}
+
+crate::entry_directive!("mhc_pre_partial_fx", ".maxntid 512, 1, 1 .minnctapersm 1");
+
+/// Kernel 1 of the v8 pair: [`mhc_pre_partial_mma5`]'s product, each block partial added as
+/// [`FX_LIMBS`] integer limbs ([`fx_add`]) into `acc[par][(β·m + q)·FX_WORDS ..]`, where
+/// `m = n²+2n` and `par` is the parity of the u32 epoch word at u64 word `2·batch·m·FX_WORDS` of
+/// `acc`; the other half is zeroed. `acc` must be all zero before the first call of a
+/// workspace and is then left to the kernels (kernel 2 flips the epoch). Every block adds to
+/// every accumulator of its batch rows; the integer sums do not depend on the order.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn mhc_pre_partial_fx(
+    phi: *const f32,
+    x: *const u16,
+    acc: *mut u64,
+    batch: u32,
+    n: u32,
+    c: u32,
+    cw: u32,
+    bpc: u32,
+) {
+    partial_mma_entry(phi, x, acc as *mut f64, batch, n, c, cw, bpc, true, true, core::ptr::null_mut());
+}
+
+crate::entry_directive!("mhc_pre_partial_fx_ts", ".maxntid 512, 1, 1 .minnctapersm 1");
+
+/// [`mhc_pre_partial_fx`] with [`mhc_pre_partial_mma5_ts`]'s `%globaltimer` stamps (diagnostic).
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn mhc_pre_partial_fx_ts(
+    phi: *const f32,
+    x: *const u16,
+    acc: *mut u64,
+    batch: u32,
+    n: u32,
+    c: u32,
+    cw: u32,
+    bpc: u32,
+    ts: *mut u64,
+) {
+    let t0 = globaltimer();
+    let o = ts.add(((block_idx_y() * grid_dim_x() + block_idx_x()) * MMA5_STAMPS) as usize);
+    partial_mma_entry(phi, x, acc as *mut f64, batch, n, c, cw, bpc, true, true, o);
+    if thread_idx_x() == 0 {
+        *o = t0;
+    }
+}
+
+/// [`mhc_pre_mix_fx`] with [`mhc_pre_mix5_ts`]'s `%globaltimer` stamps (diagnostic; "partials
+/// loaded" and "logits summed" are both the moment the lane's logit is converted).
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn mhc_pre_mix_fx_ts(
+    x: *const u16,
+    bias: *const f32,
+    acc: *mut u64,
+    x_res: *mut u16,
+    x_layer: *mut u16,
+    h_post: *mut f32,
+    batch: u32,
+    n: u32,
+    c: u32,
+    _grid1: u32,
+    alpha_pre: f32,
+    alpha_post: f32,
+    alpha_res: f32,
+    repeat: u32,
+    eps: f32,
+    inv_sqrt_nc: f64,
+    ts: *mut u64,
+) {
+    let a = [alpha_pre, alpha_post, alpha_res, eps];
+    let p = acc as *const f64;
+    mix5_body::<true, true>(x, bias, p, x_res, x_layer, h_post, batch, n, c, 0, a, repeat, inv_sqrt_nc, ts);
+}
+
+/// Kernel 2 of the v8 pair: [`mhc_pre_mix5`] (grid, prologue, coefficients and mixing) with
+/// the logits read from [`mhc_pre_partial_fx`]'s accumulators instead of `G` partials: after
+/// `griddepcontrol.wait`, each lane loads its logit's words from both halves (one half holds
+/// the sums, the other was zeroed by kernel 1), adds them as integers and converts
+/// ([`fx_value`]) — no cross-warp reduction, no barrier. Block (0, 0) flips the epoch word.
+/// The same parameters as [`mhc_pre_mix5`] (`_grid1` unused).
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn mhc_pre_mix_fx(
+    x: *const u16,
+    bias: *const f32,
+    acc: *mut u64,
+    x_res: *mut u16,
+    x_layer: *mut u16,
+    h_post: *mut f32,
+    batch: u32,
+    n: u32,
+    c: u32,
+    _grid1: u32,
+    alpha_pre: f32,
+    alpha_post: f32,
+    alpha_res: f32,
+    repeat: u32,
+    eps: f32,
+    inv_sqrt_nc: f64,
+) {
+    let a = [alpha_pre, alpha_post, alpha_res, eps];
+    let p = acc as *const f64;
+    mix5_body::<false, true>(x, bias, p, x_res, x_layer, h_post, batch, n, c, 0, a, repeat, inv_sqrt_nc, core::ptr::null_mut());
 }
 
 /// [`mhc_pre_mix5`]'s dynamic shared memory, bytes: `ssw[32]` f64 | `red[W·32]` f64.
@@ -1418,7 +1612,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fused(
 ) {
     let p = PreCoef { alpha_pre, alpha_post, alpha_res, repeat, eps, inv_sqrt_nc };
     let null = core::ptr::null_mut();
-    pre_mma_body(phi, x, bias, x_res, x_layer, h_post, batch, n, c, cw, bpc, p, null, false, null as *mut u64);
+    pre_mma_body(phi, x, bias, x_res, x_layer, h_post, batch, n, c, cw, bpc, p, null, false, false, null as *mut u64);
 }
 
 crate::entry_directive!("mhc_pre_partial_mma", ".maxntid 512, 1, 1 .minnctapersm 1");
@@ -1441,7 +1635,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma(
     cw: u32,
     bpc: u32,
 ) {
-    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, false, core::ptr::null_mut());
+    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, false, false, core::ptr::null_mut());
 }
 
 crate::entry_directive!("mhc_pre_partial_mma5", ".maxntid 512, 1, 1 .minnctapersm 1");
@@ -1462,7 +1656,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma5(
     cw: u32,
     bpc: u32,
 ) {
-    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, true, core::ptr::null_mut());
+    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, true, false, core::ptr::null_mut());
 }
 
 crate::entry_directive!("mhc_pre_partial_mma5_ts", ".maxntid 512, 1, 1 .minnctapersm 1");
@@ -1487,7 +1681,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma5_ts(
 ) {
     let t0 = globaltimer();
     let o = ts.add(((block_idx_y() * grid_dim_x() + block_idx_x()) * MMA5_STAMPS) as usize);
-    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, true, o);
+    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, true, false, o);
     if thread_idx_x() == 0 {
         *o = t0;
     }
@@ -1507,6 +1701,7 @@ unsafe fn partial_mma_entry(
     cw: u32,
     bpc: u32,
     v5: bool,
+    fx: bool,
     ts: *mut u64,
 ) {
     grid_launch_dependents();
@@ -1527,6 +1722,7 @@ unsafe fn partial_mma_entry(
         p,
         part_ws,
         v5,
+        fx,
         ts,
     );
 }
@@ -1691,6 +1887,7 @@ unsafe fn pre_mma_body(
     coef: PreCoef,
     part_ws: *mut f64,
     direct: bool,
+    fx: bool,
     ts: *mut u64,
 ) {
     // Diagnostic stamps (thread 0, first batch group; `ts` null: none).
@@ -1723,6 +1920,13 @@ unsafe fn pre_mma_body(
     let tq = lane & 3;
     // 16-byte paths for x (copies in, mixing out) when every row segment is 16-byte aligned.
     let xvec = (x as u64 | x_res as u64 | x_layer as u64) & 15 == 0 && c % 8 == 0 && cw % 8 == 0 && cwa % 8 == 0;
+    // v8 (`fx`): this call's accumulators are the half of `part_ws` that the epoch word's parity
+    // names; the other half (read by the previous call's kernel 2, which has completed) is
+    // zeroed here for the next call, the words spread over every block of the grid.
+    // The epoch load is issued here and first used after the staging barrier (its DRAM trip
+    // overlaps the phi and x loads); the zeroing stores follow that barrier.
+    let fx_words = batch * m * FX_WORDS;
+    let par = if fx { core::ptr::read_volatile((part_ws as *const u64).add(2 * fx_words as usize) as *const u32) } else { 0 };
 
     // ---- phi slab → shared memory, asynchronously: segment k = phi rows k·c + j0 .. + cwa.
     let seg = cwa * m; // floats per segment
@@ -1775,6 +1979,15 @@ unsafe fn pre_mma_body(
         cp_async_wait_all();
         sync_threads();
         stamp(1, t, b0 == b_lo);
+        if fx && b0 == b_lo {
+            let other = (part_ws as *mut u64).add((((par & 1) ^ 1) * fx_words) as usize);
+            let step = grid_dim_x() * grid_dim_y() * nt;
+            let mut i = (block_idx_y() * grid_dim_x() + block_idx_x()) * nt + t;
+            while i < fx_words {
+                *other.add(i as usize) = 0;
+                i += step;
+            }
+        }
 
         // ---- fp64 MMA over the slab: warp w, 4-row steps w, w+W, …
         let mut acc = [[0f64; 2]; NTMAX];
@@ -1844,7 +2057,19 @@ unsafe fn pre_mma_body(
             }
             sum += shfl_xor_f64(sum, 1);
             sum += shfl_xor_f64(sum, 2);
-            if i < 4 * items && i & 3 == 0 {
+            if fx {
+                // v8: lane i & 3 of the quad adds limb i & 3 of the block partial (all four lanes
+                // hold the same sum); the Σx² item (q = m) is not needed (kernel 2 computes r).
+                if i < 4 * items {
+                    let item = i >> 2;
+                    let bl = item / mq;
+                    let q = item - bl * mq;
+                    if q < m {
+                        let acc = (part_ws as *mut u64).add(((par & 1) * fx_words) as usize);
+                        fx_add(acc.add((((b0 + bl) * m + q) * FX_WORDS) as usize), sum, i & 3);
+                    }
+                }
+            } else if i < 4 * items && i & 3 == 0 {
                 if direct {
                     // v5 layout `part[(g·batch + β)·(m+1) + q]`: item `i/4 = bl·(m+1) + q`.
                     *part_ws.add(((rank * batch + b0) * mq + (i >> 2)) as usize) = sum;
@@ -2161,6 +2386,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_coop(
             p,
             part_ws,
             true,
+            false,
             core::ptr::null_mut(),
         );
     }

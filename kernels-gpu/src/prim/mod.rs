@@ -872,3 +872,33 @@ pub fn sm_id() -> u32 {
     unsafe { asm!("mov.u32 {}, %smid;", out(reg32) s, options(nostack, nomem)) };
     s
 }
+
+// ---------------------------------------------------------------- MHCPreFwd (session 8): fixed-point split-K sums
+
+/// `red.global.add.u64` (relaxed, gpu scope; two's-complement, so also a signed add): no result.
+#[inline(always)]
+pub unsafe fn red_add_u64(p: *mut u64, v: u64) {
+    asm!("red.global.add.u64 [{}], {};", in(reg64) p, in(reg64) v, options(nostack));
+}
+
+/// `red.global.add.u32` (relaxed, gpu scope): no result.
+#[inline(always)]
+pub unsafe fn red_add_u32(p: *mut u32, v: u32) {
+    asm!("red.global.add.u32 [{}], {};", in(reg64) p, in(reg32) v, options(nostack));
+}
+
+/// `cvt.rmi.f64.f64`: ⌊v⌋.
+#[inline(always)]
+pub fn floor_f64(v: f64) -> f64 {
+    let r: f64;
+    unsafe { asm!("cvt.rmi.f64.f64 {}, {};", out(reg64) r, in(reg64) v, options(pure, nomem, nostack)) };
+    r
+}
+
+/// `cvt.rzi.s64.f64`: `v` rounded toward zero to an i64 (the caller keeps `|v| < 2^63`).
+#[inline(always)]
+pub fn f64_to_i64_rz(v: f64) -> i64 {
+    let r: i64;
+    unsafe { asm!("cvt.rzi.s64.f64 {}, {};", out(reg64) r, in(reg64) v, options(pure, nomem, nostack)) };
+    r
+}
