@@ -1,7 +1,9 @@
 //! MHCPreFwd (SPEC.md §2): the mHC pre-layer projection, Sinkhorn normalisation and stream
 //! mixing — by default in two launches on one stream submitted as a CUDA graph (the second a
-//! programmatic dependent launch); optionally in one launch of a thread-block cluster or one
-//! cooperative launch with a grid barrier (`kernels-gpu/src/mhc/pre.rs` describes the kernels).
+//! programmatic dependent launch), the split-K partials summed as integer fixed-point limbs
+//! (`PreConfig::fixed_point`: order-independent, so bitwise reproducible); optionally in one
+//! launch of a thread-block cluster or one cooperative launch with a grid barrier
+//! (`kernels-gpu/src/mhc/pre.rs` describes the kernels).
 use cudarc::driver::{sys, sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
 

@@ -1,7 +1,11 @@
-//! MHCPreFwd (SPEC.md §2). The default is two ordinary launches on one stream (below; the v5
-//! pair [`mhc_pre_partial_mma5`] + [`mhc_pre_mix5`] has the same structure): no inter-block
-//! communication inside a launch — no atomics, fences, polling or co-residency assumptions —
-//! and the workspace carries no state between calls. Options: one launch of a thread-block
+//! MHCPreFwd (SPEC.md §2). Two ordinary launches on one stream (below; the v5 pair
+//! [`mhc_pre_partial_mma5`] + [`mhc_pre_mix5`] has the same structure): no inter-block
+//! communication inside a launch — no fences, polling or co-residency assumptions — and the
+//! workspace carries no state between calls. The default, v8 ([`mhc_pre_partial_fx`] +
+//! [`mhc_pre_mix_fx`]), differs in one point: kernel 1's blocks add their partials as integer
+//! fixed-point limbs with `red.global.add` into one accumulator per logit (integer addition is
+//! associative: the result does not depend on the order), and the workspace keeps two
+//! accumulator halves and an epoch word between calls. Options: one launch of a thread-block
 //! cluster ([`mhc_pre_fused`]), and one cooperative launch with a grid barrier
 //! ([`mhc_pre_coop`], whose barrier counter is the one word of state kept between calls).
 //!
