@@ -141,6 +141,18 @@ fn seed_shapes() {
     }
 }
 
+/// The ten workloads with the planner's plans (`FftPlan::new`, i.e. `FftOptions::for_shape`:
+/// the kernels the bench times), against the f64 reference; prints each plan's kernels.
+#[test]
+fn seed_shapes_planned() {
+    let Some(gpu) = gpu_or_skip("fft::seed_shapes_planned") else { return };
+    let mut rng = fresh_rng("fft::seed_shapes_planned");
+    for (batch, n, prec) in SEED_ROWS {
+        let (err, kernels) = run_kernels(&gpu, &mut rng, n, batch, prec, false, FftOptions::for_shape(n, batch, prec));
+        println!("planned n={n} batch={batch} {prec:?}: rel_l2 {err:.2e}, passes {kernels:?}");
+    }
+}
+
 /// The stage-table kernels (`FftOptions::stage_twiddles`, bench rows `@st*`): every length
 /// 2^1..2^22 in both precisions, the ten seed shapes, odd batches, in place, persistent
 /// grids; and the same without hoisting (`hoist_twiddles: false`, bench rows `@stn`). Each
