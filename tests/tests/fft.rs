@@ -266,6 +266,21 @@ fn session4_variants() {
             println!("  ping-pong four-step kernels {k:?}");
         }
     }
+    // Session 8: 8 elements per thread (and ping-pong) in the four-step row pass with its
+    // transposed store — 2^16 as the planner splits it (2^6 columns × 1024-point rows), 2^18
+    // split as 2^6 × 2^12 (4096-point rows), 2^20 balanced (1024-point rows).
+    for log_n in [16, 18, 20] {
+        let n = 1 << log_n;
+        let n1 = |o: FftOptions| if log_n == 18 { FftOptions { log_n1: 6, ..o } } else { o };
+        for (batch, in_place) in [(1, false), (3, false), (2, true), (8, false)] {
+            for o in [n1(e8(n, batch)), n1(e8p(n, batch))] {
+                let (_, k) = run_kernels(&gpu, &mut rng, n, batch, c64, in_place, o);
+                let want =
+                    format!("fft_c64_l{}_st8{}", if log_n == 18 { 12 } else { 10 }, if o.ping_pong { "p" } else { "" });
+                assert_eq!(k.last().copied(), Some(want.as_str()), "2^{log_n}: row-pass kernel");
+            }
+        }
+    }
     // Staged input: 64, 512, 1024 under every persistent-grid choice (blocks looping over
     // 1, 2 or many groups, a partial last group), in place, and an 8-byte aligned sub-view
     // (the unstaged fallback).

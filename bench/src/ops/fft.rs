@@ -57,7 +57,8 @@ fn variants() -> Vec<(&'static str, Variant)> {
         |n, p| n >= 64 && n <= if p == Precision::C64 { 1 << 13 } else { 1 << 12 };
     let four_step: fn(usize, Precision) -> bool = |n, p| n > if p == Precision::C64 { 1 << 13 } else { 1 << 12 };
     let split_rows: fn(usize, Precision) -> bool = |n, p| p == Precision::C64 && n == 1 << 14;
-    let e8_rows: fn(usize, Precision) -> bool = |n, p| p == Precision::C64 && (n == 1024 || n == 4096);
+    // Session 8: also longconv-64k (its four-step row pass, 1024 points with a transposed store).
+    let e8_rows: fn(usize, Precision) -> bool = |n, p| p == Precision::C64 && matches!(n, 1024 | 4096 | 65536);
     vec![
         ("stn", (|_, _, _| FftOptions { hoist_twiddles: false, ..st(Persist::Auto) }, all)),
         ("nograph", (|n, b, p| FftOptions { graph: false, ..FftOptions::for_shape(n, b, p) }, four_step)),
@@ -69,7 +70,7 @@ fn variants() -> Vec<(&'static str, Variant)> {
             "pp",
             (
                 |n, b, p| FftOptions { ping_pong: true, ..FftOptions::for_shape(n, b, p) },
-                |n, p| p == Precision::C64 && matches!(n, 512 | 1024 | 4096),
+                |n, p| p == Precision::C64 && matches!(n, 512 | 1024 | 4096 | 65536),
             ),
         ),
         (

@@ -565,6 +565,20 @@ mod tests {
             case_k(log_n, 5, false, Some(2), e8, false, false);
             case_k(log_n, 5, false, Some(2), e8, true, false);
         }
+        // Session 8: 8 elements per thread in the four-step row pass (transposed store), with
+        // and without ping-pong: 2^16 = 2^6 × 2^10 (odd batch, in place) and 2^18 = 2^6 × 2^12
+        // (the GPU test also runs the balanced 2^20).
+        for (log_n, log_n1) in [(16, 6), (18, 6)] {
+            let k = Knobs { e8: true, log_n1, cols: 32, ..Knobs::default() };
+            let cases: &[(usize, bool)] =
+                if log_n == 16 { &[(1, false), (3, false), (2, true)] } else { &[(1, false)] };
+            for &(b, in_place) in cases {
+                case_k(log_n, b, in_place, None, k, false, false);
+                case_k(log_n, b, in_place, None, k, true, false);
+            }
+            let passes = decompose_k(log_n, 1, 8, max_single_log(8), k);
+            assert_eq!(passes.last().unwrap().e, 8, "2^{log_n}: the row pass takes 8 elements per thread");
+        }
         for log_n in [9, 10, 12] {
             case_k(log_n, 3, false, None, Knobs::default(), true, false);
             case_k(log_n, 7, true, Some(2), Knobs::default(), true, false);

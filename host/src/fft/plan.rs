@@ -228,7 +228,10 @@ fn pass(
 ) -> Pass {
     let l = 1usize << log_l;
     let row = flags & (COL_MAP | OUT_SMEM) == 0;
-    let e = if knobs.e8 && row && log_min == 0 && elem_bytes == 8 && (log_l == 10 || log_l == 12) {
+    // 8 elements per thread (`_st8` kernels): row passes, including the four-step row pass with
+    // its transposed `OUT_SMEM` store (session 8), not the column pass.
+    let e8_ok = flags & (COL_MAP | TW4) == 0 && log_min == 0;
+    let e = if knobs.e8 && e8_ok && elem_bytes == 8 && (log_l == 10 || log_l == 12) {
         8
     } else {
         elems_per_thread(log_l, elem_bytes)
