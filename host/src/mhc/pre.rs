@@ -33,8 +33,6 @@ pub const MIX5_STAMPS: usize = 8;
 pub(crate) const KERNEL_COOP: &str = "mhc_pre_coop";
 pub(crate) const KERNEL_PARTIAL_FX: &str = "mhc_pre_partial_fx";
 pub(crate) const KERNEL_MIX_FX: &str = "mhc_pre_mix_fx";
-pub(crate) const KERNEL_PARTIAL_FX_TS: &str = "mhc_pre_partial_fx_ts";
-pub(crate) const KERNEL_MIX_FX_TS: &str = "mhc_pre_mix_fx_ts";
 pub(crate) const KERNELS: &[&str] = &[
     KERNEL_PARTIAL,
     KERNEL_MIX,
@@ -48,8 +46,6 @@ pub(crate) const KERNELS: &[&str] = &[
     KERNEL_COOP,
     KERNEL_PARTIAL_FX,
     KERNEL_MIX_FX,
-    KERNEL_PARTIAL_FX_TS,
-    KERNEL_MIX_FX_TS,
 ];
 /// Largest n of the lean kernel 2 (`mhc_pre_mix4`: a padded 4×4 R in one warp's registers).
 const NMAX_MIX4: usize = 4;
@@ -257,13 +253,14 @@ pub struct PreConfig {
     /// chain, each block mixing `⌈c/tiles⌉` columns of one batch row. Grid: kernel 1's
     /// (`max_grid`), block `mma_block`. Needs no graph (one launch).
     pub coop: bool,
-    /// Diagnostic (v5 pair only; 0 = off): the device address of a u64 buffer that receives
+    /// Diagnostic (the v5 and v8 pairs; 0 = off): the device address of a u64 buffer that receives
     /// `%globaltimer` stamps (ns) — kernel 1's blocks first ([`MMA5_STAMPS`] words each, `grid ×
     /// groups` blocks), then kernel 2's ([`MIX5_STAMPS`] each, `tiles × batch` blocks) — from
-    /// the `_ts` twins of the two kernels (same arithmetic, same outputs). See
+    /// the `_ts` twins of the v5 kernels, which also run the v8 bodies (same arithmetic, same
+    /// outputs). See
     /// [`PreGeometry::stamp_words`].
     pub stamps: u64,
-    /// v8 (with the v5 pair where it applies; `stamps` then selects its `_ts` twins): deterministic fixed-point
+    /// v8 (with the v5 pair where it applies): deterministic fixed-point
     /// split-K sums. Kernel 1 (`mhc_pre_partial_fx`) adds each block partial as four 48-bit
     /// integer limbs (`red.global.add.u64`; range 2^-64 … 2^128) into one accumulator per
     /// (batch row, logit) instead of storing `G` partials; kernel 2 (`mhc_pre_mix_fx`) loads
@@ -714,9 +711,6 @@ impl PrePlan {
         let max_smem = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
         let geometry = PreGeometry::new(shape, sms, max_smem, config)?;
         let (k1, k1_arg, k1_block, k1_smem) = match geometry.mma {
-            Some((block, smem, _, _)) if geometry.fx && config.stamps != 0 => {
-                (KERNEL_PARTIAL_FX_TS, "config.mma_block", block, smem)
-            }
             Some((block, smem, _, _)) if geometry.v5 && config.stamps != 0 => {
                 (KERNEL_PARTIAL_MMA5_TS, "config.mma_block", block, smem)
             }
@@ -725,9 +719,7 @@ impl PrePlan {
             Some((block, smem, _, _)) => (KERNEL_PARTIAL_MMA, "config.mma_block", block, smem),
             None => (KERNEL_PARTIAL, "config.block", geometry.block, geometry.smem),
         };
-        let k2 = if geometry.fx && config.stamps != 0 {
-            KERNEL_MIX_FX_TS
-        } else if geometry.v5 && config.stamps != 0 {
+        let k2 = if geometry.v5 && config.stamps != 0 {
             KERNEL_MIX5_TS
         } else if geometry.fx {
             KERNEL_MIX_FX
@@ -989,7 +981,6 @@ pub unsafe fn pre_fwd_raw(
     if let Some((block, smem, bpc, groups)) = geo.mma {
         let stamped = geo.v5 && plan.config.stamps != 0;
         let f = gpu.function(match (geo.v5, stamped) {
-            (true, true) if geo.fx => KERNEL_PARTIAL_FX_TS,
             (true, true) => KERNEL_PARTIAL_MMA5_TS,
             (true, false) if geo.fx => KERNEL_PARTIAL_FX,
             (true, false) => KERNEL_PARTIAL_MMA5,
@@ -997,10 +988,10 @@ pub unsafe fn pre_fwd_raw(
         })?;
         let (mut phi, mut xp, mut w) = (phi, x, workspace);
         let (mut batch, mut n, mut c, mut cw, mut bpc) = (s.batch as u32, s.n as u32, s.c as u32, geo.cols, bpc);
-        let mut ts = plan.config.stamps;
+        let (mut ts, mut fx) = (plan.config.stamps, geo.fx as u32);
         let dims = LaunchDims { grid: (geo.grid, groups, 1), block: (block, 1, 1), shared_bytes: smem };
         let args: &mut [&mut dyn KernelArg] = if stamped {
-            &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc, &mut ts]
+            &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc, &mut ts, &mut fx]
         } else {
             &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc]
         };
@@ -1194,8 +1185,7 @@ unsafe fn launch_mix5(
     let (s, geo) = (plan.shape, plan.geometry);
     let stamped = plan.config.stamps != 0;
     let f2 = gpu.function(match (stamped, geo.fx) {
-        (true, true) => KERNEL_MIX_FX_TS,
-        (true, false) => KERNEL_MIX5_TS,
+        (true, _) => KERNEL_MIX5_TS,
         (false, true) => KERNEL_MIX_FX,
         (false, false) => KERNEL_MIX5,
     })?;
@@ -1210,7 +1200,8 @@ unsafe fn launch_mix5(
     let dims =
         LaunchDims { grid: (geo.tiles, s.batch as u32, 1), block: (geo.mix_block, 1, 1), shared_bytes: geo.mix_smem };
     let launch2 = if plan.config.pdl { launch_pdl } else { launch };
-    let mut args: [&mut dyn KernelArg; 17] = [
+    let mut fx = geo.fx as u32;
+    let mut args: [&mut dyn KernelArg; 18] = [
         &mut xp,
         &mut bp,
         &mut w,
@@ -1228,6 +1219,7 @@ unsafe fn launch_mix5(
         &mut eps,
         &mut inv_sqrt_nc,
         &mut ts,
+        &mut fx,
     ];
-    launch2(f2, dims, stream, &mut args[..if stamped { 17 } else { 16 }])
+    launch2(f2, dims, stream, &mut args[..if stamped { 18 } else { 16 }])
 }

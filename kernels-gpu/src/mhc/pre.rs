@@ -1085,6 +1085,8 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix5(
 /// block `(tile, β)` writes [`MIX5_STAMPS`] u64 words at `ts[(β·tiles + tile)·MIX5_STAMPS]`:
 /// entry, prologue done (before `griddepcontrol.wait`), wait returned, partials loaded, logits
 /// summed (after the barrier), coefficients broadcast, outputs stored (issued), then the SM id.
+/// `fx ≠ 0`: the body of [`mhc_pre_mix_fx`] instead (both "partials loaded" and "logits summed"
+/// are the moment the lane's logit is converted from the accumulators).
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "ptx-kernel" fn mhc_pre_mix5_ts(
@@ -1105,9 +1107,14 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix5_ts(
     eps: f32,
     inv_sqrt_nc: f64,
     ts: *mut u64,
+    fx: u32,
 ) {
     let a = [alpha_pre, alpha_post, alpha_res, eps];
-    mix5_body::<true, false>(x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, a, repeat, inv_sqrt_nc, ts);
+    if fx != 0 {
+        mix5_body::<true, true>(x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, a, repeat, inv_sqrt_nc, ts);
+    } else {
+        mix5_body::<true, false>(x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, a, repeat, inv_sqrt_nc, ts);
+    }
 }
 
 /// Stamps per block of [`mhc_pre_mix5_ts`].
@@ -1415,58 +1422,6 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_partial_fx(
     partial_mma_entry(phi, x, acc as *mut f64, batch, n, c, cw, bpc, true, true, core::ptr::null_mut());
 }
 
-crate::entry_directive!("mhc_pre_partial_fx_ts", ".maxntid 512, 1, 1 .minnctapersm 1");
-
-/// [`mhc_pre_partial_fx`] with [`mhc_pre_partial_mma5_ts`]'s `%globaltimer` stamps (diagnostic).
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_partial_fx_ts(
-    phi: *const f32,
-    x: *const u16,
-    acc: *mut u64,
-    batch: u32,
-    n: u32,
-    c: u32,
-    cw: u32,
-    bpc: u32,
-    ts: *mut u64,
-) {
-    let t0 = globaltimer();
-    let o = ts.add(((block_idx_y() * grid_dim_x() + block_idx_x()) * MMA5_STAMPS) as usize);
-    partial_mma_entry(phi, x, acc as *mut f64, batch, n, c, cw, bpc, true, true, o);
-    if thread_idx_x() == 0 {
-        *o = t0;
-    }
-}
-
-/// [`mhc_pre_mix_fx`] with [`mhc_pre_mix5_ts`]'s `%globaltimer` stamps (diagnostic; "partials
-/// loaded" and "logits summed" are both the moment the lane's logit is converted).
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_mix_fx_ts(
-    x: *const u16,
-    bias: *const f32,
-    acc: *mut u64,
-    x_res: *mut u16,
-    x_layer: *mut u16,
-    h_post: *mut f32,
-    batch: u32,
-    n: u32,
-    c: u32,
-    _grid1: u32,
-    alpha_pre: f32,
-    alpha_post: f32,
-    alpha_res: f32,
-    repeat: u32,
-    eps: f32,
-    inv_sqrt_nc: f64,
-    ts: *mut u64,
-) {
-    let a = [alpha_pre, alpha_post, alpha_res, eps];
-    let p = acc as *const f64;
-    mix5_body::<true, true>(x, bias, p, x_res, x_layer, h_post, batch, n, c, 0, a, repeat, inv_sqrt_nc, ts);
-}
-
 /// Kernel 2 of the v8 pair: [`mhc_pre_mix5`] (grid, prologue, coefficients and mixing) with
 /// the logits read from [`mhc_pre_partial_fx`]'s accumulators instead of `G` partials: after
 /// `griddepcontrol.wait`, each lane loads its logit's words from both halves (one half holds
@@ -1669,7 +1624,8 @@ crate::entry_directive!("mhc_pre_partial_mma5_ts", ".maxntid 512, 1, 1 .minnctap
 /// thread 0 of block `(g, y)` writes [`MMA5_STAMPS`] u64 words at
 /// `ts[(y·grid_x + g)·MMA5_STAMPS]`: entry, the slab and x staged (after the barrier), the
 /// MMA tiles in shared memory (after the barrier), its own last partial store issued (of the
-/// block's first batch group).
+/// block's first batch group). `fx ≠ 0`: the body of [`mhc_pre_partial_fx`] instead (limb adds
+/// into the accumulators at `part_ws`).
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma5_ts(
@@ -1682,10 +1638,11 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma5_ts(
     cw: u32,
     bpc: u32,
     ts: *mut u64,
+    fx: u32,
 ) {
     let t0 = globaltimer();
     let o = ts.add(((block_idx_y() * grid_dim_x() + block_idx_x()) * MMA5_STAMPS) as usize);
-    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, true, false, o);
+    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, true, fx != 0, o);
     if thread_idx_x() == 0 {
         *o = t0;
     }
