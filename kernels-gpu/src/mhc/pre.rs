@@ -1111,9 +1111,39 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix5_ts(
 ) {
     let a = [alpha_pre, alpha_post, alpha_res, eps];
     if fx != 0 {
-        mix5_body::<true, true>(x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, a, repeat, inv_sqrt_nc, ts);
+        mix5_body::<true, true>(
+            x,
+            bias,
+            part_ws,
+            x_res,
+            x_layer,
+            h_post,
+            batch,
+            n,
+            c,
+            grid1,
+            a,
+            repeat,
+            inv_sqrt_nc,
+            ts,
+        );
     } else {
-        mix5_body::<true, false>(x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, a, repeat, inv_sqrt_nc, ts);
+        mix5_body::<true, false>(
+            x,
+            bias,
+            part_ws,
+            x_res,
+            x_layer,
+            h_post,
+            batch,
+            n,
+            c,
+            grid1,
+            a,
+            repeat,
+            inv_sqrt_nc,
+            ts,
+        );
     }
 }
 
@@ -1450,7 +1480,22 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix_fx(
 ) {
     let a = [alpha_pre, alpha_post, alpha_res, eps];
     let p = acc as *const f64;
-    mix5_body::<false, true>(x, bias, p, x_res, x_layer, h_post, batch, n, c, 0, a, repeat, inv_sqrt_nc, core::ptr::null_mut());
+    mix5_body::<false, true>(
+        x,
+        bias,
+        p,
+        x_res,
+        x_layer,
+        h_post,
+        batch,
+        n,
+        c,
+        0,
+        a,
+        repeat,
+        inv_sqrt_nc,
+        core::ptr::null_mut(),
+    );
 }
 
 /// [`mhc_pre_mix5`]'s dynamic shared memory, bytes: `ssw[32]` f64 | `red[W·32]` f64.
@@ -1887,7 +1932,8 @@ unsafe fn pre_mma_body(
     // The epoch load is issued here and first used after the staging barrier (its DRAM trip
     // overlaps the phi and x loads); the zeroing stores follow that barrier.
     let fx_words = batch * m * FX_WORDS;
-    let par = if fx { core::ptr::read_volatile((part_ws as *const u64).add(2 * fx_words as usize) as *const u32) } else { 0 };
+    let par =
+        if fx { core::ptr::read_volatile((part_ws as *const u64).add(2 * fx_words as usize) as *const u32) } else { 0 };
 
     // ---- phi slab → shared memory, asynchronously: segment k = phi rows k·c + j0 .. + cwa.
     let seg = cwa * m; // floats per segment
