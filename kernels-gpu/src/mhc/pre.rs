@@ -596,7 +596,6 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix(
     let tile = b - beta * tiles;
     let m = n * n + 2 * n;
     let mq = m + 1;
-    let nn = n * n;
     let slices = 1u32 << ls;
     let sm = layout2(mq, slices, n);
     let col0 = tile * jt;
@@ -1023,62 +1022,61 @@ unsafe fn sum4(p: *const f64, count: u32, stride: u32) -> f64 {
     (s[0] + s[1]) + (s[2] + s[3])
 }
 
-/// Kernel 2, v5 (n ≤ 4, with [`mhc_pre_partial_mma5`]'s layout): grid `(tiles, batch)`, block
-/// `(T, 1, 1)`; block `(tile, β)` mixes the columns `col = tile·T + t` of batch row β, one per
-/// thread. Everything that does not need kernel 1 happens before `griddepcontrol.wait`:
-/// - the thread's column `x[β, k·c + col]` (k < n) into registers (no staged tile);
-/// - `r` from x itself: Σx² of the whole row (16-byte loads where aligned, exact f64 FMAs in a
-///   fixed order, warp butterfly, warp sums in order — every block of the row gets the same
-///   bits), then `1/r` (Newton-refined MUFU estimates as in [`mhc_pre_mix4`]) and each lane's
-///   `alpha/r` and bias;
-///
-/// after the wait, one dependent chain per warp and a single barrier:
-/// - lane l of warp w sums its logit's ([`mix4_logit`]) partials of blocks `g = w, w+W, …`
-///   ([`GL5`] loads in flight), one shared store, the barrier, then every warp adds the W warp
-///   sums of its lane in a fixed order ([`sum4`]): every warp holds all the logits;
-/// - every warp runs [`lane_coefficients`] itself (identical bits in every warp) and takes
-///   H_pre and R by 20 broadcast shuffles — no second barrier, no shared round trip;
-/// - mixing from registers: `x_layer = q(Σ_k H_pre[k]·x_k)`, `x_res[i] = q(Σ_k R[i,k]·x_k)`.
-///
-/// Tile 0, warp 0 writes h_post. Shared memory [`mix5_smem`]. Fixed summation orders:
-/// bitwise reproducible (not bitwise [`mhc_pre_mix4`]: r and the partial sums differ in order).
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_mix5(
-    x: *const u16,
-    bias: *const f32,
-    part_ws: *const f64,
-    x_res: *mut u16,
-    x_layer: *mut u16,
-    h_post: *mut f32,
-    batch: u32,
-    n: u32,
-    c: u32,
-    grid1: u32,
-    alpha_pre: f32,
-    alpha_post: f32,
-    alpha_res: f32,
-    repeat: u32,
-    eps: f32,
-    inv_sqrt_nc: f64,
-) {
-    let a = [alpha_pre, alpha_post, alpha_res, eps];
-    mix5_body::<false, false>(
-        x,
-        bias,
-        part_ws,
-        x_res,
-        x_layer,
-        h_post,
-        batch,
-        n,
-        c,
-        grid1,
-        a,
-        repeat,
-        inv_sqrt_nc,
-        core::ptr::null_mut(),
-    );
+/// Kernel-2 entries of the v5 and v8 pairs: the parameters of [`mhc_pre_mix`]'s successors
+/// and the body [`mix5_body`] without stamps (`fx`: the logits from the v8 accumulators at
+/// `part_ws`; `grid1` is then unused).
+macro_rules! mix5_entry {
+    ($(#[$doc:meta])* $name:ident, fx: $fx:literal) => {
+        $(#[$doc])*
+        #[no_mangle]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            x: *const u16,
+            bias: *const f32,
+            part_ws: *const f64,
+            x_res: *mut u16,
+            x_layer: *mut u16,
+            h_post: *mut f32,
+            batch: u32,
+            n: u32,
+            c: u32,
+            grid1: u32,
+            alpha_pre: f32,
+            alpha_post: f32,
+            alpha_res: f32,
+            repeat: u32,
+            eps: f32,
+            inv_sqrt_nc: f64,
+        ) {
+            let a = [alpha_pre, alpha_post, alpha_res, eps];
+            let null = core::ptr::null_mut();
+            mix5_body::<false, $fx>(x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, a, repeat, inv_sqrt_nc, null);
+        }
+    };
+}
+
+mix5_entry! {
+    /// Kernel 2, v5 (n ≤ 4, with [`mhc_pre_partial_mma5`]'s layout): grid `(tiles, batch)`, block
+    /// `(T, 1, 1)`; block `(tile, β)` mixes the columns `col = tile·T + t` of batch row β, one per
+    /// thread. Everything that does not need kernel 1 happens before `griddepcontrol.wait`:
+    /// - the thread's column `x[β, k·c + col]` (k < n) into registers (no staged tile);
+    /// - `r` from x itself: Σx² of the whole row (16-byte loads where aligned, exact f64 FMAs in a
+    ///   fixed order, warp butterfly, warp sums in order — every block of the row gets the same
+    ///   bits), then `1/r` (Newton-refined MUFU estimates as in [`mhc_pre_mix4`]) and each lane's
+    ///   `alpha/r` and bias;
+    ///
+    /// after the wait, one dependent chain per warp and a single barrier:
+    /// - lane l of warp w sums its logit's ([`mix4_logit`]) partials of blocks `g = w, w+W, …`
+    ///   ([`GL5`] loads in flight), one shared store, the barrier, then every warp adds the W warp
+    ///   sums of its lane in a fixed order ([`sum4`]): every warp holds all the logits;
+    /// - every warp runs [`lane_coefficients`] itself (identical bits in every warp) and takes
+    ///   H_pre and R by 20 broadcast shuffles — no second barrier, no shared round trip;
+    /// - mixing from registers: `x_layer = q(Σ_k H_pre[k]·x_k)`, `x_res[i] = q(Σ_k R[i,k]·x_k)`.
+    ///
+    /// Tile 0, warp 0 writes h_post. Shared memory [`mix5_smem`]. Fixed summation orders:
+    /// bitwise reproducible (not bitwise [`mhc_pre_mix4`]: r and the partial sums differ in order).
+    mhc_pre_mix5,
+    fx: false
 }
 
 /// [`mhc_pre_mix5`] with `%globaltimer` stamps (diagnostic, `PreConfig::stamps`): thread 0 of
@@ -1431,71 +1429,49 @@ fn fx_value(s: &[u64; FX_WORDS as usize]) -> f64 {
 
 crate::entry_directive!("mhc_pre_partial_fx", ".maxntid 512, 1, 1 .minnctapersm 1");
 
-/// Kernel 1 of the v8 pair: [`mhc_pre_partial_mma5`]'s product, each block partial added as
-/// [`FX_LIMBS`] integer limbs ([`fx_add`]) into `acc[par][(β·m + q)·FX_WORDS ..]`, where
-/// `m = n²+2n` and `par` is the parity of the u32 epoch word at u64 word `2·batch·m·FX_WORDS` of
-/// `acc`; the other half is zeroed. `acc` must be all zero before the first call of a
-/// workspace and is then left to the kernels (kernel 2 flips the epoch). Every block adds to
-/// every accumulator of its batch rows; the integer sums do not depend on the order.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_partial_fx(
-    phi: *const f32,
-    x: *const u16,
-    acc: *mut u64,
-    batch: u32,
-    n: u32,
-    c: u32,
-    cw: u32,
-    bpc: u32,
-) {
-    partial_mma_entry(phi, x, acc as *mut f64, batch, n, c, cw, bpc, true, true, core::ptr::null_mut());
+/// Kernel-1 entries on tensor cores, all with the parameters `(phi, x, part_ws, batch, n, c,
+/// cw, bpc)` and the body [`partial_mma_entry`] (`v5`: block-major partials straight from the
+/// slot sums; `fx`: fixed-point limb adds into the v8 accumulators at `part_ws`).
+macro_rules! mma_partial_entry {
+    ($(#[$doc:meta])* $name:ident, v5: $v5:literal, fx: $fx:literal) => {
+        $(#[$doc])*
+        #[no_mangle]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            phi: *const f32,
+            x: *const u16,
+            part_ws: *mut f64,
+            batch: u32,
+            n: u32,
+            c: u32,
+            cw: u32,
+            bpc: u32,
+        ) {
+            partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, $v5, $fx, core::ptr::null_mut());
+        }
+    };
 }
 
-/// Kernel 2 of the v8 pair: [`mhc_pre_mix5`] (grid, prologue, coefficients and mixing) with
-/// the logits read from [`mhc_pre_partial_fx`]'s accumulators instead of `G` partials: after
-/// `griddepcontrol.wait`, each lane loads its logit's words from both halves (one half holds
-/// the sums, the other was zeroed by kernel 1), adds them as integers and converts
-/// ([`fx_value`]) — no cross-warp reduction, no barrier. Block (0, 0) flips the epoch word.
-/// The same parameters as [`mhc_pre_mix5`] (`_grid1` unused).
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_mix_fx(
-    x: *const u16,
-    bias: *const f32,
-    acc: *mut u64,
-    x_res: *mut u16,
-    x_layer: *mut u16,
-    h_post: *mut f32,
-    batch: u32,
-    n: u32,
-    c: u32,
-    _grid1: u32,
-    alpha_pre: f32,
-    alpha_post: f32,
-    alpha_res: f32,
-    repeat: u32,
-    eps: f32,
-    inv_sqrt_nc: f64,
-) {
-    let a = [alpha_pre, alpha_post, alpha_res, eps];
-    let p = acc as *const f64;
-    mix5_body::<false, true>(
-        x,
-        bias,
-        p,
-        x_res,
-        x_layer,
-        h_post,
-        batch,
-        n,
-        c,
-        0,
-        a,
-        repeat,
-        inv_sqrt_nc,
-        core::ptr::null_mut(),
-    );
+mma_partial_entry! {
+    /// Kernel 1 of the v8 pair: [`mhc_pre_partial_mma5`]'s product, each block partial added as
+    /// [`FX_LIMBS`] integer limbs ([`fx_add`]) into `part_ws[par][(β·m + q)·FX_WORDS ..]`, where
+    /// `m = n²+2n` and `par` is the parity of the u32 epoch word at u64 word `2·batch·m·FX_WORDS` of
+    /// `part_ws`; the other half is zeroed. `part_ws` must be all zero before the first call of a
+    /// workspace and is then left to the kernels (kernel 2 flips the epoch). Every block adds to
+    /// every accumulator of its batch rows; the integer sums do not depend on the order.
+    mhc_pre_partial_fx,
+    v5: true, fx: true
+}
+
+mix5_entry! {
+    /// Kernel 2 of the v8 pair: [`mhc_pre_mix5`] (grid, prologue, coefficients and mixing) with
+    /// the logits read from [`mhc_pre_partial_fx`]'s accumulators instead of `G` partials: after
+    /// `griddepcontrol.wait`, each lane loads its logit's words from both halves (one half holds
+    /// the sums, the other was zeroed by kernel 1), adds them as integers and converts
+    /// ([`fx_value`]) — no cross-warp reduction, no barrier. Block (0, 0) flips the epoch word.
+    /// The same parameters as [`mhc_pre_mix5`] (`grid1` unused).
+    mhc_pre_mix_fx,
+    fx: true
 }
 
 /// [`mhc_pre_mix5`]'s dynamic shared memory, bytes: `ssw[32]` f64 | `red[W·32]` f64.
@@ -1621,46 +1597,26 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_fused(
 
 crate::entry_directive!("mhc_pre_partial_mma", ".maxntid 512, 1, 1 .minnctapersm 1");
 
-/// Kernel 1 of the two-launch path on fp64 tensor cores (replaces [`mhc_pre_partial`] where
-/// the shape allows: n ≤ [`NMAX_FUSED`]): grid `(G, groups)`, block `(T, 1, 1)`; block `g`
-/// owns the channel columns `[g·cw, min((g+1)·cw, c))` and writes its partial logits and Σx²
-/// of every batch row of its y range to `part[(β·(m+1) + q)·G + g]` (f64), the layout
-/// [`mhc_pre_mix`] reads; the same slab staging, DMMA product and fixed-order warp sums as
-/// [`mhc_pre_fused`], no cluster. Triggers the dependent launch of kernel 2 at entry.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma(
-    phi: *const f32,
-    x: *const u16,
-    part_ws: *mut f64,
-    batch: u32,
-    n: u32,
-    c: u32,
-    cw: u32,
-    bpc: u32,
-) {
-    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, false, false, core::ptr::null_mut());
+mma_partial_entry! {
+    /// Kernel 1 of the two-launch path on fp64 tensor cores (replaces [`mhc_pre_partial`] where
+    /// the shape allows: n ≤ [`NMAX_FUSED`]): grid `(G, groups)`, block `(T, 1, 1)`; block `g`
+    /// owns the channel columns `[g·cw, min((g+1)·cw, c))` and writes its partial logits and Σx²
+    /// of every batch row of its y range to `part[(β·(m+1) + q)·G + g]` (f64), the layout
+    /// [`mhc_pre_mix`] reads; the same slab staging, DMMA product and fixed-order warp sums as
+    /// [`mhc_pre_fused`], no cluster. Triggers the dependent launch of kernel 2 at entry.
+    mhc_pre_partial_mma,
+    v5: false, fx: false
 }
 
 crate::entry_directive!("mhc_pre_partial_mma5", ".maxntid 512, 1, 1 .minnctapersm 1");
 
-/// [`mhc_pre_partial_mma`] for [`mhc_pre_mix5`]: the same product, each block partial stored
-/// straight from its slot-sum thread (no shared-memory round trip, no index division, no
-/// trailing barriers) to `part[(g·batch + β)·(m+1) + q]` — block g's `m+1` quantities of row β
-/// contiguous. No clusters.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma5(
-    phi: *const f32,
-    x: *const u16,
-    part_ws: *mut f64,
-    batch: u32,
-    n: u32,
-    c: u32,
-    cw: u32,
-    bpc: u32,
-) {
-    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, true, false, core::ptr::null_mut());
+mma_partial_entry! {
+    /// [`mhc_pre_partial_mma`] for [`mhc_pre_mix5`]: the same product, each block partial stored
+    /// straight from its slot-sum thread (no shared-memory round trip, no index division, no
+    /// trailing barriers) to `part[(g·batch + β)·(m+1) + q]` — block g's `m+1` quantities of row β
+    /// contiguous. No clusters.
+    mhc_pre_partial_mma5,
+    v5: true, fx: false
 }
 
 crate::entry_directive!("mhc_pre_partial_mma5_ts", ".maxntid 512, 1, 1 .minnctapersm 1");
@@ -1902,7 +1858,6 @@ unsafe fn pre_mma_body(
             unsafe { *ts.add(i) = globaltimer() };
         }
     };
-    let PreCoef { alpha_pre, alpha_post, alpha_res, repeat, eps, inv_sqrt_nc } = coef;
     let partial = !part_ws.is_null();
     let t = thread_idx_x();
     let nt = block_dim_x();
