@@ -1050,7 +1050,7 @@ macro_rules! mix5_entry {
         ) {
             let a = [alpha_pre, alpha_post, alpha_res, eps];
             let null = core::ptr::null_mut();
-            mix5_body::<false, $fx>(x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, a, repeat, inv_sqrt_nc, null);
+            mix5_body::<false>($fx, x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, a, repeat, inv_sqrt_nc, null);
         }
     };
 }
@@ -1108,41 +1108,23 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix5_ts(
     fx: u32,
 ) {
     let a = [alpha_pre, alpha_post, alpha_res, eps];
-    if fx != 0 {
-        mix5_body::<true, true>(
-            x,
-            bias,
-            part_ws,
-            x_res,
-            x_layer,
-            h_post,
-            batch,
-            n,
-            c,
-            grid1,
-            a,
-            repeat,
-            inv_sqrt_nc,
-            ts,
-        );
-    } else {
-        mix5_body::<true, false>(
-            x,
-            bias,
-            part_ws,
-            x_res,
-            x_layer,
-            h_post,
-            batch,
-            n,
-            c,
-            grid1,
-            a,
-            repeat,
-            inv_sqrt_nc,
-            ts,
-        );
-    }
+    mix5_body::<true>(
+        fx != 0,
+        x,
+        bias,
+        part_ws,
+        x_res,
+        x_layer,
+        h_post,
+        batch,
+        n,
+        c,
+        grid1,
+        a,
+        repeat,
+        inv_sqrt_nc,
+        ts,
+    );
 }
 
 /// Stamps per block of [`mhc_pre_mix5_ts`].
@@ -1151,10 +1133,12 @@ pub const MIX5_STAMPS: u32 = 8;
 pub const MMA5_STAMPS: u32 = 4;
 
 /// The body of [`mhc_pre_mix5`] (`TS`: with the diagnostic stamps of [`mhc_pre_mix5_ts`];
-/// `a` = alpha_pre, alpha_post, alpha_res, eps).
+/// `a` = alpha_pre, alpha_post, alpha_res, eps; `fx`: the logits from the v8 accumulators —
+/// a literal in the production entries, folded away after inlining).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn mix5_body<const TS: bool, const FX: bool>(
+unsafe fn mix5_body<const TS: bool>(
+    fx: bool,
     x: *const u16,
     bias: *const f32,
     part_ws: *const f64,
@@ -1287,7 +1271,7 @@ unsafe fn mix5_body<const TS: bool, const FX: bool>(
         st[2] = globaltimer();
     }
 
-    let h = if FX {
+    let h = if fx {
         // ---- v8: the lane's logit from the two accumulator halves (this call's sums and the
         // half kernel 1 zeroed), one round of 2·FX_WORDS independent loads per lane, no barrier.
         let words = batch * m * FX_WORDS;
