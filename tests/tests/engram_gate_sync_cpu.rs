@@ -106,14 +106,26 @@ fn no_dst(op: &str) -> bool {
         || op == "st"
 }
 
+/// The statements of one PTX line without its comment: a one-line inline-asm scope
+/// `{ .reg .pred p; setp…; @p mov…; }` gives its inner statements (each with its `;`), any
+/// other line itself. Without this a scope line, which does not end in `;`, would swallow the
+/// next line's instruction (or label) into one unparsable statement.
+fn statements(raw: &str) -> Vec<String> {
+    let l = raw.split("//").next().unwrap().trim();
+    match l.strip_prefix('{').and_then(|r| r.strip_suffix('}')) {
+        Some(inner) => inner.split(';').map(str::trim).filter(|t| !t.is_empty()).map(|t| format!("{t};")).collect(),
+        None => vec![l.to_string()],
+    }
+}
+
 /// Parses the body of one `.entry` (the lines between its `{` and `}`) into instructions and
 /// labels.
 fn parse_body(lines: &[(usize, &str)]) -> Vec<(Option<String>, Option<Insn>)> {
     let mut out = Vec::new();
     let mut acc = String::new();
     let mut acc_line = 0;
-    for &(ln, raw) in lines {
-        let l = raw.split("//").next().unwrap().trim();
+    for (ln, stmt) in lines.iter().flat_map(|&(ln, raw)| statements(raw).into_iter().map(move |t| (ln, t))) {
+        let l = stmt.as_str();
         if l.is_empty() || l == "{" || l == "}" {
             continue;
         }
@@ -541,6 +553,17 @@ fn checker_flags_a_shuffle_sunk_into_a_lane_branch() {
     );
     assert_eq!(f.len(), 1, "{f:?}");
     assert!(f[0].msg.contains("warp collective"), "{f:?}");
+}
+
+/// A one-line inline-asm scope (as `globaltimer_after_f64` emits) is read as its statements: the
+/// label and the divergent barrier after it are still seen.
+#[test]
+fn checker_reads_through_one_line_asm_scopes() {
+    let f = one(
+        "\tmov.u32 %r1, %tid.x;\n\tsetp.gt.u32 %p1, %r1, 95;\n\t{ .reg .pred p; setp.eq.f64 p, %rd3, 0d7FF0DEAD00000001; mov.u64 %rd4, %globaltimer; @p mov.u64 %rd4, 0; }\n$L__BB0_1:\n\t@%p1 bra $L__BB0_2;\n\tbra.uni $L__BB0_3;\n$L__BB0_2:\n\t{ .reg .pred p; setp.eq.f64 p, %rd3, 0d7FF0DEAD00000001; mov.u64 %rd5, %globaltimer; @p mov.u64 %rd5, 0; }\n\tbar.sync 0;\n$L__BB0_3:\n\tret;\n",
+    );
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(f[0].msg.contains("CTA barrier"), "{f:?}");
 }
 
 #[test]
