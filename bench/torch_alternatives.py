@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Time the PyTorch "alternatives" of the project's six ops and report their error.
 
-Contract (see /work/shared/SPEC.md, sections 1-6, "Alternatives" and "How the
-numbers are taken"):
+Contract: the op definitions and the measurement method of the project's
+README ("Benchmark method").
 
 Usage::
 
     python3 bench/torch_alternatives.py --manifest DIR/manifest.json \
         --out DIR/alternatives.json [--min-calls 50] [--max-calls 200] \
         [--budget-s 2.0] [--only OP[,OP...]] [--device cuda|cpu] [--skip-compile]
+        [--skip-tileops]
 
 Input (written by the Rust bench):
   manifest.json = {"entries": [{"op", "workload", "dtype", "file", "params"}]},
@@ -25,6 +26,16 @@ Alternatives (per op):
   every other op      torch-ref (eager composition of SPEC's formulas, f32
                       math, rounding to the storage dtype where SPEC says q),
                       torch-compile (torch.compile of the same function)
+  tileops             every op: TileOPs 0.1.0 (the peer, PyPI ``tileops``), its op
+                      classes called as its README shows, when the package imports
+                      (``cargo xtask peers`` packs it for a GPU machine without a
+                      network); otherwise one line says why and the others run.
+                      Its first call per op and shape JIT-compiles (3-14 s, cached by
+                      TileLang) and is never timed.  Its error is compared with the
+                      eager alternative's: a row whose worst rel_l2 is over
+                      MISMATCH_FACTOR times the eager one's (and over MISMATCH_FLOOR)
+                      is marked "mismatch" (a different function, not a rounding
+                      difference): still timed and shown, never the fastest.
   torch.compile runs with its default config (dynamic=False, dynamo reset per
   entry).  Note inductor's default elides f32 -> 16-bit -> f32 round trips
   (emulate_precision_casts=False), so the compiled rows may skip SPEC's
@@ -43,7 +54,11 @@ in forward then reverse order (half of the calls each pass), samples pooled.
 Warm-up (compilation, plan creation, allocation) is never timed.
 
 Errors: rel_l2 = ||out - ref||_2 / ||ref||_2 and max_abs, in float64 on the
-CPU (complex compared as the [..., 2] real view).  A row reports the worst
+CPU (complex compared as the [..., 2] real view).  Before an alternative is
+timed, each of its outputs must have the row's dtype (complex64/complex128 for
+c64/c128, the 16-bit dtype for 16-bit outputs, float32 for the f32 outputs:
+h_post, alpha, rrms_*, drms_w_*, dconv_w) and exactly the reference's shape;
+otherwise the row records the error and is not timed.  A row reports the worst
 (max) over its outputs and a per-output dict; non-finite values are written
 as null and listed under "nonfinite_outputs".
 
@@ -52,7 +67,8 @@ Output alternatives.json =
    "ms", "p10_ms", "p90_ms", "calls", "kernels_per_call", "rel_l2_err",
    "max_abs_err", "errors": {output: {"rel_l2_err", "max_abs_err"}},
    "warmup_first_s" (wall time of set-up + first call, i.e. compile),
-   ["error"], ["nonfinite_outputs"]}]}
+   ["error"], ["mismatch"], ["nonfinite_outputs"]}], "tileops": version or null,
+   "tileops_unavailable": reason or null}
 "dtype" is the manifest entry's; it tells apart workloads that share a name
 (FFT throughput-4k exists in c64 and c128).  The file is rewritten after every
 manifest entry, so a crash keeps what was done.  One failing alternative records "error" in its row and the run goes on.  With
@@ -265,8 +281,17 @@ def _bwd_alternatives(t: Dict[str, torch.Tensor], params: dict, skip_compile: bo
     return alts
 
 
-def build_alternatives(op: str, t: Dict[str, torch.Tensor], params: dict, skip_compile: bool):
-    """t: the entry's input tensors, already on the target device."""
+def build_alternatives(op: str, t: Dict[str, torch.Tensor], params: dict, skip_compile: bool,
+                       tileops: Optional[dict] = None):
+    """t: the entry's input tensors, already on the target device; `tileops`: TileOPs' op
+    classes (``load_tileops``) or None.  The eager alternative comes first."""
+    alts = torch_alternatives(op, t, params, skip_compile)
+    if tileops is not None:
+        alts.append(tileops_alternative(op, t, params, tileops))
+    return alts
+
+
+def torch_alternatives(op: str, t: Dict[str, torch.Tensor], params: dict, skip_compile: bool):
     if op == "FFTC2CFwd":
         # clone: a fresh complex tensor, not a view (dynamo fails to replay the
         # view_as_complex of a safetensors-loaded tensor)
@@ -300,6 +325,125 @@ def build_alternatives(op: str, t: Dict[str, torch.Tensor], params: dict, skip_c
                                "rms_w_h", "rms_w_v", "conv_w")]
         return _plain_alternatives(op, fn, args, "torch-ref", skip_compile)
     raise ValueError(f"unknown op {op!r}")
+
+
+# --------------------------------------------------------------------------
+# TileOPs 0.1.0, the peer: its op classes on the same inputs
+# --------------------------------------------------------------------------
+
+TILEOPS_NAME = "tileops"
+# A row whose worst rel_l2 exceeds both of these (factor x the eager alternative's, and the
+# floor) computes a different function: TileOPs' own rounding choices stay well inside.
+MISMATCH_FACTOR = 10.0
+MISMATCH_FLOOR = 1e-4
+
+
+def load_tileops():
+    """Returns (namespace of TileOPs' op classes, version, None) or (None, None, reason)."""
+    try:
+        import importlib.metadata as md
+        from tileops.fft import FFTC2CFwdOp
+        from tileops.sequence_modeling import (EngramDecodeFwdOp, EngramGateConvBwdOp,
+                                               EngramGateConvFwdOp, MHCPostFwdOp, MHCPreFwdOp)
+        try:
+            version = md.version("tileops")
+        except Exception:
+            version = "unknown"
+    except BaseException as exc:  # ImportError, or a native library failing to load
+        return None, None, _short_error(exc)
+    ops = dict(FFTC2CFwdOp=FFTC2CFwdOp, MHCPreFwdOp=MHCPreFwdOp, MHCPostFwdOp=MHCPostFwdOp,
+               EngramGateConvFwdOp=EngramGateConvFwdOp, EngramGateConvBwdOp=EngramGateConvBwdOp,
+               EngramDecodeFwdOp=EngramDecodeFwdOp)
+    return ops, version, None
+
+
+def tileops_alternative(op: str, t: Dict[str, torch.Tensor], params: dict, ops: dict):
+    """(name, factory) calling TileOPs' class for `op` on the entry's tensors."""
+    names = OUTPUTS[op]
+    eps = float(params.get("eps", 1e-6))
+    if op == "FFTC2CFwd":
+        x = torch.view_as_complex(t["x"].contiguous()).clone()
+        make_op, args = (lambda: ops["FFTC2CFwdOp"]()), [x]
+    elif op == "MHCPreFwd":
+        make_op = lambda: ops["MHCPreFwdOp"](float(params.get("alpha_pre", 1.0)),
+                                             float(params.get("alpha_post", 1.0)),
+                                             float(params.get("alpha_res", 1.0)),
+                                             int(params.get("sinkhorn_repeat", 1)),
+                                             float(params.get("sinkhorn_eps", 0.02)))
+        args = [t["phi"], t["x"], t["b"]]
+    elif op == "MHCPostFwd":
+        make_op, args = (lambda: ops["MHCPostFwdOp"]()), [t["x_layer_out"], t["h_post"], t["x_res"]]
+    elif op == "EngramGateConvFwd":
+        make_op = lambda: ops["EngramGateConvFwdOp"](eps)
+        args = [t[k] for k in ("H", "k", "v", "rms_w_h", "rms_w_v", "conv_w")]
+    elif op == "EngramGateConvBwd":
+        # vhat, alpha, rrms_* are what a forward saves; the bench exports them from the f64
+        # forward reference (vhat rounded to the dtype), the same values our backward reads.
+        make_op = lambda: ops["EngramGateConvBwdOp"](eps)
+        args = [t[k] for k in ("dY", "H", "k", "v", "rms_w_h", "rms_w_v", "conv_w", "vhat",
+                               "alpha", "rrms_h", "rrms_k", "rrms_v")]
+    elif op == "EngramDecodeFwd":
+        K = int(params.get("kernel_size", t["conv_w"].shape[0]))
+        L = int(params.get("max_conv_len", t["conv_state"].shape[1]))
+        make_op = lambda: ops["EngramDecodeFwdOp"](L, K, int(params.get("dilation", 1)), eps)
+        args = [t[k] for k in ("e_t", "h_t", "conv_state", "W_K", "W_V", "rms_w_h", "rms_w_v",
+                               "conv_w")]
+    else:
+        raise ValueError(f"unknown op {op!r}")
+
+    def make():
+        f = make_op()
+
+        def call() -> Outputs:
+            out = f(*args)
+            if isinstance(out, torch.Tensor):
+                out = (out,)
+            return dict(zip(names, out))
+        return call
+
+    return TILEOPS_NAME, make
+
+
+def semantic_mismatch(row: dict, eager: dict) -> Optional[str]:
+    """Why `row`'s outputs are not the op's function, judged against the eager alternative's
+    error on the same inputs; None when they are."""
+    bad = sorted(name for name, e in (row.get("errors") or {}).items() if e.get("rel_l2_err") is None)
+    if bad or row.get("nonfinite_outputs"):
+        return "non-finite or missing error on " + ", ".join(bad or row["nonfinite_outputs"])
+    ours, ref = row.get("rel_l2_err"), eager.get("rel_l2_err")
+    if ours is None or ref is None:
+        return None
+    if ours > max(MISMATCH_FACTOR * ref, MISMATCH_FLOOR):
+        worst = max((row["errors"] or {}).items(), key=lambda kv: kv[1]["rel_l2_err"] or 0.0)[0]
+        return (f"rel_l2 {ours:.2e} ({worst}) against {eager.get('impl')} {ref:.2e} on the same "
+                f"inputs (> {MISMATCH_FACTOR:g}x)")
+    return None
+
+
+# --------------------------------------------------------------------------
+# Output dtype and shape: checked before an alternative's time is accepted
+# --------------------------------------------------------------------------
+
+F32_OUTPUTS = {"h_post", "alpha", "rrms_h", "rrms_k", "rrms_v", "drms_w_h", "drms_w_v", "dconv_w"}
+ROW_DTYPES = {"c64": torch.complex64, "c128": torch.complex128, "f16": torch.float16,
+              "bf16": torch.bfloat16}
+
+
+def check_output_spec(out: Outputs, refs: Dict[str, torch.Tensor], row_dtype: Optional[str]):
+    """Raises ValueError unless every referenced output exists with the row's dtype and the
+    reference's shape (complex outputs: the reference holds their [..., 2] real view)."""
+    want_dtype = ROW_DTYPES.get(row_dtype or "")
+    for name, ref in refs.items():
+        if name not in out:
+            raise ValueError(f"output {name} missing")
+        o = out[name]
+        want = torch.float32 if name in F32_OUTPUTS else want_dtype
+        if want is not None and o.dtype != want:
+            raise ValueError(f"output {name}: dtype {o.dtype}, the row needs {want}")
+        shape = list(o.shape) + ([2] if o.is_complex() else [])
+        if shape != list(ref.shape):
+            raise ValueError(f"output {name}: shape {list(o.shape)}, the reference is "
+                             f"{list(ref.shape)}{' (real view)' if o.is_complex() else ''}")
 
 
 # --------------------------------------------------------------------------
@@ -532,7 +676,7 @@ def _base_row(entry: dict, impl: Optional[str]) -> dict:
 
 
 def run_entry(entry: dict, base_dir: str, device: torch.device, timer: Optional[CudaTimer],
-              args) -> List[dict]:
+              args, tileops: Optional[dict] = None) -> List[dict]:
     from safetensors.torch import load_file
 
     op = entry.get("op")
@@ -542,7 +686,7 @@ def run_entry(entry: dict, base_dir: str, device: torch.device, timer: Optional[
         refs = {k[len("ref."):]: v for k, v in tensors.items() if k.startswith("ref.")}
         inputs = {k: v.to(device) for k, v in tensors.items() if not k.startswith("ref.")}
         torch._dynamo.reset()
-        alts = build_alternatives(op, inputs, params, args.skip_compile)
+        alts = build_alternatives(op, inputs, params, args.skip_compile, tileops)
     except Exception as exc:
         row = _base_row(entry, None)
         row["error"] = "setup: " + _short_error(exc)
@@ -566,6 +710,7 @@ def run_entry(entry: dict, base_dir: str, device: torch.device, timer: Optional[
                 for _ in range(2):
                     out = call()
                 _sync(device)
+            check_output_spec(out, refs, entry.get("dtype"))
             per, worst_rel, worst_abs, nonfinite = output_errors(out, refs)
             del out
             row.update(errors=per, rel_l2_err=worst_rel, max_abs_err=worst_abs)
@@ -579,6 +724,14 @@ def run_entry(entry: dict, base_dir: str, device: torch.device, timer: Optional[
         except Exception as exc:
             row["error"] = _short_error(exc)
             traceback.print_exc(file=sys.stderr)
+
+    eager = rows[alts[0][0]]
+    if TILEOPS_NAME in calls and alts[0][0] in calls:
+        why = semantic_mismatch(rows[TILEOPS_NAME], eager)
+        if why:
+            rows[TILEOPS_NAME]["mismatch"] = why
+            print(f"  {op} {entry.get('workload')} {entry.get('dtype')}: tileops mismatch: {why}",
+                  file=sys.stderr)
 
     # Timing: forward then reverse order, half of the calls each pass.
     if timer is not None:
@@ -627,6 +780,8 @@ def print_row(row: dict):
             f"rel_l2 {_fmt(row['rel_l2_err'], '.2e')} max_abs {_fmt(row['max_abs_err'], '.2e')}")
     if row.get("error"):
         line += f"  ERROR {row['error'][:160]}"
+    if row.get("mismatch"):
+        line += f"  MISMATCH {row['mismatch'][:160]}"
     print(line, flush=True)
 
 
@@ -649,6 +804,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--skip-compile", action="store_true",
                     help="leave out the torch-compile alternatives (testing aid)")
+    ap.add_argument("--skip-tileops", action="store_true",
+                    help="leave out the TileOPs alternative")
     args = ap.parse_args(argv)
     args.max_calls = max(args.max_calls, args.min_calls)
 
@@ -678,12 +835,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except Exception as exc:  # no usable kernel records: report errors only
             timing_error = "timing unavailable: " + _short_error(exc)
             traceback.print_exc(file=sys.stderr)
-    doc = {"torch": torch.__version__, "gpu": gpu, "device": device.type, "rows": []}
+    if args.skip_tileops:
+        tileops, tileops_version, why = None, None, "--skip-tileops"
+    elif device.type != "cuda":
+        tileops, tileops_version, why = None, None, "no CUDA device"
+    else:
+        tileops, tileops_version, why = load_tileops()
+    if tileops is None:
+        print(f"tileops: not available ({why}); timing the other alternatives", flush=True)
+    else:
+        print(f"tileops: {tileops_version}", flush=True)
+    doc = {"torch": torch.__version__, "gpu": gpu, "device": device.type, "rows": [],
+           "tileops": tileops_version, "tileops_unavailable": why}
 
     for entry in entries:
         if only is not None and entry.get("op") not in only:
             continue
-        for row in run_entry(entry, base_dir, device, timer, args):
+        for row in run_entry(entry, base_dir, device, timer, args, tileops):
             if timing_error and not row.get("error"):
                 row["error"] = timing_error
             print_row(row)

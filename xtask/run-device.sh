@@ -5,6 +5,8 @@
 # racecheck (fails on any report); bench: the benchmark, one process per op (a failing op cannot
 # take the others down), rows merged into $OUT/h200.json.
 # Logs go straight to $OUT (tests.log, sanitize.log, bench.log), so a run cut short still returns them.
+# The bench's Python alternatives include TileOPs when .device/peers.tar.xz (cargo xtask peers)
+# is there: it is unpacked into a temporary site on PYTHONPATH, with nvcc on PATH for its JIT.
 # Knobs: RGK_TEST_TIMEOUT (s per test executable, default 300), RGK_BENCH_TIMEOUT (s per op,
 # default 600), RGK_BENCH_OPS (default: every op), RGK_TESTS (default: every test executable).
 set -u
@@ -16,6 +18,10 @@ mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PATH=/usr/local/cuda/bin:$PATH
 export RGK_COMMIT=$(cat .device/COMMIT 2>/dev/null || echo unknown)
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+# The driver JIT-compiles the PTX module at load: let its cache keep the result for the next
+# process (the default cache is too small for the whole module).
+export CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}
 fail=0
 # device-pack ships the test executables as one xz tarball (they share the embedded PTX).
 if [ -f .device/tests.tar.xz ] && [ ! -d .device/tests ]; then
@@ -51,12 +57,23 @@ if [ "$mode" = sanitize ] || [ "$mode" = all ]; then
 fi
 
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
+  if [ -f .device/peers.tar.xz ]; then
+    peers=${TMPDIR:-/tmp}/rgk-peers
+    if [ ! -d "$peers/site" ]; then
+      mkdir -p "$peers"
+      python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .device/peers.tar.xz "$peers"
+    fi
+    export PYTHONPATH=$peers/site${PYTHONPATH:+:$PYTHONPATH}
+  else
+    echo "tileops: no .device/peers.tar.xz (run cargo xtask peers before device-pack); the bench runs without it"
+  fi
   [ -f "$out/h200.json" ] || cp bench/results/h200.json "$out/h200.json" 2>/dev/null || true
   for op in ${RGK_BENCH_OPS:-FFTC2CFwd MHCPreFwd MHCPostFwd EngramGateConvFwd EngramGateConvBwd EngramDecodeFwd}; do
     echo "=== $op" >>"$out/bench.log"
+    start=$(date +%s)
     timeout "${RGK_BENCH_TIMEOUT:-600}" .device/rgk-bench --op "$op" --out "$out/h200.json" --work-dir "/tmp/rgk-bench-$op" "$@" >>"$out/bench.log" 2>&1
     rc=$?
-    echo "bench $op: rc=$rc"
+    echo "bench $op: rc=$rc ($(( $(date +%s) - start )) s)"
     [ $rc -eq 0 ] || fail=1
   done
   grep -a -E "^(│|┌|└|╞)" "$out/bench.log" | cut -c1-200

@@ -76,6 +76,15 @@ pub trait Case {
     fn error_native(&mut self, _gpu: &Gpu, name: &str) -> rgk::Result<(f64, f64)> {
         unreachable!("no native alternative {name}")
     }
+    /// Whether the workload has a copy-chain floor ([`Case::launch_floor`]).
+    fn has_floor(&self) -> bool {
+        false
+    }
+    /// Launches the floor once: a plain device copy of the bytes the op must move, in as many
+    /// passes as our plan makes, launched the way the plan launches them (asynchronous).
+    fn launch_floor(&mut self, _gpu: &Gpu) -> rgk::Result<()> {
+        unreachable!("no floor")
+    }
 }
 
 /// The row name of a workload: the seed's `name`, or `name@tag` for a tuning variant.

@@ -22,7 +22,7 @@ use rand::SeedableRng;
 use rgk::Gpu;
 
 use case::{Case, Verification, Workload};
-use report::{Alternative, Row, Stats};
+use report::{Alternative, Floor, Row, Stats};
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmark our kernels against the PyTorch alternatives (CUPTI device time)")]
@@ -110,7 +110,10 @@ fn run(args: &Args) -> Result<bool, String> {
         return Err("libcupti not found: add /usr/local/cuda/lib64 (or your CUDA's lib64) to LD_LIBRARY_PATH".into());
     }
     cupti::start()?;
+    let t_start = Instant::now();
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
+    let startup_ms = t_start.elapsed().as_secs_f64() * 1e3;
+    println!("startup: Gpu::new took {startup_ms:.0} ms (module load)");
     let gpu_name = gpu.context().name().unwrap_or_default();
     let st = gpu.stream().clone();
     // A buffer well over the 60 MB L2, written before every timed call.
@@ -125,7 +128,8 @@ fn run(args: &Args) -> Result<bool, String> {
         let mut case = (w.prepare)(&gpu, &mut rng).map_err(|e| format!("{} {}: {e}", w.op, w.name))?;
         let v = case.verify(&gpu).map_err(|e| format!("{} {}: {e}", w.op, w.name))?;
         println!("{} {}: verified={} ({})", w.op, w.name, v.verified, v.detail);
-        let file = format!("{}__{}.safetensors", w.op, w.name);
+        // The dtype is part of the key: FFT throughput-4k exists in c64 and c128.
+        let file = format!("{}__{}__{}.safetensors", w.op, w.name, w.dtype);
         let tensors = case.tensors();
         safetensors::serialize_to_file(tensors.iter().map(|(k, t)| (k.clone(), t)), None, &args.work_dir.join(&file))
             .map_err(|e| e.to_string())?;
@@ -160,13 +164,14 @@ fn run(args: &Args) -> Result<bool, String> {
         }
     }
     for ((w, case), t) in workloads.iter().zip(cases.iter_mut()).zip(&timings) {
-        for native in t.iter().skip(1) {
-            let (rel, abs) = case.error_native(&gpu, native.name).map_err(|e| e.to_string())?;
+        for native in t.iter() {
+            let Impl::Native(name) = native.what else { continue };
+            let (rel, abs) = case.error_native(&gpu, name).map_err(|e| e.to_string())?;
             let st = Stats::of(&native.samples);
             alternatives.push(Alternative {
                 op: w.op.to_string(),
                 workload: w.name.to_string(),
-                name: native.name.to_string(),
+                name: name.to_string(),
                 dtype: Some(w.dtype.to_string()),
                 ms: Some(st.median),
                 p10_ms: Some(st.p10),
@@ -176,6 +181,7 @@ fn run(args: &Args) -> Result<bool, String> {
                 rel_l2_err: Some(rel),
                 max_abs_err: Some(abs),
                 error: None,
+                mismatch: None,
             });
         }
     }
@@ -190,15 +196,18 @@ fn run(args: &Args) -> Result<bool, String> {
                 .filter(|a| a.op == w.op && a.workload == w.name && a.dtype.as_deref().is_none_or(|d| d == w.dtype))
                 .cloned()
                 .collect();
-            {
-                let kernel_ms = t[0].kernel_samples.iter().map(|k| Stats::of(k).median).collect();
-                Row::new(w, v, Stats::of(&t[0].samples), t[0].kernels.clone(), kernel_ms, alts)
-            }
+            let kernel_ms = t[0].kernel_samples.iter().map(|k| Stats::of(k).median).collect();
+            let floor = t.iter().find(|x| x.what == Impl::Floor).map(|f| Floor {
+                span: Stats::of(&f.samples),
+                sum: Stats::of(&f.sum_samples),
+                kernels: f.kernels.len(),
+            });
+            Row::new(w, v, Stats::of(&t[0].samples), t[0].kernels.clone(), kernel_ms, alts, floor)
         })
         .collect();
     report::print_table(&rows);
     let commit = std::env::var("RGK_COMMIT").ok().or_else(git_commit).unwrap_or_else(|| "unknown".into());
-    report::write_json(&args.out, &gpu_name, &commit, &rows)?;
+    report::write_json(&args.out, &gpu_name, &commit, startup_ms, &rows)?;
     println!("wrote {}", args.out.display());
     let all_ok = verifications.iter().all(|v| v.verified);
     if !all_ok {
@@ -207,10 +216,24 @@ fn run(args: &Args) -> Result<bool, String> {
     Ok(all_ok)
 }
 
-/// The samples of one implementation on one workload: ours (index 0) or a native alternative.
+/// What one [`Timing`] times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Impl {
+    Ours,
+    /// An alternative callable from Rust (cuFFT).
+    Native(&'static str),
+    /// The workload's copy-chain floor (FFT rows): the same bytes copied in as many passes.
+    Floor,
+}
+
+/// The samples of one implementation on one workload: ours (index 0), a native alternative or
+/// the floor.
 struct Timing {
-    name: &'static str,
+    what: Impl,
+    /// Per call, the union of its kernels' intervals (ms).
     samples: Vec<f64>,
+    /// Per call, the sum of its kernels' durations (ms).
+    sum_samples: Vec<f64>,
     kernels: Vec<String>,
     /// Per call, each kernel's own duration (ms), in launch order.
     kernel_samples: Vec<Vec<f64>>,
@@ -221,11 +244,13 @@ struct Timing {
 }
 
 fn impls(case: &dyn Case) -> Vec<Timing> {
-    std::iter::once("ours")
-        .chain(case.native_alternatives())
-        .map(|name| Timing {
-            name,
+    std::iter::once(Impl::Ours)
+        .chain(case.native_alternatives().into_iter().map(Impl::Native))
+        .chain(case.has_floor().then_some(Impl::Floor))
+        .map(|what| Timing {
+            what,
             samples: Vec::new(),
+            sum_samples: Vec::new(),
             kernels: Vec::new(),
             kernel_samples: Vec::new(),
             gap_samples: Vec::new(),
@@ -252,13 +277,11 @@ fn time_rust(
             order.reverse();
         }
         for k in order {
-            let name = timing[k].name;
-            let launch = |case: &mut Box<dyn Case>| {
-                if k == 0 {
-                    case.launch(gpu)
-                } else {
-                    case.launch_native(gpu, name)
-                }
+            let what = timing[k].what;
+            let launch = |case: &mut Box<dyn Case>| match what {
+                Impl::Ours => case.launch(gpu),
+                Impl::Native(name) => case.launch_native(gpu, name),
+                Impl::Floor => case.launch_floor(gpu),
             };
             // Warm-up: first launches, plan caches of the driver.
             for _ in 0..5 {
@@ -280,7 +303,7 @@ fn time_rust(
                 st.synchronize().map_err(|x| e(&x))?;
                 let recs = cupti::drain()?;
                 if recs.is_empty() {
-                    return Err(format!("CUPTI delivered no kernel record for a timed call of {name}"));
+                    return Err(format!("CUPTI delivered no kernel record for a timed call of {what:?}"));
                 }
                 let mut recs = recs;
                 recs.sort_by_key(|r| r.start);
@@ -298,6 +321,9 @@ fn time_rust(
                     timing[k].gap_samples[i].push((recs[i].start as f64 - recs[i - 1].end as f64) * 1e-6);
                 }
                 timing[k].samples.push(cupti::union_ns(&recs) as f64 * 1e-6);
+                timing[k]
+                    .sum_samples
+                    .push(recs.iter().map(|r| r.end.saturating_sub(r.start)).sum::<u64>() as f64 * 1e-6);
                 n += 1;
             }
         }

@@ -59,6 +59,32 @@ pub struct Alternative {
     pub max_abs_err: Option<f64>,
     #[serde(default)]
     pub error: Option<String>,
+    /// Set when the output is far less accurate than the eager torch alternative's on the same
+    /// inputs (a different function, not a rounding difference): timed, shown, never the
+    /// fastest.
+    #[serde(default)]
+    pub mismatch: Option<String>,
+}
+
+impl Alternative {
+    /// Whether this alternative competes for "fastest": timed, no error, no semantic mismatch.
+    pub fn counts(&self) -> Option<f64> {
+        if self.error.is_some() || self.mismatch.is_some() {
+            return None;
+        }
+        self.ms
+    }
+}
+
+/// The copy-chain floor of a row (FFT): the same bytes copied in as many passes as our plan.
+#[derive(Clone, Copy, Debug)]
+pub struct Floor {
+    /// Device span per call (union of the copies' intervals).
+    pub span: Stats,
+    /// Summed kernel time per call.
+    pub sum: Stats,
+    /// Copies per call.
+    pub kernels: usize,
 }
 
 pub fn parse_alternatives(text: &str) -> Result<Vec<Alternative>, String> {
@@ -83,6 +109,7 @@ pub struct Row {
     pub flops: f64,
     pub bytes: f64,
     pub peak_flops: f64,
+    pub floor: Option<Floor>,
 }
 
 impl Row {
@@ -93,6 +120,7 @@ impl Row {
         kernels: Vec<String>,
         kernel_ms: Vec<f64>,
         alternatives: Vec<Alternative>,
+        floor: Option<Floor>,
     ) -> Self {
         Self {
             op: w.op,
@@ -107,12 +135,21 @@ impl Row {
             flops: w.flops,
             bytes: w.bytes,
             peak_flops: w.peak_flops,
+            floor,
         }
     }
 
-    /// The fastest alternative that produced a time: (name, ms).
+    /// The fastest alternative that counts ([`Alternative::counts`]): (name, ms).
     pub fn fastest_alternative(&self) -> Option<(&str, f64)> {
-        self.alternatives.iter().filter_map(|a| a.ms.map(|ms| (a.name.as_str(), ms))).min_by(|a, b| a.1.total_cmp(&b.1))
+        self.alternatives
+            .iter()
+            .filter_map(|a| a.counts().map(|ms| (a.name.as_str(), ms)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
+    /// Ours ÷ the copy-chain floor's span (≥ 1; 1 would be a copy).
+    pub fn floor_ratio(&self) -> Option<f64> {
+        self.floor.map(|f| self.ours.median / f.span.median)
     }
 
     /// Fastest alternative / ours (> 1: we are faster).
@@ -160,7 +197,7 @@ pub fn print_table(rows: &[Row]) {
     let mut header = vec!["op", "workload", "dtype", "ratio", "ours ms", "p10–p90 ms"];
     let alt_headers: Vec<String> = names.iter().map(|n| format!("{n} ms")).collect();
     header.extend(alt_headers.iter().map(|s| s.as_str()));
-    header.extend(["TFLOP/s", "SOL", "bound", "rel_l2 ours", "verified"]);
+    header.extend(["floor ms", "ours/floor", "TFLOP/s", "SOL", "bound", "rel_l2 ours", "verified"]);
     t.set_header(header);
     for r in rows {
         let (sol, bound) = r.sol();
@@ -175,6 +212,7 @@ pub fn print_table(rows: &[Row]) {
         for n in &names {
             let a = r.alternatives.iter().find(|a| &a.name == n);
             let s = match a {
+                Some(Alternative { ms: Some(ms), mismatch: Some(_), .. }) => format!("{ms:.5} mismatch"),
                 Some(Alternative { ms: Some(ms), .. }) => format!("{ms:.5}"),
                 Some(Alternative { error: Some(_), .. }) => "error".into(),
                 _ => "—".into(),
@@ -182,6 +220,9 @@ pub fn print_table(rows: &[Row]) {
             cells.push(Cell::new(s).set_alignment(CellAlignment::Right));
         }
         cells.extend([
+            Cell::new(r.floor.map_or("—".into(), |f| format!("{:.5}", f.span.median)))
+                .set_alignment(CellAlignment::Right),
+            Cell::new(r.floor_ratio().map_or("—".into(), |x| format!("{x:.2}"))).set_alignment(CellAlignment::Right),
             Cell::new(format!("{:.3}", r.tflops())).set_alignment(CellAlignment::Right),
             Cell::new(format!("{:.1}%", sol * 100.0)).set_alignment(CellAlignment::Right),
             Cell::new(bound),
@@ -201,6 +242,9 @@ pub fn print_table(rows: &[Row]) {
             if let Some(e) = &a.error {
                 println!("note: {} {} {}: {}", r.op, r.workload, a.name, e.lines().next().unwrap_or(""));
             }
+            if let Some(m) = &a.mismatch {
+                println!("mismatch: {} {} {} {}: {m}", r.op, r.workload, r.dtype, a.name);
+            }
         }
     }
 }
@@ -213,7 +257,7 @@ fn row_json(r: &Row, commit: &str) -> Value {
             serde_json::json!({
                 "ms": a.ms, "p10_ms": a.p10_ms, "p90_ms": a.p90_ms, "calls": a.calls,
                 "kernels_per_call": a.kernels_per_call, "rel_l2_err": a.rel_l2_err,
-                "max_abs_err": a.max_abs_err, "error": a.error,
+                "max_abs_err": a.max_abs_err, "error": a.error, "mismatch": a.mismatch,
             }),
         );
     }
@@ -228,12 +272,15 @@ fn row_json(r: &Row, commit: &str) -> Value {
         "fastest_alternative": r.fastest_alternative().map(|(n, _)| n), "ratio": r.ratio(),
         "tflops": r.tflops(), "sol": sol, "bound": bound,
         "flops": r.flops, "bytes": r.bytes,
+        "floor_ms": r.floor.map(|f| f.span.median), "floor_sum_ms": r.floor.map(|f| f.sum.median),
+        "floor_p10_ms": r.floor.map(|f| f.span.p10), "floor_p90_ms": r.floor.map(|f| f.span.p90),
+        "floor_kernels": r.floor.map(|f| f.kernels), "floor_ratio": r.floor_ratio(),
         "alternatives": Value::Object(alts),
     })
 }
 
 /// Writes the results file; rows of other ops/workloads already in it are kept.
-pub fn write_json(path: &Path, gpu: &str, commit: &str, rows: &[Row]) -> Result<(), String> {
+pub fn write_json(path: &Path, gpu: &str, commit: &str, startup_ms: f64, rows: &[Row]) -> Result<(), String> {
     let mut kept: Vec<Value> = std::fs::read_to_string(path)
         .ok()
         .and_then(|t| serde_json::from_str::<Value>(&t).ok())
@@ -250,7 +297,7 @@ pub fn write_json(path: &Path, gpu: &str, commit: &str, rows: &[Row]) -> Result<
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
     let doc = serde_json::json!({
-        "gpu": gpu, "date": date, "commit": commit,
+        "gpu": gpu, "date": date, "commit": commit, "startup_ms": startup_ms,
         "method": "CUPTI kernel records, union of one call's kernel intervals; L2 flushed (256 MiB write) and device idle before each call; warm-up excluded; median, p10, p90",
         "rows": kept,
     });

@@ -7,6 +7,7 @@
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)]
 #![allow(clippy::missing_safety_doc)]
 
+pub mod copy;
 pub mod engram;
 pub mod fft;
 pub mod mhc;

@@ -593,3 +593,47 @@ fn argument_errors() {
     let r = unsafe { plan.execute_raw(&gpu, p, p + 16, st.cu_stream()) };
     assert!(matches!(r, Err(Error::Shape { arg: "y", .. })));
 }
+
+/// The bench's copy-chain floor (`CopyChain`): one copy for one-pass plans, two through the
+/// scratch for two-pass plans (graph + PDL as the plan); `y` is bitwise `x` on the seed rows'
+/// plans (c64 and c128), nothing outside `y` is written, and the argument errors name the
+/// buffer.
+#[test]
+fn copy_chain_floor() {
+    let Some(gpu) = gpu_or_skip("fft::copy_chain_floor") else { return };
+    let mut rng = fresh_rng("fft::copy_chain_floor");
+    let st = gpu.stream();
+    for (batch, n, prec) in SEED_ROWS {
+        let plan = FftPlan::new(&gpu, n, batch, prec).unwrap();
+        let mut chain = rgk::fft::CopyChain::for_plan(&gpu, &plan).unwrap();
+        assert_eq!(chain.passes(), plan.launches().clamp(1, 2), "n={n} batch={batch}");
+        // Bit patterns of the storage type; c128 as pairs of f32 words is the same bytes.
+        let words = 2 * n * batch * prec.element_bytes() / 8;
+        let x = randn_f32(&mut rng, words, 1.0);
+        let dx = st.clone_htod(&x).unwrap();
+        let mut dy = st.clone_htod(&vec![f32::NAN; words + 8]).unwrap();
+        for _ in 0..2 {
+            {
+                let mut yv = dy.slice_mut(4..4 + words);
+                chain.run(&gpu, &dx, &mut yv).unwrap();
+            }
+            let all: Vec<f32> = st.clone_dtoh(&dy).unwrap();
+            assert!(all[..4].iter().chain(&all[4 + words..]).all(|v| v.is_nan()), "write outside y");
+            assert!(
+                all[4..4 + words].iter().zip(&x).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "n={n} batch={batch} {prec:?}: y is not x"
+            );
+        }
+    }
+    let plan = FftPlan::new(&gpu, 64, 2, Precision::C64).unwrap();
+    let mut chain = rgk::fft::CopyChain::for_plan(&gpu, &plan).unwrap();
+    let ok = st.alloc_zeros::<f32>(256).unwrap();
+    let mut out = st.alloc_zeros::<f32>(256).unwrap();
+    let small = st.alloc_zeros::<f32>(255).unwrap();
+    assert!(matches!(chain.run(&gpu, &small, &mut out), Err(Error::BufferTooSmall { arg: "x", .. })));
+    let big = st.alloc_zeros::<f32>(300).unwrap();
+    assert!(matches!(chain.run(&gpu, &big.slice(2..), &mut out), Err(Error::Shape { arg: "x", .. })));
+    assert!(matches!(chain.run(&gpu, &ok, &mut out.slice_mut(0..255)), Err(Error::BufferTooSmall { arg: "y", .. })));
+    let one = FftPlan::new(&gpu, 1, 1, Precision::C64).unwrap();
+    assert!(matches!(rgk::fft::CopyChain::for_plan(&gpu, &one), Err(Error::Shape { arg: "n", .. })));
+}

@@ -343,6 +343,11 @@ struct BwdCase<T: Half + DeviceRepr> {
     ws: CudaSlice<f32>,
     outs: [CudaSlice<T>; 3],
     wouts: [CudaSlice<f32>; 3],
+    /// What a forward saves for the backward, from the f64 forward reference: `vhat` (rounded
+    /// to the dtype) and alpha, rrms_h, rrms_k, rrms_v (f32); exported for the alternatives
+    /// whose backward takes them (TileOPs).
+    fwd_vhat: Vec<T>,
+    fwd_saved: [Vec<f32>; 4],
     /// Graph submission (`GateConvBwdPlan`), or direct launches when `None`.
     plan: Option<engram::GateConvBwdPlan>,
 }
@@ -384,6 +389,8 @@ impl<T: Half + DeviceRepr> BwdCase<T> {
                 st.clone_htod(&vec![f32::NAN; d])?,
                 st.clone_htod(&vec![f32::NAN; 4 * d])?,
             ],
+            fwd_vhat: fr.vhat.value.iter().map(|&v| T::round_f64(v)).collect(),
+            fwd_saved: [f32v(&fr.alpha), f32v(&fr.rrms_h), f32v(&fr.rrms_k), f32v(&fr.rrms_v)],
             x,
             dy,
             cfg,
@@ -452,6 +459,10 @@ impl<T: Half + DeviceRepr> Case for BwdCase<T> {
         let r = &self.reference;
         let mut v = self.x.tensors();
         v.push(("dY".into(), th(&[m, t, d], &self.dy)));
+        v.push(("vhat".into(), th(&[m, t, d], &self.fwd_vhat)));
+        for (name, x) in ["alpha", "rrms_h", "rrms_k", "rrms_v"].into_iter().zip(&self.fwd_saved) {
+            v.push((name.into(), Tensor::f32(&[m, t], x)));
+        }
         v.push(("ref.dH".into(), tref(&[m, t, d], &r.dh)));
         v.push(("ref.dk".into(), tref(&[m, t, d], &r.dk)));
         v.push(("ref.dv".into(), tref(&[m, t, d], &r.dv)));

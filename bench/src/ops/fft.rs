@@ -4,7 +4,7 @@ use cudarc::cufft::{result as cufft_result, sys as cufft_sys, CudaFft};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal};
-use rgk::fft::{FftOptions, FftPlan, Persist, Precision};
+use rgk::fft::{CopyChain, FftOptions, FftPlan, Persist, Precision};
 use rgk::reference::{fft_c2c_fwd, fft_error, fft_error_bound};
 use rgk::{Error, Gpu};
 
@@ -170,6 +170,8 @@ struct FftCase {
     reference: Vec<f64>,
     bufs: Bufs,
     cufft: Option<CudaFft>,
+    /// The copy chain of the plan's bytes and passes (the floor column).
+    floor: CopyChain,
 }
 
 fn cufft_err(e: cufft_result::CufftError) -> Error {
@@ -206,6 +208,7 @@ impl FftCase {
         };
         let reference = fft_c2c_fwd(n, batch, &x);
         let plan = FftPlan::new_opts(gpu, n, batch, prec, opts)?;
+        let floor = CopyChain::for_plan(gpu, &plan)?;
         // cuFFT's plan is made here, outside the timed calls (as ours).
         let cufft = if unsafe { cufft_sys::is_culib_present() } {
             let ty = match prec {
@@ -218,7 +221,7 @@ impl FftCase {
         };
         let mut dims = bdims.to_vec();
         dims.push(n);
-        Ok(Self { dims, n, batch, prec, plan, x, reference, bufs, cufft })
+        Ok(Self { dims, n, batch, prec, plan, x, reference, bufs, cufft, floor })
     }
 
     fn read(&self, gpu: &Gpu, native: bool) -> rgk::Result<Vec<f64>> {
@@ -318,6 +321,18 @@ impl Case for FftCase {
             }
         }
         .map_err(cufft_err)
+    }
+
+    fn has_floor(&self) -> bool {
+        true
+    }
+
+    fn launch_floor(&mut self, gpu: &Gpu) -> rgk::Result<()> {
+        // Into cuFFT's output buffer: every use of it writes all of it first.
+        match &mut self.bufs {
+            Bufs::C64 { x, y_native, .. } => self.floor.run(gpu, x, y_native),
+            Bufs::C128 { x, y_native, .. } => self.floor.run(gpu, x, y_native),
+        }
     }
 
     fn error_native(&mut self, gpu: &Gpu, name: &str) -> rgk::Result<(f64, f64)> {

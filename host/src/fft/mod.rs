@@ -21,10 +21,12 @@ use crate::{Error, Gpu, Result};
 
 #[cfg(test)]
 mod emu;
+mod floor;
 #[cfg(test)]
 mod model;
 mod plan;
 
+pub use floor::CopyChain;
 pub use plan::MAX_ELEMENTS;
 
 /// Streaming multiprocessors assumed when the driver does not say (the H200's 132; the count
@@ -215,6 +217,7 @@ pub(crate) const KERNELS: &[&str] = &[
     plan::SPLIT_KERNELS[0].0,
     plan::SPLIT_KERNELS[1].0,
     plan::SPLIT_KERNELS[2].0,
+    floor::KERNEL,
 ];
 
 /// The complex storage type of a transform.
