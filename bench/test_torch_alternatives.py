@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """CPU test of bench/torch_alternatives.py.
 
-Builds small random inputs for every op of /work/shared/SPEC.md, computes the
-reference outputs with an independent float64 numpy implementation of SPEC's
+Builds small random inputs for every op of docs/ops.md, computes the
+reference outputs with an independent float64 numpy implementation of the
 formulas (written here, sharing no code with the script), writes a manifest
 plus safetensors files in the input contract of torch_alternatives.py, runs
 the script with ``--device cpu`` and checks each eager alternative's errors:
 rel_l2 <= 1e-2 for f16/bf16 outputs and <= 1e-4 for f32/f64 outputs; for the
-backward (autograd vs numpy analytic gradients from SPEC 5's identities)
+backward (autograd vs numpy analytic gradients from the identities of docs/ops.md §5)
 <= 1e-3, except bf16 gradients whose storage rounding alone is ~1e-3 (1e-2).
 torch-compile rows (with --with-compile) get 1e-3 for f32 outputs: inductor
-by default skips SPEC's internal f32 -> 16-bit -> f32 roundings.
+by default skips the internal f32 -> 16-bit -> f32 roundings.
 The numpy analytic backward is itself checked against finite differences.
 It also unit-tests the kernel-record grouping used for GPU timing and the
 timing bookkeeping (with a fake timer), and checks
@@ -113,7 +113,7 @@ def mhc_post_np(x_layer_out, h_post, x_res):
 
 
 def engram_fwd_np(H, k, v, wh, wv, cw, eps, dtype=None):
-    """SPEC 4 in f64; dtype=None means q = identity (the forward of SPEC 5)."""
+    """docs/ops.md §4 in f64; dtype=None means q = identity (the forward of docs/ops.md §5)."""
     q = (lambda a: a) if dtype is None else (lambda a: q_np(a, dtype))
     M, T, d = H.shape
     hn, rrms_h = rmsnorm_np(H, wh, eps)
@@ -141,7 +141,7 @@ def rmsnorm_bwd_np(dy, x, r, w):
 
 
 def engram_bwd_np(dY, H, k, v, wh, wv, cw, eps):
-    """SPEC 5 analytic gradients of L = sum(dY * Y), Y the f64 forward with q = identity."""
+    """docs/ops.md §5 analytic gradients of L = sum(dY * Y), Y the f64 forward with q = identity."""
     f = engram_fwd_np(H, k, v, wh, wv, cw, eps, dtype=None)
     M, T, d = H.shape
     s = 1.0 / np.sqrt(d)
@@ -331,7 +331,7 @@ def tolerance(op, impl, out_dtype):
     if out_dtype in ("f16", "bf16"):
         return 1e-2
     # Inductor (default config) drops the f32 -> 16-bit -> f32 round trips that
-    # SPEC's internal q(...) asks for, so f32 outputs downstream of them (rrms_v)
+    # the internal q(...) asks for, so f32 outputs downstream of them (rrms_v)
     # move by ~one 16-bit rounding.
     return 1e-3 if impl == "torch-compile" else 1e-4
 

@@ -76,7 +76,9 @@ def main() -> int:
         return 2
     top = sys.argv[1]
     wheels, site, out = (os.path.join(top, n) for n in ("wheels", "site", "peers.tar.xz"))
-    os.makedirs(wheels, exist_ok=True)
+    # Only the pinned wheels: a folder left from other pins would mix versions.
+    shutil.rmtree(wheels, ignore_errors=True)
+    os.makedirs(wheels)
     download(wheels)
     unpack(wheels, site)
     trim(site)

@@ -58,12 +58,13 @@ fi
 
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
   if [ -f .device/peers.tar.xz ]; then
-    peers=${TMPDIR:-/tmp}/rgk-peers
-    if [ ! -d "$peers/site" ]; then
-      mkdir -p "$peers"
-      python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .device/peers.tar.xz "$peers"
+    # A fresh folder per run: never a half-extracted or older pack.
+    peers=$(mktemp -d "${TMPDIR:-/tmp}/rgk-peers.XXXXXX")
+    if python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .device/peers.tar.xz "$peers"; then
+      export PYTHONPATH=$peers/site${PYTHONPATH:+:$PYTHONPATH}
+    else
+      echo "tileops: unpacking .device/peers.tar.xz failed; the bench runs without it"
     fi
-    export PYTHONPATH=$peers/site${PYTHONPATH:+:$PYTHONPATH}
   else
     echo "tileops: no .device/peers.tar.xz (run cargo xtask peers before device-pack); the bench runs without it"
   fi

@@ -58,7 +58,7 @@ pub trait Case {
     fn launch(&mut self, gpu: &Gpu) -> rgk::Result<()>;
     /// Poisons the outputs, launches, reads back, and checks every element.
     fn verify(&mut self, gpu: &Gpu) -> rgk::Result<Verification>;
-    /// The inputs under SPEC's names and the f64 references as `ref.<output>`.
+    /// The inputs under the names of docs/ops.md and the f64 references as `ref.<output>`.
     fn tensors(&self) -> Vec<(String, Tensor)>;
     /// Scalar parameters for the alternatives (n, c, eps, ...).
     fn params(&self) -> serde_json::Value;
@@ -105,7 +105,7 @@ pub struct Workload {
     pub name: &'static str,
     /// c64, c128, f16 or bf16.
     pub dtype: &'static str,
-    /// Human-readable shapes, as in SPEC's table.
+    /// Human-readable shapes, as in the seed table of docs/ops.md.
     pub shapes: String,
     /// Analytic FLOP count of one call.
     pub flops: f64,

@@ -1,4 +1,4 @@
-//! Device time from CUPTI kernel activity records (SPEC.md "How the numbers are taken").
+//! Device time from CUPTI kernel activity records (docs/ops.md "How time is measured").
 //!
 //! Only `CONCURRENT_KERNEL` records are collected (memcpy/memset records are not counted). Each
 //! timed call is isolated: L2 flush (a memset, not a kernel), synchronize, the call, synchronize,

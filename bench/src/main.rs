@@ -1,4 +1,4 @@
-//! `rgk-bench`: the main job. For each registered workload (SPEC.md's table): generate seeded
+//! `rgk-bench`: the main job. For each registered workload (the seed table of docs/ops.md): generate seeded
 //! inputs, run our kernel and verify it against the f64 CPU reference, time it with CUPTI
 //! (L2 flushed before every call, warm-up, median/p10/p90), time the PyTorch alternatives on
 //! the same inputs in the same run (`bench/torch_alternatives.py`), print the table and write

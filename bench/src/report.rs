@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::case::{Verification, Workload};
 
-/// Copy bandwidth measured on the H200 (bytes read + written per second), SPEC.md.
+/// Copy bandwidth measured on the H200 (bytes read + written per second), docs/ops.md.
 pub const HBM_BYTES_PER_S: f64 = 4.26e12;
 
 /// Median and spread of a sample, in ms.
@@ -147,7 +147,8 @@ impl Row {
             .min_by(|a, b| a.1.total_cmp(&b.1))
     }
 
-    /// Ours ÷ the copy-chain floor's span (≥ 1; 1 would be a copy).
+    /// Ours ÷ the copy-chain floor's span (1: as fast as copying the bytes in as many passes;
+    /// a row can land just under 1 where our kernel moves the bytes better than the plain copy).
     pub fn floor_ratio(&self) -> Option<f64> {
         self.floor.map(|f| self.ours.median / f.span.median)
     }
@@ -161,7 +162,7 @@ impl Row {
         self.flops / (self.ours.median * 1e-3) / 1e12
     }
 
-    /// (SOL fraction, bound) per SPEC: SOL = max(FLOP/s ÷ peak, bytes/s ÷ 4.26 TB/s); "mem" where
+    /// (SOL fraction, bound) as docs/ops.md defines them: SOL = max(FLOP/s ÷ peak, bytes/s ÷ 4.26 TB/s); "mem" where
     /// the byte term dominates, "lat" where neither reaches 10 %, else "compute".
     pub fn sol(&self) -> (f64, &'static str) {
         let t = self.ours.median * 1e-3;

@@ -4,7 +4,7 @@
 //! the build script and embedded here). This crate loads that module once per [`Gpu`],
 //! validates every call's shapes and buffer sizes before launching, and returns typed results.
 //!
-//! The operators and their formulas are defined in `shared/SPEC.md`:
+//! The operators and their formulas are defined in `docs/ops.md`:
 //! - [`fft::FftPlan`] — FFTC2CFwd (§1), batched power-of-two complex forward FFT, c64/c128.
 //! - [`mhc::MhcPre`] — MHCPreFwd (§2).
 //! - [`mhc::post_fwd`] — MHCPostFwd (§3).

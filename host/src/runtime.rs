@@ -276,12 +276,12 @@ impl GraphReplay {
         Self { cached: Vec::new() }
     }
 
-    /// Launches on `stream` the kernels `body` launches there: replays a cached graph when
-    /// `key` (every pointer and scalar the launches use) equals a recent call's; otherwise
-    /// captures `body` (its launches are recorded, not executed), instantiates the graph, caches
-    /// it under `key` (the least recently used of [`GRAPH_CACHE`] goes) and launches it. When
-    /// `stream` is already being captured by the caller, `body` simply launches into that
-    /// capture. Host cost: a replay is one `cuGraphLaunch`; a new key costs a capture and an
+    /// Launches on `stream` the kernels `body` launches there. When `stream` is being captured
+    /// by the caller, `body` simply launches into that capture (whatever is cached). Otherwise
+    /// it replays a cached graph when `key` (every pointer and scalar the launches use) equals a
+    /// recent call's, or captures `body` (its launches are recorded, not executed),
+    /// instantiates the graph, caches it under `key` (the least recently used of
+    /// [`GRAPH_CACHE`] goes) and launches it. Host cost: a replay is one `cuGraphLaunch`; a new key costs a capture and an
     /// instantiation (tens of µs). Errors: `body`'s, or a driver error.
     ///
     /// # Safety
@@ -293,17 +293,19 @@ impl GraphReplay {
         key: Vec<u64>,
         body: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
+        // First: inside the caller's own capture (PyTorch captures after warm-up calls, so the
+        // key may well be cached) the launches go into that capture; replaying a graph into a
+        // capturing stream would fail and lose the caller's capture.
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        sys::cuStreamIsCapturing(stream, &mut status).result()?;
+        if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return body();
+        }
         if let Some(i) = self.cached.iter().position(|(k, _)| *k == key) {
             let entry = self.cached.remove(i);
             sys::cuGraphLaunch(entry.1.exec, stream).result()?;
             self.cached.push(entry);
             return Ok(());
-        }
-        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        sys::cuStreamIsCapturing(stream, &mut status).result()?;
-        if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            // Inside the caller's own capture: launch into it.
-            return body();
         }
         sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).result()?;
         let launched = body();

@@ -1,4 +1,4 @@
-//! Tolerance checks shared by the tests and the benchmark (SPEC.md "Tolerances").
+//! Tolerance checks shared by the tests and the benchmark (docs/ops.md "Tolerances").
 //!
 //! A 16-bit output element passes when `|ours − q(ref)| ≤ k·ulp(q(ref)) + 2^-16·Σ|terms|`,
 //! NaN or Inf for a finite reference always fails. Normwise errors (`rel_l2_err`,

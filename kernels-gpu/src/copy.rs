@@ -5,10 +5,11 @@
 use crate::prim::*;
 
 /// 16-byte chunks each thread moves per round: all loads are issued before the first store.
-/// Two, with 256-thread blocks and one round per thread, was the fastest copy on 9 of the ten
-/// FFT rows' byte counts on the H200 (sweep of 2/4/8 chunks, 128–1024 threads, one round or
-/// 4–8 persistent blocks per SM; 4 chunks: +0.1 µs at 4k, +0.2 at 64k, +2.2 at 1M c128, but
-/// −0.45 at 16k; 8 chunks or 512–1024 threads up to +1 µs; kernels-gpu/src/fft/NOTES.md).
+/// Two, with 256-thread blocks and one round per thread, was the fastest copy on 8 of the ten
+/// FFT rows' byte counts on the H200 and within 0.03 µs on a ninth (sweep of 2/4/8 chunks,
+/// 128–1024 threads, one round or 4–8 persistent blocks per SM; 4 chunks: +0.1 µs at 4k, +0.2
+/// at 64k, +2.2 at 1M c128, but −0.45 at 16k; 8 chunks or 512–1024 threads up to +1 µs;
+/// kernels-gpu/src/fft/NOTES.md).
 pub const COPY_UNROLL: usize = 2;
 
 /// `dst[i] = src[i]` for `chunks` 16-byte chunks (both 16-byte aligned, not overlapping).

@@ -1,4 +1,4 @@
-//! EngramDecodeFwd on the GPU against the f64 CPU reference (SPEC.md §6).
+//! EngramDecodeFwd on the GPU against the f64 CPU reference (docs/ops.md §6).
 //!
 //! Every step is checked as a chain (see host/src/reference/engram_decode.rs):
 //! 1. the kernel's `q(kk)` is within 1 ulp (+ the sum slack) of the correctly rounded exact `kk`;
@@ -29,8 +29,8 @@ struct Scales {
     conv: f32,
 }
 
-/// SPEC's input distribution (unit rms weights).
-const SPEC: Scales = Scales { e: 0.1, h: 1.0, state: 0.1, w: 0.02, rms_sd: 0.0, conv: 0.02 };
+/// the seed's input distribution (unit rms weights).
+const SEED_SCALES: Scales = Scales { e: 0.1, h: 1.0, state: 0.1, w: 0.02, rms_sd: 0.0, conv: 0.02 };
 /// Other scales, non-unit rms weights, a conv that matters.
 const VARIED: Scales = Scales { e: 1.0, h: 3.0, state: 1.0, w: 0.05, rms_sd: 0.5, conv: 0.5 };
 
@@ -290,7 +290,7 @@ fn seed_workloads() {
         Box::new(|s| DecodeConfig { finish: DecodeFinish::Wide { elems: 0 }, ..DecodeConfig::for_shape(s) }),
     ));
     for (name, cfg) in &cfgs {
-        for sc in [SPEC, VARIED] {
+        for sc in [SEED_SCALES, VARIED] {
             let w1 = one::<f16>(&gpu, &mut rng, s1, sc, cfg(&s1));
             let w4 = one::<f16>(&gpu, &mut rng, s4, sc, cfg(&s4));
             let w8 = one::<bf16>(&gpu, &mut rng, s8, sc, cfg(&s8));
@@ -315,7 +315,7 @@ fn shape_sweep() {
                 let dil = [1, 2, 3, 5][n % 4];
                 let l = ((k - 1) * dil).max(1) + [0, 1, 6][(n / 3) % 3];
                 let s = EngramDecodeShape::new(batch, d_mem, d, l, k, dil);
-                let sc = if n.is_multiple_of(2) { SPEC } else { VARIED };
+                let sc = if n.is_multiple_of(2) { SEED_SCALES } else { VARIED };
                 let w = if n.is_multiple_of(2) {
                     one::<f16>(&gpu, &mut rng, s, sc, DecodeConfig::default())
                 } else {
@@ -356,7 +356,7 @@ fn any_d_and_unaligned_buffers_take_the_general_path() {
         for d in [1, 7, 100, 1001] {
             let s = EngramDecodeShape::new(3, 37, d, 7, 3, 2);
             one::<f16>(&gpu, &mut rng, s, VARIED, cfg);
-            one::<bf16>(&gpu, &mut rng, s, SPEC, cfg);
+            one::<bf16>(&gpu, &mut rng, s, SEED_SCALES, cfg);
         }
     }
     // d % 8 == 0 but every buffer one element into its allocation: 2-byte aligned only.
@@ -449,7 +449,7 @@ fn second_launch_finish_on_every_path() {
             for projection in [DecodeProjection::Simt, DecodeProjection::Mma] {
                 let cfg = DecodeConfig { projection, rows_per_thread, lean: true, pdl: rows_per_thread == 0, ..two };
                 worst = worst.max(one::<f16>(&gpu, &mut rng, s, VARIED, cfg));
-                worst = worst.max(one::<bf16>(&gpu, &mut rng, s, SPEC, cfg));
+                worst = worst.max(one::<bf16>(&gpu, &mut rng, s, SEED_SCALES, cfg));
             }
         }
     }
@@ -502,7 +502,7 @@ fn wide_finish_on_every_path() {
                     graph: elems != 0,
                 };
                 worst = worst.max(one::<f16>(&gpu, &mut rng, s, VARIED, cfg));
-                worst = worst.max(one::<bf16>(&gpu, &mut rng, s, SPEC, cfg));
+                worst = worst.max(one::<bf16>(&gpu, &mut rng, s, SEED_SCALES, cfg));
             }
         }
     }
@@ -569,7 +569,7 @@ fn fast_finish_is_bitwise_the_wide_finish() {
     for (batch, d_mem, d, l, k, dil) in PATH_SHAPES.into_iter().chain(extra) {
         let s = EngramDecodeShape::new(batch, d_mem, d, l, k, dil);
         run::<f16>(&gpu, &mut rng, s, VARIED);
-        run::<bf16>(&gpu, &mut rng, s, SPEC);
+        run::<bf16>(&gpu, &mut rng, s, SEED_SCALES);
     }
     for pdl_prefetch in [false, true] {
         let s = EngramDecodeShape::new(1, 512, 256, 12, 4, 3);
@@ -607,7 +607,7 @@ fn cluster_step_matches_reference() {
         for rows_per_thread in [0, 1, 2, 4] {
             let cfg = DecodeConfig { block: 256, rows_per_thread, cluster: true, ..DecodeConfig::for_shape(&s) };
             worst = worst.max(one::<f16>(&gpu, &mut rng, s, VARIED, cfg));
-            worst = worst.max(one::<bf16>(&gpu, &mut rng, s, SPEC, cfg));
+            worst = worst.max(one::<bf16>(&gpu, &mut rng, s, SEED_SCALES, cfg));
             if d == 256 {
                 let c = gen::<bf16>(&mut rng, s, VARIED);
                 let dev = upload(&gpu, &c);

@@ -1,5 +1,5 @@
 //! EngramDecodeFwd checks that need no GPU: the launch geometry covers every row and column
-//! exactly once, the f64 reference against a literal transcription of SPEC §6, the ring-buffer
+//! exactly once, the f64 reference against a literal transcription of docs/ops.md §6, the ring-buffer
 //! addressing against the shifting state, and an f32 CPU model of the kernel (same partition,
 //! same summation order) passing the same chain of tolerance checks the GPU tests apply.
 use rand::rngs::StdRng;
@@ -13,7 +13,7 @@ use rgk::verify::{check_half, Half};
 use rgk::{bf16, f16};
 use rgk_tests::{randn_f32, randn_half};
 
-/// The eight input tensors in SPEC's order (`e_t, h_t, conv_state, W_K, W_V, rms_w_h,
+/// The eight input tensors in the order of docs/ops.md (`e_t, h_t, conv_state, W_K, W_V, rms_w_h,
 /// rms_w_v, conv_w`).
 struct Host<T> {
     v: [Vec<T>; 8],
@@ -200,7 +200,7 @@ fn mma_visits(g: &DecodeGeometry, d_mem: u32, nch: u32, seen: &mut [u8]) {
     }
 }
 
-/// SPEC §6 transcribed literally (explicit hn, kn, state rows, concat), in f64.
+/// docs/ops.md §6 transcribed literally (explicit hn, kn, state rows, concat), in f64.
 fn literal<T: Half>(s: &EngramDecodeShape, x: &DecodeRefInputs<'_, T>) -> (Vec<f64>, Vec<f64>) {
     let EngramDecodeShape { batch, d_mem, d, max_conv_len: l, kernel_size: k, dilation, eps } = *s;
     let eps = eps as f64;

@@ -1,4 +1,4 @@
-//! EngramGateConvBwd on the GPU against the q-free f64 gradients (SPEC.md §5): dtype outputs
+//! EngramGateConvBwd on the GPU against the q-free f64 gradients (docs/ops.md §5): dtype outputs
 //! within 2 ulp of the correctly rounded value plus the magnitude slack, f32 outputs within
 //! 1e-4 relative (per element, plus slack, and in relative L2). Every output is poisoned first
 //! and every element checked; guard elements past each output must stay untouched.
@@ -329,10 +329,32 @@ fn graph_plan_is_bitwise_direct_launches() {
             let f = saved_from_reference(&x);
             let Some(direct) = run_bwd(&gpu, &x, &f, 0, Some(c), 0.0) else { continue };
             let mut plan = engram::GateConvBwdPlan::new(s, c).unwrap();
-            let graphed = run_bwd_plan(&gpu, &x, &f, &mut plan, 2);
+            let graphed = run_bwd_plan(&gpu, &x, &f, &mut plan, 2, false);
             check_bwd(&what, &x, &graphed);
             assert_bwd_bitwise(&what, &direct, &graphed);
         }
+    }
+}
+
+/// PyTorch's warm-up-then-capture pattern on a `GateConvBwdPlan` whose graph for these buffers is
+/// cached: inside the caller's capture the plan launches into that capture (it must not replay
+/// its own graph into a capturing stream); one replay of the caller's graph computes outputs
+/// poisoned before the capture, bitwise those of direct launches, on the seed shapes.
+#[test]
+fn plan_inside_a_caller_capture() {
+    let Some((gpu, wd, mut rng)) = start("engram_gate_bwd::plan_inside_a_caller_capture") else { return };
+    for &(m, t, d) in &[(1, 32, 256), (2, 64, 512), (1, 128, 256), (3, 96, 768)] {
+        let s = EngramGateShape { m, t, d };
+        let c = GateBwdConfig::for_shape(s);
+        let x = gen::<f16>(&mut rng, s, 1.0, false);
+        let what = format!("caller capture {s:?}");
+        wd.step(&what);
+        let f = saved_from_reference(&x);
+        let direct = run_bwd(&gpu, &x, &f, 0, Some(c), 0.0).expect("the planner's configuration runs");
+        let mut plan = engram::GateConvBwdPlan::new(s, c).unwrap();
+        let captured = run_bwd_plan(&gpu, &x, &f, &mut plan, 1, true);
+        check_bwd(&what, &x, &captured);
+        assert_bwd_bitwise(&what, &direct, &captured);
     }
 }
 

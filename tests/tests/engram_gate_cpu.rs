@@ -426,7 +426,7 @@ fn lean_fwd_chunk_index_is_exact() {
     }
 }
 
-/// v5m's closed form of the u-norm backward's `Σ dvh·v` (SPEC §5: `dvh = g + rv·du·wv −
+/// v5m's closed form of the u-norm backward's `Σ dvh·v` (docs/ops.md §5: `dvh = g + rv·du·wv −
 /// vh·rv³·mean(du·wv·vh)`, `vh = a·v`, `rv = (mean vh² + eps)^−½`):
 /// `a·Σ dvh·v = a·Σ g·v + eps·rv³·Σ du·wv·vh`, checked in f64 against the two-pass form on
 /// random rows at several scales (the identity is exact; only rounding separates them).

@@ -1,4 +1,4 @@
-//! EngramGateConvFwd on the GPU against the f64 reference (SPEC.md §4): dtype outputs within
+//! EngramGateConvFwd on the GPU against the f64 reference (docs/ops.md §4): dtype outputs within
 //! 2 ulp of the correctly rounded value plus the magnitude slack (`rgk::reference::
 //! engram_gate_fwd` documents it), f32 outputs within 1e-4 relative (per element, plus slack,
 //! and in relative L2). Every output is poisoned first and every element checked; guard

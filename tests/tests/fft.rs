@@ -1,4 +1,4 @@
-//! FFTC2CFwd on the GPU against the f64 CPU reference (SPEC.md §1): every power-of-two length
+//! FFTC2CFwd on the GPU against the f64 CPU reference (docs/ops.md §1): every power-of-two length
 //! 2^0..2^22 in c64 and c128, the ten seed shapes, odd batch counts, in place, plan reuse and
 //! the argument errors. Each case reports its relative L2 error; the bar
 //! (`rgk::reference::fft_error_bound`) grows like √log2 n. Outputs are poisoned (NaN) first.
@@ -117,7 +117,7 @@ fn every_length_c128() {
     }
 }
 
-/// The ten workloads of SPEC's table, `(batch, n, precision)`.
+/// The ten workloads of the seed table of docs/ops.md, `(batch, n, precision)`.
 const SEED_ROWS: [(usize, usize, Precision); 10] = [
     (1, 4096, Precision::C64),
     (64, 4096, Precision::C64),
@@ -131,7 +131,7 @@ const SEED_ROWS: [(usize, usize, Precision); 10] = [
     (300, 1024, Precision::C64),
 ];
 
-/// The ten workloads of SPEC's table.
+/// The ten workloads of the seed table of docs/ops.md.
 #[test]
 fn seed_shapes() {
     let Some(gpu) = gpu_or_skip("fft::seed_shapes") else { return };

@@ -1,4 +1,4 @@
-//! MHCPostFwd on the GPU against the f64 CPU reference (SPEC.md §3): at most 1 bf16 ulp off
+//! MHCPostFwd on the GPU against the f64 CPU reference (docs/ops.md §3): at most 1 bf16 ulp off
 //! the correctly rounded value (+ the sum slack), every element, outputs poisoned first.
 use rand::rngs::StdRng;
 use rgk::mhc::{self, MhcPostShape};

@@ -1,4 +1,4 @@
-//! MHCPreFwd (SPEC.md §2) against the f64 CPU reference: bf16 outputs within 1 ulp of the
+//! MHCPreFwd (docs/ops.md §2) against the f64 CPU reference: bf16 outputs within 1 ulp of the
 //! correctly rounded value (+ the slack of `reference::mhc_pre_fwd_from_logits`), h_post to
 //! 1e-5 relative (+ its slack), every element, outputs poisoned first; bitwise determinism.
 //!

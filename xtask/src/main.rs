@@ -254,7 +254,8 @@ fn table(root: &Path, file: Option<&str>) -> Result<(), String> {
         let tileops_us = match tileops {
             Some(a) if counts(a) => us(&a["ms"]),
             Some(a) if a["mismatch"].is_string() => format!("{} (mismatch)", us(&a["ms"])),
-            Some(_) => "error".into(),
+            Some(a) if a["error"].is_string() => "error".into(),
+            Some(_) => "untimed".into(),
             None => "—".into(),
         };
         let other = alts

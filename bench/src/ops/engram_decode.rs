@@ -1,4 +1,4 @@
-//! EngramDecodeFwd workloads (SPEC.md §6 and the seed table).
+//! EngramDecodeFwd workloads (docs/ops.md §6 and the seed table).
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use rand::rngs::StdRng;
 use rgk::engram::{DecodeConfig, DecodeElem, DecodeInputsRaw, EngramDecodePlan, EngramDecodeShape};
@@ -120,7 +120,7 @@ struct DecodeCase<T> {
 impl<T: BenchElem> DecodeCase<T> {
     fn new(gpu: &Gpu, rng: &mut StdRng, s: EngramDecodeShape, cfg: DecodeConfig, ring: bool) -> rgk::Result<Self> {
         let l = s.lens()?;
-        // SPEC's anchor distribution.
+        // the seed's input distribution.
         let host: [Vec<T>; 8] = [
             randn_half(rng, l.e, 0.1),
             randn_half(rng, l.h, 1.0),

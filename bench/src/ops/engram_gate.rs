@@ -1,4 +1,4 @@
-//! EngramGateConvFwd / EngramGateConvBwd workloads (SPEC.md §4–§5 and the seed table).
+//! EngramGateConvFwd / EngramGateConvBwd workloads (docs/ops.md §4–§5 and the seed table).
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
 use rand::rngs::StdRng;
 use rgk::engram::{self, bwd_workspace_len_with, EngramGateShape, GateBwdConfig, GateFwdConfig, GateFwdKernel};

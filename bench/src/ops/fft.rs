@@ -1,4 +1,4 @@
-//! FFTC2CFwd workloads (SPEC.md §1 and the seed table), with cuFFT called from Rust
+//! FFTC2CFwd workloads (docs/ops.md §1 and the seed table), with cuFFT called from Rust
 //! (`cufft-rs`, cudarc's `cufft` feature) as a native alternative.
 use cudarc::cufft::{result as cufft_result, sys as cufft_sys, CudaFft};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};

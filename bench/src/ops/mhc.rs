@@ -1,4 +1,4 @@
-//! MHCPostFwd workloads (SPEC.md §3 and the seed table).
+//! MHCPostFwd workloads (docs/ops.md §3 and the seed table).
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use rand::rngs::StdRng;
 use rgk::mhc::{self, MhcPostShape, PostConfig};

@@ -1,4 +1,4 @@
-//! MHCPreFwd workloads (SPEC.md §2 and the seed table).
+//! MHCPreFwd workloads (docs/ops.md §2 and the seed table).
 use cudarc::driver::CudaSlice;
 use rand::rngs::StdRng;
 use rgk::mhc::{MhcPre, MhcPreParams, MhcPreShape, PreConfig};
@@ -106,7 +106,7 @@ impl PreCase {
     fn new(gpu: &Gpu, rng: &mut StdRng, s: MhcPreShape, config: PreConfig) -> rgk::Result<Self> {
         let l = s.lens()?;
         let p = MhcPreParams::default();
-        // SPEC: phi, x, b ~ randn.
+        // The seed's inputs: phi, x, b ~ randn.
         let phi = randn_f32(rng, l.phi, 1.0);
         let x = randn_half(rng, l.x, 1.0);
         let b = randn_f32(rng, l.b, 1.0);

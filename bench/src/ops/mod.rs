@@ -7,7 +7,7 @@ pub mod fft;
 pub mod mhc;
 pub mod mhc_pre;
 
-/// Every registered workload, in SPEC's table order; `variants` adds each op's launch-config
+/// Every registered workload, in the order of the seed table (docs/ops.md); `variants` adds each op's launch-config
 /// variants (tuning rows).
 pub fn registry(variants: bool) -> Vec<Workload> {
     let mut v = Vec::new();

@@ -1,4 +1,4 @@
-//! EngramDecodeFwd (SPEC.md §6): one fused decode step.
+//! EngramDecodeFwd (docs/ops.md §6): one fused decode step.
 //!
 //! `kk = e_t·W_K`, `vv = e_t·W_V` (f32 accumulate); `hn = rmsnorm(h_t, rms_w_h)`,
 //! `kn = rmsnorm(q(kk), rms_w_h)`, `alpha = σ(Σ hn·kn / sqrt(d))`, `vh = alpha·vv`;
@@ -88,7 +88,7 @@ pub struct EngramDecodeShape {
     pub kernel_size: usize,
     /// `δ`: distance in steps between taps.
     pub dilation: usize,
-    /// The rmsnorm epsilon (SPEC: 1e-6).
+    /// The rmsnorm epsilon (docs/ops.md: 1e-6).
     pub eps: f32,
 }
 
@@ -113,7 +113,7 @@ pub struct DecodeLens {
 const MAX_ELEMS: usize = (1 << 31) - 1;
 
 impl EngramDecodeShape {
-    /// A shape with SPEC's `eps = 1e-6`.
+    /// A shape with the `eps = 1e-6` of docs/ops.md.
     pub fn new(batch: usize, d_mem: usize, d: usize, max_conv_len: usize, kernel_size: usize, dilation: usize) -> Self {
         Self { batch, d_mem, d, max_conv_len, kernel_size, dilation, eps: 1e-6 }
     }
@@ -548,7 +548,7 @@ pub struct EngramDecodePlan {
     graph: GraphReplay,
 }
 
-/// The input pointers of one raw call, in SPEC's order.
+/// The input pointers of one raw call, in the order of docs/ops.md.
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeInputsRaw {
     pub e_t: CUdeviceptr,
@@ -560,7 +560,7 @@ pub struct DecodeInputsRaw {
     pub conv_w: CUdeviceptr,
 }
 
-/// The input buffers of one safe call, in SPEC's order (the state is passed separately).
+/// The input buffers of one safe call, in the order of docs/ops.md (the state is passed separately).
 pub struct DecodeInputs<'a, T, B: DevicePtr<T>> {
     pub e_t: &'a B,
     pub h_t: &'a B,
@@ -667,7 +667,7 @@ impl EngramDecodePlan {
         Ok((conv(&raw[..h]), conv(&raw[h..2 * h])))
     }
 
-    /// One decode step under SPEC §6's contract: reads `conv_state`, writes `y_t` and
+    /// One decode step under docs/ops.md §6's contract: reads `conv_state`, writes `y_t` and
     /// `new_conv_state = concat(conv_state[:, 1:], q(u))` (a separate buffer).
     ///
     /// Buffers may be larger than the shape needs; 16-byte aligned buffers with `d % 8 == 0`

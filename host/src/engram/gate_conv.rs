@@ -1,4 +1,4 @@
-//! EngramGateConvFwd / EngramGateConvBwd (SPEC.md §4–§5): Engram context gating fused with
+//! EngramGateConvFwd / EngramGateConvBwd (docs/ops.md §4–§5): Engram context gating fused with
 //! the causal depthwise conv (kernel size 4), training forward and its backward.
 //!
 //! Kernels: `kernels-gpu/src/engram/gate_conv.rs`. The forward is one launch; the backward is
@@ -11,9 +11,9 @@ use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
 use crate::verify::Half;
 use crate::{Error, Gpu, Result};
 
-/// `eps` of the three rmsnorms (SPEC.md §4).
+/// `eps` of the three rmsnorms (docs/ops.md §4).
 pub const EPS: f32 = 1e-6;
-/// Causal conv kernel size (SPEC.md §4).
+/// Causal conv kernel size (docs/ops.md §4).
 pub const KERNEL_SIZE: usize = 4;
 
 /// Forward kernels, `[dtype][variant]`: dtype 0 = bf16, 1 = f16; variant 0..4 = resident
@@ -482,7 +482,7 @@ fn variant(d: usize, ptrs: &[CUdeviceptr]) -> usize {
     }
 }
 
-/// EngramGateConvFwd (SPEC.md §4), for `T` = [`crate::f16`] or [`crate::bf16`].
+/// EngramGateConvFwd (docs/ops.md §4), for `T` = [`crate::f16`] or [`crate::bf16`].
 ///
 /// Inputs (row-major, contiguous, dtype `T`): `h, k, v` `[M,T,d]`; `rms_w_h, rms_w_v` `[d]`;
 /// `conv_w` `[4,d]`. Outputs: `y, vhat` `[M,T,d]` (`T`), `alpha, rrms_h, rrms_k, rrms_v`
@@ -721,7 +721,7 @@ pub fn bwd_workspace_len_with(shape: EngramGateShape, config: GateBwdConfig) -> 
     Ok(len)
 }
 
-/// EngramGateConvBwd (SPEC.md §5), for `T` = [`crate::f16`] or [`crate::bf16`]: the exact
+/// EngramGateConvBwd (docs/ops.md §5), for `T` = [`crate::f16`] or [`crate::bf16`]: the exact
 /// gradients of `L = Σ dY·Y` with `Y` the f32 forward, the rounding `q` taken as the identity.
 ///
 /// Inputs (dtype `T` unless said): `dy, h, k, v, vhat` `[M,T,d]`; `rms_w_h, rms_w_v` `[d]`;

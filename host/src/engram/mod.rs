@@ -1,4 +1,4 @@
-//! Engram: gated causal depthwise conv, training forward/backward (SPEC.md §4–§5) and the fused
+//! Engram: gated causal depthwise conv, training forward/backward (docs/ops.md §4–§5) and the fused
 //! one-token decode step (§6).
 mod decode;
 mod gate_conv;

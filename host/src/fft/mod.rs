@@ -1,4 +1,4 @@
-//! FFTC2CFwd: batched 1-D complex-to-complex forward FFT (SPEC.md §1),
+//! FFTC2CFwd: batched 1-D complex-to-complex forward FFT (docs/ops.md §1),
 //! `y[b, k] = Σ_{j<n} x[b, j] · exp(-2πi·j·k/n)`, for every power of two `n` from 1 to 2^26.
 //!
 //! A [`FftPlan`] is made once for `(n, batch, precision)`: it chooses the passes (one
@@ -381,7 +381,7 @@ impl FftOptions {
     }
 }
 
-/// A prepared batched forward FFT of `batch` transforms of length `n` (SPEC.md §1).
+/// A prepared batched forward FFT of `batch` transforms of length `n` (docs/ops.md §1).
 ///
 /// Holds the twiddle tables and the workspace (device memory of the [`Gpu`] it was made on).
 /// Executions of one plan must not overlap in time (they share the workspace): the safe

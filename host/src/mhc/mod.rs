@@ -1,4 +1,4 @@
-//! Manifold-constrained hyper-connections (mHC), SPEC.md §2–§3.
+//! Manifold-constrained hyper-connections (mHC), docs/ops.md §2–§3.
 mod post;
 mod pre;
 

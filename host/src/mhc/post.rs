@@ -1,4 +1,4 @@
-//! MHCPostFwd (SPEC.md §3).
+//! MHCPostFwd (docs/ops.md §3).
 use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, DevicePtr, DevicePtrMut};
 use half::bf16;
 
@@ -51,7 +51,7 @@ impl MhcPostShape {
 }
 
 /// MHCPostFwd: `x_out[β, i·c + j] = q(h_post[β,i] · x_layer_out[β,j] + x_res[β, i·c + j])`
-/// (SPEC.md §3), computed in f32 (one FMA) and rounded to nearest-even bf16.
+/// (docs/ops.md §3), computed in f32 (one FMA) and rounded to nearest-even bf16.
 ///
 /// Shapes (row-major, contiguous): `x_layer_out` `[batch, c]` bf16, `h_post` `[batch, n]` f32,
 /// `x_res` `[batch, n·c]` bf16, `x_out` `[batch, n·c]` bf16. Buffers may be larger than needed

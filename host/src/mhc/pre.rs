@@ -1,4 +1,4 @@
-//! MHCPreFwd (SPEC.md §2): the mHC pre-layer projection, Sinkhorn normalisation and stream
+//! MHCPreFwd (docs/ops.md §2): the mHC pre-layer projection, Sinkhorn normalisation and stream
 //! mixing — by default in two launches on one stream submitted as a CUDA graph (the second a
 //! programmatic dependent launch), the split-K partials summed as integer fixed-point limbs
 //! (`PreConfig::fixed_point`: order-independent, so bitwise reproducible); optionally in one
@@ -148,7 +148,7 @@ impl MhcPreShape {
     }
 }
 
-/// The scalar parameters of SPEC.md §2.
+/// The scalar parameters of docs/ops.md §2.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MhcPreParams {
     pub alpha_pre: f32,
@@ -841,7 +841,7 @@ impl MhcPre {
         &self.plan
     }
 
-    /// Runs MHCPreFwd (SPEC.md §2) on [`Gpu::stream`]; asynchronous. Per batch row β:
+    /// Runs MHCPreFwd (docs/ops.md §2) on [`Gpu::stream`]; asynchronous. Per batch row β:
     /// `r = ‖x_β‖₂/√(n·c) + 1e-4`, logits `h = x_β·phi`, `H_pre = σ(alpha_pre·h[..n]/r + b)`,
     /// `h_post = 2σ(alpha_post·h[n..2n]/r + b)`, `R` = Sinkhorn of `exp(alpha_res·h[2n..]/r + b
     /// − row max)`; `x_res[β, i·c+j] = q(Σ_k R[i,k]·x[β, k·c+j])`, `x_layer[β, j] =

@@ -1,21 +1,21 @@
-//! EngramDecodeFwd (SPEC.md §6) reference, in f64.
+//! EngramDecodeFwd (docs/ops.md §6) reference, in f64.
 //!
-//! SPEC rounds three intermediates to the storage dtype: `q(kk)` (into the key rmsnorm), `q(vh)`
+//! docs/ops.md rounds three intermediates to the storage dtype: `q(kk)` (into the key rmsnorm), `q(vh)`
 //! (into the value rmsnorm) and `q(u)` (the new state row). An implementation that accumulates
 //! `kk` in f32 lands within a few f32 ulp of the exact `kk`; when the exact value lies near a
 //! rounding boundary of the 16-bit dtype, its `q(kk)` may be the neighbour of the reference's
 //! (one 16-bit ulp, a relative 2^-8 for bf16), and everything downstream (alpha, `vh`, `q(vh)`,
 //! `u`, `y_t`) then differs by more than the final 2 ulp could absorb. The reference therefore
-//! takes the implementation's own rounded intermediates where SPEC rounds
+//! takes the implementation's own rounded intermediates where docs/ops.md rounds
 //! ([`DecodeGiven`]), and reports the unrounded `kk` and `vh` so a test can check that those
 //! rounded intermediates are themselves within 1 ulp (+ slack) of the correctly rounded
 //! values: a chain of checks with no unsound tolerance. With nothing given, it uses its own
-//! roundings (the plain SPEC formula: the bench's `ref.*` tensors).
+//! roundings (the plain formula: the bench's `ref.*` tensors).
 use super::RefOutput;
 use crate::engram::EngramDecodeShape;
 use crate::verify::Half;
 
-/// The input tensors of one step (row-major, SPEC's shapes; see [`EngramDecodeShape`]).
+/// The input tensors of one step (row-major, the shapes of docs/ops.md; see [`EngramDecodeShape`]).
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeRefInputs<'a, T> {
     pub e_t: &'a [T],
@@ -68,7 +68,7 @@ fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// EngramDecodeFwd (SPEC.md §6) for `shape`, in f64, evaluated on the `given` rounded
+/// EngramDecodeFwd (docs/ops.md §6) for `shape`, in f64, evaluated on the `given` rounded
 /// intermediates where present. Panics if a slice is shorter than the shape needs (test
 /// helper) or the shape is invalid.
 pub fn engram_decode_fwd<T: Half>(

@@ -1,13 +1,13 @@
-//! EngramGateConvFwd / EngramGateConvBwd (SPEC.md §4–§5) references in f64.
+//! EngramGateConvFwd / EngramGateConvBwd (docs/ops.md §4–§5) references in f64.
 //!
 //! Every value is carried with a running error magnitude (`Ev`): each operation adds the
 //! magnitude of its result (one rounding) to the first-order propagation of its operands'
-//! magnitudes, and a reduction adds `Σ|terms|` (SPEC's "magnitude of the summed terms") to the
+//! magnitudes, and a reduction adds `Σ|terms|` (docs/ops.md's "magnitude of the summed terms") to the
 //! terms' own magnitudes. The result's `magnitude` is therefore `Σ` over every rounding of the
 //! f32 computation of `|∂out/∂(that intermediate)| · |intermediate|`; an f32 implementation
 //! performing those operations errs by at most about `(log2 n + 2)·2^-24·magnitude`
-//! (`n` the longest reduction), far inside SPEC's slack `2^-16·magnitude` (256× margin).
-//! Cancellation (e.g. the two terms of an rmsnorm backward) is judged by the terms, as SPEC
+//! (`n` the longest reduction), far inside the slack of docs/ops.md `2^-16·magnitude` (256× margin).
+//! Cancellation (e.g. the two terms of an rmsnorm backward) is judged by the terms, as docs/ops.md
 //! says. The arithmetic below follows the kernels' order of operations.
 use crate::engram::EngramGateShape;
 use crate::verify::Half;
@@ -126,7 +126,7 @@ struct Fwd {
     y: Vec<Ev>,
 }
 
-/// The forward of SPEC §4 in f64. `q`: rounding to the storage dtype (`None` = identity);
+/// The forward of docs/ops.md §4 in f64. `q`: rounding to the storage dtype (`None` = identity);
 /// `vhat_used`: the 16-bit `vhat` actually produced (then `u` is formed from it).
 fn forward(s: EngramGateShape, x: &Inputs, q: Option<&dyn Fn(f64) -> f64>, vhat_used: Option<&[f64]>) -> Fwd {
     let (m_len, t_len, d) = (s.m, s.t, s.d);
@@ -202,7 +202,7 @@ pub struct EngramGateFwdRef {
     pub rrms_v: RefOutput,
 }
 
-/// EngramGateConvFwd (SPEC.md §4) in f64 for the storage dtype `T`. `vhat_used`: when given
+/// EngramGateConvFwd (docs/ops.md §4) in f64 for the storage dtype `T`. `vhat_used`: when given
 /// (the kernel's own `vhat`, already checked against `vhat`'s reference), `u`, `rrms_v` and `y`
 /// are formed from it, so a value of `vh` that lands within f32 rounding of a `q` tie (where
 /// f32 and f64 legitimately round to neighbouring 16-bit values) does not count against `y`.
@@ -353,7 +353,7 @@ fn backward(s: EngramGateShape, x: &Inputs, dy: &[f64]) -> EngramGateBwdRef {
     r
 }
 
-/// EngramGateConvBwd (SPEC.md §5) in f64: the exact gradients of `L = Σ dY·Y` with `Y` the
+/// EngramGateConvBwd (docs/ops.md §5) in f64: the exact gradients of `L = Σ dY·Y` with `Y` the
 /// forward evaluated with `q` = identity, from the op's inputs (the forward's saved tensors
 /// are recomputed). Values are before the final rounding of `dh, dk, dv`. Panics if a slice
 /// is shorter than `shape` needs (test helper).

@@ -1,4 +1,4 @@
-//! FFTC2CFwd (SPEC.md §1) reference: `y[b, k] = Σ_{j<n} x[b, j] · exp(-2πi·j·k/n)`, in f64.
+//! FFTC2CFwd (docs/ops.md §1) reference: `y[b, k] = Σ_{j<n} x[b, j] · exp(-2πi·j·k/n)`, in f64.
 //!
 //! Storage is interleaved: element `j` of transform `b` is `(x[2(b·n + j)], x[2(b·n + j) + 1])`.
 //! [`fft_c2c_fwd`] is an iterative radix-2 FFT (O(n log n), relative L2 error ≈ 1e-16·√log n)

@@ -1,10 +1,10 @@
-//! mHC references (SPEC.md §2–§3).
+//! mHC references (docs/ops.md §2–§3).
 use half::bf16;
 
 use super::RefOutput;
 use crate::mhc::MhcPostShape;
 
-/// MHCPostFwd (SPEC.md §3): `h_post[β,i]·x_layer_out[β,j] + x_res[β,i·c+j]` in f64, for
+/// MHCPostFwd (docs/ops.md §3): `h_post[β,i]·x_layer_out[β,j] + x_res[β,i·c+j]` in f64, for
 /// `x_out` `[batch, n·c]`. Panics if a slice is shorter than `shape` needs (test helper).
 pub fn mhc_post_fwd(shape: MhcPostShape, x_layer_out: &[bf16], h_post: &[f32], x_res: &[bf16]) -> RefOutput {
     let MhcPostShape { batch, n, c } = shape;
@@ -23,7 +23,7 @@ pub fn mhc_post_fwd(shape: MhcPostShape, x_layer_out: &[bf16], h_post: &[f32], x
     out
 }
 
-// ------------------------------------------------------------------ MHCPreFwd (SPEC.md §2)
+// ------------------------------------------------------------------ MHCPreFwd (docs/ops.md §2)
 
 use crate::mhc::{MhcPreParams, MhcPreShape};
 
@@ -82,7 +82,7 @@ pub struct MhcPreRef {
 /// The accuracy budget of a logit `z = alpha·h/r + b` as a kernel may compute it, relative to
 /// the magnitude of its terms: `Δz = LOGIT_REL·(|alpha|·Σ|x·phi|/r + |b| + |z| + 1)`.
 ///
-/// SPEC's rule would allow each logit sum `2^-16·Σ|x·phi|` (≈ 0.1 for the seed workloads'
+/// the rule of docs/ops.md would allow each logit sum `2^-16·Σ|x·phi|` (≈ 0.1 for the seed workloads'
 /// logits of magnitude ~100 — far too loose to say anything about R). Our kernel sums the
 /// exact f64 products in f64 and exchanges partials truncated to 32 mantissa bits (error
 /// ≤ 2^-32 of Σ|partials| ≤ 2^-32·Σ|x·phi|); 2^-28 covers that 16×.
@@ -103,8 +103,8 @@ fn sigmoid64(z: f64) -> f64 {
     }
 }
 
-/// MHCPreFwd (SPEC.md §2) in f64 from its logit sums, with tolerance magnitudes that cover the
-/// f32 error of the coefficients as well as SPEC's `2^-16·Σ|terms|` for the final sums:
+/// MHCPreFwd (docs/ops.md §2) in f64 from its logit sums, with tolerance magnitudes that cover the
+/// f32 error of the coefficients as well as the `2^-16·Σ|terms|` of docs/ops.md for the final sums:
 ///
 /// * each logit carries `Δz` ([`LOGIT_REL`]);
 /// * `H_pre = σ(z)` carries `ΔH = H·((1−H)·(Δz + EXP_REL) + 3u) + 2^-126` (σ' = σ(1−σ); f32
@@ -115,7 +115,7 @@ fn sigmoid64(z: f64) -> f64 {
 ///   diagonal-scaling step never amplifies relative errors beyond the weighted mean of its
 ///   inputs'), so `ΔR = ρ·R + 2^-126`;
 /// * `x_res[β,i·c+j]`: magnitude `Σ_k |R_ik·x_k| + 2^16·Σ_k ΔR_ik·|x_k|`, so the checked slack
-///   `2^-16·magnitude` is SPEC's `2^-16·Σ|terms|` plus the coefficients' worst-case effect;
+///   `2^-16·magnitude` is the `2^-16·Σ|terms|` of docs/ops.md plus the coefficients' worst-case effect;
 ///   `x_layer` likewise with `H_pre`;
 /// * `h_post = 2σ`: magnitude `2^20·2·ΔH` (the `2^-20·magnitude` slack of `check_float`).
 pub fn mhc_pre_fwd_from_logits(

@@ -2,7 +2,7 @@
 //!
 //! Each returns the exact-as-f64 value of the formula (before the final rounding `q` to the
 //! storage dtype) and, per element, the magnitude `Σ|terms|` of the sum that formed it: the
-//! `slack` of SPEC.md "Tolerances" is `2^-16 · magnitude`.
+//! `slack` of docs/ops.md "Tolerances" is `2^-16 · magnitude`.
 
 /// A reference output: the value of each element and the magnitude of its summed terms.
 #[derive(Clone, Debug, Default)]

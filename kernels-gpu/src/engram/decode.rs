@@ -1,4 +1,4 @@
-//! EngramDecodeFwd kernel (SPEC.md §6): one fused decode step in ONE launch.
+//! EngramDecodeFwd kernel (docs/ops.md §6): one fused decode step in ONE launch.
 //!
 //! Grid `(tiles, splits)`: block `(x, y)` owns the output columns of tile `x`
 //! (`col_lanes · VEC` columns) and the `W_K`/`W_V` rows `[y·rs, (y+1)·rs)` of split `y`.

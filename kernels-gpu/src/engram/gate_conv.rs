@@ -1,4 +1,4 @@
-//! EngramGateConvFwd / EngramGateConvBwd kernels (SPEC.md §4–§5).
+//! EngramGateConvFwd / EngramGateConvBwd kernels (docs/ops.md §4–§5).
 //!
 //! Both ops are row-local except the causal depthwise conv (kernel 4), which reads `u` of rows
 //! t−3..t (forward) and, in the backward, `dconv` of rows t..t+3. A block owns a tile of `R`
@@ -1134,7 +1134,7 @@ fn rrms_fast_ftz(sum: f32, inv_d: f32, eps: f32) -> f32 {
 /// EngramGateConvBwd main kernel v5 ("split rows", lean; the planner's kernel wherever it
 /// fits): `u`, `dconv` and the raw 16-bit weights (`rms_w_v`, `rms_w_h`, `conv_w[0..4]`) in
 /// shared memory, approximate σ in `silu'`, `rrms_v'` by `rsqrt.approx` + one Newton step,
-/// the per-row divisions by d as products with 1/d (each ≈ 1–2 ulp f32, within SPEC's
+/// the per-row divisions by d as products with 1/d (each ≈ 1–2 ulp f32, within the
 /// tolerances), and every tile row spread over `wpr` warps: warp `w` works on row
 /// `i = w / wpr`, its lane on chunks `(w % wpr)·32 + lane + 32·wpr·n` (`n < NV`), so a lane
 /// holds `ceil(ceil(d/8) / (32·wpr))` chunks instead of `ceil(d/8)/32` — the per-warp serial

@@ -1,3 +1,3 @@
-//! Manifold-constrained hyper-connections (mHC): SPEC.md §2 (pre) and §3 (post).
+//! Manifold-constrained hyper-connections (mHC): docs/ops.md §2 (pre) and §3 (post).
 pub mod post;
 pub mod pre;

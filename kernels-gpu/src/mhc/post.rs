@@ -1,4 +1,4 @@
-//! MHCPostFwd (SPEC.md §3):
+//! MHCPostFwd (docs/ops.md §3):
 //! `x_out[β, i·c + j] = q(h_post[β, i] · x_layer_out[β, j] + x_res[β, i·c + j])`, bf16 out.
 //!
 //! Pure streaming: each output element reads one `x_res` element, one `x_layer_out` element

@@ -1,4 +1,4 @@
-//! MHCPreFwd (SPEC.md §2). Two ordinary launches on one stream (below; the v5 pair
+//! MHCPreFwd (docs/ops.md §2). Two ordinary launches on one stream (below; the v5 pair
 //! [`mhc_pre_partial_mma5`] + [`mhc_pre_mix5`] has the same structure): no inter-block
 //! communication inside a launch — no fences, polling or co-residency assumptions — and the
 //! workspace carries no state between calls. The default, v8 ([`mhc_pre_partial_fx`] +
@@ -1530,7 +1530,7 @@ unsafe fn layout_fused(nt: u32, m: u32, n: u32, cw: u32) -> SmemF {
 
 crate::entry_directive!("mhc_pre_fused", ".maxntid 512, 1, 1 .minnctapersm 1");
 
-/// MHCPreFwd in one launch of thread-block clusters (SPEC.md §2). Grid `(cs, groups, 1)`,
+/// MHCPreFwd in one launch of thread-block clusters (docs/ops.md §2). Grid `(cs, groups, 1)`,
 /// cluster `(cs, 1, 1)`, block `(T, 1, 1)`, T a multiple of 32 in `32..=1024`. Cluster `y` owns
 /// the batch rows `[y·bpc, min((y+1)·bpc, batch))`, processed in groups of ≤ [`BTF`]; block
 /// (rank) `ρ` owns the channel columns `[ρ·cw, min((ρ+1)·cw, c))` of every stream, i.e. the phi

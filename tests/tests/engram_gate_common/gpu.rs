@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::*;
+use rgk::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use rgk::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use rgk::engram::{self, bwd_workspace_len, bwd_workspace_len_with, GateBwdConfig, GateFwdConfig};
 use rgk::reference::engram_gate_fwd;
@@ -278,13 +279,17 @@ impl Drop for Watchdog {
 }
 
 /// The backward through a [`rgk::engram::GateConvBwdPlan`] (graph submission): captured on the
-/// first call, replayed on the next `replays` calls on the same buffers.
+/// first call, replayed on the next `replays` calls on the same buffers. With `caller_capture`,
+/// then PyTorch's warm-up-then-capture pattern: the outputs are poisoned, the caller captures
+/// the stream around one more call (whose pointers the plan has cached), and the outputs are
+/// those of one replay of the caller's graph.
 pub fn run_bwd_plan<T: Half + rgk::cudarc::driver::DeviceRepr>(
     gpu: &Gpu,
     x: &GateInputs<T>,
     f: &FwdOut<T>,
     plan: &mut rgk::engram::GateConvBwdPlan,
     replays: usize,
+    caller_capture: bool,
 ) -> BwdOut<T> {
     let (n, _) = x.s.lens().unwrap();
     let d = x.s.d;
@@ -301,9 +306,25 @@ pub fn run_bwd_plan<T: Half + rgk::cudarc::driver::DeviceRepr>(
     let o1 = [&mut dh, &mut dk, &mut dv].map(|b| b.device_ptr_mut(st).0);
     let o2 = [&mut dwh, &mut dwv, &mut dcw].map(|b| b.device_ptr_mut(st).0);
     let pws = ws.device_ptr_mut(st).0;
+    let outs = [o1[0], o1[1], o1[2], o2[0], o2[1], o2[2]];
     for _ in 0..=replays {
-        unsafe { plan.run_raw::<T>(gpu, ins, saved, pws, [o1[0], o1[1], o1[2], o2[0], o2[1], o2[2]], st.cu_stream()) }
-            .unwrap();
+        unsafe { plan.run_raw::<T>(gpu, ins, saved, pws, outs, st.cu_stream()) }.unwrap();
+    }
+    if caller_capture {
+        for b in [&mut dh, &mut dk, &mut dv] {
+            st.memcpy_htod(&poisoned::<T>(n), b).unwrap();
+        }
+        for b in [&mut dwh, &mut dwv, &mut dcw] {
+            let len = b.len();
+            st.memcpy_htod(&vec![f32::NAN; len], b).unwrap();
+        }
+        st.synchronize().unwrap();
+        st.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        let r = unsafe { plan.run_raw::<T>(gpu, ins, saved, pws, outs, st.cu_stream()) };
+        let graph = st.end_capture(CUgraphInstantiate_flags(0));
+        r.expect("a plan call inside the caller's capture");
+        let graph = graph.expect("the caller's capture survives the plan call").expect("a captured graph");
+        graph.launch().unwrap();
     }
     BwdOut {
         dh: down_half(gpu, &dh, n, "dH"),

@@ -7,7 +7,7 @@ use rgk::reference::{engram_gate_bwd, engram_gate_fwd, RefOutput};
 use rgk::verify::{check_float, check_half, Half, Report};
 use rgk_tests::{randn_f32, randn_half};
 
-/// dtype outputs: ulp bound on top of the magnitude slack (SPEC "Tolerances").
+/// dtype outputs: ulp bound on top of the magnitude slack (docs/ops.md "Tolerances").
 pub const MAX_ULP: f64 = 2.0;
 /// f32 outputs: relative error per element (plus `2^-20·magnitude`) and relative L2 bound.
 pub const F32_REL: f64 = 1e-4;
