@@ -19,8 +19,8 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PATH=/usr/local/cuda/bin:$PATH
 export RGK_COMMIT=$(cat .device/COMMIT 2>/dev/null || echo unknown)
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-# The driver JIT-compiles the PTX module at load: let its cache keep the result for the next
-# process (the default cache is too small for the whole module).
+# Where the build had no ptxas the driver JIT-compiles the PTX module at load: let its cache
+# keep the result for the next process.
 export CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}
 fail=0
 # device-pack ships the test executables as one xz tarball (they share the embedded PTX).

@@ -113,7 +113,10 @@ fn run(args: &Args) -> Result<bool, String> {
     let t_start = Instant::now();
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let startup_ms = t_start.elapsed().as_secs_f64() * 1e3;
-    println!("startup: Gpu::new took {startup_ms:.0} ms (module load)");
+    println!(
+        "startup: Gpu::new took {startup_ms:.0} ms (module load, kernels from {})",
+        if gpu.kernels_from_cubin() { "the embedded cubin" } else { "the PTX, compiled by the driver" }
+    );
     let gpu_name = gpu.context().name().unwrap_or_default();
     let st = gpu.stream().clone();
     // A buffer well over the 60 MB L2, written before every timed call.

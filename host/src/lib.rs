@@ -41,7 +41,7 @@ mod runtime;
 pub mod verify;
 
 pub use error::{Error, Result};
-pub use runtime::{cuda_available, Gpu, KERNELS_PTX};
+pub use runtime::{cuda_available, Gpu, KERNELS_CUBIN, KERNELS_PTX};
 
 /// The PTX entry names of every op family, looked up once by [`Gpu::new`].
 pub(crate) const ALL_KERNELS: &[&[&str]] =

@@ -1,5 +1,5 @@
-//! The runtime layer: one CUDA context, one stream, the PTX module loaded once, and the launch
-//! helper every op uses.
+//! The runtime layer: one CUDA context, one stream, the kernel module (sm_90 cubin, or the PTX)
+//! loaded once, and the launch helper every op uses.
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -12,6 +12,11 @@ use crate::{Error, Result};
 /// The PTX of every kernel, built from `kernels-gpu` by `build.rs` (self-contained, sm_90).
 pub const KERNELS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 
+/// The same kernels as sm_90 machine code (a cubin assembled by `ptxas` at build time), or empty
+/// when the build found no `ptxas`. [`Gpu::new`] loads it in preference to [`KERNELS_PTX`]: the
+/// driver then has nothing to compile (the PTX takes it tens of seconds on an H200).
+pub const KERNELS_CUBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kernels.cubin"));
+
 /// Whether a CUDA driver library and at least one device are present. Never panics.
 pub fn cuda_available() -> bool {
     // cudarc's loader panics when libcuda is missing: look for the library first.
@@ -23,13 +28,15 @@ pub fn cuda_available() -> bool {
 
 /// A device with the library's kernels loaded: owns the context, a stream and the module.
 ///
-/// Create one per device and reuse it; creation loads the PTX (milliseconds), launches do not
-/// allocate on the host beyond the argument array.
+/// Create one per device and reuse it; creation loads the kernels (a fraction of a second from
+/// the embedded sm_90 machine code; tens of seconds where the driver must compile the PTX),
+/// launches do not allocate on the host beyond the argument array.
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
     functions: HashMap<&'static str, CudaFunction>,
+    from_cubin: bool,
 }
 
 impl Gpu {
@@ -47,13 +54,25 @@ impl Gpu {
         }
         let ctx = CudaContext::new(ordinal)?;
         let stream = ctx.new_stream()?;
-        let module = ctx.load_module(Ptx::from_src(KERNELS_PTX))?;
+        // The embedded sm_90 machine code where the device takes it; otherwise (another GPU, a
+        // build without ptxas, a driver older than that ptxas) the PTX, compiled by the driver.
+        let from_cubin = !KERNELS_CUBIN.is_empty();
+        let (module, from_cubin) = match from_cubin.then(|| ctx.load_module(Ptx::from_binary(KERNELS_CUBIN.to_vec()))) {
+            Some(Ok(m)) => (m, true),
+            _ => (ctx.load_module(Ptx::from_src(KERNELS_PTX))?, false),
+        };
         let mut functions = HashMap::new();
         for &name in crate::ALL_KERNELS.iter().flat_map(|k| k.iter()) {
             let f = module.load_function(name).map_err(|_| Error::MissingKernel(name.to_string()))?;
             functions.insert(name, f);
         }
-        Ok(Self { ctx, stream, module, functions })
+        Ok(Self { ctx, stream, module, functions, from_cubin })
+    }
+
+    /// Whether the kernels were loaded from the embedded machine code ([`KERNELS_CUBIN`]) rather
+    /// than compiled from the PTX at load.
+    pub fn kernels_from_cubin(&self) -> bool {
+        self.from_cubin
     }
 
     /// The context.

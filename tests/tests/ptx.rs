@@ -1,4 +1,5 @@
-//! The embedded PTX is self-contained and every kernel assembles for sm_90 without spills.
+//! The embedded PTX is self-contained, every kernel assembles for sm_90 without spills, and an
+//! sm_90 device loads the embedded machine code.
 use std::collections::BTreeSet;
 
 #[test]
@@ -48,4 +49,29 @@ fn every_kernel_assembles_for_sm90() {
         assert!(line.contains("0 bytes spill stores, 0 bytes spill loads"), "spills: {line}\n{report}");
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Where the build embedded sm_90 machine code (it found ptxas), an sm_90 device loads it — no
+/// JIT compilation of the PTX at start-up; prints how long `Gpu::new` took.
+#[test]
+fn sm90_loads_the_embedded_machine_code() {
+    if !rgk::cuda_available() {
+        println!("sm90_loads_the_embedded_machine_code: skipped: no CUDA device");
+        return;
+    }
+    let t = std::time::Instant::now();
+    let gpu = rgk::Gpu::new(0).expect("opening the device");
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    use rgk::cudarc::driver::sys::CUdevice_attribute as A;
+    let cc = |a| gpu.context().attribute(a).unwrap();
+    let (major, minor) =
+        (cc(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), cc(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR));
+    println!(
+        "Gpu::new: {ms:.0} ms on sm_{major}{minor}, kernels from {} ({} bytes of cubin embedded)",
+        if gpu.kernels_from_cubin() { "the cubin" } else { "the PTX" },
+        rgk::KERNELS_CUBIN.len()
+    );
+    if (major, minor) == (9, 0) && !rgk::KERNELS_CUBIN.is_empty() {
+        assert!(gpu.kernels_from_cubin(), "an sm_90 device did not load the embedded sm_90 cubin");
+    }
 }
