@@ -238,18 +238,23 @@ def _compile(fn: Callable) -> Callable:
     return torch.compile(fn, dynamic=False)
 
 
+def _named_call(f: Callable, args: Sequence[torch.Tensor], names: Sequence[str]) -> Callable:
+    """call() running f(*args) and naming its outputs (a lone tensor is the first output)."""
+    def call() -> Outputs:
+        out = f(*args)
+        if isinstance(out, torch.Tensor):
+            out = (out,)
+        return dict(zip(names, out))
+    return call
+
+
 def _plain_alternatives(op: str, fn: Callable, args: Sequence[torch.Tensor],
                         eager_name: str, skip_compile: bool):
     names = OUTPUTS[op]
 
     def factory(f):
         def make():
-            def call() -> Outputs:
-                out = f(*args)
-                if isinstance(out, torch.Tensor):
-                    out = (out,)
-                return dict(zip(names, out))
-            return call
+            return _named_call(f, args, names)
         return make
 
     alts = [(eager_name, factory(fn))]
@@ -412,14 +417,7 @@ def _tileops_alternative(op: str, t: Dict[str, torch.Tensor], params: dict, ops:
         raise ValueError(f"unknown op {op!r}")
 
     def make():
-        f = make_op()
-
-        def call() -> Outputs:
-            out = f(*args)
-            if isinstance(out, torch.Tensor):
-                out = (out,)
-            return dict(zip(names, out))
-        return call
+        return _named_call(make_op(), args, names)
 
     return TILEOPS_NAME, make
 
