@@ -56,10 +56,15 @@ impl Gpu {
         let stream = ctx.new_stream()?;
         // The embedded sm_90 machine code where the device takes it; otherwise (another GPU, a
         // build without ptxas, a driver older than that ptxas) the PTX, compiled by the driver.
-        let from_cubin = !KERNELS_CUBIN.is_empty();
-        let (module, from_cubin) = match from_cubin.then(|| ctx.load_module(Ptx::from_binary(KERNELS_CUBIN.to_vec()))) {
-            Some(Ok(m)) => (m, true),
-            _ => (ctx.load_module(Ptx::from_src(KERNELS_PTX))?, false),
+        let cubin = if KERNELS_CUBIN.is_empty() {
+            None
+        } else {
+            ctx.load_module(Ptx::from_binary(KERNELS_CUBIN.to_vec())).ok()
+        };
+        let from_cubin = cubin.is_some();
+        let module = match cubin {
+            Some(m) => m,
+            None => ctx.load_module(Ptx::from_src(KERNELS_PTX))?,
         };
         let mut functions = HashMap::new();
         for &name in crate::ALL_KERNELS.iter().flat_map(|k| k.iter()) {
