@@ -70,6 +70,9 @@ pub struct Report {
     pub max_abs_err: f64,
     /// The first failing element: (index, ours, reference).
     pub first_failure: Option<(usize, f64, f64)>,
+    /// FNV-1a hash of our values' bit patterns (as f64, which every checked type converts to
+    /// exactly): two runs agree bitwise exactly when their digests are equal (up to collisions).
+    pub digest: u64,
 }
 
 impl Report {
@@ -82,14 +85,25 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} elements, {} failures, max {:.3} ulp, rel_l2 {:.3e}, max_abs {:.3e}",
-            self.count, self.failures, self.max_ulp, self.rel_l2_err, self.max_abs_err
+            "{} elements, {} failures, max {:.3} ulp, rel_l2 {:.3e}, max_abs {:.3e}, bits {:016x}",
+            self.count, self.failures, self.max_ulp, self.rel_l2_err, self.max_abs_err, self.digest
         )?;
         if let Some((i, o, r)) = self.first_failure {
             write!(f, "; first failure at {i}: got {o:e}, reference {r:e}")?;
         }
         Ok(())
     }
+}
+
+/// FNV-1a over the little-endian bytes of each value's f64 bit pattern.
+fn digest(values: impl Iterator<Item = f64>) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for v in values {
+        for b in v.to_bits().to_le_bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
 }
 
 /// Accumulates the normwise errors.
@@ -129,6 +143,7 @@ pub fn check_half<T: Half>(ours: &[T], reference: &RefOutput, max_ulp: f64) -> R
         }
     }
     (rep.rel_l2_err, rep.max_abs_err) = norms(ours.iter().map(|v| v.to_f64()), &reference.value);
+    rep.digest = digest(ours.iter().map(|v| v.to_f64()));
     if ours.iter().any(|v| !v.to_f64().is_finite()) {
         rep.rel_l2_err = f64::NAN;
     }
@@ -150,6 +165,7 @@ pub fn check_float(ours: &[f64], reference: &RefOutput, rel: f64) -> Report {
         }
     }
     (rep.rel_l2_err, rep.max_abs_err) = norms(ours.iter().copied(), &reference.value);
+    rep.digest = digest(ours.iter().copied());
     rep
 }
 
