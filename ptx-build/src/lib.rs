@@ -1,10 +1,13 @@
 //! Builds the `#![no_std]` device crate `kernels-gpu` into one self-contained PTX module.
 //!
-//! Route (see `shared/TOOLCHAIN.md`): rustc's NVPTX backend with `-Zbuild-std=core`, fat LTO,
+//! Route: rustc's NVPTX backend with `-Zbuild-std=core`, fat LTO,
 //! and the project's own linker `nvptx-link` (compiled here with one `rustc` call), which drives
 //! `llvm-link`/`opt`/`llc` from the pinned toolchain's `llvm-tools` component.
 //!
 //! Used by `host/build.rs` (so `cargo build` embeds the PTX) and by `cargo xtask build`.
+//! [`divergence`] checks the synchronisation structure of the module it builds.
+
+pub mod divergence;
 
 use std::env;
 use std::fs;
