@@ -18,6 +18,12 @@ use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
 use crate::verify::Half;
 use crate::{Error, Gpu, Result};
 
+/// The kernels' shared-memory layouts and per-thread limits (the device crate's own file).
+#[allow(dead_code)]
+#[path = "../../../kernels-gpu/src/engram/gate_layout.rs"]
+mod layout;
+use layout::{bwd_smem_bytes, bwd_split_smem_bytes, dpad, fwd_smem_bytes, fwd_stream_smem_floats, FWD_SMEM_WL};
+
 /// `eps` of the three rmsnorms (docs/ops.md §4).
 pub const EPS: f32 = 1e-6;
 /// Causal conv kernel size (docs/ops.md §4).
@@ -87,10 +93,6 @@ const SMEM_DEFAULT: usize = 48 * 1024;
 /// Largest dynamic shared memory of the split-rows backward (opted in above 48 KiB; well inside
 /// sm_90's 227 KiB, leaving room for the reduce kernel's blocks beside it under PDL).
 const SPLIT_SMEM_MAX: usize = 64 * 1024;
-
-/// Weight chunks (16 B) one thread of the 1-D-grid shared-memory forward holds while phase 1
-/// runs (`kernels-gpu` `FWD2_WL`).
-const FWD_SMEM_WEIGHT_CHUNKS: usize = 5;
 
 /// Sizes of one EngramGateConv call: `m` sequences of `t` rows of `d` channels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,7 +181,7 @@ const _: () = {
     while i < FWD_TUNING.len() {
         let r = FWD_TUNING[i].rows_per_block;
         assert!(fwd_smem_bytes(1024, r) <= SMEM_DEFAULT);
-        assert!(5 * 1024usize.div_ceil(8) <= FWD_SMEM_WEIGHT_CHUNKS * (r as usize + 3) * 32);
+        assert!(5 * 1024usize.div_ceil(8) <= FWD_SMEM_WL * (r as usize + 3) * 32);
         assert!(r + 3 + FWD_TUNING[i].extra_warps <= 32);
         i += 1;
     }
@@ -190,7 +192,7 @@ const _: () = {
         let mut d = 8;
         while d <= 1024 {
             if bwd_u_fits(d, r) {
-                assert!(split_smem_bytes(d, r, bwd_split_warps(d, r)) <= SPLIT_SMEM_MAX);
+                assert!(bwd_split_smem_bytes(d, r, bwd_split_warps(d, r)) <= SPLIT_SMEM_MAX);
                 assert!(split_nv(d, bwd_split_warps(d, r)) <= 2);
             }
             d += 8;
@@ -263,8 +265,10 @@ pub(crate) fn plan_fwd(shape: EngramGateShape, aligned: bool) -> Result<FwdPlan>
             (FwdKernel::Smem { nv }, (ntiles as u32, shape.m as u32, 1), smem_warps, fwd_smem_bytes(d, r))
         }
         Some(nv) => (FwdKernel::SmemGrid1d { nv }, (blocks, 1, 1), smem_warps, fwd_smem_bytes(d, r)),
-        None if d.is_multiple_of(8) && aligned => (FwdKernel::StreamVec8, (blocks, 1, 1), r + 3, 8 * (r as usize + 3)),
-        None => (FwdKernel::StreamScalar, (blocks, 1, 1), r + 3, 8 * (r as usize + 3)),
+        None if d.is_multiple_of(8) && aligned => {
+            (FwdKernel::StreamVec8, (blocks, 1, 1), r + 3, 4 * fwd_stream_smem_floats(r) as usize)
+        }
+        None => (FwdKernel::StreamScalar, (blocks, 1, 1), r + 3, 4 * fwd_stream_smem_floats(r) as usize),
     };
     let dims = LaunchDims { grid, block: (warps * 32, 1, 1), shared_bytes: shared_bytes as u32 };
     Ok(FwdPlan { kernel, t_len: shape.t as u32, d: d as u32, rows_per_block: r, ntiles: ntiles as u32, dims })
@@ -356,7 +360,7 @@ pub(crate) fn plan_bwd(shape: EngramGateShape, aligned: bool, workspace_aligned:
     let in_smem = bwd_scratch_in_smem(d, r);
     let mut workspace_len = checked_product("workspace", &[nblocks, 6, d])?;
     if !in_smem {
-        workspace_len += checked_product("workspace", &[nblocks, r as usize + 3, d.div_ceil(8) * 8])?;
+        workspace_len += checked_product("workspace", &[nblocks, r as usize + 3, dpad(d)])?;
     }
     let nv = resident_nv(d, aligned);
     let row_warp_dims = LaunchDims {
@@ -370,7 +374,7 @@ pub(crate) fn plan_bwd(shape: EngramGateShape, aligned: bool, workspace_aligned:
             let dims = LaunchDims {
                 grid: (ntiles as u32, shape.m as u32, 1),
                 block: ((r + 6) * w * 32, 1, 1),
-                shared_bytes: split_smem_bytes(d, r, w) as u32,
+                shared_bytes: bwd_split_smem_bytes(d, r, w) as u32,
             };
             (BwdMain::Split { nv: split_nv(d, w), warps_per_row: w }, dims)
         }
@@ -470,17 +474,9 @@ const fn split_nv(d: usize, w: u32) -> usize {
     }
 }
 
-/// Bytes of dynamic shared memory of the split backward: the scalars and `dconv`
-/// ([`bwd_smem_bytes`]), `u` `[R+6][dpad]` f32, the weights `[6][dpad]` u16, the split row sums
-/// `[(R+6)·W][4]` f32.
-const fn split_smem_bytes(d: usize, r: u32, w: u32) -> usize {
-    let dpad = d.div_ceil(8) * 8;
-    bwd_smem_bytes(d, r, true) + 4 * (r as usize + 6) * dpad + 2 * 6 * dpad + 4 * 4 * (r as usize + 6) * w as usize
-}
-
 /// Whether the split backward's `u` and `dconv` (with the scalars) fit in 48 KiB.
 const fn bwd_u_fits(d: usize, r: u32) -> bool {
-    bwd_scratch_in_smem(d, r) && bwd_smem_bytes(d, r, true) + 4 * (r as usize + 6) * d.div_ceil(8) * 8 <= SMEM_DEFAULT
+    bwd_scratch_in_smem(d, r) && bwd_smem_bytes(d, r, true) + 4 * (r as usize + 6) * dpad(d) <= SMEM_DEFAULT
 }
 
 /// `ceil(2^16 / wpr)`: the split backward's warp → row map `i = (w·magic) >> 16` equals
@@ -500,23 +496,10 @@ pub fn fwd_chunk_magic(d: usize) -> u32 {
     (1u64 << 32).div_ceil(nch) as u32
 }
 
-/// Bytes of dynamic shared memory of the shared-memory forward (`kernels-gpu`
-/// `fwd2_smem_bytes`).
-const fn fwd_smem_bytes(d: usize, r: u32) -> usize {
-    let dpad = d.div_ceil(8) * 8;
-    4 * (2 * r as usize + 3) * dpad + 2 * 5 * dpad
-}
-
 /// Where the row-warp backward keeps `dconv` of a block's tile: shared memory when it fits in
 /// 48 KiB.
 const fn bwd_scratch_in_smem(d: usize, r: u32) -> bool {
     bwd_smem_bytes(d, r, true) <= SMEM_DEFAULT
-}
-
-const fn bwd_smem_bytes(d: usize, r: u32, with_scratch: bool) -> usize {
-    let scalars = (2 * r as usize + 6).div_ceil(4) * 4;
-    let scratch = if with_scratch { (r as usize + 3) * d.div_ceil(8) * 8 } else { 0 };
-    4 * (scalars + scratch)
 }
 
 /// Checks the kernel can run `threads` per block (its register use may allow fewer than 1024;

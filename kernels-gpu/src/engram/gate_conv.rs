@@ -17,6 +17,7 @@
 //!
 //! Halo rows recompute exactly what their owner computes (the same instructions on the same
 //! data), so `q(alpha·v)` of a halo row is bitwise the `vhat` its owner writes.
+use super::gate_layout::*;
 use crate::prim::*;
 
 // ---------------------------------------------------------------- storage dtypes
@@ -184,13 +185,8 @@ unsafe fn res<const NV: usize>(a: &[Raw; NV], n: usize) -> Raw {
 
 // ---------------------------------------------------------------- forward
 
-/// Smem (f32): `alpha[R+3]`, `rrms_v[R+3]` of the tile's rows including the 3 halo rows.
-pub const fn fwd_smem_floats(r: u32) -> u32 {
-    2 * (r + 3)
-}
-
 /// EngramGateConvFwd. Grid `M·ntiles` (block b: m = b / ntiles, tile b % ntiles, ntiles = ceil(T/R)), block `(R+3)·32` threads, dynamic smem
-/// `fwd_smem_floats(R)·4` bytes. Pointers: `h, k, v, y, vhat` `[M,T,d]`; `wh, wv` `[d]`;
+/// `fwd_stream_smem_floats(R)·4` bytes. Pointers: `h, k, v, y, vhat` `[M,T,d]`; `wh, wv` `[d]`;
 /// `cw` `[4,d]`; `alpha, rh, rk, rv` `[M,T]` f32.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -336,18 +332,6 @@ unsafe fn fwd<D: Dt, const FAST: bool, const NV: usize>(
 }
 
 // ---------------------------------------------------------------- forward, `u` in shared memory
-
-/// Dynamic smem of [`fwd_smem`] in bytes: `u` f32 `[R+3][dpad]` (the halo rows' too, zeros before
-/// t = 0), the owned rows' unrounded `vh` f32 `[R][dpad]`, then the raw 16-bit weights
-/// `[5][dpad]` (`rms_w_v`, `conv_w[0..4]`); `dpad = ceil(d/8)·8`.
-pub const fn fwd_smem_bytes(r: u32, d: u32) -> u32 {
-    let dpad = d.div_ceil(8) * 8;
-    4 * (2 * r + 3) * dpad + 2 * 5 * dpad
-}
-
-/// Weight chunks (16 B) one thread of the 1-D-grid [`fwd_smem`] may hold while phase 1 runs;
-/// the host's tuning table keeps `5·ceil(d/8) ≤ FWD_SMEM_WL·threads` (checked at compile time).
-pub const FWD_SMEM_WL: usize = 5;
 
 /// `(wq / nch, wq % nch)` for `wq < 5·nch`, by at most 4 subtractions (no division, so no
 /// division-by-zero panic path).
@@ -699,13 +683,6 @@ fn wrow_g(wv: *const u16, wh: *const u16, cw: *const u16, d: u32, wr: u32) -> *c
     } else {
         cw.wrapping_add((wr - 2) as usize * d as usize)
     }
-}
-
-/// Smem (f32) of the backward's main kernel: `rrms_v'[R+6]`, `2·dz·s·rh·rk [R]`, padded to 4,
-/// then ([`bwd_split`] only) `u[(R+6)][ceil(d/8)·8]`, then (when no global scratch is given)
-/// `dconv[(R+3)][ceil(d/8)·8]`.
-pub const fn bwd_smem_scalar_floats(r: u32) -> u32 {
-    (2 * r + 6).div_ceil(4) * 4
 }
 
 /// EngramGateConvBwd, main kernel. Grid `M·ntiles` (block b: m = b / ntiles, tile b % ntiles, ntiles = ceil(T/R)), block `(R+6)·32` threads.
@@ -1081,12 +1058,6 @@ macro_rules! each_chunk_s {
 }
 
 // ---------------------------------------------------------------- backward, tile rows split over warps
-
-/// Floats of [`bwd_split`]'s per-warp partial row sums: `[(R+6)·wpr][4]` (`Σ vh²`, `P`,
-/// `Σ g·v`, one slot of padding).
-pub const fn bwd_split_sum_floats(r: u32, wpr: u32) -> u32 {
-    4 * (r + 6) * wpr
-}
 
 /// 8 f32 from shared-window address `a` (16-byte aligned).
 #[inline(always)]
