@@ -10,7 +10,7 @@ mod engram_gate_common;
 use engram_gate_common::gpu::*;
 use engram_gate_common::*;
 use rand::rngs::StdRng;
-use rgk::engram::{self, EngramGateShape, GateFwdConfig, GateFwdKernel};
+use rgk::engram::{self, EngramGateShape};
 use rgk::verify::Half;
 use rgk::{bf16, f16, Error, Gpu};
 use rgk_tests::gpu_or_skip;
@@ -27,7 +27,7 @@ fn case<T: Half + rgk::cudarc::driver::DeviceRepr>(
     let x = gen::<T>(rng, s, scale, unit);
     let what = format!("fwd {} {s:?} scale {scale} unit_w {unit}", T::NAME);
     wd.step(&what);
-    let f = run_fwd(gpu, &x, 0, None).unwrap();
+    let f = run_fwd(gpu, &x, 0);
     check_fwd(&what, &x, &f)
 }
 
@@ -90,43 +90,56 @@ fn misaligned_inputs_take_the_scalar_path() {
             let x = gen::<bf16>(&mut rng, s, 1.0, false);
             let what = format!("fwd bf16 {s:?} offset {off}");
             wd.step(&what);
-            let f = run_fwd(&gpu, &x, off, None).unwrap();
+            let f = run_fwd(&gpu, &x, off);
             check_fwd(&what, &x, &f);
         }
     }
 }
 
+/// One shape per kernel the planner can launch (both dtypes, scales 1 and 100): the plan
+/// takes the kernel the shape is meant to reach, and the outputs match the reference.
 #[test]
-fn every_launch_config_matches_reference() {
-    let Some((gpu, wd, mut rng)) = start("engram_gate_fwd::every_launch_config") else { return };
-    for (m, t, d) in [(3, 96, 768), (2, 13, 1000), (1, 9, 4096), (2, 7, 256)] {
+fn every_planned_kernel_matches_reference() {
+    let Some((gpu, wd, mut rng)) = start("engram_gate_fwd::every_planned_kernel") else { return };
+    for (m, t, d, kernel) in [
+        (2, 7, 8, "engram_gate_fwd_smem_grid1d_{}_r1"),
+        (65536, 1, 16, "engram_gate_fwd_smem_grid1d_{}_r1"),
+        (2, 13, 256, "engram_gate_fwd_smem_{}_r1"),
+        (2, 13, 512, "engram_gate_fwd_smem_{}_r2"),
+        (3, 96, 768, "engram_gate_fwd_smem_{}_r3"),
+        (2, 13, 1000, "engram_gate_fwd_smem_{}_r4"),
+        (1, 9, 4096, "engram_gate_fwd_stream_vec8_{}"),
+        (2, 7, 13, "engram_gate_fwd_stream_scalar_{}"),
+    ] {
         let s = EngramGateShape { m, t, d };
-        let x = gen::<f16>(&mut rng, s, 1.0, false);
-        for r in [1, 2, 3, 5, 8, 13, 29] {
-            for kernel in KERNELS {
-                // extra warps (v2 kernels: weight loads and phase 2 only)
-                for extra_warps in [0, 3] {
-                    if extra_warps > 0 && kernel == GateFwdKernel::V1 {
-                        continue;
-                    }
-                    let c = GateFwdConfig { rows_per_block: r, kernel, extra_warps };
-                    let what = format!("fwd {s:?} {c:?}");
-                    wd.step(&what);
-                    let Some(f) = run_fwd(&gpu, &x, 0, Some(c)) else { continue };
-                    check_fwd(&what, &x, &f);
+        for (is_f16, dt) in [(true, "f16"), (false, "bf16")] {
+            let [planned, _, _] = engram::gate_conv_planned_entries(s, !is_f16, true, true).unwrap();
+            assert_eq!(planned, kernel.replace("{}", dt), "{s:?}");
+            for scale in [1.0, 100.0] {
+                if is_f16 {
+                    case::<f16>(&gpu, &wd, &mut rng, s, scale, false);
+                } else {
+                    case::<bf16>(&gpu, &wd, &mut rng, s, scale, false);
                 }
             }
         }
     }
 }
 
-const KERNELS: [GateFwdKernel; 5] = [
-    GateFwdKernel::V1,
-    GateFwdKernel::SmemU,
-    GateFwdKernel::SmemUApprox,
-    GateFwdKernel::SmemUFast,
-    GateFwdKernel::SmemULean,
-];
+/// The PTX entries of the family are exactly those the planners launch over the shape grid
+/// of `planned_kernels` (no entry is unreachable, no planned entry is missing).
+#[test]
+fn planned_kernels_are_the_module_entries() {
+    let Some(gpu) = gpu_or_skip("engram_gate_fwd::planned_kernels") else { return };
+    let planned = engram::gate_conv_planned_kernels(&gpu).unwrap();
+    let entries: std::collections::BTreeSet<&str> = rgk::KERNELS_PTX
+        .lines()
+        .filter_map(|l| l.strip_prefix(".visible .entry "))
+        .filter_map(|l| l.split('(').next())
+        .filter(|n| n.starts_with("engram_gate_"))
+        .collect();
+    assert_eq!(planned, entries);
+}
 
 fn bits_h<T: Half>(v: &[T]) -> Vec<u64> {
     v.iter().map(|x| x.to_f64().to_bits()).collect()
@@ -136,105 +149,6 @@ fn bits_f(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// The v2 kernels (`u` in shared memory) on the seed shapes, odd shapes and both dtypes:
-/// `SmemU` bitwise equal to v1 at the same R; `SmemUApprox` equal except `Y` (rounding
-/// flips counted), and both within the reference's tolerances.
-fn v2_case<T: Half + rgk::cudarc::driver::DeviceRepr>(
-    gpu: &Gpu,
-    wd: &Watchdog,
-    rng: &mut StdRng,
-    s: EngramGateShape,
-    scale: f32,
-) {
-    let x = gen::<T>(rng, s, scale, false);
-    for r in [1, 2, 3, 5, 8] {
-        let run = |kernel| run_fwd(gpu, &x, 0, Some(GateFwdConfig { rows_per_block: r, kernel, extra_warps: 0 }));
-        let what = format!("fwd v2 {} {s:?} scale {scale} R {r}", T::NAME);
-        wd.step(&what);
-        let Some(f1) = run(GateFwdKernel::V1) else { continue };
-        let (Some(f2), Some(f3)) = (run(GateFwdKernel::SmemU), run(GateFwdKernel::SmemUApprox)) else { continue };
-        for (f, name) in [(&f2, "SmemU"), (&f3, "SmemUApprox")] {
-            check_fwd(&format!("{what} {name}"), &x, f);
-            assert_eq!(bits_h(&f1.vhat), bits_h(&f.vhat), "{what} {name}: vhat differs from v1");
-            for (a, b, n) in [
-                (&f1.alpha, &f.alpha, "alpha"),
-                (&f1.rrms_h, &f.rrms_h, "rrms_h"),
-                (&f1.rrms_k, &f.rrms_k, "rrms_k"),
-                (&f1.rrms_v, &f.rrms_v, "rrms_v"),
-            ] {
-                assert_eq!(bits_f(a), bits_f(b), "{what} {name}: {n} differs from v1");
-            }
-        }
-        assert_eq!(bits_h(&f1.y), bits_h(&f2.y), "{what}: SmemU Y differs from v1");
-        let flips = f1.y.iter().zip(&f3.y).filter(|(a, b)| a.to_f64() != b.to_f64()).count();
-        println!("{what}: SmemUApprox Y differs from v1 in {flips} of {} elements", f1.y.len());
-        // SmemUFast (approximate scalars): within the tolerances
-        let Some(f4) = run(GateFwdKernel::SmemUFast) else { continue };
-        check_fwd(&format!("{what} SmemUFast"), &x, &f4);
-        let flips = f1.vhat.iter().zip(&f4.vhat).filter(|(a, b)| a.to_f64() != b.to_f64()).count();
-        println!("{what}: SmemUFast vhat differs from v1 in {flips} of {} elements", f1.vhat.len());
-        // SmemULean (the bench's `lean`): checked, and bitwise SmemUFast on these inputs (the
-        // ftz MUFU forms agree wherever |conv| and |alpha's logit| < 87)
-        let Some(f5) = run(GateFwdKernel::SmemULean) else { continue };
-        check_fwd(&format!("{what} SmemULean"), &x, &f5);
-        assert_eq!(bits_h(&f4.y), bits_h(&f5.y), "{what}: SmemULean Y differs from SmemUFast");
-        assert_eq!(bits_h(&f4.vhat), bits_h(&f5.vhat), "{what}: SmemULean vhat differs from SmemUFast");
-        for (a, b, n) in [
-            (&f4.alpha, &f5.alpha, "alpha"),
-            (&f4.rrms_h, &f5.rrms_h, "rrms_h"),
-            (&f4.rrms_k, &f5.rrms_k, "rrms_k"),
-            (&f4.rrms_v, &f5.rrms_v, "rrms_v"),
-        ] {
-            assert_eq!(bits_f(a), bits_f(b), "{what}: SmemULean {n} differs from SmemUFast");
-        }
-        // extra warps: bitwise the same outputs as without
-        for (kernel, f0) in
-            [(GateFwdKernel::SmemUApprox, &f3), (GateFwdKernel::SmemUFast, &f4), (GateFwdKernel::SmemULean, &f5)]
-        {
-            for extra_warps in [1, 3, 6] {
-                let c = GateFwdConfig { rows_per_block: r, kernel, extra_warps };
-                let Some(f) = run_fwd(gpu, &x, 0, Some(c)) else { continue };
-                let what = format!("{what} {c:?}");
-                assert_eq!(bits_h(&f0.y), bits_h(&f.y), "{what}: Y differs");
-                assert_eq!(bits_h(&f0.vhat), bits_h(&f.vhat), "{what}: vhat differs");
-                for (a, b, n) in [
-                    (&f0.alpha, &f.alpha, "alpha"),
-                    (&f0.rrms_h, &f.rrms_h, "rrms_h"),
-                    (&f0.rrms_k, &f.rrms_k, "rrms_k"),
-                    (&f0.rrms_v, &f.rrms_v, "rrms_v"),
-                ] {
-                    assert_eq!(bits_f(a), bits_f(b), "{what}: {n} differs");
-                }
-            }
-        }
-    }
-}
-
-#[test]
-fn v2_kernels_match_v1() {
-    let Some((gpu, wd, mut rng)) = start("engram_gate_fwd::v2_kernels") else { return };
-    for (m, t, d, is_f16) in [
-        (1, 32, 256, true),
-        (2, 64, 512, true),
-        (1, 128, 256, false),
-        (3, 96, 768, false),
-        (2, 7, 8, true),
-        (7, 5, 1000, false),
-        (1, 1, 1024, true),
-        (3, 4, 264, false),
-        (1, 2, 16, true),
-    ] {
-        let s = EngramGateShape { m, t, d };
-        for scale in [1.0, 100.0] {
-            if is_f16 {
-                v2_case::<f16>(&gpu, &wd, &mut rng, s, scale);
-            } else {
-                v2_case::<bf16>(&gpu, &wd, &mut rng, s, scale);
-            }
-        }
-    }
-}
-
 #[test]
 fn forward_is_bitwise_deterministic() {
     let Some((gpu, wd, mut rng)) = start("engram_gate_fwd::deterministic") else { return };
@@ -242,14 +156,8 @@ fn forward_is_bitwise_deterministic() {
         let s = EngramGateShape { m, t, d };
         let x = gen::<bf16>(&mut rng, s, 1.0, false);
         wd.step(format!("fwd twice {s:?}"));
-        let f1 = run_fwd(&gpu, &x, 0, None).unwrap();
-        let f2 = run_fwd(&gpu, &x, 0, None).unwrap();
-        // the lean kernel at the planner's R: twice, bitwise
-        let cl = GateFwdConfig { kernel: GateFwdKernel::SmemULean, ..GateFwdConfig::for_shape(s) };
-        let (l1, l2) = (run_fwd(&gpu, &x, 0, Some(cl)).unwrap(), run_fwd(&gpu, &x, 0, Some(cl)).unwrap());
-        assert_eq!(bits_h(&l1.y), bits_h(&l2.y), "{s:?}: lean Y differs between runs");
-        assert_eq!(bits_f(&l1.alpha), bits_f(&l2.alpha), "{s:?}: lean alpha differs between runs");
-        check_fwd(&format!("{s:?} lean"), &x, &l1);
+        let f1 = run_fwd(&gpu, &x, 0);
+        let f2 = run_fwd(&gpu, &x, 0);
         assert_eq!(bits_h(&f1.y), bits_h(&f2.y), "{s:?}: Y differs between runs");
         assert_eq!(bits_h(&f1.vhat), bits_h(&f2.vhat), "{s:?}: vhat differs between runs");
         for (a, b, n) in [
@@ -258,8 +166,7 @@ fn forward_is_bitwise_deterministic() {
             (&f1.rrms_k, &f2.rrms_k, "rrms_k"),
             (&f1.rrms_v, &f2.rrms_v, "rrms_v"),
         ] {
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(a), bits(b), "{s:?}: {n} differs between runs");
+            assert_eq!(bits_f(a), bits_f(b), "{s:?}: {n} differs between runs");
         }
         check_fwd(&format!("{s:?}"), &x, &f1);
     }

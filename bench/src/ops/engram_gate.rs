@@ -1,7 +1,7 @@
 //! EngramGateConvFwd / EngramGateConvBwd workloads (docs/ops.md §4–§5 and the seed table).
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
 use rand::rngs::StdRng;
-use rgk::engram::{self, bwd_workspace_len_with, EngramGateShape, GateBwdConfig, GateFwdConfig, GateFwdKernel};
+use rgk::engram::{self, bwd_workspace_len, EngramGateShape};
 use rgk::reference::{engram_gate_bwd, engram_gate_fwd, EngramGateBwdRef, EngramGateFwdRef, RefOutput};
 use rgk::verify::{check_float, check_half, poisoned, Half, Report};
 use rgk::{bf16, f16, Gpu};
@@ -23,125 +23,47 @@ const SEED: [(&str, usize, usize, usize, bool); 4] = [
 const MAX_ULP: f64 = 2.0;
 const F32_REL: f64 = 1e-4;
 
-/// Forward rows then backward rows (the planner's configuration, `GateFwdConfig::for_shape` /
-/// `GateBwdConfig::for_shape`); with `variants`, also every rows-per-block choice
-/// (`WORKLOAD@rR` v1, `WORKLOAD@v2-rR` / `WORKLOAD@v2a-rR` the shared-memory-`u` kernels
-/// (exact / approximate silu), `WORKLOAD@v2f-rR` (approximate scalars too), `WORKLOAD@v2` /
-/// `WORKLOAD@v2a` / `WORKLOAD@v2f` those at the planner's R, `-xX` with X extra warps;
-/// backward `WORKLOAD@nograph` (no graph submission), `WORKLOAD@nopdl` (the reduce kernel
-/// launched without PDL), `WORKLOAD@v5` (the planner's configuration with the v5 main kernel,
-/// stage 3 not merged; the planner runs v5m: v5 with stage 3 merged into one pass); forward
-/// `WORKLOAD@lean` (the planner's configuration with the lean v2 kernel,
-/// `GateFwdKernel::SmemULean`), backward `WORKLOAD@rvX` / `WORKLOAD@rvX-sS`
-/// (the planner's configuration with the 16-byte reduce kernel, `reduce_vec` X, S segments)).
+/// Forward rows then backward rows, each what the planner launches for the shape; with
+/// `variants`, also `WORKLOAD@nograph` for the backward (its two launches submitted directly
+/// instead of as one CUDA graph: the reduce kernel's dependent launch then reaches the device
+/// too late to overlap the main kernel). The tuning table's measured alternatives are in
+/// docs/decisions/engram_gate.md.
 pub fn workloads(variants: bool) -> Vec<Workload> {
     let mut v = Vec::new();
-    // None = the planner's choice for the shape
-    let mut fwd_cfgs: Vec<(Option<String>, Option<GateFwdConfig>)> = vec![(None, None)];
-    let mut bwd_cfgs: Vec<(Option<String>, Option<GateBwdConfig>)> = vec![(None, None)];
+    let mut bwd_tags: Vec<Option<&'static str>> = vec![None];
     if variants {
-        for r in [1, 2, 3, 5, 8, 13] {
-            fwd_cfgs
-                .push((Some(format!("r{r}")), Some(GateFwdConfig { rows_per_block: r, ..GateFwdConfig::default() })));
-        }
-        for (kt, kernel) in
-            [("v2", GateFwdKernel::SmemU), ("v2a", GateFwdKernel::SmemUApprox), ("v2f", GateFwdKernel::SmemUFast)]
-        {
-            let c = GateFwdConfig { rows_per_block: 0, kernel, extra_warps: 0 };
-            fwd_cfgs.push((Some(kt.to_string()), Some(c)));
-            for r in [1, 2, 3, 5, 8] {
-                fwd_cfgs.push((Some(format!("{kt}-r{r}")), Some(GateFwdConfig { rows_per_block: r, ..c })));
-            }
-        }
-        // the lean v2 forward (bitwise v2f on these inputs) at the planner's R and extra warps
-        fwd_cfgs.push((Some("lean".into()), None));
-        // extra warps (weight loads and phase 2 only) on the approximate kernels
-        for (kt, kernel) in [("v2a", GateFwdKernel::SmemUApprox), ("v2f", GateFwdKernel::SmemUFast)] {
-            for x in [2, 3, 5] {
-                let c = GateFwdConfig { rows_per_block: 0, kernel, extra_warps: x };
-                fwd_cfgs.push((Some(format!("{kt}-x{x}")), Some(c)));
-            }
-            for (r, x) in [(1, 2), (2, 3), (3, 3), (3, 6), (5, 4)] {
-                let c = GateFwdConfig { rows_per_block: r, kernel, extra_warps: x };
-                fwd_cfgs.push((Some(format!("{kt}-r{r}-x{x}")), Some(c)));
-            }
-        }
-        // Session-3..6 backward sweeps (v1 rR-sS, v2, v3, v3a, v4-w1, v4-rR, v4-s32, v4c, v4
-        // rows; those kernels other than v1 are retired) are recorded in
-        // kernels-gpu/src/engram/NOTES.md; `nograph`: the planner's config launched directly
-        // (the reduce kernel's dependent launch then reaches the device too late to overlap).
-        bwd_cfgs.push((Some("nograph".into()), None));
-        // v5 (each tile row split over W = bwd_split_warps warps, stage 3 in two passes) at the
-        // planner's configuration; the planner runs v5m (stage 3 in one pass)
-        bwd_cfgs.push((Some("v5".into()), None));
-        bwd_cfgs.push((Some("nopdl".into()), None));
-        // the 16-byte reduce kernel (bitwise the scalar one at the same S) at the planner's
-        // configuration: 8 / 32 threads per segment row, S = 8 / 32
-        for t in ["rv8", "rv32", "rv8-s8", "rv8-s32"] {
-            bwd_cfgs.push((Some(t.into()), None));
-        }
+        bwd_tags.push(Some("nograph"));
     }
     for &(name, m, t, d, is_f16) in &SEED {
         let s = EngramGateShape { m, t, d };
         let (n, rows) = ((m * t * d) as f64, (m * t) as f64);
-        for (tag, cfg) in fwd_cfgs.clone() {
-            // rows_per_block 0: the planner's R with the given kernel
-            let cfg = match cfg {
-                None if tag.as_deref() == Some("lean") => {
-                    GateFwdConfig { kernel: GateFwdKernel::SmemULean, ..GateFwdConfig::for_shape(s) }
-                }
-                None => GateFwdConfig::for_shape(s),
-                Some(c) if c.rows_per_block == 0 => {
-                    GateFwdConfig { kernel: c.kernel, extra_warps: c.extra_warps, ..GateFwdConfig::for_shape(s) }
-                }
-                Some(c) => c,
-            };
-            v.push(Workload {
-                op: "EngramGateConvFwd",
-                name: variant_name(name, tag.as_deref()),
-                dtype: if is_f16 { "f16" } else { "bf16" },
-                shapes: format!("H, k, v [{m},{t},{d}]; rms_w_h, rms_w_v [{d}]; conv_w [4,{d}]"),
-                // 3 squares/products of the gate (6), vh, q, vhat² (3), u (2), conv (8), silu (4), + (1)
-                flops: 24.0 * n,
-                // H, k, v, weights in; Y, vhat, four [M,T] f32 out
-                bytes: 2.0 * 3.0 * n + 2.0 * 6.0 * d as f64 + 2.0 * 2.0 * n + 4.0 * 4.0 * rows,
-                peak_flops: FP32_PEAK,
-                prepare: Box::new(move |gpu, rng| {
-                    Ok(if is_f16 {
-                        Box::new(FwdCase::<f16>::new(gpu, rng, s, cfg)?) as Box<dyn Case>
-                    } else {
-                        Box::new(FwdCase::<bf16>::new(gpu, rng, s, cfg)?) as Box<dyn Case>
-                    })
-                }),
-            });
-        }
+        v.push(Workload {
+            op: "EngramGateConvFwd",
+            name: variant_name(name, None),
+            dtype: if is_f16 { "f16" } else { "bf16" },
+            shapes: format!("H, k, v [{m},{t},{d}]; rms_w_h, rms_w_v [{d}]; conv_w [4,{d}]"),
+            // 3 squares/products of the gate (6), vh, q, vhat² (3), u (2), conv (8), silu (4), + (1)
+            flops: 24.0 * n,
+            // H, k, v, weights in; Y, vhat, four [M,T] f32 out
+            bytes: 2.0 * 3.0 * n + 2.0 * 6.0 * d as f64 + 2.0 * 2.0 * n + 4.0 * 4.0 * rows,
+            peak_flops: FP32_PEAK,
+            prepare: Box::new(move |gpu, rng| {
+                Ok(if is_f16 {
+                    Box::new(FwdCase::<f16>::new(gpu, rng, s)?) as Box<dyn Case>
+                } else {
+                    Box::new(FwdCase::<bf16>::new(gpu, rng, s)?) as Box<dyn Case>
+                })
+            }),
+        });
     }
     for &(name, m, t, d, is_f16) in &SEED {
         let s = EngramGateShape { m, t, d };
         let (n, rows) = ((m * t * d) as f64, (m * t) as f64);
-        for (tag, cfg) in bwd_cfgs.clone() {
-            let graph = tag.as_deref() != Some("nograph");
-            let cfg = match cfg {
-                None if tag.as_deref() == Some("nopdl") => GateBwdConfig { pdl: false, ..GateBwdConfig::for_shape(s) },
-                None if tag.as_deref().is_some_and(|t| t.starts_with("rv")) => {
-                    let t = tag.as_deref().unwrap_or("").trim_start_matches("rv");
-                    let p = GateBwdConfig::for_shape(s);
-                    let (xw, sg) = match t.split_once("-s") {
-                        Some((x, sg)) => (x.parse().unwrap_or(8), sg.parse().unwrap_or(p.reduce_segments)),
-                        None => (t.parse().unwrap_or(8), p.reduce_segments),
-                    };
-                    GateBwdConfig { reduce_vec: xw, reduce_segments: sg, ..p }
-                }
-                None if tag.as_deref().is_some_and(|t| t.starts_with("v5")) => {
-                    let merge_s2 = tag.as_deref() == Some("v5m");
-                    GateBwdConfig { merge_s2, ..GateBwdConfig::for_shape(s) }
-                }
-                None => GateBwdConfig::for_shape(s),
-                Some(c) => c,
-            };
+        for &tag in &bwd_tags {
+            let graph = tag != Some("nograph");
             v.push(Workload {
                 op: "EngramGateConvBwd",
-                name: variant_name(name, tag.as_deref()),
+                name: variant_name(name, tag),
                 dtype: if is_f16 { "f16" } else { "bf16" },
                 shapes: format!("dY, H, k, v [{m},{t},{d}]; rms_w_h, rms_w_v [{d}]; conv_w [4,{d}]"),
                 flops: 60.0 * n,
@@ -150,9 +72,9 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                 peak_flops: FP32_PEAK,
                 prepare: Box::new(move |gpu, rng| {
                     Ok(if is_f16 {
-                        Box::new(BwdCase::<f16>::new(gpu, rng, s, cfg, graph)?) as Box<dyn Case>
+                        Box::new(BwdCase::<f16>::new(gpu, rng, s, graph)?) as Box<dyn Case>
                     } else {
-                        Box::new(BwdCase::<bf16>::new(gpu, rng, s, cfg, graph)?) as Box<dyn Case>
+                        Box::new(BwdCase::<bf16>::new(gpu, rng, s, graph)?) as Box<dyn Case>
                     })
                 }),
             });
@@ -231,7 +153,6 @@ fn f32_check(ours: &[f32], r: &RefOutput) -> (Report, bool) {
 
 struct FwdCase<T: Half + DeviceRepr> {
     x: Inputs<T>,
-    cfg: GateFwdConfig,
     reference: EngramGateFwdRef,
     ins: [CudaSlice<T>; 6],
     y: CudaSlice<T>,
@@ -240,7 +161,7 @@ struct FwdCase<T: Half + DeviceRepr> {
 }
 
 impl<T: Half + DeviceRepr> FwdCase<T> {
-    fn new(gpu: &Gpu, rng: &mut StdRng, s: EngramGateShape, cfg: GateFwdConfig) -> rgk::Result<Self> {
+    fn new(gpu: &Gpu, rng: &mut StdRng, s: EngramGateShape) -> rgk::Result<Self> {
         let x = Inputs::<T>::new(rng, s)?;
         let reference = engram_gate_fwd(s, &x.h, &x.k, &x.v, &x.wh, &x.wv, &x.cw, None);
         let (n, rows) = s.lens()?;
@@ -259,7 +180,6 @@ impl<T: Half + DeviceRepr> FwdCase<T> {
             vhat: st.clone_htod(&poisoned::<T>(n))?,
             rows: [f()?, f()?, f()?, f()?],
             x,
-            cfg,
             reference,
             ins,
         })
@@ -280,7 +200,8 @@ impl<T: Half + DeviceRepr> Case for FwdCase<T> {
         let (rv, _g6) = r3.device_ptr_mut(st);
         // SAFETY: buffers allocated for exactly this shape.
         unsafe {
-            engram::gate_conv_fwd_raw_with::<T>(gpu, self.x.s, self.cfg, ins, [y, q, a, rh, rk, rv], st.cu_stream())
+            let [h, k, v, wh, wv, cw] = ins;
+            engram::gate_conv_fwd_raw::<T>(gpu, self.x.s, h, k, v, wh, wv, cw, y, q, a, rh, rk, rv, st.cu_stream())
         }
     }
 
@@ -334,7 +255,6 @@ impl<T: Half + DeviceRepr> Case for FwdCase<T> {
 struct BwdCase<T: Half + DeviceRepr> {
     x: Inputs<T>,
     dy: Vec<T>,
-    cfg: GateBwdConfig,
     reference: EngramGateBwdRef,
     /// dY, H, k, v, rms_w_h, rms_w_v, conv_w
     ins: [CudaSlice<T>; 7],
@@ -353,8 +273,8 @@ struct BwdCase<T: Half + DeviceRepr> {
 }
 
 impl<T: Half + DeviceRepr> BwdCase<T> {
-    fn new(gpu: &Gpu, rng: &mut StdRng, s: EngramGateShape, cfg: GateBwdConfig, graph: bool) -> rgk::Result<Self> {
-        let plan = if graph { Some(engram::GateConvBwdPlan::new(s, cfg)?) } else { None };
+    fn new(gpu: &Gpu, rng: &mut StdRng, s: EngramGateShape, graph: bool) -> rgk::Result<Self> {
+        let plan = if graph { Some(engram::GateConvBwdPlan::new(s)?) } else { None };
         let x = Inputs::<T>::new(rng, s)?;
         let (n, _) = s.lens()?;
         let dy: Vec<T> = randn_half(rng, n, 0.1);
@@ -378,7 +298,7 @@ impl<T: Half + DeviceRepr> BwdCase<T> {
                 st.clone_htod(&f32v(&fr.rrms_h))?,
                 st.clone_htod(&f32v(&fr.rrms_k))?,
             ],
-            ws: st.alloc_zeros::<f32>(bwd_workspace_len_with(s, cfg)?)?,
+            ws: st.alloc_zeros::<f32>(bwd_workspace_len(s)?)?,
             outs: [
                 st.clone_htod(&poisoned::<T>(n))?,
                 st.clone_htod(&poisoned::<T>(n))?,
@@ -393,7 +313,6 @@ impl<T: Half + DeviceRepr> BwdCase<T> {
             fwd_saved: [f32v(&fr.alpha), f32v(&fr.rrms_h), f32v(&fr.rrms_k), f32v(&fr.rrms_v)],
             x,
             dy,
-            cfg,
             reference,
             plan,
         })
@@ -416,13 +335,37 @@ impl<T: Half + DeviceRepr> Case for BwdCase<T> {
         let (dwh, _g4) = w0.device_ptr_mut(st);
         let (dwv, _g5) = w1.device_ptr_mut(st);
         let (dcw, _g6) = w2.device_ptr_mut(st);
-        // SAFETY: buffers allocated for exactly this shape and configuration.
+        // SAFETY: buffers allocated for exactly this shape.
         let outs = [dh, dk, dv, dwh, dwv, dcw];
         unsafe {
             match &mut self.plan {
                 Some(p) => p.run_raw::<T>(gpu, ins, saved, ws, outs, st.cu_stream()),
                 None => {
-                    engram::gate_conv_bwd_raw_with::<T>(gpu, self.x.s, self.cfg, ins, saved, ws, outs, st.cu_stream())
+                    let [g, h, k, v, wh, wv, cw] = ins;
+                    let [a, rh, rk] = saved;
+                    let [dh, dk, dv, dwh, dwv, dcw] = outs;
+                    engram::gate_conv_bwd_raw::<T>(
+                        gpu,
+                        self.x.s,
+                        g,
+                        h,
+                        k,
+                        v,
+                        wh,
+                        wv,
+                        cw,
+                        a,
+                        rh,
+                        rk,
+                        ws,
+                        dh,
+                        dk,
+                        dv,
+                        dwh,
+                        dwv,
+                        dcw,
+                        st.cu_stream(),
+                    )
                 }
             }
         }

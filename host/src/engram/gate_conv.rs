@@ -1,9 +1,16 @@
 //! EngramGateConvFwd / EngramGateConvBwd (docs/ops.md §4–§5): Engram context gating fused with
 //! the causal depthwise conv (kernel size 4), training forward and its backward.
 //!
-//! Kernels: `kernels-gpu/src/engram/gate_conv.rs`. The forward is one launch; the backward is
-//! two (row-parallel gradients with per-block partial weight gradients, then a fixed-order
-//! reduction of the partials: bitwise deterministic).
+//! Kernels: `kernels-gpu/src/engram/gate_conv.rs`; decisions and measurements:
+//! `docs/decisions/engram_gate.md`. The forward is one launch; the backward is two (row-parallel
+//! gradients with per-block partial weight gradients, then a fixed-order reduction of the
+//! partials: bitwise deterministic).
+//!
+//! Each op has one planner ([`plan_fwd`], [`plan_bwd`]) that reads its tuning table
+//! ([`FWD_TUNING`], [`BWD_TUNING`]) and the layout (`d`, alignment, `M`) and returns an explicit
+//! plan; the launch code only matches on the plan.
+use std::collections::BTreeSet;
+
 use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, DevicePtr, DevicePtrMut};
 
 use crate::error::{check_len, check_positive, checked_product};
@@ -11,223 +18,81 @@ use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
 use crate::verify::Half;
 use crate::{Error, Gpu, Result};
 
+/// The kernels' shared-memory layouts and per-thread limits (the device crate's own file).
+#[allow(dead_code)]
+#[path = "../../../kernels-gpu/src/engram/gate_layout.rs"]
+mod layout;
+use layout::{bwd_smem_bytes, bwd_split_smem_bytes, dpad, fwd_smem_bytes, fwd_stream_smem_floats, FWD_SMEM_WL};
+
 /// `eps` of the three rmsnorms (docs/ops.md §4).
 pub const EPS: f32 = 1e-6;
 /// Causal conv kernel size (docs/ops.md §4).
 pub const KERNEL_SIZE: usize = 4;
 
-/// Forward kernels, `[dtype][variant]`: dtype 0 = bf16, 1 = f16; variant 0..4 = resident
-/// (`NV` = variant + 1 chunks of 8 per lane), 4 = streaming vectorised, 5 = scalar (any d).
-const FWD: [[&str; 6]; 2] = [
-    [
-        "engram_gate_fwd_bf16_r1",
-        "engram_gate_fwd_bf16_r2",
-        "engram_gate_fwd_bf16_r3",
-        "engram_gate_fwd_bf16_r4",
-        "engram_gate_fwd_bf16_v8",
-        "engram_gate_fwd_bf16_any",
-    ],
-    [
-        "engram_gate_fwd_f16_r1",
-        "engram_gate_fwd_f16_r2",
-        "engram_gate_fwd_f16_r3",
-        "engram_gate_fwd_f16_r4",
-        "engram_gate_fwd_f16_v8",
-        "engram_gate_fwd_f16_any",
-    ],
-];
-/// Backward main kernels, laid out as [`FWD`].
-const BWD: [[&str; 6]; 2] = [
-    [
-        "engram_gate_bwd_bf16_r1",
-        "engram_gate_bwd_bf16_r2",
-        "engram_gate_bwd_bf16_r3",
-        "engram_gate_bwd_bf16_r4",
-        "engram_gate_bwd_bf16_v8",
-        "engram_gate_bwd_bf16_any",
-    ],
-    [
-        "engram_gate_bwd_f16_r1",
-        "engram_gate_bwd_f16_r2",
-        "engram_gate_bwd_f16_r3",
-        "engram_gate_bwd_f16_r4",
-        "engram_gate_bwd_f16_v8",
-        "engram_gate_bwd_f16_any",
-    ],
-];
-/// Forward v2 kernels (`u` in shared memory), `[approx][dtype][NV−1]`: approx 0 = correctly
-/// rounded silu (bitwise v1), 1 = `rcp.approx` silu.
-const FWD2: [[[&str; 4]; 2]; 3] = [
-    [
-        [
-            "engram_gate_fwd2s_bf16_r1",
-            "engram_gate_fwd2s_bf16_r2",
-            "engram_gate_fwd2s_bf16_r3",
-            "engram_gate_fwd2s_bf16_r4",
-        ],
-        [
-            "engram_gate_fwd2s_f16_r1",
-            "engram_gate_fwd2s_f16_r2",
-            "engram_gate_fwd2s_f16_r3",
-            "engram_gate_fwd2s_f16_r4",
-        ],
-    ],
-    [
-        [
-            "engram_gate_fwd2a_bf16_r1",
-            "engram_gate_fwd2a_bf16_r2",
-            "engram_gate_fwd2a_bf16_r3",
-            "engram_gate_fwd2a_bf16_r4",
-        ],
-        [
-            "engram_gate_fwd2a_f16_r1",
-            "engram_gate_fwd2a_f16_r2",
-            "engram_gate_fwd2a_f16_r3",
-            "engram_gate_fwd2a_f16_r4",
-        ],
-    ],
-    [
-        [
-            "engram_gate_fwd2f_bf16_r1",
-            "engram_gate_fwd2f_bf16_r2",
-            "engram_gate_fwd2f_bf16_r3",
-            "engram_gate_fwd2f_bf16_r4",
-        ],
-        [
-            "engram_gate_fwd2f_f16_r1",
-            "engram_gate_fwd2f_f16_r2",
-            "engram_gate_fwd2f_f16_r3",
-            "engram_gate_fwd2f_f16_r4",
-        ],
-    ],
-];
-/// Backward v5 main kernels (weights, `u`, `dconv` in shared memory, each tile row split over
-/// several warps; `[0]` v5, `[1]` v5m: merged stage 3), `[merged][dtype][NV−1]`.
-const BWD5: [[[&str; 4]; 2]; 2] = [
-    [
-        [
-            "engram_gate_bwd5_bf16_r1",
-            "engram_gate_bwd5_bf16_r2",
-            "engram_gate_bwd5_bf16_r3",
-            "engram_gate_bwd5_bf16_r4",
-        ],
-        ["engram_gate_bwd5_f16_r1", "engram_gate_bwd5_f16_r2", "engram_gate_bwd5_f16_r3", "engram_gate_bwd5_f16_r4"],
-    ],
-    [
-        [
-            "engram_gate_bwd5m_bf16_r1",
-            "engram_gate_bwd5m_bf16_r2",
-            "engram_gate_bwd5m_bf16_r3",
-            "engram_gate_bwd5m_bf16_r4",
-        ],
-        [
-            "engram_gate_bwd5m_f16_r1",
-            "engram_gate_bwd5m_f16_r2",
-            "engram_gate_bwd5m_f16_r3",
-            "engram_gate_bwd5m_f16_r4",
-        ],
-    ],
-];
-const BWD_REDUCE: &str = "engram_gate_bwd_reduce";
-/// The reduce kernel with 16-byte loads ([`GateBwdConfig::reduce_vec`]).
-const BWD_REDUCE4: &str = "engram_gate_bwd_reduce4";
-/// Forward v2 lean kernels ([`GateFwdKernel::SmemULean`]), `[dtype][NV−1]`.
-const FWD2L: [[&str; 4]; 2] = [
-    [
-        "engram_gate_fwd2l_bf16_r1",
-        "engram_gate_fwd2l_bf16_r2",
-        "engram_gate_fwd2l_bf16_r3",
-        "engram_gate_fwd2l_bf16_r4",
-    ],
-    ["engram_gate_fwd2l_f16_r1", "engram_gate_fwd2l_f16_r2", "engram_gate_fwd2l_f16_r3", "engram_gate_fwd2l_f16_r4"],
-];
-
+/// Every PTX entry of the family (each launched by some plan: [`planned_kernels`]).
 pub(crate) const KERNELS: &[&str] = &[
-    FWD[0][0],
-    FWD[0][1],
-    FWD[0][2],
-    FWD[0][3],
-    FWD[0][4],
-    FWD[0][5],
-    FWD[1][0],
-    FWD[1][1],
-    FWD[1][2],
-    FWD[1][3],
-    FWD[1][4],
-    FWD[1][5],
-    BWD[0][0],
-    BWD[0][1],
-    BWD[0][2],
-    BWD[0][3],
-    BWD[0][4],
-    BWD[0][5],
-    BWD[1][0],
-    BWD[1][1],
-    BWD[1][2],
-    BWD[1][3],
-    BWD[1][4],
-    BWD[1][5],
-    BWD_REDUCE,
-    FWD2[0][0][0],
-    FWD2[0][0][1],
-    FWD2[0][0][2],
-    FWD2[0][0][3],
-    FWD2[0][1][0],
-    FWD2[0][1][1],
-    FWD2[0][1][2],
-    FWD2[0][1][3],
-    FWD2[1][0][0],
-    FWD2[1][0][1],
-    FWD2[1][0][2],
-    FWD2[1][0][3],
-    FWD2[1][1][0],
-    FWD2[1][1][1],
-    FWD2[1][1][2],
-    FWD2[1][1][3],
-    FWD2[2][0][0],
-    FWD2[2][0][1],
-    FWD2[2][0][2],
-    FWD2[2][0][3],
-    FWD2[2][1][0],
-    FWD2[2][1][1],
-    FWD2[2][1][2],
-    FWD2[2][1][3],
-    BWD5[0][0][0],
-    BWD5[0][0][1],
-    BWD5[0][0][2],
-    BWD5[0][0][3],
-    BWD5[0][1][0],
-    BWD5[0][1][1],
-    BWD5[0][1][2],
-    BWD5[0][1][3],
-    BWD5[1][0][0],
-    BWD5[1][0][1],
-    BWD5[1][0][2],
-    BWD5[1][0][3],
-    BWD5[1][1][0],
-    BWD5[1][1][1],
-    BWD5[1][1][2],
-    BWD5[1][1][3],
-    BWD_REDUCE4,
-    FWD2L[0][0],
-    FWD2L[0][1],
-    FWD2L[0][2],
-    FWD2L[0][3],
-    FWD2L[1][0],
-    FWD2L[1][1],
-    FWD2L[1][2],
-    FWD2L[1][3],
+    "engram_gate_fwd_smem_bf16_r1",
+    "engram_gate_fwd_smem_bf16_r2",
+    "engram_gate_fwd_smem_bf16_r3",
+    "engram_gate_fwd_smem_bf16_r4",
+    "engram_gate_fwd_smem_f16_r1",
+    "engram_gate_fwd_smem_f16_r2",
+    "engram_gate_fwd_smem_f16_r3",
+    "engram_gate_fwd_smem_f16_r4",
+    "engram_gate_fwd_smem_grid1d_bf16_r1",
+    "engram_gate_fwd_smem_grid1d_bf16_r2",
+    "engram_gate_fwd_smem_grid1d_bf16_r3",
+    "engram_gate_fwd_smem_grid1d_bf16_r4",
+    "engram_gate_fwd_smem_grid1d_f16_r1",
+    "engram_gate_fwd_smem_grid1d_f16_r2",
+    "engram_gate_fwd_smem_grid1d_f16_r3",
+    "engram_gate_fwd_smem_grid1d_f16_r4",
+    "engram_gate_fwd_stream_vec8_bf16",
+    "engram_gate_fwd_stream_scalar_bf16",
+    "engram_gate_fwd_stream_vec8_f16",
+    "engram_gate_fwd_stream_scalar_f16",
+    "engram_gate_bwd_split_bf16_r1",
+    "engram_gate_bwd_split_bf16_r2",
+    "engram_gate_bwd_split_f16_r1",
+    "engram_gate_bwd_split_f16_r2",
+    "engram_gate_bwd_rowwarp_bf16_r1",
+    "engram_gate_bwd_rowwarp_bf16_r2",
+    "engram_gate_bwd_rowwarp_bf16_r3",
+    "engram_gate_bwd_rowwarp_bf16_r4",
+    "engram_gate_bwd_rowwarp_f16_r1",
+    "engram_gate_bwd_rowwarp_f16_r2",
+    "engram_gate_bwd_rowwarp_f16_r3",
+    "engram_gate_bwd_rowwarp_f16_r4",
+    "engram_gate_bwd_stream_vec8_bf16",
+    "engram_gate_bwd_stream_scalar_bf16",
+    "engram_gate_bwd_stream_vec8_f16",
+    "engram_gate_bwd_stream_scalar_f16",
+    "engram_gate_bwd_reduce",
+    "engram_gate_bwd_reduce_vec4",
 ];
 
-/// Weight chunks per thread of the v2 forward (`kernels-gpu` `FWD2_WL`).
-const FWD2_WL: usize = 5;
+/// The entry `<prefix>_<dtype>_r<nv>` (`nv` = 8-element chunks per lane of a resident row).
+macro_rules! resident_entry {
+    ($prefix:literal, $bf16:expr, $nv:expr) => {
+        match ($bf16, $nv) {
+            (true, 1) => concat!($prefix, "_bf16_r1"),
+            (true, 2) => concat!($prefix, "_bf16_r2"),
+            (true, 3) => concat!($prefix, "_bf16_r3"),
+            (true, _) => concat!($prefix, "_bf16_r4"),
+            (false, 1) => concat!($prefix, "_f16_r1"),
+            (false, 2) => concat!($prefix, "_f16_r2"),
+            (false, 3) => concat!($prefix, "_f16_r3"),
+            (false, _) => concat!($prefix, "_f16_r4"),
+        }
+    };
+}
 
 /// Largest dynamic shared memory used without opting in (bytes).
 const SMEM_DEFAULT: usize = 48 * 1024;
 
-/// Largest dynamic shared memory of the v5 backward main kernel (opted in above 48 KiB; well
-/// inside sm_90's 227 KiB, leaving room for the reduce kernel's blocks beside it under PDL).
-const BWD5_SMEM_MAX: usize = 64 * 1024;
+/// Largest dynamic shared memory of the split-rows backward (opted in above 48 KiB; well inside
+/// sm_90's 227 KiB, leaving room for the reduce kernel's blocks beside it under PDL).
+const SPLIT_SMEM_MAX: usize = 64 * 1024;
 
 /// Sizes of one EngramGateConv call: `m` sequences of `t` rows of `d` channels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -256,230 +121,557 @@ impl EngramGateShape {
     }
 }
 
-/// Which forward kernel runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GateFwdKernel {
-    /// v1: phase 2 recomputes `u` of 4 rows per element from `v` and prefetched weights.
-    V1,
-    /// v2: weights loaded into shared memory in phase 1, `u` once per element into shared
-    /// memory; bitwise the same outputs as `V1`. Resident layouts only (`d % 8 == 0`,
-    /// `d ≤ 1024`, aligned, shared memory ≤ 48 KiB); other calls run `V1`.
-    SmemU,
-    /// `SmemU` with the silu's division by `rcp.approx` (≈ 1 ulp f32; `Y` may differ from
-    /// `V1` by a 16-bit rounding flip).
-    SmemUApprox,
-    /// `SmemUApprox` with approximate per-row scalars too: `rrms` by `rsqrt.approx` + one
-    /// Newton step, `alpha`'s σ by `rcp.approx`, no divisions on the chain (≈ 1–2 ulp f32 in
-    /// `alpha`, `rrms_*`; `vhat` may flip at a 16-bit rounding tie).
-    SmemUFast,
-    /// `SmemUFast` with fewer instructions (v2 "lean"): grid `(ntiles, M)` instead of a
-    /// division, `1/d`, `1/√d` and phase 2's `e / ceil(d/8)` multiplier from the host, shared
-    /// memory through 32-bit shared-window addresses, the ftz forms of `ex2`/`rcp`/`rsqrt`.
-    /// Bitwise `SmemUFast` wherever |conv| and |alpha's logit| < 87 (beyond, σ's subnormal range
-    /// flushes to 0). Runs where `SmemUFast` runs with `d ≥ 16` and `M ≤ 65535`; elsewhere
-    /// `SmemUFast` (or `V1`) runs.
-    SmemULean,
-}
-
-/// Launch configuration of the forward. Blocks above 512 threads may exceed what a kernel's
-/// register use allows: such a configuration is an [`Error::Shape`] naming
-/// `config.rows_per_block`, checked before the launch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GateFwdConfig {
-    /// Rows of one sequence per block (`R`); the block has `R+3` warps (3 halo rows).
+/// One shape class of the forward's tuning table: from `d_min` up (the first row whose `d_min`
+/// ≤ d applies).
+pub(crate) struct FwdTuning {
+    pub d_min: usize,
+    /// Rows of one sequence per block (`R`); the block has `R+3` row warps (3 halo rows).
     pub rows_per_block: u32,
-    /// The kernel.
-    pub kernel: GateFwdKernel,
-    /// v2 kernels only (ignored by `V1`): warps added to the block beyond the `R+3` row warps;
-    /// they take part in the weight loads and phase 2 (more threads for phase 2's
-    /// `R·ceil(d/8)` chunks: one round instead of two at d = 768, R = 3 with 3 extra warps).
+    /// Shared-memory kernels only: warps beyond the `R+3` row warps; they take part in the
+    /// weight loads and phase 2 (`R·ceil(d/8)` chunks over the block; bitwise the same outputs).
     pub extra_warps: u32,
 }
 
-impl Default for GateFwdConfig {
-    fn default() -> Self {
-        Self { rows_per_block: 5, kernel: GateFwdKernel::V1, extra_warps: 0 }
-    }
-}
+/// The forward's tuning table (H200, bench `--variants`, device µs; shared-memory kernels).
+pub(crate) const FWD_TUNING: [FwdTuning; 3] = [
+    // train-s96: R 3 with 5 extra phase-2 warps, 4.54 µs against 4.70 without (R 1: 5.34)
+    FwdTuning { d_min: 768, rows_per_block: 3, extra_warps: 5 },
+    // train-s64: R 2 with 2 extra warps, 3.49 µs against 3.68 without (R 3: 4.06)
+    FwdTuning { d_min: 512, rows_per_block: 2, extra_warps: 2 },
+    // train-s32 / s128: R 2 without extra warps (3.07 / 3.20 µs; the planner's R on every row)
+    FwdTuning { d_min: 0, rows_per_block: 2, extra_warps: 0 },
+];
 
-impl GateFwdConfig {
-    /// The planner's choice for `shape` (what [`gate_conv_fwd`] runs): the v2 kernel with the
-    /// approximate silu, R = 3 at d ≥ 768, else 2 (measured sweep, 2026-11-29, H200).
-    pub fn for_shape(shape: EngramGateShape) -> Self {
-        // Measured on the H200 (2026-11-29 session 3, `--variants`): v2f (approximate per-row
-        // scalars and silu) is fastest on every seed row, R = 2 (d ≤ 512) or 3 (d = 768), with
-        // extra phase-2 warps at d ≥ 512 (s64 x2: 3.49 µs against 3.68; s96 x5: 4.54 against 4.70).
-        let rows_per_block = if shape.d >= 768 { 3 } else { 2 };
-        let extra_warps = if shape.d >= 768 {
-            5
-        } else if shape.d >= 512 {
-            2
-        } else {
-            0
-        };
-        // Session 6 (H200, `--variants`): the lean v2 kernel (32-bit shared addresses, ftz MUFU
-        // forms, host constants; bitwise v2f where |conv| < 87) on every row: 2.30 / 2.91 / 2.50
-        // / 3.65 µs against v2f's 3.01 / 3.68 / 3.10 / 4.77.
-        Self { rows_per_block, kernel: GateFwdKernel::SmemULean, extra_warps }
-    }
-}
-
-/// Launch configuration of the backward.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GateBwdConfig {
-    /// Rows of one sequence per block (`R`); the block has `R+6` warps (3 halo rows each side).
+/// One shape class of the backward's tuning table (as [`FwdTuning`]).
+pub(crate) struct BwdTuning {
+    pub d_min: usize,
+    /// Rows of one sequence per block (`R`); `R+6` rows with the halo (3 each side).
     pub rows_per_block: u32,
-    /// Warps per output column group in the partial reduction (`S`, 1..=32).
+    /// Warps per output column group in the reduce kernel (`S`).
     pub reduce_segments: u32,
-    /// Launch the reduce kernel as a programmatic dependent of the main kernel (its launch
-    /// and start-up overlap the main kernel; it waits for the main kernel's partials with
-    /// `griddepcontrol.wait`). Bitwise the same outputs either way.
-    pub pdl: bool,
-    /// Warps beyond the tile's `(R+6)·W` (every main kernel): they skip stages 1–3 and only
-    /// take part in the weight loads (v5) and stage 4's column loop, which strides by the
-    /// block size (d = 768 at R = 3: 3 rounds of 288 columns → 2 with 3–7 extra warps; d = 512
-    /// at R = 2: 2 rounds → 1 with 8). Bitwise the same outputs as 0. At most 32 warps in all
-    /// and what the kernel's registers allow (checked before the launch).
-    pub extra_warps: u32,
-    /// v5 main kernel when ≥ 1 ("split rows"; 0 = the v1 kernel): every tile row is worked on
-    /// by this many warps (`W`), each lane holding `ceil(ceil(d/8) / (32·W))` chunks of 8
-    /// elements instead of `ceil(d/8)/32`; row sums are per-warp butterflies added over the
-    /// `W` warps in a fixed order after a block barrier. Weights, `u` and `dconv` in shared
-    /// memory (32-bit shared-window addresses), approximate σ in `silu'` and `rrms_v'` (the ftz
-    /// forms of `ex2`/`rcp`/`rsqrt.approx`, ≈ 1–2 ulp f32), the per-launch constants from the
-    /// host, no integer divisions. Runs on resident layouts (`d % 8 == 0`, `d ≤ 1024`, 16-byte
-    /// aligned) whose `u` + `dconv` fit in 48 KiB and whole shared memory in 64 KiB, with
-    /// `M` ≤ 65535 (a 2-D grid); elsewhere the v1 kernel runs (correctly rounded σ, weights
-    /// through L1, `dconv` in global scratch where it does not fit). The block has
-    /// `(R+6)·W + extra_warps` warps (at most 32 and what the kernel's registers allow:
-    /// checked before the launch). [`bwd_split_warps`] picks `W` for a shape. (Up to session 7
-    /// a v4 kernel with the same arithmetic and a one-launch cluster-reduction variant ran
-    /// here; v5 was bitwise v4 wherever |conv| < 87.)
-    pub split_warps: u32,
-    /// With v5 running (`split_warps` ≥ 1): v5m, stage 3 in one pass — `Σ dvh·v` in closed
-    /// form (`Σ g·v + eps·rv'³·Σ du·wv·v`, `Σ g·v` summed in stage 1), one barrier, butterfly
-    /// and cross-warp sum fewer. `dv` bitwise v5; `dH`, `dk` differ in rounding (checked
-    /// against the reference).
-    pub merge_s2: bool,
-    /// The reduce kernel with 16-byte loads when ≥ 1 (`engram_gate_bwd_reduce4`): block
-    /// `(reduce_vec, S)`, thread x owning 4 consecutive outputs, up to 4 loads in flight per
-    /// thread (the last batch padded), the S segment sums added by 16-byte shared loads in
-    /// increasing order — bitwise the scalar reduce kernel at the same S (same order of every
-    /// sum), with 4× fewer threads and loads. Applies where `d % 4 == 0` and the workspace is
-    /// 16-byte aligned, else the scalar kernel runs. `reduce_vec` ∈ {0, 8, 16, 32} (threads
-    /// per segment row: 8 = 128-byte rows of a segment, more smaller blocks).
-    pub reduce_vec: u32,
+    /// The reduce kernel with 16-byte loads and this many threads per segment row (where
+    /// `d % 4 == 0` and the workspace is 16-byte aligned), else the scalar reduce.
+    pub reduce_vec4_threads: Option<u32>,
 }
 
-impl Default for GateBwdConfig {
-    fn default() -> Self {
-        Self {
-            rows_per_block: 4,
-            reduce_segments: 8,
-            pdl: true,
-            extra_warps: 0,
-            split_warps: 0,
-            merge_s2: false,
-            reduce_vec: 0,
+/// The backward's tuning table (H200, bench `--variants`, graph submission, device µs).
+pub(crate) const BWD_TUNING: [BwdTuning; 2] = [
+    // train-s96: R 3, S 32, 16-byte reduce with 8 threads per segment row: 8.67 µs against
+    // 8.90 (scalar reduce, S 16) and 8.77 (16-byte, S 16)
+    BwdTuning { d_min: 768, rows_per_block: 3, reduce_segments: 32, reduce_vec4_threads: Some(8) },
+    // train-s32/s64/s128: R 2, S 16, scalar reduce (the 16-byte reduce is neutral to +0.2 µs
+    // here: s64 6.43 against 6.21)
+    BwdTuning { d_min: 0, rows_per_block: 2, reduce_segments: 16, reduce_vec4_threads: None },
+];
+
+fn fwd_tuning(d: usize) -> &'static FwdTuning {
+    FWD_TUNING.iter().find(|t| d >= t.d_min).unwrap_or(&FWD_TUNING[FWD_TUNING.len() - 1])
+}
+
+fn bwd_tuning(d: usize) -> &'static BwdTuning {
+    BWD_TUNING.iter().find(|t| d >= t.d_min).unwrap_or(&BWD_TUNING[BWD_TUNING.len() - 1])
+}
+
+// Every row of the tables fits the resident layouts (d ≤ 1024) in the kernels' limits, so a
+// resident row always takes a shared-memory forward and the split backward's shared memory
+// never passes SPLIT_SMEM_MAX where its `u` and `dconv` fit in 48 KiB: those cases need no
+// fallback.
+const _: () = {
+    let mut i = 0;
+    while i < FWD_TUNING.len() {
+        let r = FWD_TUNING[i].rows_per_block;
+        assert!(fwd_smem_bytes(1024, r) <= SMEM_DEFAULT);
+        assert!(5 * 1024usize.div_ceil(8) <= FWD_SMEM_WL * (r as usize + 3) * 32);
+        assert!(r + 3 + FWD_TUNING[i].extra_warps <= 32);
+        i += 1;
+    }
+    let mut i = 0;
+    while i < BWD_TUNING.len() {
+        let r = BWD_TUNING[i].rows_per_block;
+        assert!(r >= 1 && r + 6 <= 32);
+        let mut d = 8;
+        while d <= 1024 {
+            if bwd_u_fits(d, r) {
+                assert!(bwd_split_smem_bytes(d, r, bwd_split_warps(d, r)) <= SPLIT_SMEM_MAX);
+                assert!(split_nv(d, bwd_split_warps(d, r)) <= 2);
+            }
+            d += 8;
+        }
+        i += 1;
+    }
+};
+
+/// The forward kernel of a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FwdKernel {
+    /// `u` in shared memory, grid `(ntiles, M)`, the per-launch constants from the host: the
+    /// resident layouts (`d % 8 == 0`, `d ≤ 1024`, 16-byte aligned) with `d ≥ 16` and
+    /// `M ≤ 65535`.
+    Smem { nv: usize },
+    /// The same algorithm on a 1-D grid with the constants computed in the kernel (bitwise
+    /// `Smem` where |conv| and |alpha's logit| < 87): resident layouts with `M > 65535` or
+    /// `d = 8`.
+    SmemGrid1d { nv: usize },
+    /// Rows streamed through L1 with 16-byte accesses: `d > 1024`, `d % 8 == 0`, aligned.
+    StreamVec8,
+    /// Rows streamed with scalar accesses: any `d`, any alignment.
+    StreamScalar,
+}
+
+impl FwdKernel {
+    fn entry(self, bf16: bool) -> &'static str {
+        match (self, bf16) {
+            (Self::Smem { nv }, _) => resident_entry!("engram_gate_fwd_smem", bf16, nv),
+            (Self::SmemGrid1d { nv }, _) => resident_entry!("engram_gate_fwd_smem_grid1d", bf16, nv),
+            (Self::StreamVec8, true) => "engram_gate_fwd_stream_vec8_bf16",
+            (Self::StreamVec8, false) => "engram_gate_fwd_stream_vec8_f16",
+            (Self::StreamScalar, true) => "engram_gate_fwd_stream_scalar_bf16",
+            (Self::StreamScalar, false) => "engram_gate_fwd_stream_scalar_f16",
         }
     }
 }
 
-/// Warps per tile row for the v5 backward ([`GateBwdConfig::split_warps`]) at `R` rows per
-/// block: enough for one 8-element chunk per lane (`ceil(ceil(d/8)/32)`), as many as fit in
-/// 32 warps (`(R+6)·W ≤ 32`), at least 1.
-pub fn bwd_split_warps(d: usize, rows_per_block: u32) -> u32 {
-    let want = d.div_ceil(8).div_ceil(32).max(1) as u32;
-    want.min(32 / (rows_per_block + 6)).max(1)
+/// What the forward launches for one call.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FwdPlan {
+    pub kernel: FwdKernel,
+    pub t_len: u32,
+    pub d: u32,
+    pub rows_per_block: u32,
+    pub ntiles: u32,
+    pub dims: LaunchDims,
 }
 
-/// `ceil(2^16 / wpr)`: the v5 kernels' warp → row map `i = (w·magic) >> 16` equals `w / wpr`
-/// for every warp `w < 32` and `1 ≤ wpr ≤ 32` (the error `w·(magic − 2^16/wpr)/2^16 < 2^-11`
-/// never reaches the next multiple of `1/wpr`; checked exhaustively by a CPU test).
+/// `ceil(d/8)` chunks per lane of a resident row (1..=4) when `d % 8 == 0`, `d ≤ 1024` and the
+/// 16-bit buffers are 16-byte aligned; `None` otherwise (streaming kernels).
+fn resident_nv(d: usize, aligned: bool) -> Option<usize> {
+    (d.is_multiple_of(8) && aligned && d <= 1024).then(|| d.div_ceil(256))
+}
+
+/// The forward's planner: the kernel and its geometry for `shape` (`aligned`: every 16-bit
+/// buffer 16-byte aligned).
+pub(crate) fn plan_fwd(shape: EngramGateShape, aligned: bool) -> Result<FwdPlan> {
+    shape.lens()?;
+    let d = shape.d;
+    let tune = fwd_tuning(d);
+    let r = tune.rows_per_block;
+    let ntiles = shape.t.div_ceil(r as usize);
+    let blocks = u32::try_from(shape.m * ntiles)
+        .map_err(|_| Error::Overflow { arg: "m", msg: format!("{} blocks", shape.m * ntiles) })?;
+    let smem_warps = r + 3 + tune.extra_warps;
+    let (kernel, grid, warps, shared_bytes) = match resident_nv(d, aligned) {
+        // grid (ntiles, M): M ≤ 65535; the host's chunk-index multiplier needs d ≥ 16
+        Some(nv) if d >= 16 && shape.m <= 65535 => {
+            (FwdKernel::Smem { nv }, (ntiles as u32, shape.m as u32, 1), smem_warps, fwd_smem_bytes(d, r))
+        }
+        Some(nv) => (FwdKernel::SmemGrid1d { nv }, (blocks, 1, 1), smem_warps, fwd_smem_bytes(d, r)),
+        None if d.is_multiple_of(8) && aligned => {
+            (FwdKernel::StreamVec8, (blocks, 1, 1), r + 3, 4 * fwd_stream_smem_floats(r) as usize)
+        }
+        None => (FwdKernel::StreamScalar, (blocks, 1, 1), r + 3, 4 * fwd_stream_smem_floats(r) as usize),
+    };
+    let dims = LaunchDims { grid, block: (warps * 32, 1, 1), shared_bytes: shared_bytes as u32 };
+    Ok(FwdPlan { kernel, t_len: shape.t as u32, d: d as u32, rows_per_block: r, ntiles: ntiles as u32, dims })
+}
+
+/// The backward's main kernel of a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BwdMain {
+    /// Every tile row split over `warps_per_row` warps; weights, `u`, `dconv` in shared memory,
+    /// approximate σ and rsqrt, stage 3 in one pass: resident layouts whose `u` + `dconv` fit
+    /// in 48 KiB, `M ≤ 65535` (grid `(ntiles, M)`).
+    Split { nv: usize, warps_per_row: u32 },
+    /// One warp per tile row, the row resident in registers, correctly rounded σ: resident
+    /// layouts where the split kernel does not fit (`u` + `dconv` over 48 KiB, or `M > 65535`).
+    RowWarp { nv: usize },
+    /// One warp per tile row streamed with 16-byte accesses: `d > 1024`, `d % 8 == 0`, aligned.
+    StreamVec8,
+    /// One warp per tile row streamed with scalar accesses: any `d`, any alignment.
+    StreamScalar,
+}
+
+impl BwdMain {
+    fn entry(self, bf16: bool) -> &'static str {
+        match (self, bf16) {
+            (Self::Split { nv: 1, .. }, true) => "engram_gate_bwd_split_bf16_r1",
+            (Self::Split { .. }, true) => "engram_gate_bwd_split_bf16_r2",
+            (Self::Split { nv: 1, .. }, false) => "engram_gate_bwd_split_f16_r1",
+            (Self::Split { .. }, false) => "engram_gate_bwd_split_f16_r2",
+            (Self::RowWarp { nv }, _) => resident_entry!("engram_gate_bwd_rowwarp", bf16, nv),
+            (Self::StreamVec8, true) => "engram_gate_bwd_stream_vec8_bf16",
+            (Self::StreamVec8, false) => "engram_gate_bwd_stream_vec8_f16",
+            (Self::StreamScalar, true) => "engram_gate_bwd_stream_scalar_bf16",
+            (Self::StreamScalar, false) => "engram_gate_bwd_stream_scalar_f16",
+        }
+    }
+}
+
+/// The backward's reduce kernel of a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BwdReduce {
+    /// 16-byte loads, a thread per 4 consecutive outputs (bitwise the scalar reduce at the same
+    /// S: the same order of every sum).
+    Vec4,
+    /// A thread per output, 32 per segment row.
+    Scalar,
+}
+
+impl BwdReduce {
+    fn entry(self) -> &'static str {
+        match self {
+            Self::Vec4 => "engram_gate_bwd_reduce_vec4",
+            Self::Scalar => "engram_gate_bwd_reduce",
+        }
+    }
+}
+
+/// What the backward launches for one call: the main kernel, then the reduce kernel as its
+/// programmatic dependent.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BwdPlan {
+    pub main: BwdMain,
+    pub t_len: u32,
+    pub d: u32,
+    pub rows_per_block: u32,
+    pub ntiles: u32,
+    /// Partial-weight-gradient blocks (`M·ntiles`).
+    pub blocks: u32,
+    /// Where the row-warp kernels keep `dconv`: shared memory, or global scratch after the
+    /// partials in the workspace.
+    pub dconv_in_smem: bool,
+    pub main_dims: LaunchDims,
+    pub reduce: BwdReduce,
+    pub reduce_dims: LaunchDims,
+    /// f32 elements of the workspace.
+    pub workspace_len: usize,
+}
+
+/// The backward's planner (`aligned`: every 16-bit buffer 16-byte aligned; `workspace_aligned`:
+/// the workspace 16-byte aligned).
+pub(crate) fn plan_bwd(shape: EngramGateShape, aligned: bool, workspace_aligned: bool) -> Result<BwdPlan> {
+    shape.lens()?;
+    let d = shape.d;
+    let tune = bwd_tuning(d);
+    let r = tune.rows_per_block;
+    let sg = tune.reduce_segments;
+    let ntiles = shape.t.div_ceil(r as usize);
+    let nblocks = shape.m * ntiles;
+    let blocks = u32::try_from(nblocks).map_err(|_| Error::Overflow { arg: "m", msg: format!("{nblocks} blocks") })?;
+    let in_smem = bwd_scratch_in_smem(d, r);
+    let mut workspace_len = checked_product("workspace", &[nblocks, 6, d])?;
+    if !in_smem {
+        workspace_len += checked_product("workspace", &[nblocks, r as usize + 3, dpad(d)])?;
+    }
+    let nv = resident_nv(d, aligned);
+    let row_warp_dims = LaunchDims {
+        grid: (blocks, 1, 1),
+        block: ((r + 6) * 32, 1, 1),
+        shared_bytes: bwd_smem_bytes(d, r, in_smem) as u32,
+    };
+    let (main, main_dims) = match nv {
+        Some(_) if bwd_u_fits(d, r) && shape.m <= 65535 => {
+            let w = bwd_split_warps(d, r);
+            let dims = LaunchDims {
+                grid: (ntiles as u32, shape.m as u32, 1),
+                block: ((r + 6) * w * 32, 1, 1),
+                shared_bytes: bwd_split_smem_bytes(d, r, w) as u32,
+            };
+            (BwdMain::Split { nv: split_nv(d, w), warps_per_row: w }, dims)
+        }
+        Some(nv) => (BwdMain::RowWarp { nv }, row_warp_dims),
+        None if d.is_multiple_of(8) && aligned => (BwdMain::StreamVec8, row_warp_dims),
+        None => (BwdMain::StreamScalar, row_warp_dims),
+    };
+    let (reduce, reduce_dims) = match tune.reduce_vec4_threads {
+        Some(xw) if d.is_multiple_of(4) && workspace_aligned => {
+            let grid = ((6 * d / 4).div_ceil(xw as usize) as u32, 1, 1);
+            (BwdReduce::Vec4, LaunchDims { grid, block: (xw, sg, 1), shared_bytes: 16 * xw * sg })
+        }
+        _ => {
+            let grid = ((6 * d).div_ceil(32) as u32, 1, 1);
+            (BwdReduce::Scalar, LaunchDims { grid, block: (32, sg, 1), shared_bytes: 4 * 32 * sg })
+        }
+    };
+    Ok(BwdPlan {
+        main,
+        t_len: shape.t as u32,
+        d: d as u32,
+        rows_per_block: r,
+        ntiles: ntiles as u32,
+        blocks,
+        dconv_in_smem: in_smem,
+        main_dims,
+        reduce,
+        reduce_dims,
+        workspace_len,
+    })
+}
+
+/// Every PTX entry the planners launch over a grid of valid shapes that covers every row of
+/// [`FWD_TUNING`] and [`BWD_TUNING`] and every fallback (d = 8, d % 8 ≠ 0, d > 1024, `u` +
+/// `dconv` over 48 KiB, M > 65535, unaligned buffers or workspace), both dtypes.
+#[doc(hidden)]
+pub fn planned_kernels(_gpu: &Gpu) -> Result<BTreeSet<&'static str>> {
+    let mut set = BTreeSet::new();
+    let ds = [8, 13, 16, 200, 256, 264, 512, 520, 760, 768, 770, 800, 816, 824, 1000, 1024, 1032, 4096, 4100, 8192];
+    for d in ds {
+        for m in [1, 7, 65536] {
+            for t in [1, 5, 257] {
+                let shape = EngramGateShape { m, t, d };
+                for aligned in [true, false] {
+                    for bf16 in [true, false] {
+                        set.insert(plan_fwd(shape, aligned)?.kernel.entry(bf16));
+                        for workspace_aligned in [true, false] {
+                            let p = plan_bwd(shape, aligned, workspace_aligned)?;
+                            set.insert(p.main.entry(bf16));
+                            set.insert(p.reduce.entry());
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(set)
+}
+
+/// The PTX entries the planners launch for one call of each op (`aligned`: every 16-bit buffer
+/// 16-byte aligned, `workspace_aligned` likewise for the backward's workspace): `[forward,
+/// backward main, backward reduce]`. For tests that check a shape reaches the kernel it is
+/// meant to.
+#[doc(hidden)]
+pub fn planned_entries(
+    shape: EngramGateShape,
+    bf16: bool,
+    aligned: bool,
+    workspace_aligned: bool,
+) -> Result<[&'static str; 3]> {
+    let p = plan_bwd(shape, aligned, workspace_aligned)?;
+    Ok([plan_fwd(shape, aligned)?.kernel.entry(bf16), p.main.entry(bf16), p.reduce.entry()])
+}
+
+/// Warps per tile row of the split backward at `R` rows per block: enough for one 8-element
+/// chunk per lane (`ceil(ceil(d/8)/32)`), as many as fit in 32 warps (`(R+6)·W ≤ 32`), at
+/// least 1.
+const fn bwd_split_warps(d: usize, rows_per_block: u32) -> u32 {
+    let want = d.div_ceil(8).div_ceil(32);
+    let want = if want < 1 { 1 } else { want as u32 };
+    let cap = 32 / (rows_per_block + 6);
+    let w = if want < cap { want } else { cap };
+    if w < 1 {
+        1
+    } else {
+        w
+    }
+}
+
+/// Chunks per lane of the split backward's rows: `ceil(ceil(d/8) / (32·W))`, at least 1.
+const fn split_nv(d: usize, w: u32) -> usize {
+    let nv = d.div_ceil(8).div_ceil(32 * w as usize);
+    if nv < 1 {
+        1
+    } else {
+        nv
+    }
+}
+
+/// Whether the split backward's `u` and `dconv` (with the scalars) fit in 48 KiB.
+const fn bwd_u_fits(d: usize, r: u32) -> bool {
+    bwd_scratch_in_smem(d, r) && bwd_smem_bytes(d, r, true) + 4 * (r as usize + 6) * dpad(d) <= SMEM_DEFAULT
+}
+
+/// `ceil(2^16 / wpr)`: the split backward's warp → row map `i = (w·magic) >> 16` equals
+/// `w / wpr` for every warp `w < 32` and `1 ≤ wpr ≤ 32` (the error `w·(magic − 2^16/wpr)/2^16
+/// < 2^-11` never reaches the next multiple of `1/wpr`; checked exhaustively by a CPU test).
+#[doc(hidden)]
 pub fn bwd_warp_row_magic(wpr: u32) -> u32 {
     65536u32.div_ceil(wpr.max(1))
 }
 
-impl GateBwdConfig {
-    /// The planner's choice for `shape` (what [`gate_conv_bwd`] runs and
-    /// [`bwd_workspace_len`] sizes). From the measured sweep (2026-11-29, H200): S = 16 best
-    /// or tied everywhere; R = 3 for T ≥ 96, else 2.
-    pub fn for_shape(shape: EngramGateShape) -> Self {
-        // Measured on the H200 (session 3): the v3a main kernel (u and the weights in shared
-        // memory, approximate σ in silu') with R = 2 (d ≤ 512) or 3 (d = 768) and S = 16 is
-        // fastest on every seed row (5.95 / 8.77 / 5.89 / 12.8 µs against v2's 6.5 / 10.5 /
-        // 6.6 / 15.1). The dependent launch of the reduce kernel measured no gain (the reduce
-        // kernel's own interval is unchanged) but costs nothing.
-        // Session 4 (H200, graph submission, `--variants`): the v4 main kernel (each tile row
-        // split over `bwd_split_warps` warps) on every row: 5.31 / 6.98 / 5.41 / 10.43 µs
-        // against v3a's 5.79 / 8.85 / 5.79 / 12.77; S = 32 at d = 768 (10.02).
-        // Session 6 (H200, `--variants`): v5m (the lean v4 with stage 3 in one pass) on every
-        // row: 4.93 / 6.11 / 5.15 / 9.03 µs against v4's 5.38 / 7.10 / 5.38 / 10.11.
-        // Session 7: v4 and its cluster reduction retired (v5 is v4's arithmetic, leaner).
-        let rows_per_block = if shape.d >= 768 { 3 } else { 2 };
-        Self {
-            rows_per_block,
-            reduce_segments: if shape.d >= 768 { 32 } else { 16 },
-            pdl: true,
-            extra_warps: 0,
-            split_warps: bwd_split_warps(shape.d, rows_per_block),
-            merge_s2: true,
-            // Session 6: the 16-byte reduce at d = 768 (s96 8.90 → 8.67–8.77 µs, bitwise the
-            // same sums); neutral to slower at d ≤ 512.
-            reduce_vec: if shape.d >= 768 { 8 } else { 0 },
-        }
-    }
+/// `ceil(2^32 / ceil(d/8))` (d ≥ 16): the 2-D-grid forward's phase 2 takes the row index of
+/// element chunk `e` as the high word of `e·magic`, which equals `e / ceil(d/8)` whenever
+/// `e·ceil(d/8) < 2^32` (always here: `e < 29·128`).
+#[doc(hidden)]
+pub fn fwd_chunk_magic(d: usize) -> u32 {
+    let nch = d.div_ceil(8).max(2) as u64;
+    (1u64 << 32).div_ceil(nch) as u32
 }
 
-fn check_rows(arg: &'static str, r: u32, halo: u32) -> Result<()> {
-    if r == 0 || (r + halo) * 32 > 1024 {
-        return Err(Error::Shape { arg, msg: format!("{r} rows per block: needs 1..={}", 32 - halo) });
-    }
-    Ok(())
+/// Where the row-warp backward keeps `dconv` of a block's tile: shared memory when it fits in
+/// 48 KiB.
+const fn bwd_scratch_in_smem(d: usize, r: u32) -> bool {
+    bwd_smem_bytes(d, r, true) <= SMEM_DEFAULT
 }
 
-/// Checks the kernel can run `threads` per block (its register use may allow fewer than 1024:
-/// the v2 kernels with `NV` = 4 use up to 163 registers, i.e. at most 384 threads; blocks of
-/// at most 256 threads fit every kernel here and skip the driver query).
-fn check_block_fits(f: &cudarc::driver::CudaFunction, threads: u32, halo: u32) -> Result<()> {
+/// Checks the kernel can run `threads` per block (its register use may allow fewer than 1024;
+/// blocks of at most 256 threads fit every kernel here and skip the driver query).
+fn check_block_fits(f: &cudarc::driver::CudaFunction, threads: u32) -> Result<()> {
     if threads <= 256 {
         return Ok(());
     }
     let max = f.max_threads_per_block()? as u32;
     if threads > max {
         return Err(Error::Shape {
-            arg: "config.rows_per_block",
-            msg: format!(
-                "{} rows per block need {threads} threads; this kernel allows {max} (at most {} rows)",
-                threads / 32 - halo,
-                max / 32 - halo
-            ),
+            arg: "d",
+            msg: format!("the planned block of {threads} threads exceeds the kernel's {max}"),
         });
     }
     Ok(())
 }
 
-fn dtype_index<T: Half>() -> Result<usize> {
+fn is_bf16<T: Half>() -> Result<bool> {
     match T::NAME {
-        "bf16" => Ok(0),
-        "f16" => Ok(1),
+        "bf16" => Ok(true),
+        "f16" => Ok(false),
         other => Err(Error::Shape { arg: "dtype", msg: format!("{other} is not f16 or bf16") }),
     }
 }
 
-/// Kernel variant: resident (NV−1) when `d ≤ 1024`, vectorised streaming (4) for larger `d`,
-/// both when `d % 8 == 0` and every 16-bit pointer is 16-byte aligned; scalar (5) otherwise.
-fn variant(d: usize, ptrs: &[CUdeviceptr]) -> usize {
-    if d.is_multiple_of(8) && ptrs.iter().all(|p| p % 16 == 0) {
-        let nv = d.div_ceil(256);
-        if nv <= 4 {
-            nv - 1
-        } else {
-            4
+/// Launches a forward plan. `inputs` = `[h, k, v, rms_w_h, rms_w_v, conv_w]`, `outputs` =
+/// `[y, vhat, alpha, rrms_h, rrms_k, rrms_v]`.
+///
+/// # Safety
+/// As [`gate_conv_fwd_raw`].
+unsafe fn launch_fwd(
+    gpu: &Gpu,
+    plan: &FwdPlan,
+    bf16: bool,
+    inputs: [CUdeviceptr; 6],
+    outputs: [CUdeviceptr; 6],
+    stream: CUstream,
+) -> Result<()> {
+    let f = gpu.function(plan.kernel.entry(bf16))?;
+    check_block_fits(f, plan.dims.block.0)?;
+    let [mut a0, mut a1, mut a2, mut a3, mut a4, mut a5] = inputs;
+    let [mut o0, mut o1, mut o2, mut o3, mut o4, mut o5] = outputs;
+    let (mut tl, mut d, mut rr, mut eps) = (plan.t_len, plan.d, plan.rows_per_block, EPS);
+    match plan.kernel {
+        FwdKernel::Smem { .. } => {
+            // 1/d and 1/√d correctly rounded (the bits of the other kernels' `div.rn(1, d)`,
+            // `div.rn(1, sqrt.rn(d))`); ceil(2^32 / ceil(d/8)) for phase 2's row index
+            let df = d as f32;
+            let (mut inv_d, mut inv_sqrt_d) = (1.0f32 / df, 1.0f32 / df.sqrt());
+            let mut magic = fwd_chunk_magic(d as usize);
+            launch(
+                f,
+                plan.dims,
+                stream,
+                &mut [
+                    &mut a0,
+                    &mut a1,
+                    &mut a2,
+                    &mut a3,
+                    &mut a4,
+                    &mut a5,
+                    &mut o0,
+                    &mut o1,
+                    &mut o2,
+                    &mut o3,
+                    &mut o4,
+                    &mut o5,
+                    &mut tl,
+                    &mut d,
+                    &mut rr,
+                    &mut inv_d,
+                    &mut inv_sqrt_d,
+                    &mut magic,
+                    &mut eps,
+                ],
+            )
         }
-    } else {
-        5
+        FwdKernel::SmemGrid1d { .. } | FwdKernel::StreamVec8 | FwdKernel::StreamScalar => {
+            let mut nt = plan.ntiles;
+            launch(
+                f,
+                plan.dims,
+                stream,
+                &mut [
+                    &mut a0, &mut a1, &mut a2, &mut a3, &mut a4, &mut a5, &mut o0, &mut o1, &mut o2, &mut o3, &mut o4,
+                    &mut o5, &mut tl, &mut d, &mut rr, &mut nt, &mut eps,
+                ],
+            )
+        }
     }
+}
+
+/// Launches a backward plan: the main kernel, then the reduce kernel as its programmatic
+/// dependent. `inputs` = `[dy, h, k, v, rms_w_h, rms_w_v, conv_w]`, `saved` = `[alpha, rrms_h,
+/// rrms_k]`, `outputs` = `[dh, dk, dv, drms_w_h, drms_w_v, dconv_w]`; `workspace` holds
+/// `plan.workspace_len` f32.
+///
+/// # Safety
+/// As [`gate_conv_bwd_raw`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch_bwd(
+    gpu: &Gpu,
+    plan: &BwdPlan,
+    bf16: bool,
+    inputs: [CUdeviceptr; 7],
+    saved: [CUdeviceptr; 3],
+    workspace: CUdeviceptr,
+    outputs: [CUdeviceptr; 6],
+    stream: CUstream,
+) -> Result<()> {
+    let f = gpu.function(plan.main.entry(bf16))?;
+    check_block_fits(f, plan.main_dims.block.0)?;
+    let [mut g, mut h, mut k, mut v, mut wh, mut wv, mut cw] = inputs;
+    let [mut a, mut rh, mut rk] = saved;
+    let [mut dh, mut dk, mut dv, mut dwh, mut dwv, mut dcw] = outputs;
+    let mut pt = workspace;
+    let (mut tl, mut dd, mut rr, mut eps) = (plan.t_len, plan.d, plan.rows_per_block, EPS);
+    match plan.main {
+        BwdMain::Split { warps_per_row, .. } => {
+            // the split kernel's shared memory may pass 48 KiB (d = 768, R = 3: ≈ 54 KiB)
+            let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            let bytes = plan.main_dims.shared_bytes as usize;
+            if bytes > SMEM_DEFAULT && f.get_attribute(attr)? < bytes as i32 {
+                f.set_attribute(attr, bytes as i32)?;
+            }
+            let (mut w, mut wm) = (warps_per_row, bwd_warp_row_magic(warps_per_row));
+            // s = 1/√d and 1/d correctly rounded (the bits of the kernels' `div.rn(1, sqrt.rn(d))`)
+            let df = plan.d as f32;
+            let (mut s, mut inv_d) = (1.0f32 / df.sqrt(), 1.0f32 / df);
+            launch(
+                f,
+                plan.main_dims,
+                stream,
+                &mut [
+                    &mut g, &mut h, &mut k, &mut v, &mut wh, &mut wv, &mut cw, &mut a, &mut rh, &mut rk, &mut dh,
+                    &mut dk, &mut dv, &mut pt, &mut tl, &mut dd, &mut rr, &mut w, &mut wm, &mut s, &mut inv_d,
+                    &mut eps,
+                ],
+            )?;
+        }
+        BwdMain::RowWarp { .. } | BwdMain::StreamVec8 | BwdMain::StreamScalar => {
+            // dconv in shared memory (null scratch), else in the workspace after the partials
+            let mut sc: CUdeviceptr = if plan.dconv_in_smem {
+                0
+            } else {
+                workspace + (plan.blocks as usize * 6 * plan.d as usize * 4) as u64
+            };
+            let mut nt = plan.ntiles;
+            launch(
+                f,
+                plan.main_dims,
+                stream,
+                &mut [
+                    &mut g, &mut h, &mut k, &mut v, &mut wh, &mut wv, &mut cw, &mut a, &mut rh, &mut rk, &mut dh,
+                    &mut dk, &mut dv, &mut pt, &mut sc, &mut tl, &mut dd, &mut rr, &mut nt, &mut eps,
+                ],
+            )?;
+        }
+    }
+    // the reduce kernel waits for the main kernel's partials with `griddepcontrol.wait`; its
+    // launch and start-up overlap the main kernel (bitwise the same outputs as a plain launch)
+    let f2 = gpu.function(plan.reduce.entry())?;
+    let (mut pt2, mut nb, mut d2) = (workspace, plan.blocks, plan.d);
+    launch_pdl(f2, plan.reduce_dims, stream, &mut [&mut pt2, &mut dwh, &mut dwv, &mut dcw, &mut nb, &mut d2])
+}
+
+/// f32 elements of the workspace [`gate_conv_bwd`] needs for `shape`: per-block partial weight
+/// gradients `[blocks, 6, d]`, plus `[blocks, R+3, ceil(d/8)·8]` for `dconv` where it does not
+/// fit in shared memory (large `d`).
+pub fn bwd_workspace_len(shape: EngramGateShape) -> Result<usize> {
+    Ok(plan_bwd(shape, true, true)?.workspace_len)
 }
 
 /// EngramGateConvFwd (docs/ops.md §4), for `T` = [`crate::f16`] or [`crate::bf16`].
@@ -565,160 +757,12 @@ pub unsafe fn gate_conv_fwd_raw<T: Half>(
     rrms_v: CUdeviceptr,
     stream: CUstream,
 ) -> Result<()> {
-    gate_conv_fwd_raw_with::<T>(
-        gpu,
-        shape,
-        GateFwdConfig::for_shape(shape),
-        [h, k, v, rms_w_h, rms_w_v, conv_w],
-        [y, vhat, alpha, rrms_h, rrms_k, rrms_v],
-        stream,
-    )
-}
-
-/// [`gate_conv_fwd_raw`] with an explicit configuration; `inputs` = `[h, k, v, rms_w_h,
-/// rms_w_v, conv_w]`, `outputs` = `[y, vhat, alpha, rrms_h, rrms_k, rrms_v]`.
-///
-/// # Safety
-/// As [`gate_conv_fwd_raw`].
-#[doc(hidden)]
-pub unsafe fn gate_conv_fwd_raw_with<T: Half>(
-    gpu: &Gpu,
-    shape: EngramGateShape,
-    config: GateFwdConfig,
-    inputs: [CUdeviceptr; 6],
-    outputs: [CUdeviceptr; 6],
-    stream: CUstream,
-) -> Result<()> {
-    shape.lens()?;
-    let r = config.rows_per_block;
-    check_rows("config.rows_per_block", r, 3)?;
-    let dt = dtype_index::<T>()?;
-    let var =
-        variant(shape.d, &[inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5], outputs[0], outputs[1]]);
-    let v2 = fwd2_applies(shape.d, r, var).then_some(config.kernel).and_then(|k| match k {
-        GateFwdKernel::V1 => None,
-        GateFwdKernel::SmemU => Some(0),
-        GateFwdKernel::SmemUApprox => Some(1),
-        GateFwdKernel::SmemUFast | GateFwdKernel::SmemULean => Some(2),
-    });
-    let lean = v2.is_some() && config.kernel == GateFwdKernel::SmemULean && shape.d >= 16 && shape.m <= 65535;
-    let (f, shared_bytes) = match v2 {
-        Some(_) if lean => (gpu.function(FWD2L[dt][var])?, fwd2_smem_bytes(shape.d, r) as u32),
-        Some(ap) => (gpu.function(FWD2[ap][dt][var])?, fwd2_smem_bytes(shape.d, r) as u32),
-        None => (gpu.function(FWD[dt][var])?, 8 * (r + 3)),
-    };
-    let warps = if v2.is_some() { r + 3 + config.extra_warps } else { r + 3 };
-    if warps > 32 {
-        return Err(Error::Shape {
-            arg: "config.extra_warps",
-            msg: format!("{} extra warps with {r} rows per block: more than 32 warps", config.extra_warps),
-        });
-    }
-    check_block_fits(f, warps * 32, 3)?;
-    let ntiles = shape.t.div_ceil(r as usize);
-    let blocks = u32::try_from(shape.m * ntiles)
-        .map_err(|_| Error::Overflow { arg: "m", msg: format!("{} blocks", shape.m * ntiles) })?;
-    let dims = LaunchDims { grid: (blocks, 1, 1), block: (warps * 32, 1, 1), shared_bytes };
-    let [mut a0, mut a1, mut a2, mut a3, mut a4, mut a5] = inputs;
-    let [mut o0, mut o1, mut o2, mut o3, mut o4, mut o5] = outputs;
-    let (mut tl, mut d, mut rr, mut nt, mut eps) = (shape.t as u32, shape.d as u32, r, ntiles as u32, EPS);
-    if lean {
-        // grid (ntiles, M); 1/d and 1/√d correctly rounded (the bits of the kernels'
-        // `div.rn(1, d)`, `div.rn(1, sqrt.rn(d))`); ceil(2^32 / ceil(d/8)) for phase 2's row
-        // index (d ≥ 16: at least 2 chunks, so it fits in u32)
-        let dims_l = LaunchDims { grid: (ntiles as u32, shape.m as u32, 1), ..dims };
-        let df = shape.d as f32;
-        let (mut inv_d, mut inv_sqrt_d) = (1.0f32 / df, 1.0f32 / df.sqrt());
-        let mut magic = fwd_chunk_magic(shape.d);
-        return launch(
-            f,
-            dims_l,
-            stream,
-            &mut [
-                &mut a0,
-                &mut a1,
-                &mut a2,
-                &mut a3,
-                &mut a4,
-                &mut a5,
-                &mut o0,
-                &mut o1,
-                &mut o2,
-                &mut o3,
-                &mut o4,
-                &mut o5,
-                &mut tl,
-                &mut d,
-                &mut rr,
-                &mut inv_d,
-                &mut inv_sqrt_d,
-                &mut magic,
-                &mut eps,
-            ],
-        );
-    }
-    launch(
-        f,
-        dims,
-        stream,
-        &mut [
-            &mut a0, &mut a1, &mut a2, &mut a3, &mut a4, &mut a5, &mut o0, &mut o1, &mut o2, &mut o3, &mut o4, &mut o5,
-            &mut tl, &mut d, &mut rr, &mut nt, &mut eps,
-        ],
-    )
-}
-
-/// `ceil(2^32 / ceil(d/8))` (d ≥ 16): the lean forward's phase 2 takes the row index of
-/// element chunk `e` as the high word of `e·magic`, which equals `e / ceil(d/8)` whenever
-/// `e·ceil(d/8) < 2^32` (always here: `e < 29·128`).
-pub fn fwd_chunk_magic(d: usize) -> u32 {
-    let nch = d.div_ceil(8).max(2) as u64;
-    (1u64 << 32).div_ceil(nch) as u32
-}
-
-/// Bytes of dynamic shared memory of the v2 forward (`kernels-gpu` `fwd2_smem_bytes`).
-fn fwd2_smem_bytes(d: usize, r: u32) -> usize {
-    let dpad = d.div_ceil(8) * 8;
-    4 * (2 * r as usize + 3) * dpad + 2 * 5 * dpad
-}
-
-/// Whether the v2 forward can run: a resident variant (`var` < 4), its shared memory within
-/// 48 KiB, and the block's threads enough for the weight chunks (≤ `FWD2_WL` each).
-fn fwd2_applies(d: usize, r: u32, var: usize) -> bool {
-    var < 4 && fwd2_smem_bytes(d, r) <= SMEM_DEFAULT && 5 * d.div_ceil(8) <= FWD2_WL * (r as usize + 3) * 32
-}
-
-/// Where the backward keeps `dconv` of a block's tile: shared memory when it fits in 48 KiB.
-fn bwd_scratch_in_smem(d: usize, r: u32) -> bool {
-    bwd_smem_bytes(d, r, true) <= SMEM_DEFAULT
-}
-
-fn bwd_smem_bytes(d: usize, r: u32, with_scratch: bool) -> usize {
-    let scalars = (2 * r as usize + 6).div_ceil(4) * 4;
-    let scratch = if with_scratch { (r as usize + 3) * d.div_ceil(8) * 8 } else { 0 };
-    4 * (scalars + scratch)
-}
-
-/// f32 elements of the workspace [`gate_conv_bwd`] needs for `shape` (the planner's
-/// configuration, [`GateBwdConfig::for_shape`]).
-pub fn bwd_workspace_len(shape: EngramGateShape) -> Result<usize> {
-    shape.lens()?;
-    bwd_workspace_len_with(shape, GateBwdConfig::for_shape(shape))
-}
-
-/// f32 elements of the backward's workspace under `config`: per-block partial weight
-/// gradients `[blocks, 6, d]`, plus `[blocks, R+3, ceil(d/8)·8]` for `dconv` when it does not fit
-/// in shared memory (large `d`).
-pub fn bwd_workspace_len_with(shape: EngramGateShape, config: GateBwdConfig) -> Result<usize> {
-    shape.lens()?;
-    let r = config.rows_per_block;
-    check_rows("config.rows_per_block", r, 6)?;
-    let blocks = shape.m * shape.t.div_ceil(r as usize);
-    let mut len = checked_product("workspace", &[blocks, 6, shape.d])?;
-    if !bwd_scratch_in_smem(shape.d, r) {
-        len += checked_product("workspace", &[blocks, r as usize + 3, shape.d.div_ceil(8) * 8])?;
-    }
-    Ok(len)
+    let inputs = [h, k, v, rms_w_h, rms_w_v, conv_w];
+    let outputs = [y, vhat, alpha, rrms_h, rrms_k, rrms_v];
+    let bf16 = is_bf16::<T>()?;
+    let aligned = inputs.iter().chain(&outputs[..2]).all(|p| p % 16 == 0);
+    let plan = plan_fwd(shape, aligned)?;
+    launch_fwd(gpu, &plan, bf16, inputs, outputs, stream)
 }
 
 /// EngramGateConvBwd (docs/ops.md §5), for `T` = [`crate::f16`] or [`crate::bf16`]: the exact
@@ -799,10 +843,9 @@ pub fn gate_conv_bwd<T: Half>(
     let (pdcw, _g16) = dconv_w.device_ptr_mut(st);
     // SAFETY: every buffer was checked to hold the elements the shape addresses.
     unsafe {
-        gate_conv_bwd_raw_with::<T>(
+        run_bwd::<T>(
             gpu,
             shape,
-            GateBwdConfig::for_shape(shape),
             [pg, ph, pk, pv, pwh, pwv, pcw],
             [pa, prh, prk],
             pws,
@@ -812,39 +855,30 @@ pub fn gate_conv_bwd<T: Half>(
     }
 }
 
-/// EngramGateConvBwd for one shape and configuration, submitting each call's two launches as
-/// one CUDA graph: captured on the first call with a set of pointers, replayed when the same
-/// pointers recur (up to 32 sets cached), so the reduce kernel's programmatic dependent launch
-/// overlaps the main kernel (separate host launches reach the device too far apart for that).
-/// Inside a caller's own stream capture the launches go straight into that capture.
+/// EngramGateConvBwd for one shape, submitting each call's two launches as one CUDA graph:
+/// captured on the first call with a set of pointers, replayed when the same pointers recur (up
+/// to 32 sets cached), so the reduce kernel's programmatic dependent launch overlaps the main
+/// kernel (separate host launches reach the device too far apart for that). Inside a caller's
+/// own stream capture the launches go straight into that capture.
 pub struct GateConvBwdPlan {
     shape: EngramGateShape,
-    config: GateBwdConfig,
     graph: GraphReplay,
 }
 
 impl GateConvBwdPlan {
     /// Errors: those of [`EngramGateShape::lens`].
-    pub fn new(shape: EngramGateShape, config: GateBwdConfig) -> Result<Self> {
+    pub fn new(shape: EngramGateShape) -> Result<Self> {
         shape.lens()?;
-        Ok(Self { shape, config, graph: GraphReplay::new() })
+        Ok(Self { shape, graph: GraphReplay::new() })
     }
 
-    /// The planner's configuration for `shape` ([`GateBwdConfig::for_shape`]).
-    pub fn for_shape(shape: EngramGateShape) -> Result<Self> {
-        Self::new(shape, GateBwdConfig::for_shape(shape))
-    }
-
-    /// The configuration this plan launches.
-    pub fn config(&self) -> GateBwdConfig {
-        self.config
-    }
-
-    /// [`gate_conv_bwd_raw_with`] with this plan's shape and configuration, through the
-    /// plan's graph. Errors: those of [`gate_conv_bwd_raw_with`], or a driver error.
+    /// [`gate_conv_bwd_raw`] with this plan's shape, through the plan's graph: `inputs` =
+    /// `[dy, h, k, v, rms_w_h, rms_w_v, conv_w]`, `saved` = `[alpha, rrms_h, rrms_k]`, `outputs`
+    /// = `[dh, dk, dv, drms_w_h, drms_w_v, dconv_w]`. Errors: those of [`gate_conv_bwd_raw`],
+    /// or a driver error.
     ///
     /// # Safety
-    /// As [`gate_conv_bwd_raw_with`]; calls with one plan must be stream-ordered.
+    /// As [`gate_conv_bwd_raw`]; calls with one plan must be stream-ordered.
     pub unsafe fn run_raw<T: Half>(
         &mut self,
         gpu: &Gpu,
@@ -854,9 +888,9 @@ impl GateConvBwdPlan {
         outputs: [CUdeviceptr; 6],
         stream: CUstream,
     ) -> Result<()> {
-        let (shape, config) = (self.shape, self.config);
-        let call = || gate_conv_bwd_raw_with::<T>(gpu, shape, config, inputs, saved, workspace, outputs, stream);
-        let mut key = vec![dtype_index::<T>()? as u64, workspace];
+        let shape = self.shape;
+        let call = || run_bwd::<T>(gpu, shape, inputs, saved, workspace, outputs, stream);
+        let mut key = vec![is_bf16::<T>()? as u64, workspace];
         key.extend(inputs.iter().chain(&saved).chain(&outputs));
         self.graph.run(stream, key, call)
     }
@@ -892,10 +926,9 @@ pub unsafe fn gate_conv_bwd_raw<T: Half>(
     dconv_w: CUdeviceptr,
     stream: CUstream,
 ) -> Result<()> {
-    gate_conv_bwd_raw_with::<T>(
+    run_bwd::<T>(
         gpu,
         shape,
-        GateBwdConfig::for_shape(shape),
         [dy, h, k, v, rms_w_h, rms_w_v, conv_w],
         [alpha, rrms_h, rrms_k],
         workspace,
@@ -904,124 +937,21 @@ pub unsafe fn gate_conv_bwd_raw<T: Half>(
     )
 }
 
-/// [`gate_conv_bwd_raw`] with an explicit configuration: `inputs` = `[dy, h, k, v, rms_w_h,
-/// rms_w_v, conv_w]`, `saved` = `[alpha, rrms_h, rrms_k]`, `outputs` = `[dh, dk, dv,
-/// drms_w_h, drms_w_v, dconv_w]`; `workspace` holds [`bwd_workspace_len_with`] f32.
+/// Plans and launches the backward on raw pointers (see [`launch_bwd`]).
 ///
 /// # Safety
 /// As [`gate_conv_bwd_raw`].
-#[doc(hidden)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gate_conv_bwd_raw_with<T: Half>(
+unsafe fn run_bwd<T: Half>(
     gpu: &Gpu,
     shape: EngramGateShape,
-    config: GateBwdConfig,
     inputs: [CUdeviceptr; 7],
     saved: [CUdeviceptr; 3],
     workspace: CUdeviceptr,
     outputs: [CUdeviceptr; 6],
     stream: CUstream,
 ) -> Result<()> {
-    shape.lens()?;
-    let r = config.rows_per_block;
-    check_rows("config.rows_per_block", r, 6)?;
-    let sg = config.reduce_segments;
-    if sg == 0 || sg > 32 {
-        return Err(Error::Shape { arg: "config.reduce_segments", msg: format!("{sg} is not in 1..=32") });
-    }
-    if !matches!(config.reduce_vec, 0 | 8 | 16 | 32) {
-        return Err(Error::Shape {
-            arg: "config.reduce_vec",
-            msg: format!("{} is not 0, 8, 16 or 32", config.reduce_vec),
-        });
-    }
-    let dt = dtype_index::<T>()?;
-    let d = shape.d;
-    let mut ptrs = inputs.to_vec();
-    ptrs.extend_from_slice(&outputs[..3]);
-    let var = variant(d, &ptrs);
-    let ntiles = shape.t.div_ceil(r as usize);
-    let nblocks = shape.m * ntiles;
-    let blocks = u32::try_from(nblocks).map_err(|_| Error::Overflow { arg: "m", msg: format!("{nblocks} blocks") })?;
-    let in_smem = bwd_scratch_in_smem(d, r);
-    let part = workspace;
-    let scratch: CUdeviceptr = if in_smem { 0 } else { workspace + (nblocks * 6 * d * 4) as u64 };
-    let u_bytes = 4 * (r as usize + 6) * d.div_ceil(8) * 8;
-    let w_bytes = 2 * 6 * d.div_ceil(8) * 8;
-    // v5: resident layouts whose u + dconv fit in 48 KiB; the weights and the split sums
-    // (4 slots per warp) may take it past 48 KiB (d = 768, R = 3: ≈ 54 KiB): opted in up to
-    // BWD5_SMEM_MAX; a 2-D grid (ntiles, M)
-    let wpr = config.split_warps;
-    let v5_bytes = bwd_smem_bytes(d, r, true) + u_bytes + w_bytes + 4 * 4 * (r as usize + 6) * wpr as usize;
-    let u_fits = var < 4 && in_smem && bwd_smem_bytes(d, r, true) + u_bytes <= SMEM_DEFAULT;
-    let v5 = wpr >= 1 && u_fits && shape.m <= 65535 && v5_bytes <= BWD5_SMEM_MAX;
-    let tile_warps = if v5 { (r + 6).saturating_mul(wpr) } else { r + 6 };
-    let (f, dims_grid, shared_bytes) = if v5 {
-        // NV of the split row: ceil(ceil(d/8) / (32·W)) ≤ 4 (var < 4 means ceil(d/8) ≤ 128)
-        let nv = d.div_ceil(8).div_ceil(32 * wpr as usize).clamp(1, 4);
-        let f = gpu.function(BWD5[config.merge_s2 as usize][dt][nv - 1])?;
-        let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-        if v5_bytes > SMEM_DEFAULT && f.get_attribute(attr)? < v5_bytes as i32 {
-            f.set_attribute(attr, v5_bytes as i32)?;
-        }
-        (f, (ntiles as u32, shape.m as u32, 1), v5_bytes)
-    } else {
-        (gpu.function(BWD[dt][var])?, (blocks, 1, 1), bwd_smem_bytes(d, r, in_smem))
-    };
-    let warps = tile_warps.saturating_add(config.extra_warps);
-    if v5 && tile_warps > 32 {
-        return Err(Error::Shape {
-            arg: "config.split_warps",
-            msg: format!("{wpr} warps per row with {r} rows per block: more than 32 warps"),
-        });
-    }
-    if warps > 32 {
-        return Err(Error::Shape {
-            arg: "config.extra_warps",
-            msg: format!("{} extra warps with {r} rows per block: more than 32 warps", config.extra_warps),
-        });
-    }
-    check_block_fits(f, warps * 32, 6)?;
-    let dims = LaunchDims { grid: dims_grid, block: (warps * 32, 1, 1), shared_bytes: shared_bytes as u32 };
-    let [mut g, mut h, mut k, mut v, mut wh, mut wv, mut cw] = inputs;
-    let [mut a, mut rh, mut rk] = saved;
-    let [mut dh, mut dk, mut dv, mut dwh, mut dwv, mut dcw] = outputs;
-    let (mut pt, mut sc) = (part, scratch);
-    let (mut tl, mut dd, mut rr, mut nt, mut eps) = (shape.t as u32, d as u32, r, ntiles as u32, EPS);
-    if v5 {
-        let (mut w, mut wm) = (wpr, bwd_warp_row_magic(wpr));
-        // s = 1/√d and 1/d correctly rounded (the bits of the kernels' `div.rn(1, sqrt.rn(d))`)
-        let df = d as f32;
-        let (mut s, mut inv_d) = (1.0f32 / df.sqrt(), 1.0f32 / df);
-        launch(
-            f,
-            dims,
-            stream,
-            &mut [
-                &mut g, &mut h, &mut k, &mut v, &mut wh, &mut wv, &mut cw, &mut a, &mut rh, &mut rk, &mut dh, &mut dk,
-                &mut dv, &mut pt, &mut tl, &mut dd, &mut rr, &mut w, &mut wm, &mut s, &mut inv_d, &mut eps,
-            ],
-        )?;
-    } else {
-        launch(
-            f,
-            dims,
-            stream,
-            &mut [
-                &mut g, &mut h, &mut k, &mut v, &mut wh, &mut wv, &mut cw, &mut a, &mut rh, &mut rk, &mut dh, &mut dk,
-                &mut dv, &mut pt, &mut sc, &mut tl, &mut dd, &mut rr, &mut nt, &mut eps,
-            ],
-        )?;
-    }
-    let xw = config.reduce_vec;
-    let (f2, dims2) = if xw >= 1 && d.is_multiple_of(4) && part.is_multiple_of(16) {
-        let grid = ((6 * d / 4).div_ceil(xw as usize) as u32, 1, 1);
-        (gpu.function(BWD_REDUCE4)?, LaunchDims { grid, block: (xw, sg, 1), shared_bytes: 16 * xw * sg })
-    } else {
-        let grid = ((6 * d).div_ceil(32) as u32, 1, 1);
-        (gpu.function(BWD_REDUCE)?, LaunchDims { grid, block: (32, sg, 1), shared_bytes: 4 * 32 * sg })
-    };
-    let (mut pt2, mut nb, mut d2) = (part, blocks, d as u32);
-    let launch2 = if config.pdl { launch_pdl } else { launch };
-    launch2(f2, dims2, stream, &mut [&mut pt2, &mut dwh, &mut dwv, &mut dcw, &mut nb, &mut d2])
+    let bf16 = is_bf16::<T>()?;
+    let aligned = inputs.iter().chain(&outputs[..3]).all(|p| p % 16 == 0);
+    let plan = plan_bwd(shape, aligned, workspace.is_multiple_of(16))?;
+    launch_bwd(gpu, &plan, bf16, inputs, saved, workspace, outputs, stream)
 }

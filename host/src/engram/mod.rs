@@ -14,7 +14,7 @@ pub use decode::{
     EngramDecodeShape,
 };
 pub use gate_conv::{
-    bwd_split_warps, bwd_warp_row_magic, bwd_workspace_len, bwd_workspace_len_with, fwd_chunk_magic, gate_conv_bwd,
-    gate_conv_bwd_raw, gate_conv_bwd_raw_with, gate_conv_fwd, gate_conv_fwd_raw, gate_conv_fwd_raw_with,
-    EngramGateShape, GateBwdConfig, GateConvBwdPlan, GateFwdConfig, GateFwdKernel,
+    bwd_warp_row_magic, bwd_workspace_len, fwd_chunk_magic, gate_conv_bwd, gate_conv_bwd_raw, gate_conv_fwd,
+    gate_conv_fwd_raw, planned_entries as gate_conv_planned_entries, planned_kernels as gate_conv_planned_kernels,
+    EngramGateShape, GateConvBwdPlan,
 };

@@ -17,6 +17,7 @@
 //!
 //! Halo rows recompute exactly what their owner computes (the same instructions on the same
 //! data), so `q(alpha·v)` of a halo row is bitwise the `vhat` its owner writes.
+use super::gate_layout::*;
 use crate::prim::*;
 
 // ---------------------------------------------------------------- storage dtypes
@@ -184,13 +185,8 @@ unsafe fn res<const NV: usize>(a: &[Raw; NV], n: usize) -> Raw {
 
 // ---------------------------------------------------------------- forward
 
-/// Smem (f32): `alpha[R+3]`, `rrms_v[R+3]` of the tile's rows including the 3 halo rows.
-pub const fn fwd_smem_floats(r: u32) -> u32 {
-    2 * (r + 3)
-}
-
 /// EngramGateConvFwd. Grid `M·ntiles` (block b: m = b / ntiles, tile b % ntiles, ntiles = ceil(T/R)), block `(R+3)·32` threads, dynamic smem
-/// `fwd_smem_floats(R)·4` bytes. Pointers: `h, k, v, y, vhat` `[M,T,d]`; `wh, wv` `[d]`;
+/// `fwd_stream_smem_floats(R)·4` bytes. Pointers: `h, k, v, y, vhat` `[M,T,d]`; `wh, wv` `[d]`;
 /// `cw` `[4,d]`; `alpha, rh, rk, rv` `[M,T]` f32.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -335,19 +331,7 @@ unsafe fn fwd<D: Dt, const FAST: bool, const NV: usize>(
     }
 }
 
-// ---------------------------------------------------------------- forward v2 (`u` in smem)
-
-/// Forward v2 dynamic smem in bytes: `u` f32 `[R+3][dpad]` (the halo rows' too, zeros before
-/// t = 0), the owned rows' unrounded `vh` f32 `[R][dpad]`, then the raw 16-bit weights
-/// `[5][dpad]` (`rms_w_v`, `conv_w[0..4]`); `dpad = ceil(d/8)·8`.
-pub const fn fwd2_smem_bytes(r: u32, d: u32) -> u32 {
-    let dpad = d.div_ceil(8) * 8;
-    4 * (2 * r + 3) * dpad + 2 * 5 * dpad
-}
-
-/// Weight chunks (16 B) one thread of the v2 forward may hold while phase 1 runs; blocks with
-/// fewer threads than `5·ceil(d/8)/FWD2_WL` are refused by the host.
-pub const FWD2_WL: usize = 5;
+// ---------------------------------------------------------------- forward, `u` in shared memory
 
 /// `(wq / nch, wq % nch)` for `wq < 5·nch`, by at most 4 subtractions (no division, so no
 /// division-by-zero panic path).
@@ -361,30 +345,26 @@ fn split5(wq: u32, nch: u32) -> (u32, u32) {
     (p, c)
 }
 
-/// σ(x)·x: `APPROX` uses `rcp.approx` (≈1 ulp) instead of the correctly rounded division.
+/// σ(x)·x with `rcp.approx` (≈1 ulp) instead of the correctly rounded division.
 #[inline(always)]
-fn silu<const APPROX: bool>(x: f32) -> f32 {
-    if APPROX {
-        x * rcp_approx(1.0 + exp_f32(-x))
-    } else {
-        x * sigmoid(x)
-    }
+fn silu_approx(x: f32) -> f32 {
+    x * rcp_approx(1.0 + exp_f32(-x))
 }
 
-/// Per-launch constants of the lean forward (`fwd2l`), computed on the host: `1/d`, `1/√d`
+/// Per-launch constants of the 2-D-grid forward, computed on the host: `1/d`, `1/√d`
 /// (correctly rounded, the bits of the other kernels' `div.rn`), `ceil(2^32 / ceil(d/8))`.
 #[derive(Clone, Copy)]
-struct FwdLean {
+struct FwdHostConsts {
     inv_d: f32,
     inv_sqrt_d: f32,
     nch_magic: u32,
 }
 
-const NO_LEAN: FwdLean = FwdLean { inv_d: 0.0, inv_sqrt_d: 0.0, nch_magic: 0 };
+const NO_HOST_CONSTS: FwdHostConsts = FwdHostConsts { inv_d: 0.0, inv_sqrt_d: 0.0, nch_magic: 0 };
 
 /// [`rrms_fast`] with `rsqrt.approx.ftz` (the same bits: its argument is ≥ eps, normal).
 #[inline(always)]
-fn rrms_lean(sum: f32, inv_d: f32, eps: f32) -> f32 {
+fn rrms_ftz(sum: f32, inv_d: f32, eps: f32) -> f32 {
     let x = fma(sum, inv_d, eps);
     let r = rsqrt_approx_ftz(x);
     let n = r * fma(-0.5 * x, r * r, 1.5);
@@ -395,9 +375,9 @@ fn rrms_lean(sum: f32, inv_d: f32, eps: f32) -> f32 {
     }
 }
 
-/// [`silu`]`::<true>` through the ftz forms of `ex2`/`rcp` (the same bits for x > −87).
+/// [`silu_approx`] through the ftz forms of `ex2`/`rcp` (the same bits for x > −87).
 #[inline(always)]
-fn silu_lean(x: f32) -> f32 {
+fn silu_ftz(x: f32) -> f32 {
     x * rcp_approx_ftz(1.0 + ex2_approx_ftz(-x * core::f32::consts::LOG2_E))
 }
 
@@ -424,17 +404,25 @@ unsafe fn sts8(a: u32, v: F8) {
     sts_v4(a + 16, [v[4].to_bits(), v[5].to_bits(), v[6].to_bits(), v[7].to_bits()]);
 }
 
-/// EngramGateConvFwd v2 (resident, 16-byte layout only: `d % 8 == 0`, `ceil(d/8) ≤ 32·NV`,
-/// aligned). Same grid, block and pointers as [`fwd`]; dynamic smem [`fwd2_smem_bytes`].
-/// Differences from v1, nothing else: (1) the block loads `rms_w_v` and `conv_w` for real
-/// (16-byte loads issued before the row loads, into smem) instead of prefetching them;
-/// (2) phase 1 writes `u = q(alpha·v)·rv·wv` of its row (and `vh` of owned rows) to smem, so
-/// phase 2 is 4 FMAs from smem and the silu per element (no global loads after the barrier).
-/// With `APPROX = false` every output is bitwise v1's (same operations in the same order;
-/// a zero `u` row before t = 0 adds `fma(cw, 0, +0) = +0`, as v1's skipped term).
+/// EngramGateConvFwd with `u` in shared memory (resident, 16-byte layout only: `d % 8 == 0`,
+/// `ceil(d/8) ≤ 32·NV`, aligned). Same pointers as [`fwd`]; dynamic smem [`fwd_smem_bytes`].
+/// Differences from the streaming [`fwd`]: (1) the block loads `rms_w_v` and `conv_w` for real
+/// (16-byte loads, into smem) instead of prefetching them; (2) phase 1 writes
+/// `u = q(alpha·v)·rv·wv` of its row (and `vh` of owned rows) to smem, so phase 2 is 4 FMAs
+/// from smem and the silu per element (no global loads after the barrier); (3) approximate
+/// per-row scalars (`rrms` by `rsqrt.approx` + one Newton step, σ by `rcp.approx`, no divisions
+/// on the chain; ≈ 1–2 ulp f32 in `alpha`, `rrms_*`, within the tolerances) and silu by
+/// `rcp.approx`. A zero `u` row before t = 0 adds `fma(cw, 0, +0) = +0`.
+///
+/// `GRID_2D`: grid `(ntiles, M)` (no division for the block's sequence; M ≤ 65535), the
+/// per-launch constants from the host ([`FwdHostConsts`]; phase 2's row index by a
+/// multiply-high, d ≥ 16), every shared-memory access through 32-bit shared-window addresses,
+/// the weights copied by `cp.async` after the row loads, the ftz forms of `ex2`/`rcp`/`rsqrt`
+/// (bitwise the non-ftz forms where |conv| and |alpha's logit| < 87). Otherwise grid
+/// `M·ntiles` (1-D) and the constants computed in the kernel.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool, const LEAN: bool>(
+unsafe fn fwd_smem<D: Dt, const NV: usize, const GRID_2D: bool>(
     h: *const u16,
     k: *const u16,
     v: *const u16,
@@ -452,13 +440,13 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool, const
     r: u32,
     ntiles: u32,
     eps: f32,
-    lc: FwdLean,
+    lc: FwdHostConsts,
 ) {
     let tid = thread_idx_x();
     let lane = lane_id();
     let i = tid / 32;
-    // LEAN: grid (ntiles, M), no division
-    let (m, t0) = if LEAN {
+    // GRID_2D: grid (ntiles, M), no division
+    let (m, t0) = if GRID_2D {
         (block_idx_y(), block_idx_x() * r)
     } else {
         let m = block_idx_x() / ntiles;
@@ -471,28 +459,23 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool, const
     let s_u = sm;
     let s_vh = sm.add((r as usize + 3) * dpad);
     let s_w = sm.add((2 * r as usize + 3) * dpad) as *mut u16;
-    // LEAN: the same regions through 32-bit shared-window addresses
-    let sm32 = if LEAN { dyn_smem_u32() } else { 0 };
+    // GRID_2D: the same regions through 32-bit shared-window addresses
+    let sm32 = if GRID_2D { dyn_smem_u32() } else { 0 };
     let a_u = sm32;
     let a_vh = sm32 + 4 * (r + 3) * dpad as u32;
     let a_w = sm32 + 4 * (2 * r + 3) * dpad as u32;
     // FS: 1/d and 1/sqrt(d) once (off the loads' critical path) for the approximate scalars;
-    // LEAN: from the host (the same correctly rounded bits)
-    let (inv_d, inv_sqrt_d) = if LEAN {
-        (lc.inv_d, lc.inv_sqrt_d)
-    } else if FS {
-        (div_rn(1.0, df), div_rn(1.0, sqrt_rn(df)))
-    } else {
-        (0.0, 0.0)
-    };
+    // GRID_2D: from the host (the same correctly rounded bits)
+    let (inv_d, inv_sqrt_d) =
+        if GRID_2D { (lc.inv_d, lc.inv_sqrt_d) } else { (div_rn(1.0, df), div_rn(1.0, sqrt_rn(df))) };
 
-    // ---- weights: every thread issues its (≤ FWD2_WL) 16-byte chunks first
+    // ---- weights: every thread issues its (≤ FWD_SMEM_WL) 16-byte chunks first
     let nw = 5 * nch;
     let nthr = block_dim_x();
-    let mut wraw: [Raw; FWD2_WL] = [[0; 4]; FWD2_WL];
-    if !LEAN {
+    let mut wraw: [Raw; FWD_SMEM_WL] = [[0; 4]; FWD_SMEM_WL];
+    if !GRID_2D {
         let mut q = 0;
-        while q < FWD2_WL {
+        while q < FWD_SMEM_WL {
             let wq = tid + q as u32 * nthr;
             if wq < nw {
                 let (p, c) = split5(wq, nch);
@@ -502,12 +485,12 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool, const
             q += 1;
         }
     }
-    // LEAN: the weights straight into shared memory by `cp.async` (no registers), issued after
+    // GRID_2D: the weights straight into shared memory by `cp.async` (no registers), issued after
     // the row loads (phase 1's chain waits on those; the weights are read after the barrier)
     // (thread `tid` copies chunk `c = tid + k·nthr < nch` of all 5 rows: no index arithmetic
     // beyond one compare per chunk)
     let issue_w = || {
-        if LEAN {
+        if GRID_2D {
             let mut c = tid;
             while c < nch {
                 let dst = a_w + 16 * c;
@@ -531,7 +514,7 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool, const
     if in_tile && t < 0 {
         issue_w();
         each_chunk!(NV, lane, nch, |n, c| {
-            if LEAN {
+            if GRID_2D {
                 sts8(a_u + 4 * (i * dpad as u32 + 8 * c), [0f32; 8]);
             } else {
                 st8_f32(urow, c, [0f32; 8]);
@@ -564,15 +547,12 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool, const
             }
         });
         let (shh, skk, shk) = (warp_sum_f32(shh), warp_sum_f32(skk), warp_sum_f32(shk));
-        let (rh, rk, alpha) = if LEAN {
-            let (rh, rk) = (rrms_lean(shh, inv_d, eps), rrms_lean(skk, inv_d, eps));
+        let (rh, rk, alpha) = if GRID_2D {
+            let (rh, rk) = (rrms_ftz(shh, inv_d, eps), rrms_ftz(skk, inv_d, eps));
             (rh, rk, rcp_approx_ftz(1.0 + ex2_approx_ftz(-(shk * rh * rk * inv_sqrt_d) * core::f32::consts::LOG2_E)))
-        } else if FS {
+        } else {
             let (rh, rk) = (rrms_fast(shh, inv_d, eps), rrms_fast(skk, inv_d, eps));
             (rh, rk, rcp_approx(1.0 + exp_f32(-(shk * rh * rk * inv_sqrt_d))))
-        } else {
-            let (rh, rk) = (rrms(shh, df, eps), rrms(skk, df, eps));
-            (rh, rk, sigmoid(div_rn(shk * rh * rk, sqrt_rn(df))))
         };
         let vq_out = vhat.add(row);
         let mut svv = 0f32;
@@ -587,13 +567,8 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool, const
                 st8::<D, true>(vq_out, c, d, o);
             }
         });
-        let rv = if LEAN {
-            rrms_lean(warp_sum_f32(svv), inv_d, eps)
-        } else if FS {
-            rrms_fast(warp_sum_f32(svv), inv_d, eps)
-        } else {
-            rrms(warp_sum_f32(svv), df, eps)
-        };
+        let rv =
+            if GRID_2D { rrms_ftz(warp_sum_f32(svv), inv_d, eps) } else { rrms_fast(warp_sum_f32(svv), inv_d, eps) };
         let vhrow = s_vh.add(if owned { (i - 3) as usize * dpad } else { 0 });
         each_chunk!(NV, lane, nch, |n, c| {
             let (vv, wvv) = (unpack8::<D>(res(&vres, n)), unpack8::<D>(res(&wvres, n)));
@@ -603,7 +578,7 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool, const
                 vh[e] = alpha * vv[e];
                 u[e] = qf::<D>(vh[e]) * rv * wvv[e];
             }
-            if LEAN {
+            if GRID_2D {
                 sts8(a_u + 4 * (i * dpad as u32 + 8 * c), u);
                 if owned {
                     sts8(a_vh + 4 * ((i - 3) * dpad as u32 + 8 * c), vh);
@@ -627,7 +602,7 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool, const
     }
     // the weights into smem (raw 16-bit)
     let mut q = 0;
-    while q < FWD2_WL && !LEAN {
+    while q < FWD_SMEM_WL && !GRID_2D {
         let wq = tid + q as u32 * nthr;
         if wq < nw {
             let (p, c) = split5(wq, nch);
@@ -638,7 +613,7 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool, const
         }
         q += 1;
     }
-    if LEAN {
+    if GRID_2D {
         cp_async_wait_all();
     }
     sync_threads();
@@ -647,15 +622,15 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool, const
     let total = r * nch;
     let mut e = tid;
     while e < total {
-        // owned row index 0..R (tile row io + 3); LEAN: e / nch by a multiply-high with the
+        // owned row index 0..R (tile row io + 3); GRID_2D: e / nch by a multiply-high with the
         // host's ceil(2^32 / nch) (exact for e·nch < 2^32)
-        let io = if LEAN { ((e as u64 * lc.nch_magic as u64) >> 32) as u32 } else { e / nch };
+        let io = if GRID_2D { ((e as u64 * lc.nch_magic as u64) >> 32) as u32 } else { e / nch };
         let c = e - io * nch;
         let t = t0 + io;
         if t < t_len {
             let mut conv = [0f32; 8];
             for p in 0..4u32 {
-                let (cwp, uu) = if LEAN {
+                let (cwp, uu) = if GRID_2D {
                     (
                         unpack8::<D>(lds_v4(a_w + 2 * ((p + 1) * dpad as u32 + 8 * c))),
                         lds8(a_u + 4 * ((io + p) * dpad as u32 + 8 * c)),
@@ -670,14 +645,14 @@ unsafe fn fwd2<D: Dt, const NV: usize, const APPROX: bool, const FS: bool, const
                     conv[q] = fma(cwp[q], uu[q], conv[q]);
                 }
             }
-            let vt = if LEAN {
+            let vt = if GRID_2D {
                 lds8(a_vh + 4 * (io * dpad as u32 + 8 * c))
             } else {
                 ld8_f32(s_vh.add(io as usize * dpad), c)
             };
             let mut out = [0f32; 8];
             for q in 0..8 {
-                out[q] = if LEAN { silu_lean(conv[q]) } else { silu::<APPROX>(conv[q]) } + vt[q];
+                out[q] = if GRID_2D { silu_ftz(conv[q]) } else { silu_approx(conv[q]) } + vt[q];
             }
             st8::<D, true>(y.add((m * t_len + t) as usize * d as usize), c, d, out);
         }
@@ -708,13 +683,6 @@ fn wrow_g(wv: *const u16, wh: *const u16, cw: *const u16, d: u32, wr: u32) -> *c
     } else {
         cw.wrapping_add((wr - 2) as usize * d as usize)
     }
-}
-
-/// Smem (f32) of the backward's main kernel: `rrms_v'[R+6]`, `2·dz·s·rh·rk [R]`, padded to 4,
-/// then (v5 only) `u[(R+6)][ceil(d/8)·8]`, then (when no global scratch is given)
-/// `dconv[(R+3)][ceil(d/8)·8]`.
-pub const fn bwd_smem_scalar_floats(r: u32) -> u32 {
-    (2 * r + 6).div_ceil(4) * 4
 }
 
 /// EngramGateConvBwd, main kernel. Grid `M·ntiles` (block b: m = b / ntiles, tile b % ntiles, ntiles = ceil(T/R)), block `(R+6)·32` threads.
@@ -971,11 +939,11 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
     );
 }
 
-/// Backward stage 4 (v1): this block's partial weight gradients `pb[e·d + j]`
+/// Backward stage 4 of [`bwd`]: this block's partial weight gradients `pb[e·d + j]`
 /// (e = rms_w_h, rms_w_v, conv_w[0..4]), a thread per column j, the `nown` owned rows in
 /// increasing t (fixed order). `SU`: u of the tile rows from `s_u` (else recomputed from v);
-/// `SW`: the weights from `s_w` (else global, through `wrow`). (v1 runs it with neither; the
-/// retired v4 ran it with both. Kept generic: dropping the parameters changes v1's PTX.)
+/// `SW`: the weights from `s_w` (else global, through `wrow`). ([`bwd`] runs it with neither;
+/// the parameters stay because dropping them changes the PTX of the kernels that run it.)
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn bwd_weight_partials<D: Dt, const SU: bool, const SW: bool>(
@@ -1089,13 +1057,7 @@ macro_rules! each_chunk_s {
     };
 }
 
-// ---------------------------------------------------------------- backward v5 (split rows, lean)
-
-/// Floats of the v5 backward's per-warp partial row sums: `[(R+6)·wpr][4]` (two slots, one
-/// for `Σ g·v` of `M3`, one of padding).
-pub const fn bwd5_split_floats(r: u32, wpr: u32) -> u32 {
-    4 * (r + 6) * wpr
-}
+// ---------------------------------------------------------------- backward, tile rows split over warps
 
 /// 8 f32 from shared-window address `a` (16-byte aligned).
 #[inline(always)]
@@ -1131,8 +1093,8 @@ fn rrms_fast_ftz(sum: f32, inv_d: f32, eps: f32) -> f32 {
     }
 }
 
-/// EngramGateConvBwd main kernel v5 ("split rows", lean; the planner's kernel wherever it
-/// fits): `u`, `dconv` and the raw 16-bit weights (`rms_w_v`, `rms_w_h`, `conv_w[0..4]`) in
+/// EngramGateConvBwd main kernel with the tile rows split over warps (the planner's kernel
+/// wherever it fits): `u`, `dconv` and the raw 16-bit weights (`rms_w_v`, `rms_w_h`, `conv_w[0..4]`) in
 /// shared memory, approximate σ in `silu'`, `rrms_v'` by `rsqrt.approx` + one Newton step,
 /// the per-row divisions by d as products with 1/d (each ≈ 1–2 ulp f32, within the
 /// tolerances), and every tile row spread over `wpr` warps: warp `w` works on row
@@ -1142,10 +1104,9 @@ fn rrms_fast_ftz(sum: f32, inv_d: f32, eps: f32) -> f32 {
 /// (`Σ vh²`, `P`, `s1`, `s2`) are a warp butterfly per warp, then (`wpr > 1`) the `wpr` warp
 /// sums added in increasing warp order from shared memory after a block barrier (those
 /// barriers run at every `wpr`; deterministic). The row loads are issued first, the weights
-/// are copied by `cp.async` straight into shared memory (no registers). Fewer instructions
-/// per warp than its predecessor v4 (same arithmetic in the same order; retired in session 7)
-/// — the kernel is a per-warp dependent chain and, at W = 2–3 (16–27 warps on one SM), also
-/// instruction-issue bound:
+/// are copied by `cp.async` straight into shared memory (no registers). The kernel is a
+/// per-warp dependent chain and, at W = 2–3 (16–27 warps on one SM), also instruction-issue
+/// bound, hence:
 /// 1. every shared-memory access (`u`, `dconv`, the raw weights, the row scalars and split
 ///    sums, stage 4's column reads) through 32-bit shared-window addresses (`LDS`/`STS`,
 ///    32-bit address arithmetic) instead of generic 64-bit loads and stores;
@@ -1158,21 +1119,21 @@ fn rrms_fast_ftz(sum: f32, inv_d: f32, eps: f32) -> f32 {
 ///    sequence (grid `(ntiles, M)`: m = blockIdx.y) and none for the warp's row
 ///    (`i = (w·wmagic) >> 16` with `wmagic = ceil(2^16 / wpr)`, exact for w < 32).
 ///
-/// `M3` ("merged stage 3", `v5m`): `s2 = Σ dvh·v` without its own pass, butterfly, barrier
-/// and cross-warp sum: with `rv'² = 1/(Σvh²/d + eps)` the rmsnorm backward gives exactly
+/// Stage 3 in one pass: `s2 = Σ dvh·v` without its own pass, butterfly, barrier and cross-warp
+/// sum: with `rv'² = 1/(Σvh²/d + eps)` the rmsnorm backward gives exactly
 /// `Σ dvh·v = Σ g·v + eps·rv'³·Σ du·wv·v`, so `dz = alpha(1−alpha)·s2 =
 /// (1−alpha)·(alpha·Σ g·v + eps·rv'³·s1)` with `s1` as before and `Σ g·v` summed in stage 1
-/// (its butterfly beside the other two). `dv` is bitwise the non-merged kernel's (same `s1`,
-/// `c1`); `dH`, `dk` change through `dz` only (the closed form has no cancellation; checked
-/// against the f64 reference). One barrier fewer; the dv/dH/dk stores in one pass.
-/// Grid `(ntiles, M)`, block `((R+6)·wpr + extra)·32` threads; dynamic smem: the scalars
+/// (its butterfly beside the other two). The closed form has no cancellation (checked against
+/// the f64 reference, and in f64 against the two-pass form by a CPU test). One barrier fewer;
+/// the dv/dH/dk stores in one pass.
+/// Grid `(ntiles, M)`, block `(R+6)·wpr·32` threads; dynamic smem: the scalars
 /// ([`bwd_smem_scalar_floats`]), `u` `[R+6][dpad]` and `dconv` `[R+3][dpad]` f32, the weights
-/// `[6][dpad]` u16, then [`bwd5_split_floats`] f32. `part`: `[blocks, 6, d]` f32 per-block
+/// `[6][dpad]` u16, then [`bwd_split_sum_floats`] f32. `part`: `[blocks, 6, d]` f32 per-block
 /// partial weight gradients, reduced by [`engram_gate_bwd_reduce`] /
-/// [`engram_gate_bwd_reduce4`]. Deterministic.
+/// [`engram_gate_bwd_reduce_vec4`]. Deterministic.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn bwd5<D: Dt, const NV: usize, const M3: bool>(
+unsafe fn bwd_split<D: Dt, const NV: usize>(
     g: *const u16,
     h: *const u16,
     k: *const u16,
@@ -1299,25 +1260,19 @@ unsafe fn bwd5<D: Dt, const NV: usize, const M3: bool>(
                 for e in 0..8 {
                     p_sum = fma(hh[e] * kk[e], ww[e] * ww[e], p_sum);
                 }
-                if M3 {
-                    let gg = unpack8::<D>(res(&gres, n));
-                    for e in 0..8 {
-                        sgv = fma(gg[e], vv[e], sgv);
-                    }
+                let gg = unpack8::<D>(res(&gres, n));
+                for e in 0..8 {
+                    sgv = fma(gg[e], vv[e], sgv);
                 }
             }
         });
         svv = warp_sum_f32(svv);
         p_sum = warp_sum_f32(p_sum);
-        if M3 {
-            sgv = warp_sum_f32(sgv);
-        }
+        sgv = warp_sum_f32(sgv);
         if split && lane == 0 {
             sts_f32(a_sp + 16 * wi, svv);
             sts_f32(a_sp + 16 * wi + 4, p_sum);
-            if M3 {
-                sts_f32(a_sp + 16 * wi + 8, sgv);
-            }
+            sts_f32(a_sp + 16 * wi + 8, sgv);
         }
     }
     // unconditional (a barrier under `if split` reads as warp-divergent to the PTX checker
@@ -1328,9 +1283,7 @@ unsafe fn bwd5<D: Dt, const NV: usize, const M3: bool>(
         if split {
             svv = row_sum(i, 0);
             p_sum = row_sum(i, 1);
-            if M3 {
-                sgv = row_sum(i, 2);
-            }
+            sgv = row_sum(i, 2);
         }
         rv = rrms_fast_ftz(svv, inv_d, eps);
         if lane == 0 && sub == 0 {
@@ -1404,94 +1357,41 @@ unsafe fn bwd5<D: Dt, const NV: usize, const M3: bool>(
         }
     }
     sync_threads();
-    if M3 {
-        if owned {
-            if split {
-                s1 = row_sum(i, 0);
-            }
-            let c1 = rv * rv * rv * (s1 * inv_d);
-            // Σ dvh·v in closed form (see above): dz = (1−a)·(a·Σg·v + eps·rv'³·s1)
-            let dz = (1.0 - a) * fma(a, sgv, eps * (rv * rv * rv) * s1);
-            let aa = dz * s * rh * rk;
-            let pd = p_sum * inv_d;
-            let (ch, ck) = (rh * rh * pd, rk * rk * pd);
-            let (dvr, dhr, dkr) = (rowp(dv, tu) as *mut u16, rowp(dh, tu) as *mut u16, rowp(dk, tu) as *mut u16);
-            each_chunk_s!(NV, c0, cs, nch, |n, c| {
-                let du = *dus.get_unchecked(n);
-                let (wvv, vv, gg) = (wld8(0, c), unpack8::<D>(res(&vres, n)), unpack8::<D>(res(&gres, n)));
-                let mut o = [0f32; 8];
-                for q in 0..8 {
-                    let dvh = gg[q] + (rv * (du[q] * wvv[q]) - (a * vv[q]) * c1);
-                    o[q] = a * dvh;
-                }
-                st8::<D, true>(dvr, c, d, o);
-                let (hh, kk, ww) = (unpack8::<D>(res(&hres, n)), unpack8::<D>(res(&kres, n)), wld8(1, c));
-                let (mut oh, mut ok) = ([0f32; 8], [0f32; 8]);
-                for q in 0..8 {
-                    let w2 = ww[q] * ww[q];
-                    oh[q] = aa * (kk[q] * w2 - hh[q] * ch);
-                    ok[q] = aa * (hh[q] * w2 - kk[q] * ck);
-                }
-                st8::<D, true>(dhr, c, d, oh);
-                st8::<D, true>(dkr, c, d, ok);
-            });
-            if lane == 0 && sub == 0 {
-                sts_f32(a_ch + 4 * (i - 3), 2.0 * aa);
-            }
+    if owned {
+        if split {
+            s1 = row_sum(i, 0);
         }
-        sync_threads();
-    } else {
-        let mut s2 = 0f32;
-        if owned {
-            if split {
-                s1 = row_sum(i, 0);
+        let c1 = rv * rv * rv * (s1 * inv_d);
+        // Σ dvh·v in closed form (see above): dz = (1−a)·(a·Σg·v + eps·rv'³·s1)
+        let dz = (1.0 - a) * fma(a, sgv, eps * (rv * rv * rv) * s1);
+        let aa = dz * s * rh * rk;
+        let pd = p_sum * inv_d;
+        let (ch, ck) = (rh * rh * pd, rk * rk * pd);
+        let (dvr, dhr, dkr) = (rowp(dv, tu) as *mut u16, rowp(dh, tu) as *mut u16, rowp(dk, tu) as *mut u16);
+        each_chunk_s!(NV, c0, cs, nch, |n, c| {
+            let du = *dus.get_unchecked(n);
+            let (wvv, vv, gg) = (wld8(0, c), unpack8::<D>(res(&vres, n)), unpack8::<D>(res(&gres, n)));
+            let mut o = [0f32; 8];
+            for q in 0..8 {
+                let dvh = gg[q] + (rv * (du[q] * wvv[q]) - (a * vv[q]) * c1);
+                o[q] = a * dvh;
             }
-            let c1 = rv * rv * rv * (s1 * inv_d);
-            // dvh = g + rv·du·wv − vh·c1; dv = alpha·dvh; s2 = Σ dvh·v
-            let dvr = rowp(dv, tu) as *mut u16;
-            each_chunk_s!(NV, c0, cs, nch, |n, c| {
-                let du = *dus.get_unchecked(n);
-                let (wvv, vv, gg) = (wld8(0, c), unpack8::<D>(res(&vres, n)), unpack8::<D>(res(&gres, n)));
-                let mut o = [0f32; 8];
-                for q in 0..8 {
-                    let dvh = gg[q] + (rv * (du[q] * wvv[q]) - (a * vv[q]) * c1);
-                    o[q] = a * dvh;
-                    s2 = fma(dvh, vv[q], s2);
-                }
-                st8::<D, true>(dvr, c, d, o);
-            });
-            s2 = warp_sum_f32(s2);
-            if split && lane == 0 {
-                sts_f32(a_sp + 16 * wi + 4, s2);
+            st8::<D, true>(dvr, c, d, o);
+            let (hh, kk, ww) = (unpack8::<D>(res(&hres, n)), unpack8::<D>(res(&kres, n)), wld8(1, c));
+            let (mut oh, mut ok) = ([0f32; 8], [0f32; 8]);
+            for q in 0..8 {
+                let w2 = ww[q] * ww[q];
+                oh[q] = aa * (kk[q] * w2 - hh[q] * ch);
+                ok[q] = aa * (hh[q] * w2 - kk[q] * ck);
             }
+            st8::<D, true>(dhr, c, d, oh);
+            st8::<D, true>(dkr, c, d, ok);
+        });
+        if lane == 0 && sub == 0 {
+            sts_f32(a_ch + 4 * (i - 3), 2.0 * aa);
         }
-        sync_threads();
-        if owned {
-            if split {
-                s2 = row_sum(i, 1);
-            }
-            let dz = a * (1.0 - a) * s2;
-            let aa = dz * s * rh * rk;
-            let pd = p_sum * inv_d;
-            let (ch, ck) = (rh * rh * pd, rk * rk * pd);
-            let (dhr, dkr) = (rowp(dh, tu) as *mut u16, rowp(dk, tu) as *mut u16);
-            each_chunk_s!(NV, c0, cs, nch, |n, c| {
-                let (hh, kk, ww) = (unpack8::<D>(res(&hres, n)), unpack8::<D>(res(&kres, n)), wld8(1, c));
-                let (mut oh, mut ok) = ([0f32; 8], [0f32; 8]);
-                for q in 0..8 {
-                    let w2 = ww[q] * ww[q];
-                    oh[q] = aa * (kk[q] * w2 - hh[q] * ch);
-                    ok[q] = aa * (hh[q] * w2 - kk[q] * ck);
-                }
-                st8::<D, true>(dhr, c, d, oh);
-                st8::<D, true>(dkr, c, d, ok);
-            });
-            if lane == 0 && sub == 0 {
-                sts_f32(a_ch + 4 * (i - 3), 2.0 * aa);
-            }
-        }
-        sync_threads();
     }
+    sync_threads();
 
     // ---- stage 4: this block's partial weight gradients, as bwd_weight_partials (a thread
     // per column, the owned rows in increasing t, the same operations) with shared-window reads
@@ -1619,7 +1519,7 @@ pub unsafe extern "ptx-kernel" fn engram_gate_bwd_reduce(
 /// never straddles two outputs) and `part` 16-byte aligned. Grid `ceil(6d/4/XW)`; smem
 /// `16·XW·S` bytes.
 #[no_mangle]
-pub unsafe extern "ptx-kernel" fn engram_gate_bwd_reduce4(
+pub unsafe extern "ptx-kernel" fn engram_gate_bwd_reduce_vec4(
     part: *const f32,
     drms_w_h: *mut f32,
     drms_w_v: *mut f32,
@@ -1692,10 +1592,14 @@ pub unsafe extern "ptx-kernel" fn engram_gate_bwd_reduce4(
 }
 
 // ---------------------------------------------------------------- entries
+//
+// Names: `engram_gate_{fwd,bwd}_<kernel>_<dtype>[_r<NV>]`; `_r<NV>` = the row resident in
+// registers as NV chunks of 8 per lane (`ceil(d/8) ≤ 32·NV`). The host's planner
+// (`host/src/engram/gate_conv.rs`) launches each of them for some valid shape.
 
-macro_rules! fwd_entry {
-    ($name:ident, $dt:ty, $fast:expr, $nv:expr) => {
-        /// EngramGateConvFwd entry (see [`fwd`] for the launch contract).
+macro_rules! fwd_stream_entry {
+    ($name:ident, $dt:ty, $fast:expr) => {
+        /// EngramGateConvFwd, streaming rows (see [`fwd`] for the launch contract).
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(
             h: *const u16,
@@ -1716,17 +1620,15 @@ macro_rules! fwd_entry {
             ntiles: u32,
             eps: f32,
         ) {
-            fwd::<$dt, $fast, $nv>(h, k, v, wh, wv, cw, y, vhat, alpha, rh, rk, rv, t_len, d, r, ntiles, eps)
+            fwd::<$dt, $fast, 0>(h, k, v, wh, wv, cw, y, vhat, alpha, rh, rk, rv, t_len, d, r, ntiles, eps)
         }
     };
 }
 
-macro_rules! fwd2_entry {
-    ($name:ident, $dt:ty, $nv:expr, $approx:expr) => {
-        fwd2_entry!($name, $dt, $nv, $approx, false);
-    };
-    ($name:ident, $dt:ty, $nv:expr, $approx:expr, $fs:expr) => {
-        /// EngramGateConvFwd v2 entry (see [`fwd2`] for the launch contract).
+macro_rules! fwd_smem_grid1d_entry {
+    ($name:ident, $dt:ty, $nv:expr) => {
+        /// EngramGateConvFwd, `u` in shared memory, 1-D grid, constants computed in the kernel
+        /// (see [`fwd_smem`] for the launch contract).
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(
             h: *const u16,
@@ -1747,18 +1649,36 @@ macro_rules! fwd2_entry {
             ntiles: u32,
             eps: f32,
         ) {
-            fwd2::<$dt, $nv, $approx, $fs, false>(
-                h, k, v, wh, wv, cw, y, vhat, alpha, rh, rk, rv, t_len, d, r, ntiles, eps, NO_LEAN,
+            fwd_smem::<$dt, $nv, false>(
+                h,
+                k,
+                v,
+                wh,
+                wv,
+                cw,
+                y,
+                vhat,
+                alpha,
+                rh,
+                rk,
+                rv,
+                t_len,
+                d,
+                r,
+                ntiles,
+                eps,
+                NO_HOST_CONSTS,
             )
         }
     };
 }
 
-macro_rules! fwd2l_entry {
+macro_rules! fwd_smem_entry {
     ($name:ident, $dt:ty, $nv:expr) => {
-        /// EngramGateConvFwd v2 lean entry: [`fwd2`] with `FS` and `LEAN` — grid `(ntiles, M)`,
-        /// the per-launch constants from the host, shared memory through 32-bit addresses, the
-        /// ftz `ex2`/`rcp`/`rsqrt` forms; bitwise `fwd2f` where |conv| and |alpha's logit| < 87.
+        /// EngramGateConvFwd, `u` in shared memory: [`fwd_smem`] with `GRID_2D` — grid
+        /// `(ntiles, M)`, the per-launch constants from the host, shared memory through 32-bit
+        /// addresses, the ftz `ex2`/`rcp`/`rsqrt` forms; bitwise the 1-D-grid kernel where
+        /// |conv| and |alpha's logit| < 87.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(
             h: *const u16,
@@ -1781,15 +1701,15 @@ macro_rules! fwd2l_entry {
             nch_magic: u32,
             eps: f32,
         ) {
-            let lc = FwdLean { inv_d, inv_sqrt_d, nch_magic };
-            fwd2::<$dt, $nv, true, true, true>(h, k, v, wh, wv, cw, y, vhat, alpha, rh, rk, rv, t_len, d, r, 0, eps, lc)
+            let lc = FwdHostConsts { inv_d, inv_sqrt_d, nch_magic };
+            fwd_smem::<$dt, $nv, true>(h, k, v, wh, wv, cw, y, vhat, alpha, rh, rk, rv, t_len, d, r, 0, eps, lc)
         }
     };
 }
 
 macro_rules! bwd_entry {
     ($name:ident, $dt:ty, $fast:expr, $nv:expr) => {
-        /// EngramGateConvBwd main entry (see [`bwd`] for the launch contract).
+        /// EngramGateConvBwd main entry, one warp per tile row (see [`bwd`] for the launch contract).
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(
             g: *const u16,
@@ -1820,68 +1740,10 @@ macro_rules! bwd_entry {
     };
 }
 
-fwd_entry!(engram_gate_fwd_bf16_r1, Bf16, true, 1);
-fwd_entry!(engram_gate_fwd_bf16_r2, Bf16, true, 2);
-fwd_entry!(engram_gate_fwd_bf16_r3, Bf16, true, 3);
-fwd_entry!(engram_gate_fwd_bf16_r4, Bf16, true, 4);
-fwd_entry!(engram_gate_fwd_bf16_v8, Bf16, true, 0);
-fwd_entry!(engram_gate_fwd_bf16_any, Bf16, false, 0);
-fwd_entry!(engram_gate_fwd_f16_r1, F16, true, 1);
-fwd_entry!(engram_gate_fwd_f16_r2, F16, true, 2);
-fwd_entry!(engram_gate_fwd_f16_r3, F16, true, 3);
-fwd_entry!(engram_gate_fwd_f16_r4, F16, true, 4);
-fwd_entry!(engram_gate_fwd_f16_v8, F16, true, 0);
-fwd_entry!(engram_gate_fwd_f16_any, F16, false, 0);
-
-fwd2_entry!(engram_gate_fwd2s_bf16_r1, Bf16, 1, false);
-fwd2_entry!(engram_gate_fwd2s_bf16_r2, Bf16, 2, false);
-fwd2_entry!(engram_gate_fwd2s_bf16_r3, Bf16, 3, false);
-fwd2_entry!(engram_gate_fwd2s_bf16_r4, Bf16, 4, false);
-fwd2_entry!(engram_gate_fwd2s_f16_r1, F16, 1, false);
-fwd2_entry!(engram_gate_fwd2s_f16_r2, F16, 2, false);
-fwd2_entry!(engram_gate_fwd2s_f16_r3, F16, 3, false);
-fwd2_entry!(engram_gate_fwd2s_f16_r4, F16, 4, false);
-fwd2_entry!(engram_gate_fwd2a_bf16_r1, Bf16, 1, true);
-fwd2_entry!(engram_gate_fwd2a_bf16_r2, Bf16, 2, true);
-fwd2_entry!(engram_gate_fwd2a_bf16_r3, Bf16, 3, true);
-fwd2_entry!(engram_gate_fwd2a_bf16_r4, Bf16, 4, true);
-fwd2_entry!(engram_gate_fwd2a_f16_r1, F16, 1, true);
-fwd2_entry!(engram_gate_fwd2a_f16_r2, F16, 2, true);
-fwd2_entry!(engram_gate_fwd2a_f16_r3, F16, 3, true);
-fwd2_entry!(engram_gate_fwd2a_f16_r4, F16, 4, true);
-fwd2_entry!(engram_gate_fwd2f_bf16_r1, Bf16, 1, true, true);
-fwd2_entry!(engram_gate_fwd2f_bf16_r2, Bf16, 2, true, true);
-fwd2_entry!(engram_gate_fwd2f_bf16_r3, Bf16, 3, true, true);
-fwd2_entry!(engram_gate_fwd2f_bf16_r4, Bf16, 4, true, true);
-fwd2_entry!(engram_gate_fwd2f_f16_r1, F16, 1, true, true);
-fwd2_entry!(engram_gate_fwd2f_f16_r2, F16, 2, true, true);
-fwd2_entry!(engram_gate_fwd2f_f16_r3, F16, 3, true, true);
-fwd2_entry!(engram_gate_fwd2f_f16_r4, F16, 4, true, true);
-fwd2l_entry!(engram_gate_fwd2l_bf16_r1, Bf16, 1);
-fwd2l_entry!(engram_gate_fwd2l_bf16_r2, Bf16, 2);
-fwd2l_entry!(engram_gate_fwd2l_bf16_r3, Bf16, 3);
-fwd2l_entry!(engram_gate_fwd2l_bf16_r4, Bf16, 4);
-fwd2l_entry!(engram_gate_fwd2l_f16_r1, F16, 1);
-fwd2l_entry!(engram_gate_fwd2l_f16_r2, F16, 2);
-fwd2l_entry!(engram_gate_fwd2l_f16_r3, F16, 3);
-fwd2l_entry!(engram_gate_fwd2l_f16_r4, F16, 4);
-
-bwd_entry!(engram_gate_bwd_bf16_r1, Bf16, true, 1);
-bwd_entry!(engram_gate_bwd_bf16_r2, Bf16, true, 2);
-bwd_entry!(engram_gate_bwd_bf16_r3, Bf16, true, 3);
-bwd_entry!(engram_gate_bwd_bf16_r4, Bf16, true, 4);
-bwd_entry!(engram_gate_bwd_bf16_v8, Bf16, true, 0);
-bwd_entry!(engram_gate_bwd_bf16_any, Bf16, false, 0);
-bwd_entry!(engram_gate_bwd_f16_r1, F16, true, 1);
-bwd_entry!(engram_gate_bwd_f16_r2, F16, true, 2);
-bwd_entry!(engram_gate_bwd_f16_r3, F16, true, 3);
-bwd_entry!(engram_gate_bwd_f16_r4, F16, true, 4);
-bwd_entry!(engram_gate_bwd_f16_v8, F16, true, 0);
-bwd_entry!(engram_gate_bwd_f16_any, F16, false, 0);
-
-macro_rules! bwd5_entry {
-    ($name:ident, $dt:ty, $nv:expr, $m3:expr) => {
-        /// EngramGateConvBwd main entry v5 (see [`bwd5`] for the launch contract).
+macro_rules! bwd_split_entry {
+    ($name:ident, $dt:ty, $nv:expr) => {
+        /// EngramGateConvBwd main entry, tile rows split over warps (see [`bwd_split`] for the
+        /// launch contract).
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(
             g: *const u16,
@@ -1907,26 +1769,47 @@ macro_rules! bwd5_entry {
             inv_d: f32,
             eps: f32,
         ) {
-            bwd5::<$dt, $nv, $m3>(
+            bwd_split::<$dt, $nv>(
                 g, h, k, v, wh, wv, cw, alpha, rh, rk, dh, dk, dv, part, t_len, d, r, wpr, wmagic, s, inv_d, eps,
             )
         }
     };
 }
 
-bwd5_entry!(engram_gate_bwd5_bf16_r1, Bf16, 1, false);
-bwd5_entry!(engram_gate_bwd5_bf16_r2, Bf16, 2, false);
-bwd5_entry!(engram_gate_bwd5_bf16_r3, Bf16, 3, false);
-bwd5_entry!(engram_gate_bwd5_bf16_r4, Bf16, 4, false);
-bwd5_entry!(engram_gate_bwd5_f16_r1, F16, 1, false);
-bwd5_entry!(engram_gate_bwd5_f16_r2, F16, 2, false);
-bwd5_entry!(engram_gate_bwd5_f16_r3, F16, 3, false);
-bwd5_entry!(engram_gate_bwd5_f16_r4, F16, 4, false);
-bwd5_entry!(engram_gate_bwd5m_bf16_r1, Bf16, 1, true);
-bwd5_entry!(engram_gate_bwd5m_bf16_r2, Bf16, 2, true);
-bwd5_entry!(engram_gate_bwd5m_bf16_r3, Bf16, 3, true);
-bwd5_entry!(engram_gate_bwd5m_bf16_r4, Bf16, 4, true);
-bwd5_entry!(engram_gate_bwd5m_f16_r1, F16, 1, true);
-bwd5_entry!(engram_gate_bwd5m_f16_r2, F16, 2, true);
-bwd5_entry!(engram_gate_bwd5m_f16_r3, F16, 3, true);
-bwd5_entry!(engram_gate_bwd5m_f16_r4, F16, 4, true);
+fwd_smem_entry!(engram_gate_fwd_smem_bf16_r1, Bf16, 1);
+fwd_smem_entry!(engram_gate_fwd_smem_bf16_r2, Bf16, 2);
+fwd_smem_entry!(engram_gate_fwd_smem_bf16_r3, Bf16, 3);
+fwd_smem_entry!(engram_gate_fwd_smem_bf16_r4, Bf16, 4);
+fwd_smem_entry!(engram_gate_fwd_smem_f16_r1, F16, 1);
+fwd_smem_entry!(engram_gate_fwd_smem_f16_r2, F16, 2);
+fwd_smem_entry!(engram_gate_fwd_smem_f16_r3, F16, 3);
+fwd_smem_entry!(engram_gate_fwd_smem_f16_r4, F16, 4);
+fwd_smem_grid1d_entry!(engram_gate_fwd_smem_grid1d_bf16_r1, Bf16, 1);
+fwd_smem_grid1d_entry!(engram_gate_fwd_smem_grid1d_bf16_r2, Bf16, 2);
+fwd_smem_grid1d_entry!(engram_gate_fwd_smem_grid1d_bf16_r3, Bf16, 3);
+fwd_smem_grid1d_entry!(engram_gate_fwd_smem_grid1d_bf16_r4, Bf16, 4);
+fwd_smem_grid1d_entry!(engram_gate_fwd_smem_grid1d_f16_r1, F16, 1);
+fwd_smem_grid1d_entry!(engram_gate_fwd_smem_grid1d_f16_r2, F16, 2);
+fwd_smem_grid1d_entry!(engram_gate_fwd_smem_grid1d_f16_r3, F16, 3);
+fwd_smem_grid1d_entry!(engram_gate_fwd_smem_grid1d_f16_r4, F16, 4);
+fwd_stream_entry!(engram_gate_fwd_stream_vec8_bf16, Bf16, true);
+fwd_stream_entry!(engram_gate_fwd_stream_scalar_bf16, Bf16, false);
+fwd_stream_entry!(engram_gate_fwd_stream_vec8_f16, F16, true);
+fwd_stream_entry!(engram_gate_fwd_stream_scalar_f16, F16, false);
+
+bwd_split_entry!(engram_gate_bwd_split_bf16_r1, Bf16, 1);
+bwd_split_entry!(engram_gate_bwd_split_bf16_r2, Bf16, 2);
+bwd_split_entry!(engram_gate_bwd_split_f16_r1, F16, 1);
+bwd_split_entry!(engram_gate_bwd_split_f16_r2, F16, 2);
+bwd_entry!(engram_gate_bwd_rowwarp_bf16_r1, Bf16, true, 1);
+bwd_entry!(engram_gate_bwd_rowwarp_bf16_r2, Bf16, true, 2);
+bwd_entry!(engram_gate_bwd_rowwarp_bf16_r3, Bf16, true, 3);
+bwd_entry!(engram_gate_bwd_rowwarp_bf16_r4, Bf16, true, 4);
+bwd_entry!(engram_gate_bwd_stream_vec8_bf16, Bf16, true, 0);
+bwd_entry!(engram_gate_bwd_stream_scalar_bf16, Bf16, false, 0);
+bwd_entry!(engram_gate_bwd_rowwarp_f16_r1, F16, true, 1);
+bwd_entry!(engram_gate_bwd_rowwarp_f16_r2, F16, true, 2);
+bwd_entry!(engram_gate_bwd_rowwarp_f16_r3, F16, true, 3);
+bwd_entry!(engram_gate_bwd_rowwarp_f16_r4, F16, true, 4);
+bwd_entry!(engram_gate_bwd_stream_vec8_f16, F16, true, 0);
+bwd_entry!(engram_gate_bwd_stream_scalar_f16, F16, false, 0);

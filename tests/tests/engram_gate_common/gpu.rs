@@ -1,5 +1,5 @@
 //! GPU helpers of the EngramGateConv tests: poisoned uploads, runs of the forward and the
-//! backward (default or explicit configuration, any element offset), read-back with guard
+//! backward through the public entry points (any element offset), read-back with guard
 //! checks, the saved tensors of the backward from the f64 reference, and a watchdog that turns
 //! a hung kernel into a named failure instead of silence.
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use super::*;
 use rgk::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use rgk::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use rgk::engram::{self, bwd_workspace_len, bwd_workspace_len_with, GateBwdConfig, GateFwdConfig};
+use rgk::engram::{self, bwd_workspace_len};
 use rgk::reference::engram_gate_fwd;
 use rgk::verify::{poisoned, Half};
-use rgk::{Error, Gpu};
+use rgk::Gpu;
 
 pub const GUARD: usize = 5;
 
@@ -55,79 +55,40 @@ pub fn down_f32(gpu: &Gpu, b: &CudaSlice<f32>, len: usize, name: &str) -> Vec<f3
     all[..len].to_vec()
 }
 
-/// `Ok` → true; a configuration the kernel cannot run (too many threads for its registers) →
-/// false after printing it; any other error panics.
-pub fn config_ok(r: rgk::Result<()>) -> bool {
-    match r {
-        Ok(()) => true,
-        Err(Error::Shape { arg: "config.rows_per_block" | "config.split_warps", msg }) => {
-            println!("configuration refused (expected for large blocks): {msg}");
-            false
-        }
-        Err(e) => panic!("launch failed: {e}"),
-    }
-}
-
 /// Runs the forward; `off` = element offset of every input inside its buffer (≠ 0 takes the
-/// scalar kernel); `cfg` = explicit configuration through the raw entry.
-pub fn run_fwd<T: Half + rgk::cudarc::driver::DeviceRepr>(
-    gpu: &Gpu,
-    x: &GateInputs<T>,
-    off: usize,
-    cfg: Option<GateFwdConfig>,
-) -> Option<FwdOut<T>> {
+/// scalar kernel).
+pub fn run_fwd<T: Half + rgk::cudarc::driver::DeviceRepr>(gpu: &Gpu, x: &GateInputs<T>, off: usize) -> FwdOut<T> {
     let (n, rows) = x.s.lens().unwrap();
     let (h, k, v) = (up(gpu, &x.h, off), up(gpu, &x.k, off), up(gpu, &x.v, off));
     let (wh, wv, cw) = (up(gpu, &x.wh, off), up(gpu, &x.wv, off), up(gpu, &x.cw, off));
     let (mut y, mut vq) = (out_half::<T>(gpu, n), out_half::<T>(gpu, n));
     let (mut a, mut rh, mut rk, mut rv) =
         (out_f32(gpu, rows), out_f32(gpu, rows), out_f32(gpu, rows), out_f32(gpu, rows));
-    match cfg {
-        None => engram::gate_conv_fwd::<T>(
-            gpu,
-            x.s,
-            &h.slice(off..),
-            &k.slice(off..),
-            &v.slice(off..),
-            &wh.slice(off..),
-            &wv.slice(off..),
-            &cw.slice(off..),
-            &mut y,
-            &mut vq,
-            &mut a,
-            &mut rh,
-            &mut rk,
-            &mut rv,
-        )
-        .unwrap(),
-        Some(c) => {
-            let st = gpu.stream();
-            let ins = [&h, &k, &v, &wh, &wv, &cw].map(|b| b.device_ptr(st).0 + (off * 2) as u64);
-            let outs = [y.device_ptr_mut(st).0, vq.device_ptr_mut(st).0];
-            let outs2 = [&mut a, &mut rh, &mut rk, &mut rv].map(|b| b.device_ptr_mut(st).0);
-            let r = unsafe {
-                engram::gate_conv_fwd_raw_with::<T>(
-                    gpu,
-                    x.s,
-                    c,
-                    ins,
-                    [outs[0], outs[1], outs2[0], outs2[1], outs2[2], outs2[3]],
-                    st.cu_stream(),
-                )
-            };
-            if !config_ok(r) {
-                return None;
-            }
-        }
-    }
-    Some(FwdOut {
+    engram::gate_conv_fwd::<T>(
+        gpu,
+        x.s,
+        &h.slice(off..),
+        &k.slice(off..),
+        &v.slice(off..),
+        &wh.slice(off..),
+        &wv.slice(off..),
+        &cw.slice(off..),
+        &mut y,
+        &mut vq,
+        &mut a,
+        &mut rh,
+        &mut rk,
+        &mut rv,
+    )
+    .unwrap();
+    FwdOut {
         y: down_half(gpu, &y, n, "Y"),
         vhat: down_half(gpu, &vq, n, "vhat"),
         alpha: down_f32(gpu, &a, rows, "alpha"),
         rrms_h: down_f32(gpu, &rh, rows, "rrms_h"),
         rrms_k: down_f32(gpu, &rk, rows, "rrms_k"),
         rrms_v: down_f32(gpu, &rv, rows, "rrms_v"),
-    })
+    }
 }
 
 /// Runs the backward on the forward's saved tensors `f`. The workspace is filled with
@@ -137,9 +98,8 @@ pub fn run_bwd<T: Half + rgk::cudarc::driver::DeviceRepr>(
     x: &GateInputs<T>,
     f: &FwdOut<T>,
     off: usize,
-    cfg: Option<GateBwdConfig>,
     ws_fill: f32,
-) -> Option<BwdOut<T>> {
+) -> BwdOut<T> {
     let (n, _) = x.s.lens().unwrap();
     let d = x.s.d;
     let st = gpu.stream();
@@ -152,69 +112,41 @@ pub fn run_bwd<T: Half + rgk::cudarc::driver::DeviceRepr>(
         st.clone_htod(&f.rrms_k).unwrap(),
         st.clone_htod(&f.rrms_v).unwrap(),
     );
-    let wl = match cfg {
-        None => bwd_workspace_len(x.s).unwrap(),
-        Some(c) => bwd_workspace_len_with(x.s, c).unwrap(),
-    };
-    let mut ws = st.clone_htod(&vec![ws_fill; wl]).unwrap();
+    let mut ws = st.clone_htod(&vec![ws_fill; bwd_workspace_len(x.s).unwrap()]).unwrap();
     let (mut dh, mut dk, mut dv) = (out_half::<T>(gpu, n), out_half::<T>(gpu, n), out_half::<T>(gpu, n));
     let (mut dwh, mut dwv, mut dcw) = (out_f32(gpu, d), out_f32(gpu, d), out_f32(gpu, 4 * d));
-    match cfg {
-        None => engram::gate_conv_bwd::<T>(
-            gpu,
-            x.s,
-            &g.slice(off..),
-            &h.slice(off..),
-            &k.slice(off..),
-            &v.slice(off..),
-            &vq.slice(off..),
-            &wh.slice(off..),
-            &wv.slice(off..),
-            &cw.slice(off..),
-            &a,
-            &rh,
-            &rk,
-            &rv,
-            &mut ws,
-            &mut dh,
-            &mut dk,
-            &mut dv,
-            &mut dwh,
-            &mut dwv,
-            &mut dcw,
-        )
-        .unwrap(),
-        Some(c) => {
-            let ins = [&g, &h, &k, &v, &wh, &wv, &cw].map(|b| b.device_ptr(st).0 + (off * 2) as u64);
-            let saved = [&a, &rh, &rk].map(|b| b.device_ptr(st).0);
-            let o1 = [&mut dh, &mut dk, &mut dv].map(|b| b.device_ptr_mut(st).0);
-            let o2 = [&mut dwh, &mut dwv, &mut dcw].map(|b| b.device_ptr_mut(st).0);
-            let pws = ws.device_ptr_mut(st).0;
-            let r = unsafe {
-                engram::gate_conv_bwd_raw_with::<T>(
-                    gpu,
-                    x.s,
-                    c,
-                    ins,
-                    saved,
-                    pws,
-                    [o1[0], o1[1], o1[2], o2[0], o2[1], o2[2]],
-                    st.cu_stream(),
-                )
-            };
-            if !config_ok(r) {
-                return None;
-            }
-        }
-    }
-    Some(BwdOut {
+    engram::gate_conv_bwd::<T>(
+        gpu,
+        x.s,
+        &g.slice(off..),
+        &h.slice(off..),
+        &k.slice(off..),
+        &v.slice(off..),
+        &vq.slice(off..),
+        &wh.slice(off..),
+        &wv.slice(off..),
+        &cw.slice(off..),
+        &a,
+        &rh,
+        &rk,
+        &rv,
+        &mut ws,
+        &mut dh,
+        &mut dk,
+        &mut dv,
+        &mut dwh,
+        &mut dwv,
+        &mut dcw,
+    )
+    .unwrap();
+    BwdOut {
         dh: down_half(gpu, &dh, n, "dH"),
         dk: down_half(gpu, &dk, n, "dk"),
         dv: down_half(gpu, &dv, n, "dv"),
         drms_w_h: down_f32(gpu, &dwh, d, "drms_w_h"),
         drms_w_v: down_f32(gpu, &dwv, d, "drms_w_v"),
         dconv_w: down_f32(gpu, &dcw, 4 * d, "dconv_w"),
-    })
+    }
 }
 
 /// The backward's saved tensors (`alpha, rrms_h, rrms_k`; `vhat`, `rrms_v` too, which it
@@ -298,7 +230,7 @@ pub fn run_bwd_plan<T: Half + rgk::cudarc::driver::DeviceRepr>(
     let (wh, wv, cw) = (up(gpu, &x.wh, 0), up(gpu, &x.wv, 0), up(gpu, &x.cw, 0));
     let (a, rh, rk) =
         (st.clone_htod(&f.alpha).unwrap(), st.clone_htod(&f.rrms_h).unwrap(), st.clone_htod(&f.rrms_k).unwrap());
-    let mut ws = st.clone_htod(&vec![f32::NAN; bwd_workspace_len_with(x.s, plan.config()).unwrap()]).unwrap();
+    let mut ws = st.clone_htod(&vec![f32::NAN; bwd_workspace_len(x.s).unwrap()]).unwrap();
     let (mut dh, mut dk, mut dv) = (out_half::<T>(gpu, n), out_half::<T>(gpu, n), out_half::<T>(gpu, n));
     let (mut dwh, mut dwv, mut dcw) = (out_f32(gpu, d), out_f32(gpu, d), out_f32(gpu, 4 * d));
     let ins = [&g, &h, &k, &v, &wh, &wv, &cw].map(|b| b.device_ptr(st).0);
