@@ -5,8 +5,8 @@
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rgk::engram::{
-    cluster_applies, finish_launch_mode, lean_applies, wide_finish, DecodeConfig, DecodeFinish, DecodeGeometry,
-    DecodeProjection, EngramDecodeShape,
+    plan_decode_steps, DecodeDtype, DecodeFinishKernel, DecodeGeometry, DecodeProjectionKernel, DecodeStepPlan,
+    EngramDecodeShape,
 };
 use rgk::reference::{self as rf, DecodeGiven, DecodeRefInputs};
 use rgk::verify::{check_half, Half};
@@ -53,45 +53,10 @@ impl<T: Half> Host<T> {
     }
 }
 
-fn configs() -> Vec<DecodeConfig> {
-    let mut v = vec![DecodeConfig::default()];
-    for projection in [DecodeProjection::Simt, DecodeProjection::Mma] {
-        for block in [64, 128, 256] {
-            for rows_per_thread in [0, 1, 3, 4, 8] {
-                for max_blocks in [1, 264, 5000] {
-                    v.push(DecodeConfig {
-                        projection,
-                        block,
-                        rows_per_thread,
-                        max_blocks,
-                        finish: DecodeFinish::Ticket,
-                        pdl: false,
-                        lean: false,
-                        copy_in_finish: false,
-                        fast_finish: false,
-                        pdl_prefetch: false,
-                        cluster: false,
-                        graph: false,
-                    });
-                    v.push(DecodeConfig {
-                        projection,
-                        block,
-                        rows_per_thread,
-                        max_blocks,
-                        finish: DecodeFinish::SecondLaunch,
-                        pdl: true,
-                        lean: true,
-                        copy_in_finish: true,
-                        fast_finish: true,
-                        pdl_prefetch: true,
-                        cluster: true,
-                        graph: true,
-                    });
-                }
-            }
-        }
-    }
-    v
+/// The planner's step plans for `shape` on both layouts.
+fn plans(s: &EngramDecodeShape) -> Vec<DecodeStepPlan> {
+    let p = plan_decode_steps(s).unwrap();
+    p.vectorised.into_iter().chain([p.any_layout]).collect()
 }
 
 /// Which (row, column chunk) pairs of W each thread of the grid streams, as the kernel's
@@ -107,61 +72,60 @@ fn geometry_covers_every_row_and_column_once() {
         (1, 100, 7),
         (2, 37, 1),
         (5, 300, 24),
+        (9, 520, 264),
+        (2, 40, 2056),
     ];
     for (batch, d_mem, d) in shapes {
         let s = EngramDecodeShape::new(batch, d_mem, d, 4, 2, 1);
-        for cfg in configs() {
-            for vec in [1u32, 8] {
-                if vec == 8 && d % 8 != 0 {
-                    continue;
-                }
-                let g = DecodeGeometry::new(&s, &cfg, vec).unwrap();
-                assert_eq!(g.mma, vec == 8 && cfg.projection == DecodeProjection::Mma);
-                let (cl, nt) = (g.col_lanes(), g.block);
-                assert!(cl <= nt && nt % cl == 0 && nt % 32 == 0, "{g:?}");
-                assert!(g.shared_bytes() <= 48 * 1024, "{g:?}");
-                let nch = d as u32 / vec;
-                assert!(g.tiles * cl >= nch && (g.tiles - 1) * cl < nch, "{s:?} {g:?}");
-                let rs = g.rows_per_split;
-                assert!(g.splits * rs >= d_mem as u32 && (g.splits - 1) * rs < d_mem as u32, "{s:?} {g:?}");
-                if cfg.rows_per_thread == 0 && cfg.max_blocks >= 264 {
-                    assert!(g.tiles * g.splits <= cfg.max_blocks.max(g.tiles), "{s:?} {cfg:?} {g:?}");
-                }
-                assert!([1, 2, 4, 8].contains(&g.bb) && (vec == 8 || g.bb == 4));
-                if d_mem * d > 1 << 22 {
-                    continue; // the coverage walk below is for the smaller shapes
-                }
-                let mut seen = vec![0u8; d_mem * nch as usize];
-                if g.mma {
-                    mma_visits(&g, d_mem as u32, nch, &mut seen);
-                    assert!(seen.iter().all(|&n| n == 1), "{s:?} {cfg:?} {g:?}: mma visits {:?}", seen.iter().max());
-                    continue;
-                }
-                let rl = nt / cl;
-                for tile in 0..g.tiles {
-                    for split in 0..g.splits {
-                        for tid in 0..nt {
-                            let (lc, lr) = (tid & (cl - 1), tid >> g.cl_log);
-                            let c = tile * cl + lc;
-                            if c >= nch {
-                                continue;
-                            }
-                            let r0 = split * rs;
-                            let r1 = (r0 + rs).min(d_mem as u32);
-                            let mut i = r0 + lr;
-                            while i < r1 {
-                                seen[i as usize * nch as usize + c as usize] += 1;
-                                i += rl;
-                            }
+        let planned = plans(&s).into_iter().map(|p| p.geometry);
+        // Both planned block sizes on both partitions, whatever the shape class.
+        let mut both = Vec::new();
+        for block in [128, 256] {
+            both.push(DecodeGeometry::new(&s, block, false).unwrap());
+            if d % 8 == 0 {
+                both.push(DecodeGeometry::new(&s, block, true).unwrap());
+            }
+        }
+        for g in planned.chain(both) {
+            let vec = g.vec;
+            assert_eq!(g.mma, vec == 8);
+            let (cl, nt) = (g.col_lanes(), g.block);
+            assert!(cl <= nt && nt % cl == 0 && nt % 32 == 0, "{g:?}");
+            assert!(g.shared_bytes() <= 48 * 1024, "{g:?}");
+            let nch = d as u32 / vec;
+            assert!(g.tiles * cl >= nch && (g.tiles - 1) * cl < nch, "{s:?} {g:?}");
+            let rs = g.rows_per_split;
+            assert!(g.splits * rs >= d_mem as u32 && (g.splits - 1) * rs < d_mem as u32, "{s:?} {g:?}");
+            assert!(g.tiles * g.splits <= 264u32.max(g.tiles), "{s:?} {g:?}");
+            if d_mem * d > 1 << 22 {
+                continue; // the coverage walk below is for the smaller shapes
+            }
+            let mut seen = vec![0u8; d_mem * nch as usize];
+            if g.mma {
+                mma_visits(&g, d_mem as u32, nch, &mut seen);
+                assert!(seen.iter().all(|&n| n == 1), "{s:?} {g:?}: mma visits {:?}", seen.iter().max());
+                continue;
+            }
+            let rl = nt / cl;
+            for tile in 0..g.tiles {
+                for split in 0..g.splits {
+                    for tid in 0..nt {
+                        let (lc, lr) = (tid & (cl - 1), tid >> g.cl_log);
+                        let c = tile * cl + lc;
+                        if c >= nch {
+                            continue;
+                        }
+                        let r0 = split * rs;
+                        let r1 = (r0 + rs).min(d_mem as u32);
+                        let mut i = r0 + lr;
+                        while i < r1 {
+                            seen[i as usize * nch as usize + c as usize] += 1;
+                            i += rl;
                         }
                     }
                 }
-                assert!(
-                    seen.iter().all(|&n| n == 1),
-                    "{s:?} {cfg:?} {g:?}: a pair is visited {:?} times",
-                    seen.iter().max()
-                );
             }
+            assert!(seen.iter().all(|&n| n == 1), "{s:?} {g:?}: a pair is visited {:?} times", seen.iter().max());
         }
     }
 }
@@ -304,15 +268,17 @@ fn ring_addressing_is_the_shift() {
     }
 }
 
-/// The kernel's arithmetic (`Simt` projection) in f32 on the CPU: the same row partition and summation order
-/// (per-thread fma over its rows, the block's row lanes in order, the splits in order), the
-/// same finishing formulas (lane-strided sums, butterfly warp sum, correctly rounded sqrt and
-/// division). Returns `(y, new_state, q(kk), q(vh))`.
+/// The kernels' arithmetic in f32 on the CPU: the scalar projection's row partition and
+/// summation order (per-thread fma over its rows, the block's row lanes in order, the splits in
+/// order) and the finish's formulas — the warp finish (`finish = None`: `fin_vec`-column
+/// chunks strided over the lanes, one butterfly, correctly rounded sqrt and division) or the
+/// block finish (`Some(cols)`). Returns `(y, new_state, q(kk), q(vh))`.
 #[allow(clippy::needless_range_loop)] // index math mirrors the kernel's
 fn kernel_model<T: Half>(
     s: &EngramDecodeShape,
     x: &DecodeRefInputs<'_, T>,
     g: &DecodeGeometry,
+    fin_vec: usize,
     wide: Option<usize>,
 ) -> [Vec<T>; 4] {
     let EngramDecodeShape { batch, d_mem, d, max_conv_len: l, kernel_size: k, dilation, eps } = *s;
@@ -368,20 +334,20 @@ fn kernel_model<T: Half>(
     };
     let inv_d = 1.0 / d as f32;
     let inv_sqrt_d = 1.0 / (d as f32).sqrt();
-    // The wide finish's approx chain (rsqrt.approx + Newton, rcp.approx) is modelled by a
+    // The block finish's approx chain (rsqrt.approx + Newton, rcp.approx) is modelled by a
     // pessimistic relative perturbation of 2^-21 on every rrms and sigmoid.
     let approx = if wide.is_some() { 2f32.powi(-21) } else { 0.0 };
     let rrms = |sum: f32| 1.0 / sum.mul_add(inv_d, eps).sqrt() * (1.0 + approx);
     let sigmoid = |v: f32| 1.0 / (1.0 + (-v * std::f32::consts::LOG2_E).exp2()) * (1.0 - approx);
     // A row sum in the kernel's order: the warp finish's lane-strided chunks and one butterfly,
-    // or the wide finish's E columns per thread, a butterfly per warp, the warps in order.
+    // or the block finish's columns per thread, a butterfly per warp, the warps in order.
     let row_sum = |term: &dyn Fn(usize, f32) -> f32| -> f32 {
         match wide {
             None => {
                 let mut lanes = [0f32; 32];
                 for (lane, acc) in lanes.iter_mut().enumerate() {
-                    for c in (lane..nch).step_by(32) {
-                        for j in c * vec..(c + 1) * vec {
+                    for c in (lane..d / fin_vec).step_by(32) {
+                        for j in c * fin_vec..(c + 1) * fin_vec {
                             *acc = term(j, *acc);
                         }
                     }
@@ -461,20 +427,28 @@ fn f32_kernel_model_passes_the_chain_of_checks() {
         (3, 100, 1000, 6, 2, 3),
         (2, 4096, 8, 1, 1, 1),
         (3, 37, 7, 5, 3, 2),
+        (2, 64, 1032, 4, 2, 1),
+        (2, 40, 300, 5, 3, 2),
     ] {
         let s = EngramDecodeShape::new(batch, d_mem, d, l, k, dil);
         for bf in [false, true] {
-            let vec = if d % 8 == 0 { 8 } else { 1 };
-            let simt = DecodeConfig { projection: DecodeProjection::Simt, ..DecodeConfig::default() };
-            let g = DecodeGeometry::new(&s, &simt, vec).unwrap();
-            // The warp finish, then the wide finish at every element width its layout allows.
-            let widths: &[Option<usize>] = if vec == 8 { &[None, Some(1), Some(2), Some(4)] } else { &[None, Some(1)] };
-            for &wide in widths {
+            let steps = plan_decode_steps(&s).unwrap();
+            let g = steps.any_layout.geometry;
+            assert!(!g.mma);
+            // Every finish the planner takes for the shape, plus the warp finish on its layout.
+            let mut finishes: Vec<(usize, Option<usize>)> = vec![(if d % 8 == 0 { 8 } else { 1 }, None)];
+            for p in steps.vectorised.iter().chain([&steps.any_layout]) {
+                finishes.push(match p.finish {
+                    DecodeFinishKernel::Block { cols, .. } => (1, Some(cols as usize)),
+                    DecodeFinishKernel::Warp { cols, .. } => (cols as usize, None),
+                });
+            }
+            for &(fin_vec, wide) in &finishes {
                 macro_rules! run {
                     ($t:ty) => {{
                         let c = Host::<$t>::gen(&mut rng, s);
                         let x = c.refs(&c.v[2]);
-                        let [y, ns, qkk, qvh] = kernel_model(&s, &x, &g, wide);
+                        let [y, ns, qkk, qvh] = kernel_model(&s, &x, &g, fin_vec, wide);
                         let proj = rf::decode_projections(&s, &x);
                         let own = rf::engram_decode_fwd_from(&s, &x, &proj, DecodeGiven::default());
                         let rk = check_half(&qkk, &own.kk, 1.0);
@@ -572,8 +546,7 @@ fn mma_projection<T: Half>(s: &EngramDecodeShape, block: u32, widen: &dyn Fn(u16
     let (batch, d_mem, d) = (s.batch, s.d_mem, s.d);
     let e: Vec<T> = randn_half(&mut rng, batch * d_mem, 1.0);
     let w: [Vec<T>; 2] = [randn_half(&mut rng, d_mem * d, 1.0), randn_half(&mut rng, d_mem * d, 1.0)];
-    let cfg = DecodeConfig { projection: DecodeProjection::Mma, block, ..DecodeConfig::default() };
-    let g = DecodeGeometry::new(s, &cfg, 8).unwrap();
+    let g = DecodeGeometry::new(s, block, true).unwrap();
     assert!(g.mma);
     let nw = (block / 32) as usize;
     let ld16 = |m: usize, row: usize, col: usize| -> [u32; 4] {
@@ -590,7 +563,7 @@ fn mma_projection<T: Half>(s: &EngramDecodeShape, block: u32, widen: &dyn Fn(u16
             let r1 = (r0 + rs).min(d_mem);
             for b0 in (0..batch).step_by(8) {
                 let mut smem = vec![0f64; nw * 1024];
-                // The lean kernel's slab: [warp][m][u][lane][4], the accumulators in fragment order.
+                // The b8k16 kernel's slab: [warp][m][u][lane][4], the accumulators in fragment order.
                 let mut slab = vec![[0f64; 4]; nw * 256];
                 for warp in 0..nw {
                     let mut acc = [[[[0f64; 4]; 32]; 4]; 2]; // [k|v][u][lane][4]
@@ -652,10 +625,10 @@ fn mma_projection<T: Half>(s: &EngramDecodeShape, block: u32, widen: &dyn Fn(u16
                         }
                     }
                 }
-                // `project_mma_lean`'s reduction: item `it` = (m, u, lane) summed over the warps in
-                // warp order, then `store_lean_pair`'s (batch, column) placement: it must give
+                // `project_mma_b8k16`'s reduction: item `it` = (m, u, lane) summed over the warps in
+                // warp order, then `store_partial_pair`'s (batch, column) placement: it must give
                 // the same value as the `_mma` layout for every (b, m, column) exactly once.
-                let mut lean = vec![None; 2 * 8 * 64];
+                let mut b8k16 = vec![None; 2 * 8 * 64];
                 for it in 0..256 {
                     let (m, u, ln) = (it >> 7, (it >> 5) & 3, it & 31);
                     let (gq, tq) = (ln >> 2, ln & 3);
@@ -669,8 +642,8 @@ fn mma_projection<T: Half>(s: &EngramDecodeShape, block: u32, widen: &dyn Fn(u16
                     for (i, (bl, cc)) in
                         [(2 * tq, c), (2 * tq + 1, c), (2 * tq, c + 1), (2 * tq + 1, c + 1)].into_iter().enumerate()
                     {
-                        let slot = &mut lean[(m * 8 + bl) * 64 + cc];
-                        assert!(slot.is_none(), "lean item {it} writes (m {m}, b {bl}, col {cc}) twice");
+                        let slot = &mut b8k16[(m * 8 + bl) * 64 + cc];
+                        assert!(slot.is_none(), "b8k16 item {it} writes (m {m}, b {bl}, col {cc}) twice");
                         *slot = Some(sum[i]);
                     }
                 }
@@ -678,9 +651,9 @@ fn mma_projection<T: Half>(s: &EngramDecodeShape, block: u32, widen: &dyn Fn(u16
                     let (m, bl, c) = (o >> 9, (o >> 6) & 7, c0 + (o & 63));
                     let old: f64 = (0..nw).map(|w| smem[w * 1024 + o]).sum();
                     assert_eq!(
-                        lean[(m * 8 + bl) * 64 + (o & 63)],
+                        b8k16[(m * 8 + bl) * 64 + (o & 63)],
                         Some(old),
-                        "lean ≠ mma layout at (m {m}, b {bl}, col {c})"
+                        "b8k16 ≠ mma layout at (m {m}, b {bl}, col {c})"
                     );
                     let b = b0 + bl;
                     if b < batch && c < d {
@@ -712,19 +685,24 @@ fn mma_fragment_mapping_computes_the_projection() {
     }
 }
 
-/// The two-launch finish: its row staging fits the default shared memory (or goes through the
-/// workspace), and its row `b` of the partials `[split][b][k|v][d]` is the slice the one-launch
-/// tile reduction sums for that row (the kernel reads element `e < 2d` of split `sp` at
-/// `(sp·batch + b)·2d + e`).
+/// The warp finish: its row staging fits the default shared memory (or goes through the
+/// workspace), and its row `b` of the partials `[split][b][k|v][d]` is the slice the kernel
+/// reads (element `e < 2d` of split `sp` at `(sp·batch + b)·2d + e`).
 #[test]
-fn second_launch_geometry() {
-    for d in [1, 7, 8, 256, 512, 1000, 4096, 4097, 4104, 1 << 20] {
+fn warp_finish_staging() {
+    for d in [513, 1001, 1032, 2056, 4096, 4097, 4104, 1 << 20] {
         let s = EngramDecodeShape::new(3, 10, d, 4, 2, 1);
-        let (mode, shared) = finish_launch_mode(&s);
-        match mode {
-            2 => assert!(shared as usize == 8 * d && shared <= 48 * 1024, "d {d}: {shared} bytes"),
-            3 => assert!(shared == 0 && 8 * d > 32 * 1024, "d {d}: workspace path for a row that fits"),
-            _ => panic!("mode {mode}"),
+        for p in plans(&s) {
+            let DecodeFinishKernel::Warp { cols, threads, staged_in_shared } = p.finish else {
+                assert!(d <= 1024 && (d <= 512 || p.geometry.mma), "d {d}: {p:?}");
+                continue;
+            };
+            assert_eq!(cols, p.geometry.vec, "d {d}");
+            assert_eq!(threads, p.geometry.block, "d {d}");
+            assert_eq!(staged_in_shared, d <= 4096, "d {d}");
+            if staged_in_shared {
+                assert!(8 * d <= 48 * 1024, "d {d}: {} bytes", 8 * d);
+            }
         }
     }
     for (batch, splits, d) in [(1, 8, 256), (4, 16, 512), (8, 8, 256), (3, 5, 24)] {
@@ -743,136 +721,89 @@ fn second_launch_geometry() {
     }
 }
 
-/// The wide finish's block choice: every column owned by exactly one thread (`E·t`, `E`
-/// columns), blocks a multiple of 32 within the kernel's register limit, widths 2 and 4 only on
-/// the vectorised layout, the automatic width the smallest with ≤ 256 threads; rows too wide
-/// fall back (None).
+/// The block finish: every column owned by exactly one thread (`cols·t`, `cols` columns),
+/// blocks a multiple of 32 within the kernel's register limit (512 threads at 1 column, 256 at
+/// 2 and 4), 2 and 4 columns only on the vectorised layout, the smallest width whose block has
+/// ≤ 256 threads; rows no width takes get the warp finish. Block 128 for d ≤ 256, else 256.
 #[test]
-fn wide_finish_geometry() {
-    for d in [1, 7, 8, 24, 64, 100, 256, 512, 1000, 1024, 2048, 2056, 4096] {
+fn block_finish_geometry() {
+    for d in [1, 7, 8, 24, 64, 100, 256, 264, 300, 512, 520, 1000, 1024, 1032, 2048, 2056, 4096] {
         let s = EngramDecodeShape::new(2, 10, d, 4, 2, 1);
-        for aligned in [false, true] {
-            for elems in [0, 1, 2, 4] {
-                let Some((e, threads)) = wide_finish(&s, elems, aligned) else {
-                    let ok = |e: usize| e == 1 || (aligned && d % 8 == 0);
-                    let lim = |e: usize| if e == 1 { 512 } else { 256 };
-                    let cands: Vec<usize> = if elems == 0 { vec![1, 2, 4] } else { vec![elems as usize] };
-                    for e in cands {
-                        assert!(!ok(e) || d.div_ceil(e).div_ceil(32) * 32 > lim(e), "d {d} E {e}: refused but fits");
-                    }
-                    continue;
-                };
-                assert!(elems == 0 || e == elems);
-                assert!(e == 1 || (aligned && d % 8 == 0), "d {d}: E {e} on an unaligned layout");
-                assert!(threads % 32 == 0 && threads <= if e == 1 { 512 } else { 256 });
-                let mut seen = vec![0u8; d];
-                for t in 0..threads as usize {
-                    let j0 = t * e as usize;
-                    if j0 < d {
-                        assert!(j0 + e as usize <= d, "d {d} E {e}: a partial group");
-                        for n in &mut seen[j0..j0 + e as usize] {
-                            *n += 1;
-                        }
+        for p in plans(&s) {
+            let vectorised = p.geometry.mma;
+            assert_eq!(p.geometry.block, if d <= 256 { 128 } else { 256 }, "d {d}");
+            let limit = |e: usize| if e == 1 { 512 } else { 256 };
+            let fits = |e: usize| (e == 1 || vectorised) && d.div_ceil(e).div_ceil(32) * 32 <= limit(e);
+            let DecodeFinishKernel::Block { cols, threads } = p.finish else {
+                assert!(![1, 2, 4].into_iter().any(fits), "d {d}: warp finish but a block width fits");
+                continue;
+            };
+            let e = cols as usize;
+            assert!(fits(e), "d {d} cols {e} threads {threads}");
+            assert_eq!(threads as usize, d.div_ceil(e).div_ceil(32) * 32);
+            let smaller_within_256 =
+                [1, 2, 4].into_iter().filter(|&w| w < e && fits(w) && d.div_ceil(w).div_ceil(32) * 32 <= 256).count();
+            assert_eq!(smaller_within_256, 0, "d {d}: a narrower width fits 256 threads");
+            if threads > 256 {
+                assert!(
+                    ![1, 2, 4].into_iter().any(|w| fits(w) && d.div_ceil(w).div_ceil(32) * 32 <= 256),
+                    "d {d}: {threads} threads where a width fits 256"
+                );
+            }
+            let mut seen = vec![0u8; d];
+            for t in 0..threads as usize {
+                let j0 = t * e;
+                if j0 < d {
+                    assert!(j0 + e <= d, "d {d} cols {e}: a partial group");
+                    for n in &mut seen[j0..j0 + e] {
+                        *n += 1;
                     }
                 }
-                assert!(seen.iter().all(|&n| n == 1), "d {d} E {e}");
-                if elems == 0 && threads > 256 {
-                    for w in [1u32, 2, 4] {
-                        if w == 1 || (aligned && d % 8 == 0) {
-                            assert!(d.div_ceil(w as usize).div_ceil(32) * 32 > 256, "d {d}: E {w} would fit 256");
-                        }
+            }
+            assert!(seen.iter().all(|&n| n == 1), "d {d} cols {e}");
+        }
+    }
+}
+
+/// The projection kernel: the bounds-free MMA kernel on the vectorised layout with `batch ≤ 8`
+/// and whole 16-row k-steps (every seed row), the bounded MMA kernel for the other vectorised
+/// shapes, the scalar kernel on any other layout.
+#[test]
+fn projection_kernel_follows_its_limits() {
+    let vec_kernel = |b, dm, d| plan_decode_steps(&EngramDecodeShape::new(b, dm, d, 18, 4, 3)).unwrap();
+    for (b, dm, d) in [(1, 512, 256), (4, 1024, 512), (8, 512, 256), (3, 16, 8)] {
+        assert_eq!(vec_kernel(b, dm, d).vectorised.unwrap().projection, DecodeProjectionKernel::MmaB8K16);
+    }
+    assert_eq!(vec_kernel(9, 512, 256).vectorised.unwrap().projection, DecodeProjectionKernel::Mma, "batch > 8");
+    assert_eq!(vec_kernel(8, 520, 256).vectorised.unwrap().projection, DecodeProjectionKernel::Mma, "d_mem % 16");
+    assert!(vec_kernel(8, 512, 252).vectorised.is_none(), "d % 8");
+    for (b, dm, d) in [(1, 512, 256), (9, 520, 264), (8, 512, 252)] {
+        assert_eq!(vec_kernel(b, dm, d).any_layout.projection, DecodeProjectionKernel::Scalar);
+    }
+}
+
+/// Every decode entry of the module is launched by some plan, and every planned entry exists:
+/// the planner swept over shapes covering each tuning row and fallback (the GPU test
+/// `planned_kernels_are_the_module_entries` checks the host's own sweep the same way).
+#[test]
+fn planner_reaches_every_decode_entry() {
+    let mut planned = std::collections::BTreeSet::new();
+    for batch in [1, 8, 9] {
+        for d_mem in [16, 520] {
+            for d in [7, 8, 256, 264, 512, 520, 1024, 1032, 4096, 4104] {
+                for p in plans(&EngramDecodeShape::new(batch, d_mem, d, 4, 2, 1)) {
+                    for dtype in [DecodeDtype::F16, DecodeDtype::Bf16] {
+                        planned.extend(p.entries(dtype));
                     }
                 }
             }
         }
     }
-    let seeds = [(1, 512, 256, 12), (4, 1024, 512, 20), (8, 512, 256, 18)];
-    for (b, dm, d, l) in seeds {
-        let s = EngramDecodeShape::new(b, dm, d, l, 4, 3);
-        assert_eq!(wide_finish(&s, 0, true).map(|x| x.1), Some(256), "{s:?}");
-        let c = DecodeConfig::for_shape(&s);
-        assert_eq!(c.block, if d <= 256 { 128 } else { 256 });
-        assert!(matches!(c.finish, DecodeFinish::SecondLaunch | DecodeFinish::Wide { .. }));
-    }
-}
-
-/// Where the lean MMA projection (v5) runs: the planner takes it for every seed row, and it
-/// never runs outside its kernel's limits (batch ≤ 8, whole 16-row k-steps, the vectorised
-/// layout, a two-launch finish).
-#[test]
-fn lean_projection_applies_within_its_limits() {
-    let planned = |s: EngramDecodeShape| lean_applies(&s, &DecodeConfig::for_shape(&s), true);
-    assert!(planned(EngramDecodeShape::new(1, 512, 256, 12, 4, 3)));
-    assert!(planned(EngramDecodeShape::new(4, 1024, 512, 20, 4, 5)));
-    assert!(planned(EngramDecodeShape::new(8, 512, 256, 18, 4, 3)));
-    let lean = DecodeConfig { projection: DecodeProjection::Mma, lean: true, ..DecodeConfig::default() };
-    let s = EngramDecodeShape::new(8, 512, 256, 18, 4, 3);
-    assert!(lean_applies(&s, &lean, true));
-    assert!(!lean_applies(&s, &lean, false), "unaligned buffers");
-    assert!(!lean_applies(&s, &DecodeConfig { lean: false, ..lean }, true));
-    assert!(!lean_applies(&s, &DecodeConfig { finish: DecodeFinish::Ticket, ..lean }, true));
-    assert!(!lean_applies(&s, &DecodeConfig { projection: DecodeProjection::Simt, ..lean }, true));
-    assert!(lean_applies(&s, &DecodeConfig { finish: DecodeFinish::Wide { elems: 0 }, ..lean }, true));
-    assert!(!lean_applies(&EngramDecodeShape::new(9, 512, 256, 18, 4, 3), &lean, true), "batch > 8");
-    assert!(!lean_applies(&EngramDecodeShape::new(8, 520, 256, 18, 4, 3), &lean, true), "d_mem % 16");
-    assert!(!lean_applies(&EngramDecodeShape::new(8, 512, 252, 18, 4, 3), &lean, true), "d % 8");
-    assert!(lean_applies(&EngramDecodeShape::new(3, 16, 8, 2, 2, 1), &lean, true));
-    // Both launch modes default on: the finish as a programmatic dependent.
-    assert!(DecodeConfig::default().pdl && DecodeConfig::for_shape(&s).pdl);
-}
-
-/// The one-launch cluster step (v6) applies where the bench's `@cl` rows expect it: serving-b1
-/// and serving-b8 at block 256 (16 blocks; 8 with 2-step splits), not serving-b4 (64 blocks,
-/// d = 512), nor without the flag, the lean projection, a wide finish, or `d ≤ block`; at most
-/// 16 blocks, at least one per batch row, a power-of-two number of tiles.
-#[test]
-fn cluster_step_applies_within_its_limits() {
-    let geo = |s: &EngramDecodeShape, c: &DecodeConfig| DecodeGeometry::new(s, c, 8).unwrap();
-    let cl = |s: &EngramDecodeShape, rows_per_thread| DecodeConfig {
-        block: 256,
-        rows_per_thread,
-        cluster: true,
-        ..DecodeConfig::for_shape(s)
-    };
-    let (b1, b4, b8) = (
-        EngramDecodeShape::new(1, 512, 256, 12, 4, 3),
-        EngramDecodeShape::new(4, 1024, 512, 20, 4, 5),
-        EngramDecodeShape::new(8, 512, 256, 18, 4, 3),
-    );
-    for s in [b1, b8] {
-        for (rpt, blocks) in [(0, 16), (2, 8)] {
-            let c = cl(&s, rpt);
-            let g = geo(&s, &c);
-            assert_eq!(g.tiles * g.splits, blocks, "{s:?}");
-            assert!(cluster_applies(&s, &c, &g, true), "{s:?} r{rpt}");
-            assert!(!cluster_applies(&s, &c, &g, false), "unaligned {s:?}");
-            let off = DecodeConfig { cluster: false, ..c };
-            assert!(!cluster_applies(&s, &off, &g, true));
-            let nolean = DecodeConfig { lean: false, ..c };
-            assert!(!cluster_applies(&s, &nolean, &g, true));
-            let two = DecodeConfig { finish: DecodeFinish::SecondLaunch, ..c };
-            assert!(!cluster_applies(&s, &two, &g, true));
-            let b128 = DecodeConfig { block: 128, ..c };
-            assert!(!cluster_applies(&s, &b128, &geo(&s, &b128), true), "d > block");
-        }
-    }
-    let c = cl(&b4, 0);
-    assert!(!cluster_applies(&b4, &c, &geo(&b4, &c), true));
-    // Every applicable geometry over a sweep: ≤ 16 blocks, ≥ B, power-of-two tiles, d ≤ block.
-    for batch in [1, 2, 3, 5, 8] {
-        for d_mem in [16, 48, 320, 448, 512, 1024, 2048] {
-            for d in [8, 40, 64, 128, 200, 256, 264] {
-                let s = EngramDecodeShape::new(batch, d_mem, d, 6, 3, 2);
-                for (block, rpt) in [(64, 0), (128, 0), (256, 0), (256, 2), (256, 4)] {
-                    let c = DecodeConfig { block, ..cl(&s, rpt) };
-                    let g = geo(&s, &c);
-                    if cluster_applies(&s, &c, &g, true) {
-                        let blocks = (g.tiles * g.splits) as usize;
-                        assert!(blocks <= 16 && blocks >= batch && g.tiles.is_power_of_two() && d <= block as usize);
-                        assert_eq!(g.tiles as usize, d.div_ceil(64));
-                    }
-                }
-            }
-        }
-    }
+    let in_module: std::collections::BTreeSet<&str> = rgk::KERNELS_PTX
+        .split(".entry ")
+        .skip(1)
+        .map(|rest| rest.split(|c: char| c == '(' || c.is_whitespace()).next().unwrap())
+        .filter(|name| name.starts_with("engram_decode_"))
+        .collect();
+    assert_eq!(planned, in_module);
 }

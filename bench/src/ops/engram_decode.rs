@@ -1,7 +1,7 @@
 //! EngramDecodeFwd workloads (docs/ops.md §6 and the seed table).
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use rand::rngs::StdRng;
-use rgk::engram::{DecodeConfig, DecodeElem, DecodeInputsRaw, EngramDecodePlan, EngramDecodeShape};
+use rgk::engram::{DecodeElem, DecodeInputsRaw, EngramDecodePlan, EngramDecodeShape};
 use rgk::reference::{self as rf, DecodeGiven, DecodeRef, DecodeRefInputs};
 use rgk::verify::{check_half, poisoned, Report};
 use rgk::{bf16, f16, Gpu};
@@ -25,50 +25,12 @@ impl BenchElem for bf16 {
     }
 }
 
-/// The seed's workloads; with `variants`, also launch configurations and the in-place ring
-/// step (rows named `WORKLOAD@tag`, for tuning).
+/// The seed's workloads through [`EngramDecodePlan::new`]; with `variants`, also the in-place
+/// ring step (rows named `WORKLOAD@ring`).
 pub fn workloads(variants: bool) -> Vec<Workload> {
-    // Configurations resolved per workload; the untagged row is the planner's per-shape choice
-    // (`DecodeConfig::for_shape`).
-    type ConfigFor = Box<dyn Fn(&EngramDecodeShape) -> DecodeConfig>;
-    let mut configs: Vec<(Option<String>, ConfigFor, bool)> = vec![(None, Box::new(DecodeConfig::for_shape), false)];
-    let mut add_for = |tag: &str, cfg: ConfigFor, ring: bool| configs.push((Some(tag.into()), cfg, ring));
-    macro_rules! add {
-        ($tag:expr, $cfg:expr, $ring:expr) => {{
-            let cfg: DecodeConfig = $cfg;
-            add_for($tag, Box::new(move |_| cfg), $ring)
-        }};
-    }
+    let mut modes: Vec<(Option<&str>, bool)> = vec![(None, false)];
     if variants {
-        // Session-3/4 sweeps (finw, lean, simt, ticket, 2launch, mma-bN-rN rows) are recorded in
-        // kernels-gpu/src/engram/NOTES.md; kept here: the rows that bracket today's planner.
-        // PDL and graph submission (`nograph`: separate host launches, the dependent launch
-        // then never overlaps; `nopdl`: graph without the dependent launch).
-        add_for("nopdl", Box::new(|s| DecodeConfig { pdl: false, ..DecodeConfig::for_shape(s) }), false);
-        add_for("nograph", Box::new(|s| DecodeConfig { graph: false, ..DecodeConfig::for_shape(s) }), false);
-        add_for("nolean", Box::new(|s| DecodeConfig { lean: false, ..DecodeConfig::for_shape(s) }), false);
-        // The state shift in extra blocks of the wide finish (under PDL: while the projection runs).
-        add_for("cf", Box::new(|s| DecodeConfig { copy_in_finish: true, ..DecodeConfig::for_shape(s) }), false);
-        // v6: the planner with the v5 finish kernel (`nofx`; the planner's `_finx` is bitwise
-        // it), with the projection's L2 prefetch of the finish's inputs kept under PDL (`fx-pf`),
-        // and the v6 finish on the lean projection at the other block.
-        add_for("nofx", Box::new(|s| DecodeConfig { fast_finish: false, ..DecodeConfig::for_shape(s) }), false);
-        add_for("fx-pf", Box::new(|s| DecodeConfig { pdl_prefetch: true, ..DecodeConfig::for_shape(s) }), false);
-        add_for("fx-ring", Box::new(DecodeConfig::for_shape), true);
-        add_for("fx-b256", Box::new(|s| DecodeConfig { block: 256, ..DecodeConfig::for_shape(s) }), false);
-        add_for("fx-b128", Box::new(|s| DecodeConfig { block: 128, ..DecodeConfig::for_shape(s) }), false);
-        // v6: one launch in one thread-block cluster where it applies (b1, b8; b4 runs the
-        // two-launch path at block 256), `-r2` with 2-step splits (a portable cluster of 8).
-        let cl = |s: &EngramDecodeShape, rows_per_thread| DecodeConfig {
-            block: 256,
-            rows_per_thread,
-            cluster: true,
-            ..DecodeConfig::for_shape(s)
-        };
-        add_for("cl", Box::new(move |s| cl(s, 0)), false);
-        add_for("cl-r2", Box::new(move |s| cl(s, 2)), false);
-        add_for("cl-ring", Box::new(move |s| cl(s, 0)), true);
-        add!("plain-default", DecodeConfig::default(), false);
+        modes.push((Some("ring"), true));
     }
     let seeds = [
         ("serving-b1", EngramDecodeShape::new(1, 512, 256, 12, 4, 3), false),
@@ -77,9 +39,8 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
     ];
     let mut out = Vec::new();
     for (name, s, is_bf16) in seeds {
-        for (tag, cfg, ring) in &configs {
-            let name = variant_name(name, tag.as_deref());
-            let (cfg, ring) = (cfg(&s), *ring);
+        for &(tag, ring) in &modes {
+            let name = variant_name(name, tag);
             let EngramDecodeShape { batch: b, d_mem: dm, d, max_conv_len: l, kernel_size: k, dilation: dil, .. } = s;
             out.push(Workload {
                 op: "EngramDecodeFwd",
@@ -93,9 +54,9 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                 peak_flops: FP32_PEAK,
                 prepare: Box::new(move |gpu, rng| {
                     Ok(if is_bf16 {
-                        Box::new(DecodeCase::<bf16>::new(gpu, rng, s, cfg, ring)?) as Box<dyn Case>
+                        Box::new(DecodeCase::<bf16>::new(gpu, rng, s, ring)?) as Box<dyn Case>
                     } else {
-                        Box::new(DecodeCase::<f16>::new(gpu, rng, s, cfg, ring)?) as Box<dyn Case>
+                        Box::new(DecodeCase::<f16>::new(gpu, rng, s, ring)?) as Box<dyn Case>
                     })
                 }),
             });
@@ -118,7 +79,7 @@ struct DecodeCase<T> {
 }
 
 impl<T: BenchElem> DecodeCase<T> {
-    fn new(gpu: &Gpu, rng: &mut StdRng, s: EngramDecodeShape, cfg: DecodeConfig, ring: bool) -> rgk::Result<Self> {
+    fn new(gpu: &Gpu, rng: &mut StdRng, s: EngramDecodeShape, ring: bool) -> rgk::Result<Self> {
         let l = s.lens()?;
         // the seed's input distribution.
         let host: [Vec<T>; 8] = [
@@ -141,7 +102,7 @@ impl<T: BenchElem> DecodeCase<T> {
             s,
             ring,
             reference,
-            plan: EngramDecodePlan::with_config(gpu, s, cfg)?,
+            plan: EngramDecodePlan::new(gpu, s)?,
             dev: dev.try_into().ok().expect("eight buffers"),
             y: st.clone_htod(&poisoned::<T>(l.h))?,
             new_state: st.clone_htod(&poisoned::<T>(l.state))?,

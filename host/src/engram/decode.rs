@@ -5,54 +5,38 @@
 //! `u = rmsnorm(q(vh), rms_w_v)`; `conv = conv_w[K−1]·u + Σ_{p<K−1} conv_w[p]·state[L − (K−1−p)·δ]`;
 //! `y_t = q(silu(conv) + vh)`; the state gains `q(u)` as its newest row.
 //!
-//! One kernel launch per step (kernels-gpu/src/engram/decode.rs): the projections are split over
-//! column tiles × row splits, the split partials are summed by the last block of each tile, and
-//! the last tile finishes the gating, norms, conv and state write (last-block-done tickets).
-//! An [`EngramDecodePlan`] owns the f32 workspace and the ticket counters.
+//! Two launches per step (kernels-gpu/src/engram/decode.rs), submitted as one CUDA graph: the
+//! projection kernel splits `e_t·W` over column tiles × row splits and writes f32 partials; the
+//! finishing kernel, one block per batch row and a programmatic dependent of the first, sums
+//! the row's partials and does the gating, norms, conv and state write.
+//! [`plan_decode_steps`] picks both kernels from the tuning table
+//! (docs/decisions/engram_decode.md); an [`EngramDecodePlan`] owns the plan and the workspace.
 use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, DevicePtrMut};
 use half::{bf16, f16};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_cluster, launch_pdl, max_active_clusters, GraphReplay, LaunchDims};
+use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
 use crate::{Error, Gpu, Result};
 
+/// Every PTX entry of the decode step ([`planned_kernels`] launches each of them).
 pub(crate) const KERNELS: &[&str] = &[
-    "engram_decode_f16_v8_b1",
-    "engram_decode_f16_v8_b2",
-    "engram_decode_f16_v8_b4",
-    "engram_decode_f16_v8_b8",
-    "engram_decode_f16_v1_b4",
-    "engram_decode_bf16_v8_b1",
-    "engram_decode_bf16_v8_b2",
-    "engram_decode_bf16_v8_b4",
-    "engram_decode_bf16_v8_b8",
-    "engram_decode_bf16_v1_b4",
-    "engram_decode_f16_mma",
-    "engram_decode_bf16_mma",
-    "engram_decode_f16_fin8",
-    "engram_decode_f16_fin1",
-    "engram_decode_bf16_fin8",
-    "engram_decode_bf16_fin1",
-    "engram_decode_f16_finw4",
-    "engram_decode_f16_finw2",
-    "engram_decode_f16_finw1",
-    "engram_decode_bf16_finw4",
-    "engram_decode_bf16_finw2",
-    "engram_decode_bf16_finw1",
-    "engram_decode_f16_mmal",
-    "engram_decode_bf16_mmal",
-    "engram_decode_f16_finx4",
-    "engram_decode_f16_finx2",
-    "engram_decode_f16_finx1",
-    "engram_decode_bf16_finx4",
-    "engram_decode_bf16_finx2",
-    "engram_decode_bf16_finx1",
-    "engram_decode_f16_mmac",
-    "engram_decode_bf16_mmac",
+    "engram_decode_f16_project_scalar",
+    "engram_decode_bf16_project_scalar",
+    "engram_decode_f16_project_mma",
+    "engram_decode_bf16_project_mma",
+    "engram_decode_f16_project_mma_b8k16",
+    "engram_decode_bf16_project_mma_b8k16",
+    "engram_decode_f16_finish_warp_8col",
+    "engram_decode_f16_finish_warp_1col",
+    "engram_decode_bf16_finish_warp_8col",
+    "engram_decode_bf16_finish_warp_1col",
+    "engram_decode_f16_finish_block_4col",
+    "engram_decode_f16_finish_block_2col",
+    "engram_decode_f16_finish_block_1col",
+    "engram_decode_bf16_finish_block_4col",
+    "engram_decode_bf16_finish_block_2col",
+    "engram_decode_bf16_finish_block_1col",
 ];
-
-/// Number of SMs of the H200 the default launch geometry is sized for.
-const SMS: usize = 132;
 
 /// The storage dtype of one EngramDecodeFwd call (every tensor has it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,240 +150,243 @@ impl EngramDecodeShape {
     }
 }
 
-/// How the projections `e_t·W_K`, `e_t·W_V` are computed.
+/// Largest grid (tiles × splits) of the automatic split depth: two blocks per SM of the H200
+/// (132 SMs).
+const MAX_BLOCKS: usize = 264;
+
+/// The projection launch's kernel.
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DecodeProjection {
-    /// CUDA-core FMAs: each thread owns 8 columns × its rows for up to 8 batch rows; the
-    /// block's row lanes are summed through shared memory.
-    Simt,
-    /// Tensor cores (`mma.sync.m16n8k16`, f32 accumulate): the sum over 16 rows per
-    /// instruction happens inside the MMA, only warp partials go through shared memory.
-    /// Needs the vectorised layout (16-byte aligned, `d % 8 == 0`); other calls use `Simt`.
+pub enum DecodeProjectionKernel {
+    /// `project_mma_b8k16`: tensor cores, `batch ≤ 8`, `d_mem % 16 == 0`, vectorised layout;
+    /// bitwise the partials of [`DecodeProjectionKernel::Mma`] from a shorter per-warp chain.
+    MmaB8K16,
+    /// `project_mma`: tensor cores, any batch and `d_mem`, vectorised layout.
     Mma,
+    /// `project_scalar`: CUDA-core FMAs, one column per lane, 4 batch rows per pass, any layout.
+    Scalar,
 }
 
-/// How the step is finished after the projections (the gating, norms and conv need whole
-/// projected rows, i.e. every block's partials).
+impl DecodeProjectionKernel {
+    fn entry(self, dtype: DecodeDtype) -> &'static str {
+        use DecodeDtype::{Bf16, F16};
+        match (self, dtype) {
+            (Self::MmaB8K16, F16) => "engram_decode_f16_project_mma_b8k16",
+            (Self::MmaB8K16, Bf16) => "engram_decode_bf16_project_mma_b8k16",
+            (Self::Mma, F16) => "engram_decode_f16_project_mma",
+            (Self::Mma, Bf16) => "engram_decode_bf16_project_mma",
+            (Self::Scalar, F16) => "engram_decode_f16_project_scalar",
+            (Self::Scalar, Bf16) => "engram_decode_bf16_project_scalar",
+        }
+    }
+}
+
+/// The finishing launch's kernel (one block per batch row, a programmatic dependent of the
+/// projection launch).
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DecodeFinish {
-    /// One launch: the last block of each column tile sums its tile's split partials, the last
-    /// of those finishes every batch row (two last-block-done tickets: fence + atomic each).
-    Ticket,
-    /// Two launches: the projection kernel only writes its partials; a second kernel, one
-    /// block per batch row, sums the row's partials into shared memory and finishes it. No
-    /// fences or atomics; costs a second kernel start instead.
-    SecondLaunch,
-    /// Two launches, the second spreading each batch row over a whole block (v4): thread `t`
-    /// owns `elems` consecutive columns (1, 2 or 4; 0 = automatic, see [`wide_finish`]), every
-    /// load is issued up front, the row sums are block reductions, and the scalar chain uses
-    /// `rsqrt.approx` + Newton and `rcp.approx` (within the tolerance chain, not bitwise the
-    /// other finishes). Shapes it cannot take (a row wider than its block limit) use
-    /// [`DecodeFinish::SecondLaunch`]'s kernel.
-    Wide { elems: u32 },
+pub enum DecodeFinishKernel {
+    /// `finish_block_{cols}col`: thread `t` owns columns `[cols·t, cols·t + cols)`; block
+    /// reductions, `rsqrt.approx` + Newton and `rcp.approx` (within the tolerance chain, not
+    /// bitwise the warp finish). 640 bytes of dynamic shared memory.
+    Block { cols: u32, threads: u32 },
+    /// `finish_warp_{cols}col` (`cols` 8 on the vectorised layout, else 1): the block sums the
+    /// row's partials into shared memory (`staged_in_shared`, `8·d` bytes) or into the `kv`
+    /// workspace, then warp 0 finishes the row with correctly rounded sqrt and division.
+    Warp { cols: u32, threads: u32, staged_in_shared: bool },
 }
 
-/// Largest block of the wide finishing kernel per element width `E` = 4, 2, 1 (its registers:
-/// up to 16 splits' partials per thread are loaded at once; `cargo xtask build` (v5): `_finw4`
-/// 207–209, `_finw2` 72, `_finw1` 56 registers; 65536 per block allow 256 / 768+ / 1024
-/// threads; the v4 limits are kept for margin).
-const WIDE_MAX_THREADS: [(u32, u32); 3] = [(4, 256), (2, 256), (1, 512)];
-
-/// Automatic element width of the wide finish: the smallest `E` whose block (one thread per
-/// `E` columns) has at most this many threads.
-const WIDE_AUTO_THREADS: u32 = 256;
-
-/// The wide finishing kernel's `(E, threads)` for `shape` (public for tests): `elems` = 0 picks
-/// the smallest `E` whose block has ≤ 256 threads, else the smallest that fits its limit; `E`
-/// of 2 or 4 needs the vectorised layout (`aligned`: `d % 8 == 0`, 16-byte aligned buffers).
-/// `None`: no width fits (the step then uses the [`DecodeFinish::SecondLaunch`] kernel).
-#[doc(hidden)]
-pub fn wide_finish(shape: &EngramDecodeShape, elems: u32, aligned: bool) -> Option<(u32, u32)> {
-    let fits = |e: u32| -> Option<(u32, u32)> {
-        let &(_, max) = WIDE_MAX_THREADS.iter().find(|(w, _)| *w == e)?;
-        if e > 1 && !(aligned && shape.d.is_multiple_of(8)) {
-            return None;
+impl DecodeFinishKernel {
+    fn entry(self, dtype: DecodeDtype) -> &'static str {
+        use DecodeDtype::{Bf16, F16};
+        match (self, dtype) {
+            (Self::Block { cols: 4, .. }, F16) => "engram_decode_f16_finish_block_4col",
+            (Self::Block { cols: 2, .. }, F16) => "engram_decode_f16_finish_block_2col",
+            (Self::Block { .. }, F16) => "engram_decode_f16_finish_block_1col",
+            (Self::Block { cols: 4, .. }, Bf16) => "engram_decode_bf16_finish_block_4col",
+            (Self::Block { cols: 2, .. }, Bf16) => "engram_decode_bf16_finish_block_2col",
+            (Self::Block { .. }, Bf16) => "engram_decode_bf16_finish_block_1col",
+            (Self::Warp { cols: 8, .. }, F16) => "engram_decode_f16_finish_warp_8col",
+            (Self::Warp { .. }, F16) => "engram_decode_f16_finish_warp_1col",
+            (Self::Warp { cols: 8, .. }, Bf16) => "engram_decode_bf16_finish_warp_8col",
+            (Self::Warp { .. }, Bf16) => "engram_decode_bf16_finish_warp_1col",
         }
-        let threads = (shape.d.div_ceil(e as usize).div_ceil(32) * 32) as u32;
-        (threads <= max).then_some((e, threads))
-    };
-    if elems != 0 {
-        return fits(elems);
     }
-    [1, 2, 4]
-        .into_iter()
-        .filter_map(fits)
-        .find(|&(_, t)| t <= WIDE_AUTO_THREADS)
-        .or_else(|| [1, 2, 4].into_iter().find_map(fits))
 }
 
-/// Launch configuration knobs of the decode kernel (defaults are the tuned choice; see
-/// kernels-gpu/src/engram/NOTES.md).
+/// The two launches of one step on one layout.
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DecodeConfig {
-    pub projection: DecodeProjection,
-    /// Threads per block: 64, 128 or 256.
-    pub block: u32,
-    /// Depth of a split: `Simt`, `W` rows per thread (the split height is this times the
-    /// block's row lanes); `Mma`, 16-row steps per warp (split height `16·warps·this`).
-    /// 0 = automatic: `Simt`, one round of the kernel's unrolled loads (4 or 2 rows); `Mma`,
-    /// one step; raised when needed to keep at most `max_blocks` blocks.
-    pub rows_per_thread: u32,
-    /// Upper bound on the grid size (tiles × splits) for the automatic split depth.
-    pub max_blocks: u32,
-    /// One launch with tickets, or a second finishing launch (which uses `block` threads).
-    pub finish: DecodeFinish,
-    /// Two-launch finishes: launch the finishing kernel as a programmatic dependent
-    /// ([`crate::runtime`]'s `launch_pdl`): it starts while the projection kernel runs, loads
-    /// its inputs (`h_t`, weights, state taps) and waits in `griddepcontrol.wait` before it
-    /// reads the partials; the projection kernel then skips its L2 prefetch of those inputs.
-    pub pdl: bool,
-    /// Two-launch finishes with the `Mma` projection: the lean projection kernel (`_mmal`:
-    /// bitwise the same partials, a shorter per-warp chain) where it applies — see
-    /// [`lean_applies`]; elsewhere the `_mma` kernel.
-    pub lean: bool,
-    /// Seed-contract steps with the wide finish on the vectorised layout: the state shift is
-    /// done by extra blocks of the finishing launch (after the batch rows' blocks; under PDL
-    /// they run while the projection does) instead of by the projection launch.
-    pub copy_in_finish: bool,
-    /// The wide finish's v6 kernels (`_finx`): bitwise the `_finw` outputs from a shorter
-    /// dependent chain (the inputs' and the partials' loads issued together, `1/d` and
-    /// `1/sqrt(d)` from the host, the block sums' shared loads issued together).
-    pub fast_finish: bool,
-    /// Under PDL, the projection launch still prefetches the finishing kernel's inputs (`h_t`,
-    /// weights, state taps) into L2 (mode 1 instead of 5): if the dependent launch does not
-    /// overlap in practice, the finish then reads them from L2 instead of DRAM.
-    pub pdl_prefetch: bool,
-    /// One launch in one thread-block cluster (`_mmac`, v6) where [`cluster_applies`]: the lean
-    /// projection keeps its reduced partial tiles in shared memory and the batch rows are
-    /// finished inside the cluster through distributed shared memory (the wide finish's
-    /// arithmetic); elsewhere (or if the device cannot schedule the cluster) the two launches.
-    pub cluster: bool,
-    /// A step's launches are submitted as one CUDA graph (safe and raw entries), captured once
-    /// and replayed when the same pointers and `pos` recur (one graph per ring position, up to
-    /// 32 cached), so the finishing kernel's
-    /// dependent launch overlaps the projection. Inside a caller's stream capture the
-    /// launches go straight into that capture.
-    pub graph: bool,
+pub struct DecodeStepPlan {
+    pub projection: DecodeProjectionKernel,
+    pub geometry: DecodeGeometry,
+    pub finish: DecodeFinishKernel,
 }
 
-impl Default for DecodeConfig {
-    fn default() -> Self {
-        Self {
-            projection: DecodeProjection::Mma,
-            block: 128,
-            rows_per_thread: 0,
-            max_blocks: 2 * SMS as u32,
-            // Two launches: predicted ≈2× faster than the one-launch ticket chain
-            // (kernels-gpu/src/engram/NOTES.md); the bench's `@ticket` row measures the other.
-            finish: DecodeFinish::SecondLaunch,
-            pdl: true,
-            lean: false,
-            copy_in_finish: false,
-            fast_finish: false,
-            pdl_prefetch: false,
-            cluster: false,
-            graph: true,
-        }
+impl DecodeStepPlan {
+    /// The PTX entries the step launches, in launch order.
+    pub fn entries(&self, dtype: DecodeDtype) -> [&'static str; 2] {
+        [self.projection.entry(dtype), self.finish.entry(dtype)]
     }
 }
 
-/// The finish [`DecodeConfig::for_shape`] plans: the wide finish (bench rows `@finw*`),
-/// measured faster than the one-warp finish on every seed row (H200, 2026-11-29 session 3:
-/// finish kernel 2.4–2.9 µs against 3.7–9.1).
-const PLANNED_FINISH: DecodeFinish = DecodeFinish::Wide { elems: 0 };
-
-/// Whether [`DecodeConfig::for_shape`] plans the lean MMA projection kernel (bench rows
-/// `@lean*`; `@nolean` is the planner with the `_mma` kernel). Bitwise the same partials as
-/// `_mma` from fewer instructions per warp (same work minus the per-row bounds, the 2-byte
-/// `e_t` loads, the scalar shared-memory traffic); one-line switch.
-const PLANNED_LEAN: bool = true;
-
-/// Whether [`DecodeConfig::for_shape`] plans the v6 wide finish (`_finx`; bench rows `@nofx`
-/// = the planner with the v5 `_finw` kernel). Bitwise the `_finw` outputs from the same work
-/// minus the serial steps (same arithmetic in the same order); one-line switch.
-const PLANNED_FAST_FINISH: bool = false;
-
-/// Whether a call of `shape` with `config` takes the lean MMA projection kernel (`_mmal`):
-/// `config.lean`, the `Mma` projection on the vectorised layout (`aligned`: `d % 8 == 0`,
-/// 16-byte aligned buffers), a two-launch finish, `batch ≤ 8` (one MMA batch group) and
-/// `d_mem % 16 == 0` (whole k-steps). Public for tests.
+/// A shape's plans: the vectorised layout (`d % 8 == 0`, every buffer 16-byte aligned; `None`
+/// when `d % 8 ≠ 0`) and any other layout.
 #[doc(hidden)]
-pub fn lean_applies(shape: &EngramDecodeShape, config: &DecodeConfig, aligned: bool) -> bool {
-    config.lean
-        && config.projection == DecodeProjection::Mma
-        && config.finish != DecodeFinish::Ticket
-        && aligned
-        && shape.d.is_multiple_of(8)
-        && shape.batch <= 8
-        && shape.d_mem.is_multiple_of(16)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeStepPlans {
+    pub vectorised: Option<DecodeStepPlan>,
+    pub any_layout: DecodeStepPlan,
 }
 
-/// Whether [`DecodeConfig::for_shape`] plans the one-launch cluster step where it applies
-/// (bench rows `@cl`, `@cl-r2`); one-line switch. With it the planner also takes block 256
-/// for d ≤ 256 (the cluster needs one thread per column and ≤ 16 blocks).
-const PLANNED_CLUSTER: bool = false;
-
-/// Largest cluster of the one-launch cluster step (non-portable above 8).
-const CLUSTER_MAX_BLOCKS: u32 = 16;
-
-/// Whether a call of `shape` with `config` and geometry `g` takes the one-launch cluster step
-/// (`_mmac`): [`lean_applies`], `config.cluster`, a wide finish, at least two warps per block,
-/// one thread per column (`d ≤ block`), a power-of-two number of 64-column tiles, at most 16
-/// blocks, and at least one block per batch row. Public for tests.
-#[doc(hidden)]
-pub fn cluster_applies(shape: &EngramDecodeShape, config: &DecodeConfig, g: &DecodeGeometry, aligned: bool) -> bool {
-    let blocks = g.tiles * g.splits;
-    config.cluster
-        && lean_applies(shape, config, aligned)
-        && matches!(config.finish, DecodeFinish::Wide { .. })
-        && g.mma
-        && g.block >= 64
-        && shape.d <= g.block as usize
-        && g.tiles.is_power_of_two()
-        && blocks <= CLUSTER_MAX_BLOCKS
-        && shape.batch <= blocks as usize
+/// The finish a tuning row takes.
+#[derive(Clone, Copy, Debug)]
+enum FinishRule {
+    /// [`DecodeFinishKernel::Block`] with this many columns per thread.
+    Block { cols: u32 },
+    /// [`DecodeFinishKernel::Warp`].
+    Warp,
 }
 
-impl DecodeConfig {
-    /// The planner's configuration for `shape` ([`EngramDecodePlan::new`] uses it), from the
-    /// H200 sweep of 2026-11-29 (session 3, `--variants`): the lean MMA projection at every
-    /// batch (b1 5.41 µs against 6.30 for SIMT), block 128 for d ≤ 256 (b1 5.38, b8 5.44) and
-    /// 256 above (b4 6.21 against 6.56), and [`PLANNED_FINISH`].
-    pub fn for_shape(shape: &EngramDecodeShape) -> Self {
-        let block = if shape.d <= 256 && !PLANNED_CLUSTER { 128 } else { 256 };
-        Self {
-            projection: DecodeProjection::Mma,
-            block,
-            finish: PLANNED_FINISH,
-            lean: PLANNED_LEAN,
-            fast_finish: PLANNED_FAST_FINISH,
-            cluster: PLANNED_CLUSTER,
-            ..Self::default()
-        }
-    }
+/// One shape class of the tuning table.
+struct TuningRow {
+    /// The vectorised layout (else any layout).
+    vectorised: bool,
+    /// The row applies for `d ≤ max_d`.
+    max_d: usize,
+    /// Threads per projection block (and per warp-finish block).
+    block: u32,
+    finish: FinishRule,
+    /// The measurement behind the row (H200, bench `--variants`).
+    #[allow(dead_code)]
+    why: &'static str,
 }
 
-/// Largest `d` whose reduced row (`2·d` f32) the finishing launch stages in shared memory;
-/// larger rows go through the `kv` workspace.
+/// The decode step's tuning table: the first row whose layout matches with `d ≤ max_d` wins.
+/// The projection kernel is not a tuning choice: the vectorised layout takes the MMA projection
+/// (serving-b1 5.41 µs against 6.30 for the SIMT projection), in its `b8k16` form wherever its
+/// limits hold (bitwise the same partials, fewer instructions); any other layout the scalar one.
+const TUNING: &[TuningRow] = &[
+    TuningRow {
+        vectorised: true,
+        max_d: 256,
+        block: 128,
+        finish: FinishRule::Block { cols: 1 },
+        why: "serving-b1 5.38, -b8 5.44 µs at block 128; block finish 2.4-2.9 µs against 3.7-9.1 for the warp finish",
+    },
+    TuningRow {
+        vectorised: true,
+        max_d: 512,
+        block: 256,
+        finish: FinishRule::Block { cols: 2 },
+        why: "serving-b4 6.21 µs at block 256 against 6.56 at 128; ≤ 256 finishing threads",
+    },
+    TuningRow {
+        vectorised: true,
+        max_d: 1024,
+        block: 256,
+        finish: FinishRule::Block { cols: 4 },
+        why: "256 threads × 4 columns: the 4-column finish's register limit (207-209 registers)",
+    },
+    TuningRow {
+        vectorised: true,
+        max_d: usize::MAX,
+        block: 256,
+        finish: FinishRule::Warp,
+        why: "rows wider than the block finish takes",
+    },
+    TuningRow {
+        vectorised: false,
+        max_d: 256,
+        block: 128,
+        finish: FinishRule::Block { cols: 1 },
+        why: "as the vectorised d ≤ 256 row",
+    },
+    TuningRow {
+        vectorised: false,
+        max_d: 512,
+        block: 256,
+        finish: FinishRule::Block { cols: 1 },
+        why: "1 column per thread up to 512 threads (56 registers)",
+    },
+    TuningRow {
+        vectorised: false,
+        max_d: usize::MAX,
+        block: 256,
+        finish: FinishRule::Warp,
+        why: "rows wider than the block finish takes",
+    },
+];
+
+/// Largest `d` whose reduced row (`2·d` f32) the warp finish stages in shared memory; larger
+/// rows go through the `kv` workspace.
 const FIN_SHARED_MAX_D: usize = 4096;
 
-/// The finishing launch of [`DecodeFinish::SecondLaunch`] for `shape`: `(mode, dynamic shared
-/// bytes)` — mode 2 stages the row in shared memory, mode 3 in the workspace (public for tests).
+/// The planner: the step's launches for `shape` on both layouts (public for tests and the
+/// reachability check).
+///
+/// Errors: the shape's [`EngramDecodeShape::lens`] errors; [`Error::Overflow`] for a grid the
+/// device cannot launch.
 #[doc(hidden)]
-pub fn finish_launch_mode(shape: &EngramDecodeShape) -> (u32, u32) {
-    if shape.d <= FIN_SHARED_MAX_D {
-        (2, (8 * shape.d) as u32)
-    } else {
-        (3, 0)
-    }
+pub fn plan_decode_steps(shape: &EngramDecodeShape) -> Result<DecodeStepPlans> {
+    shape.lens()?;
+    let vectorised = if shape.d.is_multiple_of(8) { Some(plan_step(shape, true)?) } else { None };
+    Ok(DecodeStepPlans { vectorised, any_layout: plan_step(shape, false)? })
 }
 
-/// The launch geometry for one vector width (a CPU model of the kernel's partition; public
-/// for tests).
+fn plan_step(shape: &EngramDecodeShape, vectorised: bool) -> Result<DecodeStepPlan> {
+    let row = TUNING
+        .iter()
+        .find(|r| r.vectorised == vectorised && shape.d <= r.max_d)
+        .expect("the tuning table ends with an unbounded row per layout");
+    // SIMT projection on the vectorised layout (8 columns × 1-8 batch rows per thread): b1 6.30 µs
+    // against 5.41 for the MMA one; b4/b8 +2.9 and +7.3 µs.
+    let projection = match () {
+        _ if !vectorised => DecodeProjectionKernel::Scalar,
+        _ if shape.batch <= 8 && shape.d_mem.is_multiple_of(16) => DecodeProjectionKernel::MmaB8K16,
+        // The bounded kernel where the b8k16 one applies: b4 8.58, b8 8.22 µs against 6.37, 5.28.
+        _ => DecodeProjectionKernel::Mma,
+    };
+    let geometry = DecodeGeometry::new(shape, row.block, vectorised)?;
+    let finish = match row.finish {
+        FinishRule::Block { cols } => {
+            DecodeFinishKernel::Block { cols, threads: (shape.d.div_ceil(cols as usize).div_ceil(32) * 32) as u32 }
+        }
+        FinishRule::Warp => DecodeFinishKernel::Warp {
+            cols: if vectorised { 8 } else { 1 },
+            threads: row.block,
+            staged_in_shared: shape.d <= FIN_SHARED_MAX_D,
+        },
+    };
+    Ok(DecodeStepPlan { projection, geometry, finish })
+}
+
+/// Every PTX entry the planner launches over a grid of shapes covering every tuning row, both
+/// layouts, both dtypes and every fallback (`batch > 8`, `d_mem % 16 ≠ 0`, `d % 8 ≠ 0`, rows
+/// wider than the block finish and than its shared-memory staging).
+#[doc(hidden)]
+pub fn planned_kernels(_gpu: &Gpu) -> Result<std::collections::BTreeSet<&'static str>> {
+    let mut out = std::collections::BTreeSet::new();
+    for batch in [1, 8, 9] {
+        for d_mem in [16, 520] {
+            for d in [7, 8, 256, 264, 512, 520, 1024, 1032, 4096, 4104] {
+                let plans = plan_decode_steps(&EngramDecodeShape::new(batch, d_mem, d, 4, 2, 1))?;
+                for p in plans.vectorised.iter().chain([&plans.any_layout]) {
+                    for dtype in [DecodeDtype::F16, DecodeDtype::Bf16] {
+                        out.extend(p.entries(dtype));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The projection launch geometry (a CPU model of the kernels' partition; public for tests).
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeGeometry {
-    /// Elements per thread along `d` (8: 16-byte loads; 1: any layout).
+    /// Elements per thread along `d` (8: the MMA tiles' 16-byte loads; 1: the scalar kernel).
     pub vec: u32,
     /// Threads per block.
     pub block: u32,
@@ -411,86 +398,43 @@ pub struct DecodeGeometry {
     pub splits: u32,
     /// `W` rows per split.
     pub rows_per_split: u32,
-    /// Batch rows per projection pass (a compiled kernel variant).
-    pub bb: u32,
     /// Tensor-core projection (64-column tiles, 16-row steps per warp).
     pub mma: bool,
 }
 
 impl DecodeGeometry {
-    /// The geometry for `shape` with vector width `vec` (8 requires `d % 8 == 0`).
-    pub fn new(shape: &EngramDecodeShape, config: &DecodeConfig, vec: u32) -> Result<Self> {
-        if ![64, 128, 256].contains(&config.block) {
-            return Err(Error::Shape { arg: "config.block", msg: format!("{} is not 64, 128 or 256", config.block) });
+    /// The geometry for `shape` at `block` threads (64, 128 or 256): the MMA partition (`mma`,
+    /// requires `d % 8 == 0`) or the scalar one. Each split is one round of the kernel's loads
+    /// (one 16-row step per warp; 4 rows per thread), deeper where the grid would exceed
+    /// 264 blocks (two per SM).
+    pub fn new(shape: &EngramDecodeShape, block: u32, mma: bool) -> Result<Self> {
+        if ![64, 128, 256].contains(&block) {
+            return Err(Error::Shape { arg: "block", msg: format!("{block} is not 64, 128 or 256") });
         }
-        if config.max_blocks == 0 {
-            return Err(Error::Shape { arg: "config.max_blocks", msg: "must be at least 1".into() });
-        }
-        let block = config.block as usize;
-        if vec == 8 && config.projection == DecodeProjection::Mma {
-            let (warps, tiles) = (block / 32, shape.d.div_ceil(64));
+        let nt = block as usize;
+        if mma {
+            let (warps, tiles) = (nt / 32, shape.d.div_ceil(64));
             let step = 16 * warps;
-            let ksteps = if config.rows_per_thread > 0 {
-                config.rows_per_thread as usize
-            } else {
-                // One 16-row step per warp (the kernel's round holds two: the grid spreads over
-                // more SMs), more if the grid would exceed max_blocks.
-                shape.d_mem.div_ceil(step * (config.max_blocks as usize / tiles).max(1))
-            };
+            let ksteps = shape.d_mem.div_ceil(step * (MAX_BLOCKS / tiles).max(1));
             let rows = (ksteps * step).min(shape.d_mem.div_ceil(step) * step);
             let splits = shape.d_mem.div_ceil(rows);
-            return Self::checked(vec, config.block, 3, tiles, splits, rows, 8, true);
+            return Self::checked(8, block, 3, tiles, splits, rows, true);
         }
-        let nch = shape.d / vec as usize;
-        // Column lanes: a warp's row segment is ≥ 128 bytes where d allows (8 lanes × 16 B).
-        let cl = nch.next_power_of_two().min(if vec == 8 { 8 } else { 32 });
-        let rl = block / cl;
-        let tiles = nch.div_ceil(cl);
-        let bb = match shape.batch {
-            _ if vec == 1 => 4,
-            1 => 1,
-            2 => 2,
-            3 | 4 => 4,
-            _ => 8,
-        };
-        let rpt = if config.rows_per_thread > 0 {
-            config.rows_per_thread as usize
-        } else {
-            // One round of the kernel's row unroll (4 rows, 2 for the 8-row batch variant:
-            // every load in flight at once), more if the grid would exceed max_blocks.
-            let unroll = if bb == 8 { 2 } else { 4 };
-            let by_blocks = shape.d_mem.div_ceil(rl * (config.max_blocks as usize / tiles).max(1));
-            by_blocks.max(unroll)
-        };
+        // Column lanes: a warp's row segment is as long as d allows (up to 32 lanes).
+        let cl = shape.d.next_power_of_two().min(32);
+        let rl = nt / cl;
+        let tiles = shape.d.div_ceil(cl);
+        let rpt = shape.d_mem.div_ceil(rl * (MAX_BLOCKS / tiles).max(1)).max(4);
         let rows = (rpt * rl).min(shape.d_mem.div_ceil(rl) * rl);
         let splits = shape.d_mem.div_ceil(rows);
-        Self::checked(vec, config.block, cl.trailing_zeros(), tiles, splits, rows, bb, false)
+        Self::checked(1, block, cl.trailing_zeros(), tiles, splits, rows, false)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn checked(
-        vec: u32,
-        block: u32,
-        cl_log: u32,
-        tiles: usize,
-        splits: usize,
-        rows: usize,
-        bb: u32,
-        mma: bool,
-    ) -> Result<Self> {
+    fn checked(vec: u32, block: u32, cl_log: u32, tiles: usize, splits: usize, rows: usize, mma: bool) -> Result<Self> {
         if tiles > i32::MAX as usize || splits > 65535 {
             return Err(Error::Overflow { arg: "d_mem", msg: format!("grid {tiles}×{splits}") });
         }
-        Ok(Self {
-            vec,
-            block,
-            cl_log,
-            tiles: tiles as u32,
-            splits: splits as u32,
-            rows_per_split: rows as u32,
-            bb,
-            mma,
-        })
+        Ok(Self { vec, block, cl_log, tiles: tiles as u32, splits: splits as u32, rows_per_split: rows as u32, mma })
     }
 
     /// Column lanes per block.
@@ -506,45 +450,21 @@ impl DecodeGeometry {
             self.block * 2 * self.vec * 4 + 16
         }
     }
-
-    /// The finishing kernel of [`DecodeFinish::SecondLaunch`] for this vector width.
-    fn finish_kernel(&self, dtype: DecodeDtype) -> &'static str {
-        KERNELS[12 + if self.vec == 8 { 0 } else { 1 } + if dtype == DecodeDtype::F16 { 0 } else { 2 }]
-    }
-
-    fn kernel(&self, dtype: DecodeDtype) -> &'static str {
-        if self.mma {
-            return KERNELS[if dtype == DecodeDtype::F16 { 10 } else { 11 }];
-        }
-        let i = match (self.vec, self.bb) {
-            (8, 1) => 0,
-            (8, 2) => 1,
-            (8, 4) => 2,
-            (8, _) => 3,
-            _ => 4,
-        };
-        KERNELS[i + if dtype == DecodeDtype::F16 { 0 } else { 5 }]
-    }
 }
 
-/// A decode step planned for one shape: the launch geometry and the device workspace
-/// (split partials `[splits, batch, 2, d]` f32, the reduced projections `[batch, 2, d]` f32,
-/// and the ticket counters, which every call leaves at zero).
+/// A decode step planned for one shape: the planner's launches ([`plan_decode_steps`]) and the
+/// device workspace (split partials `[splits, batch, 2, d]` f32 and the reduced projections
+/// `[batch, 2, d]` f32).
 ///
 /// Calls through one plan must be ordered on one stream (the workspace is reused); use a plan
 /// per stream for concurrent steps.
 pub struct EngramDecodePlan {
     shape: EngramDecodeShape,
-    finish: DecodeFinish,
-    config: DecodeConfig,
+    steps: DecodeStepPlans,
     lens: DecodeLens,
-    geo: [DecodeGeometry; 2],
     part: Option<CudaSlice<f32>>,
     kv: CudaSlice<f32>,
-    counters: CudaSlice<u32>,
     capture: Option<CudaSlice<u16>>,
-    /// Whether the device schedules this plan's cluster (asked once, on the first call).
-    cluster_ok: Option<bool>,
     graph: GraphReplay,
 }
 
@@ -580,22 +500,16 @@ impl<'a, T, B: DevicePtr<T>> DecodeInputs<'a, T, B> {
 }
 
 impl EngramDecodePlan {
-    /// Plans `shape` with the planner's configuration ([`DecodeConfig::for_shape`]) and
-    /// allocates its workspace on `gpu`.
+    /// Plans `shape` ([`plan_decode_steps`]) and allocates its workspace on `gpu`.
     ///
     /// Errors: the shape's [`EngramDecodeShape::lens`] errors; a driver error on allocation.
     pub fn new(gpu: &Gpu, shape: EngramDecodeShape) -> Result<Self> {
-        Self::with_config(gpu, shape, DecodeConfig::for_shape(&shape))
-    }
-
-    /// As [`EngramDecodePlan::new`] with an explicit launch configuration.
-    pub fn with_config(gpu: &Gpu, shape: EngramDecodeShape, config: DecodeConfig) -> Result<Self> {
         let lens = shape.lens()?;
-        let g1 = DecodeGeometry::new(&shape, &config, 1)?;
-        let g8 = if shape.d.is_multiple_of(8) { DecodeGeometry::new(&shape, &config, 8)? } else { g1 };
+        let steps = plan_decode_steps(&shape)?;
         let st = gpu.stream();
         let kv_len = 2 * lens.h;
-        let max_splits = g1.splits.max(g8.splits) as usize;
+        let max_splits =
+            steps.vectorised.map_or(0, |p| p.geometry.splits).max(steps.any_layout.geometry.splits) as usize;
         let part = if max_splits > 1 {
             let n = checked_product("workspace", &[max_splits, kv_len])?;
             if n > MAX_ELEMS {
@@ -607,15 +521,11 @@ impl EngramDecodePlan {
         };
         Ok(Self {
             shape,
-            finish: config.finish,
-            config,
+            steps,
             lens,
-            geo: [g8, g1],
             part,
             kv: st.alloc_zeros::<f32>(kv_len)?,
-            counters: st.alloc_zeros::<u32>(g1.tiles.max(g8.tiles) as usize + 1)?,
             capture: None,
-            cluster_ok: None,
             graph: GraphReplay::new(),
         })
     }
@@ -630,10 +540,19 @@ impl EngramDecodePlan {
         self.lens
     }
 
-    /// The geometry a call with 16-byte aligned tensors (`vec = 8`) or any layout uses.
+    /// The planned launches on both layouts.
     #[doc(hidden)]
-    pub fn geometry(&self, aligned: bool) -> DecodeGeometry {
-        self.geo[if aligned { 0 } else { 1 }]
+    pub fn steps(&self) -> &DecodeStepPlans {
+        &self.steps
+    }
+
+    /// The launches of a call whose buffers are all 16-byte aligned (`vectorised`, with
+    /// `d % 8 == 0`) or not.
+    fn step(&self, vectorised: bool) -> DecodeStepPlan {
+        match self.steps.vectorised {
+            Some(p) if vectorised => p,
+            _ => self.steps.any_layout,
+        }
     }
 
     /// Test hook: when on, every later call also writes its rounded intermediates `q(kk)` and
@@ -671,7 +590,7 @@ impl EngramDecodePlan {
     /// `new_conv_state = concat(conv_state[:, 1:], q(u))` (a separate buffer).
     ///
     /// Buffers may be larger than the shape needs; 16-byte aligned buffers with `d % 8 == 0`
-    /// take the vectorised kernel. `new_conv_state` must not overlap `conv_state` (use
+    /// take the tensor-core kernels. `new_conv_state` must not overlap `conv_state` (use
     /// [`EngramDecodePlan::step_ring`] for an in-place state). Asynchronous on [`Gpu::stream`].
     ///
     /// Errors: [`Error::BufferTooSmall`] naming the buffer; a driver error from the launch.
@@ -782,20 +701,21 @@ impl EngramDecodePlan {
         Ok((pos + 1) % l)
     }
 
-    /// The raw pointers of the plan's own buffers (`[part, kv, counters, capture]`, 0 when
-    /// absent), taken before any launch or stream capture; the plan uses them on `gpu`'s
-    /// stream only.
-    fn plan_ptrs(&mut self, gpu: &Gpu) -> [CUdeviceptr; 4] {
+    /// The raw pointers of the plan's own buffers (`[part, kv, capture]`, 0 when absent),
+    /// taken before any launch or stream capture; the plan uses them on `gpu`'s stream only.
+    fn plan_ptrs(&mut self, gpu: &Gpu) -> [CUdeviceptr; 3] {
         let st = gpu.stream();
         let part = self.part.as_ref().map_or(0, |p| p.device_ptr(st).0);
         let kv = self.kv.device_ptr_mut(st).0;
-        let cnt = self.counters.device_ptr_mut(st).0;
         let dbg = self.capture.as_mut().map_or(0, |c| c.device_ptr_mut(st).0);
-        [part, kv, cnt, dbg]
+        [part, kv, dbg]
     }
 
-    /// Runs one step's launches directly, or through the plan's graph (`config.graph`: one
-    /// submission, so the finishing kernel's dependent launch overlaps the projection).
+    /// Runs one step's two launches through the plan's graph: one submission, so the
+    /// finishing kernel's dependent launch overlaps the projection (separate host launches:
+    /// +0.5-1.4 µs; graph without the dependent launch: +0.9-1.3 µs). The graph is captured
+    /// once per set of pointers and `pos` (up to 32 cached) and replayed; inside a caller's
+    /// stream capture the launches go straight into that capture.
     #[allow(clippy::too_many_arguments)]
     unsafe fn submit(
         &mut self,
@@ -811,9 +731,6 @@ impl EngramDecodePlan {
         cs: CUstream,
     ) -> Result<()> {
         let pp = self.plan_ptrs(gpu);
-        if !self.config.graph {
-            return self.launch(gpu, dtype, i, s_in, s_out, y, pos, wpos, copy, pp, cs);
-        }
         let mut key = vec![dtype as u64, i.e_t, i.h_t, i.w_k, i.w_v, i.rms_w_h, i.rms_w_v, i.conv_w];
         key.extend([s_in, s_out, y, pos as u64, wpos as u64, copy as u64]);
         key.extend(pp);
@@ -835,64 +752,29 @@ impl EngramDecodePlan {
         pos: u32,
         wpos: u32,
         copy: bool,
-        pp: [CUdeviceptr; 4],
+        pp: [CUdeviceptr; 3],
         stream: CUstream,
     ) -> Result<()> {
         let s = self.shape;
-        let aligned = s.d.is_multiple_of(8)
-            && [i.e_t, i.h_t, i.w_k, i.w_v, i.rms_w_h, i.rms_w_v, i.conv_w, s_in, s_out, y].iter().all(|p| p % 16 == 0);
-        let g = self.geometry(aligned);
-        let lean = lean_applies(&s, &self.config, aligned);
-        let f =
-            gpu.function(if lean { KERNELS[22 + (dtype == DecodeDtype::Bf16) as usize] } else { g.kernel(dtype) })?;
+        let vectorised =
+            [i.e_t, i.h_t, i.w_k, i.w_v, i.rms_w_h, i.rms_w_v, i.conv_w, s_in, s_out, y].iter().all(|p| p % 16 == 0);
+        let step = self.step(vectorised);
+        let g = step.geometry;
+        let f = gpu.function(step.projection.entry(dtype))?;
         let dims = LaunchDims { grid: (g.tiles, g.splits, 1), block: (g.block, 1, 1), shared_bytes: g.shared_bytes() };
-        // The one-launch cluster step: the whole grid is one cluster; shared memory adds the
-        // partial tile (4096 bytes) and the reduction slots (640).
-        let mut cluster = None;
-        if lean && cluster_applies(&s, &self.config, &g, aligned) {
-            let fc = gpu.function(KERNELS[30 + (dtype == DecodeDtype::Bf16) as usize])?;
-            let blocks = g.tiles * g.splits;
-            let cdims =
-                LaunchDims { grid: (blocks, 1, 1), block: (g.block, 1, 1), shared_bytes: g.shared_bytes() + 4736 };
-            let ok = match self.cluster_ok {
-                Some(ok) => ok,
-                None => {
-                    let ok = max_active_clusters(fc, cdims, blocks, gpu.stream().cu_stream())? > 0;
-                    self.cluster_ok = Some(ok);
-                    ok
-                }
-            };
-            if ok {
-                cluster = Some((fc, cdims, blocks));
-            }
-        }
-        let copy_all = copy;
-        let [part, kv, cnt, dbg] = pp;
+        let [part, kv, dbg] = pp;
         let (mut e, mut h, mut si, mut wk, mut wv) = (i.e_t, i.h_t, s_in, i.w_k, i.w_v);
         let (mut rwh, mut rwv, mut cw, mut y, mut so) = (i.rms_w_h, i.rms_w_v, i.conv_w, y, s_out);
-        let (mut part, mut kv, mut cnt, mut dbg) = (part, kv, cnt, dbg);
+        // No kernel of the two-launch step takes a ticket: no counters.
+        let (mut part, mut kv, mut cnt, mut dbg) = (part, kv, 0 as CUdeviceptr, dbg);
         let (mut b, mut dm, mut d) = (s.batch as u32, s.d_mem as u32, s.d as u32);
         let (mut l, mut k, mut dil) = (s.max_conv_len as u32, s.kernel_size as u32, s.dilation as u32);
-        // The wide finish's extra blocks take the shift (`copy_in_finish`): `fin_copy` of them.
-        let wide = match self.finish {
-            DecodeFinish::Wide { elems } => wide_finish(&s, elems, aligned),
-            _ => None,
-        };
-        let fin_copy = match wide {
-            Some((_, threads)) if copy && aligned && self.config.copy_in_finish => {
-                let units = s.batch * (s.max_conv_len - 1) * (s.d / 8);
-                units.div_ceil(threads as usize) as u32
-            }
-            _ => 0,
-        };
-        let (mut pos, mut wpos, mut copy) = (pos, wpos, (copy && fin_copy == 0) as u32);
+        let (mut pos, mut wpos, mut copy) = (pos, wpos, copy as u32);
         let (mut splits, mut rs, mut cl_log, mut eps) = (g.splits, g.rows_per_split, g.cl_log, s.eps);
-        let two = self.finish != DecodeFinish::Ticket;
-        let pdl = two && self.config.pdl;
-        // 0: one launch (tickets); 1: the projection launch; 5: the same without the L2
-        // prefetch of the finish's inputs (the dependent finish kernel loads them itself).
-        let mut mode = if pdl && !self.config.pdl_prefetch { 5 } else { two as u32 };
-        let launch_fin = if pdl { launch_pdl } else { launch };
+        // The projection launch whose finishing kernel is a programmatic dependent: the finish
+        // loads its own inputs while the projection runs, so the projection skips their L2
+        // prefetch (L2 prefetch kept under PDL: +0.3-0.5 µs on the seed rows).
+        let mut mode = 5u32;
         macro_rules! args {
             () => {
                 &mut [
@@ -927,43 +809,31 @@ impl EngramDecodePlan {
                 ]
             };
         }
-        if let Some((fc, cdims, blocks)) = cluster {
-            // Mode 1 (the L2 prefetch of the finish's inputs), the state shift in this launch,
-            // `cl_log` = log2(tiles).
-            mode = 1;
-            copy = copy_all as u32;
-            cl_log = g.tiles.trailing_zeros();
-            return launch_cluster(fc, cdims, blocks, stream, args!());
-        }
+        // One launch with last-block-done tickets (the projection kernels' `mode` 0): b1/b4/b8
+        // 9.55/12.86/14.50 µs against 8.50/13.84/9.92 for two launches with the warp finish.
+        // One launch in one thread-block cluster, finish over distributed shared memory:
+        // +1.0/+0.6/+1.4 µs (cluster scheduling costs more than the second launch).
         launch(f, dims, stream, args!())?;
-        if !two {
-            return Ok(());
-        }
-        if let Some((e, threads)) = wide {
-            copy = (fin_copy > 0) as u32;
-            let idx = match e {
-                4 => 0,
-                2 => 1,
-                _ => 2,
-            } + if dtype == DecodeDtype::F16 { 0 } else { 3 };
-            let fast = self.config.fast_finish;
-            if fast {
-                // `_finx` takes `1/d` and `1/sqrt(d)` (correctly rounded, as the kernel's
-                // `div_rn`/`sqrt_rn` give them) in the finishing launch's unused `rs`, `cl_log`.
-                let df = s.d as f32;
-                rs = (1.0f32 / df).to_bits();
-                cl_log = (1.0f32 / df.sqrt()).to_bits();
+        let fin = gpu.function(step.finish.entry(dtype))?;
+        // The state shift stays in the projection launch (extra finishing blocks taking it,
+        // under PDL while the projection runs: predicted ≤ 0.3 µs at b8, never measured faster).
+        // Finish with `1/d` from the host and its loads before the dependent wait: +0.1-0.5 µs
+        // under the graph (a longer pre-wait prologue).
+        let dims = match step.finish {
+            DecodeFinishKernel::Block { threads, .. } => {
+                copy = 0;
+                LaunchDims { grid: (b, 1, 1), block: (threads, 1, 1), shared_bytes: 640 }
             }
-            let fin = gpu.function(KERNELS[if fast { 24 } else { 16 } + idx])?;
-            let dims =
-                LaunchDims { grid: (s.batch as u32 + fin_copy, 1, 1), block: (threads, 1, 1), shared_bytes: 640 };
-            return launch_fin(fin, dims, stream, args!());
-        }
-        let fin = gpu.function(g.finish_kernel(dtype))?;
-        let (m, shared_bytes) = finish_launch_mode(&s);
-        mode = m;
-        let dims = LaunchDims { grid: (s.batch as u32, 1, 1), block: (g.block, 1, 1), shared_bytes };
-        launch_fin(fin, dims, stream, args!())
+            DecodeFinishKernel::Warp { threads, staged_in_shared, .. } => {
+                // `mode` 2 stages the row in shared memory, 3 in the `kv` workspace.
+                mode = if staged_in_shared { 2 } else { 3 };
+                let shared_bytes = if staged_in_shared { 8 * d } else { 0 };
+                LaunchDims { grid: (b, 1, 1), block: (threads, 1, 1), shared_bytes }
+            }
+        };
+        // The finish as a programmatic dependent (`launch_pdl`): it starts while the projection
+        // runs and waits in `griddepcontrol.wait` before it reads the partials.
+        launch_pdl(fin, dims, stream, args!())
     }
 }
 

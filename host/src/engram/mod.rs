@@ -8,10 +8,10 @@ pub(crate) const GATE_CONV_KERNELS: &[&str] = gate_conv::KERNELS;
 /// PTX entries of the decode step.
 pub(crate) const DECODE_KERNELS: &[&str] = decode::KERNELS;
 
+pub use decode::planned_kernels as decode_planned_kernels;
 pub use decode::{
-    cluster_applies, finish_launch_mode, lean_applies, wide_finish, DecodeConfig, DecodeDtype, DecodeElem,
-    DecodeFinish, DecodeGeometry, DecodeInputs, DecodeInputsRaw, DecodeLens, DecodeProjection, EngramDecodePlan,
-    EngramDecodeShape,
+    plan_decode_steps, DecodeDtype, DecodeElem, DecodeFinishKernel, DecodeGeometry, DecodeInputs, DecodeInputsRaw,
+    DecodeLens, DecodeProjectionKernel, DecodeStepPlan, DecodeStepPlans, EngramDecodePlan, EngramDecodeShape,
 };
 pub use gate_conv::{
     bwd_warp_row_magic, bwd_workspace_len, fwd_chunk_magic, gate_conv_bwd, gate_conv_bwd_raw, gate_conv_fwd,

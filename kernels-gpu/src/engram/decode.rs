@@ -1,32 +1,40 @@
-//! EngramDecodeFwd kernel (docs/ops.md §6): one fused decode step in ONE launch.
+//! EngramDecodeFwd kernels (docs/ops.md §6): one fused decode step in two launches.
 //!
-//! Grid `(tiles, splits)`: block `(x, y)` owns the output columns of tile `x`
-//! (`col_lanes · VEC` columns) and the `W_K`/`W_V` rows `[y·rs, (y+1)·rs)` of split `y`.
+//! Projection launch (`project_*` entries), grid `(tiles, splits)`: block `(x, y)` owns the
+//! output columns of tile `x` and the `W_K`/`W_V` rows `[y·rs, (y+1)·rs)` of split `y`, and
+//! writes the split's f32 partial `[split][b][k|v][d]` (or `kv [b][k|v][d]` with one split):
+//! - `project_mma` (16-byte aligned layout, `d % 8 == 0`): `mma.sync.m16n8k16` over 64-column
+//!   tiles, the k-reduction inside the MMA, the warps summed through shared memory in order;
+//! - `project_mma_b8k16` (the same, `batch ≤ 8`, `d_mem % 16 == 0`): the same MMAs on the same
+//!   fragments, hence bitwise the same partials, without per-row bounds and with a shorter
+//!   per-warp chain;
+//! - `project_scalar` (any layout): each thread streams its rows for one column, accumulating
+//!   `e_t[b,i]·W[i,j]` in f32 for 4 batch rows at a time; the block's row lanes are summed
+//!   through shared memory in a fixed order.
 //!
-//! 1. Projection (every block): each thread streams its rows of `W_K` and `W_V` for `VEC`
-//!    columns (16-byte loads when `VEC = 8`), accumulating `e_t[b,i]·W[i,j]` in f32 for `BB`
-//!    batch rows at a time; the block's row lanes are summed through shared memory in a fixed
-//!    order and written as the split's partial `[split][b][k|v][d]` (f32 workspace).
-//! 2. Tile ticket (last-block-done): every thread fences, thread 0 takes a ticket on the
-//!    tile's counter; the block that arrives last sums the `splits` partials of its tile in
-//!    split order (deterministic) into `kv [b][k|v][d]` and resets the counter.
-//! 3. Global ticket: the last tile block finishes every batch row (one warp per row): the
-//!    rmsnorms of `h_t` and `q(kk)`, the gate `alpha`, `vh = alpha·vv`, `u = rmsnorm(q(vh))`,
-//!    the dilated conv over the state taps, `y_t = q(silu(conv) + vh)` and the state row `q(u)`.
+//! Finishing launch (`finish_*` entries), one block per batch row, launched as a programmatic
+//! dependent: it loads its inputs while the projection runs, waits in `griddepcontrol.wait`,
+//! sums the row's split partials in split order, then the rmsnorms of `h_t` and `q(kk)`, the
+//! gate `alpha`, `vh = alpha·vv`, `u = rmsnorm(q(vh))`, the dilated conv over the state taps,
+//! `y_t = q(silu(conv) + vh)` and the state row `q(u)`:
+//! - `finish_block_{1,2,4}col`: every thread owns 1, 2 or 4 columns, block reductions, the
+//!   scalar chain through `rsqrt.approx` + Newton and `rcp.approx`;
+//! - `finish_warp_{8,1}col` (rows wider than the block finish takes): the block sums the
+//!   partials into shared memory (or `kv` for `d > 4096`) and warp 0 finishes the row with
+//!   correctly rounded sqrt and division.
 //!
 //! The state shift of the seed contract (`new_conv_state[:, :L-1] = conv_state[:, 1:]`) is
-//! spread over every thread of the grid: its first two units are loaded at kernel start and stored
-//! when the thread leaves, so its DRAM latency overlaps the projection. The ring-buffer step
-//! (`copy = 0`) reads the taps at physical rows `(pos + t) mod L` and writes `q(u)` over
-//! slot `wpos = pos` in place; the thread that reads a slot is the thread that overwrites it.
+//! spread over every thread of the projection grid: its first two units are loaded at kernel
+//! start and stored when the thread leaves, so its DRAM latency overlaps the projection. The
+//! ring-buffer step (`copy = 0`) reads the taps at physical rows `(pos + t) mod L` and writes
+//! `q(u)` over slot `wpos = pos` in place.
 //!
-//! Two-launch variant (`mode` 1, then the `_fin` kernel): the projection launch stops after
-//! writing its partials (no tickets); a second kernel, one block per batch row, sums the row's
-//! split partials (whole block, into shared memory) and finishes the row with warp 0 — the
-//! same arithmetic in the same order as the one-launch finish.
-//!
-//! The small inputs the finishing block reads (`h_t`, the rms weights, `conv_w`, the state taps)
-//! are prefetched into L2 by the whole grid at start, so the serial tail hits L2.
+//! The kernel bodies also hold paths the host never plans (docs/decisions/engram_decode.md):
+//! the one-launch ticket mode (`mode` 0) and the L2-prefetch mode (`mode` 1) of `decode`, the
+//! state shift in blocks past the batch rows of `finish_wide`, and the `CL` / `SHORT_CHAIN` generic
+//! branches of `project_mma_b8k16` / `finish_wide` (no entry instantiates them with `true`). They
+//! stay until the bodies are regenerated from named policies, so that the kept entries'
+//! machine code is unchanged.
 use crate::prim::*;
 
 /// `body` for `$i` = 0, 1, … while `$i < $n` (at most 8), each copy with a constant index:
@@ -602,7 +610,7 @@ unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32, hook: &mut impl FnMut()) 
 /// `s[3]` = (`2t + 1`, `c + 1`) with `c = c0 + 8g + 2u` (the D fragment under the column map of
 /// [`project_mma`]); two 8-byte stores, batch rows `≥ B` and columns `≥ d` skipped.
 #[inline(always)]
-unsafe fn store_lean_pair(a: &Args, split: u32, m: u32, c: u32, tq: u32, s: [f32; 4]) {
+unsafe fn store_partial_pair(a: &Args, split: u32, m: u32, c: u32, tq: u32, s: [f32; 4]) {
     if c >= a.d {
         return;
     }
@@ -618,8 +626,7 @@ unsafe fn store_lean_pair(a: &Args, split: u32, m: u32, c: u32, tq: u32, s: [f32
     }
 }
 
-/// The lean MMA projection launch (v5, `_mmal`; the projection launch of the two-launch step
-/// only, `B ≤ 8`, `d_mem % 16 == 0`, vectorised layout): the same MMAs on the same fragments
+/// The MMA projection for `B ≤ 8`, `d_mem % 16 == 0` on the vectorised layout: the same MMAs on the same fragments
 /// as [`project_mma`], hence bitwise its partials, with a short chain per warp:
 /// - the first k-step's `W` loads are the kernel's first instructions (32-bit offsets, no
 ///   bounds: every k-step is whole; a lane past `d` or `B` loads column 0 / batch row 0 instead
@@ -632,12 +639,12 @@ unsafe fn store_lean_pair(a: &Args, split: u32, m: u32, c: u32, tq: u32, s: [f32
 ///   `i + block`, …; 256 items) over the warps in warp order with 16-byte loads and writes it
 ///   as two 8-byte stores. One warp per block: straight from the registers.
 ///
-/// `CL` (`_mmac`, one launch, v6): the grid is one thread-block cluster of `tiles · splits`
+/// `CL` (not instantiated; the one-launch cluster step): the grid is one thread-block cluster of `tiles · splits`
 /// blocks along x (block `i` = tile `i & (tiles − 1)`, split `i >> cl_log`, `tiles = 2^cl_log`);
 /// the reduced partials stay in the block's shared memory and [`cluster_finish`] finishes the
 /// step inside the cluster (no second launch).
 #[inline(always)]
-unsafe fn decode_lean<D: Dt, const CL: bool>(a: Args) {
+unsafe fn project_mma_b8k16<D: Dt, const CL: bool>(a: Args) {
     if !CL {
         grid_launch_dependents();
     }
@@ -748,7 +755,7 @@ unsafe fn decode_lean<D: Dt, const CL: bool>(a: Args) {
         if 2 * tq < a.b {
             unroll8!(m, 2, {
                 unroll8!(u, 4, {
-                    store_lean_pair(&a, split, m as u32, col + 2 * u as u32, tq, acc[m][u]);
+                    store_partial_pair(&a, split, m as u32, col + 2 * u as u32, tq, acc[m][u]);
                 });
             });
         }
@@ -789,7 +796,7 @@ unsafe fn decode_lean<D: Dt, const CL: bool>(a: Args) {
                         *pt.add((bb * 128 + 1) as usize) = sum[3];
                     }
                 } else {
-                    store_lean_pair(&a, split, m, c0 + 8 * (ln >> 2) + 2 * u, tq2, sum);
+                    store_partial_pair(&a, split, m, c0 + 8 * (ln >> 2) + 2 * u, tq2, sum);
                 }
             }
             it += nt;
@@ -806,11 +813,11 @@ unsafe fn decode_lean<D: Dt, const CL: bool>(a: Args) {
     }
 }
 
-/// The finish of the one-launch cluster step (`_mmac`): after a cluster barrier (every block's
+/// The finish of the one-launch cluster step (`CL`, not instantiated): after a cluster barrier (every block's
 /// reduced partial tile `[b][k|v][64]` at `pt` in its shared memory), block `b < B` finishes
 /// batch row `b` with one thread per column (`d ≤ block`): the row's `splits` partials of each
 /// column are read from the tile's blocks (distributed shared memory, all issued at once) and
-/// summed in split order from 0, then exactly the arithmetic of the wide finish (`_finx`, E = 1):
+/// summed in split order from 0, then exactly the arithmetic of the block finish (`SHORT_CHAIN`, E = 1):
 /// bitwise its outputs for the same projection geometry when its block has as many warps.
 /// Inputs are loaded between the barrier's arrive and wait. Shared memory after `pt`: 4096 bytes
 /// of partials, then 640 of reduction slots.
@@ -1336,7 +1343,7 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const
     // The state shift: this thread's first two units are loaded now and stored on the way out.
     let ncopy = if a.copy != 0 { a.b * (a.l - 1) * (a.d / VEC as u32) } else { 0 };
     // Up to two units per thread are loaded up front (serving-b8 has 4352 units for 4096
-    // threads: a second unit loaded only on the way out was a serial DRAM round trip).
+    // threads: a second unit loaded only on the way out would be a serial DRAM round trip).
     // They (and the L2 prefetch) are issued right after the projection's first W loads (`hook`).
     let none = Unit { dst: 0, w: [0; 4], s: [0; VEC] };
     let g2 = g as u64 + total as u64;
@@ -1458,7 +1465,7 @@ unsafe fn sum_splits_row<const VEC: usize>(a: &Args, b: u32, dst: *mut f32) {
     }
 }
 
-/// The second launch of the two-launch step (`DecodeFinish::SecondLaunch`): block `b` finishes
+/// The warp finishing launch (`finish_warp_*`): block `b` finishes
 /// batch row `b`. Warp 0 issues the row's input loads first (prefetched into L2 by the
 /// projection launch); the whole block sums the split partials of the row (`mode` 2: into
 /// shared memory, `2·d` f32; 3: into `kv`); after one barrier warp 0 finishes the row.
@@ -1497,7 +1504,7 @@ unsafe fn finish_launch<D: Dt, const VEC: usize>(a: Args) {
     }
 }
 
-// ---------------------------------------------------------------- wide finish (v4)
+// ---------------------------------------------------------------- block finish
 
 /// `E` (1, 2, 4) consecutive 16-bit inputs as raw words (element `v` in half `v & 1` of word
 /// `v >> 1`), through the read-only path.
@@ -1707,7 +1714,7 @@ unsafe fn block_sum1_par(red: *mut f32, mut x: f32) -> f32 {
     s
 }
 
-/// The wide finishing launch (`DecodeFinish::Wide`): block `b` finishes batch row `b` with all
+/// The block finishing launch (`finish_block_*`): block `b` finishes batch row `b` with all
 /// its threads; thread `t` owns columns `[E·t, E·t + E)` (`block·E ≥ d`, `d % E == 0`, the
 /// inputs `2E`-byte aligned). Every load of the thread's columns (the split partials of `kk` and
 /// `vv`, up to 16 splits; `h_t`, the weights, the state taps for `K ≤ 4`) is issued up front;
@@ -1715,18 +1722,17 @@ unsafe fn block_sum1_par(red: *mut f32, mut x: f32) -> f32 {
 /// row sums and `Σ q(vh)²` are block reductions (warp butterflies + one barrier each), and the
 /// scalar chain uses `rsqrt.approx` + Newton and `rcp.approx`. Dynamic shared memory: 640 bytes.
 ///
-/// `V6` (`_finx` entries, `DecodeConfig::fast_finish`): bitwise the same outputs from a shorter
+/// `SHORT_CHAIN` (not instantiated; measured slower under the graph): bitwise the same outputs from a shorter
 /// chain — no arithmetic between the input loads and the partial loads (Σh², h·w_h² after the
 /// partials are issued, so the inputs' and the partials' round trips overlap), `1/d` and
 /// `1/sqrt(d)` from the host (the bits of `rs` and `cl_log`, unused by a finishing launch,
 /// correctly rounded there as `div_rn`/`sqrt_rn` round them here), and the block sums read the
 /// warps' slots with independent loads ([`block_sum3_par`], [`block_sum1_par`]).
 #[inline(always)]
-unsafe fn finish_wide<D: Dt, const E: usize, const V6: bool>(a: Args) {
+unsafe fn finish_wide<D: Dt, const E: usize, const SHORT_CHAIN: bool>(a: Args) {
     if block_idx_x() >= a.b {
-        // Blocks past the batch rows (`copy` ≠ 0, vectorised layout): the seed contract's state
-        // shift, one 16-byte unit per thread (grid-stride beyond), independent of the
-        // projection launch — under PDL it runs while the projection does.
+        // Blocks past the batch rows (the host launches none): the seed contract's state
+        // shift, one 16-byte unit per thread (grid-stride beyond).
         let nt = block_dim_x();
         let n = a.b * (a.l - 1) * (a.d / 8);
         let total = (grid_dim_x() - a.b) * nt;
@@ -1767,12 +1773,13 @@ unsafe fn finish_wide<D: Dt, const E: usize, const V6: bool>(a: Args) {
             }
         });
     }
-    let (inv_d, inv_sqrt_d) = if V6 { (f32::from_bits(a.rs), f32::from_bits(a.cl_log)) } else { row_scales(&a) };
+    let (inv_d, inv_sqrt_d) =
+        if SHORT_CHAIN { (f32::from_bits(a.rs), f32::from_bits(a.cl_log)) } else { row_scales(&a) };
     // Σh² and h·w_h² need only the inputs: computed before the wait (same operations, same bits);
-    // `V6` computes them after issuing the partials' loads.
+    // `SHORT_CHAIN` computes them after issuing the partials' loads.
     let mut sh = 0f32;
     let mut hww = [0f32; E];
-    if on && !V6 {
+    if on && !SHORT_CHAIN {
         unroll8!(v, E, {
             let h = wide_e::<D>(&hw, v);
             let w = wide_e::<D>(&whw, v);
@@ -1823,7 +1830,7 @@ unsafe fn finish_wide<D: Dt, const E: usize, const V6: bool>(a: Args) {
             sp += 16;
         }
     }
-    if on && V6 {
+    if on && SHORT_CHAIN {
         unroll8!(v, E, {
             let h = wide_e::<D>(&hw, v);
             let w = wide_e::<D>(&whw, v);
@@ -1845,7 +1852,7 @@ unsafe fn finish_wide<D: Dt, const E: usize, const V6: bool>(a: Args) {
         }
     }
     let red = dyn_smem::<f32>();
-    let (sh, sk, dot) = if V6 { block_sum3_par(red, sh, sk, dot) } else { block_sum3(red, sh, sk, dot) };
+    let (sh, sk, dot) = if SHORT_CHAIN { block_sum3_par(red, sh, sk, dot) } else { block_sum3(red, sh, sk, dot) };
     let rh = rrms_fast(sh, inv_d, a.eps);
     let rk = rrms_fast(sk, inv_d, a.eps);
     let alpha = sigmoid_fast(dot * rh * rk * inv_sqrt_d);
@@ -1860,7 +1867,7 @@ unsafe fn finish_wide<D: Dt, const E: usize, const V6: bool>(a: Args) {
     if on && !a.dbg.is_null() {
         st_e::<D, E>(a.dbg.add((a.b as usize + bu) * d + j0), &vh);
     }
-    let ssv = if V6 { block_sum1_par(red.add(128), sv) } else { block_sum1(red.add(128), sv) };
+    let ssv = if SHORT_CHAIN { block_sum1_par(red.add(128), sv) } else { block_sum1(red.add(128), sv) };
     let rv = rrms_fast(ssv, inv_d, a.eps);
     if !on {
         return;
@@ -1898,13 +1905,13 @@ unsafe fn finish_wide<D: Dt, const E: usize, const V6: bool>(a: Args) {
 
 macro_rules! decode_entry {
     ($name:ident, $body:expr) => {
-        /// EngramDecodeFwd (see the module docs). `decode` entries: the one-launch step
-        /// (`mode` 0) or the projection launch of the two-launch step (`mode` 1); grid
-        /// `(tiles, splits)`, block a multiple of 32 with `block ≥ col_lanes`; dynamic shared
-        /// memory `block·2·VEC·4 + 16` bytes (`(block/32)·4096 + 16` for the MMA variants, whose
-        /// tiles are 64 columns and splits a multiple of 16 rows). `_fin` entries: the
-        /// finishing launch, grid `(batch)`, any block ≥ 32; `mode` 2 needs `8·d` bytes of
-        /// dynamic shared memory, `mode` 3 none.
+        /// EngramDecodeFwd (see the module docs). `project_*` entries: the projection launch
+        /// (`mode` 5), grid `(tiles, splits)`, block a multiple of 32 with `block ≥ col_lanes`;
+        /// dynamic shared memory `block·2·4 + 16` bytes (`(block/32)·4096 + 16` for the MMA
+        /// entries, whose tiles are 64 columns and splits a multiple of 16 rows).
+        /// `finish_warp_*`: grid `(batch)`, any block ≥ 32; `mode` 2 needs `8·d` bytes of
+        /// dynamic shared memory, `mode` 3 none. `finish_block_*`: grid `(batch)`, one thread
+        /// per `E` columns, 640 bytes of dynamic shared memory.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(
             e: *const u16,
@@ -1970,35 +1977,19 @@ macro_rules! decode_entry {
     };
 }
 
-decode_entry!(engram_decode_f16_v8_b1, decode::<F16, 8, 1, 4, false>);
-decode_entry!(engram_decode_f16_v8_b2, decode::<F16, 8, 2, 4, false>);
-decode_entry!(engram_decode_f16_v8_b4, decode::<F16, 8, 4, 4, false>);
-decode_entry!(engram_decode_f16_v8_b8, decode::<F16, 8, 8, 2, false>);
-decode_entry!(engram_decode_f16_v1_b4, decode::<F16, 1, 4, 4, false>);
-decode_entry!(engram_decode_bf16_v8_b1, decode::<Bf16, 8, 1, 4, false>);
-decode_entry!(engram_decode_bf16_v8_b2, decode::<Bf16, 8, 2, 4, false>);
-decode_entry!(engram_decode_bf16_v8_b4, decode::<Bf16, 8, 4, 4, false>);
-decode_entry!(engram_decode_bf16_v8_b8, decode::<Bf16, 8, 8, 2, false>);
-decode_entry!(engram_decode_bf16_v1_b4, decode::<Bf16, 1, 4, 4, false>);
-decode_entry!(engram_decode_f16_mma, decode::<F16, 8, 8, 2, true>);
-decode_entry!(engram_decode_bf16_mma, decode::<Bf16, 8, 8, 2, true>);
-decode_entry!(engram_decode_f16_fin8, finish_launch::<F16, 8>);
-decode_entry!(engram_decode_f16_fin1, finish_launch::<F16, 1>);
-decode_entry!(engram_decode_bf16_fin8, finish_launch::<Bf16, 8>);
-decode_entry!(engram_decode_bf16_fin1, finish_launch::<Bf16, 1>);
-decode_entry!(engram_decode_f16_finw4, finish_wide::<F16, 4, false>);
-decode_entry!(engram_decode_f16_finw2, finish_wide::<F16, 2, false>);
-decode_entry!(engram_decode_f16_finw1, finish_wide::<F16, 1, false>);
-decode_entry!(engram_decode_bf16_finw4, finish_wide::<Bf16, 4, false>);
-decode_entry!(engram_decode_bf16_finw2, finish_wide::<Bf16, 2, false>);
-decode_entry!(engram_decode_bf16_finw1, finish_wide::<Bf16, 1, false>);
-decode_entry!(engram_decode_f16_mmal, decode_lean::<F16, false>);
-decode_entry!(engram_decode_bf16_mmal, decode_lean::<Bf16, false>);
-decode_entry!(engram_decode_f16_finx4, finish_wide::<F16, 4, true>);
-decode_entry!(engram_decode_f16_finx2, finish_wide::<F16, 2, true>);
-decode_entry!(engram_decode_f16_finx1, finish_wide::<F16, 1, true>);
-decode_entry!(engram_decode_bf16_finx4, finish_wide::<Bf16, 4, true>);
-decode_entry!(engram_decode_bf16_finx2, finish_wide::<Bf16, 2, true>);
-decode_entry!(engram_decode_bf16_finx1, finish_wide::<Bf16, 1, true>);
-decode_entry!(engram_decode_f16_mmac, decode_lean::<F16, true>);
-decode_entry!(engram_decode_bf16_mmac, decode_lean::<Bf16, true>);
+decode_entry!(engram_decode_f16_project_scalar, decode::<F16, 1, 4, 4, false>);
+decode_entry!(engram_decode_bf16_project_scalar, decode::<Bf16, 1, 4, 4, false>);
+decode_entry!(engram_decode_f16_project_mma, decode::<F16, 8, 8, 2, true>);
+decode_entry!(engram_decode_bf16_project_mma, decode::<Bf16, 8, 8, 2, true>);
+decode_entry!(engram_decode_f16_project_mma_b8k16, project_mma_b8k16::<F16, false>);
+decode_entry!(engram_decode_bf16_project_mma_b8k16, project_mma_b8k16::<Bf16, false>);
+decode_entry!(engram_decode_f16_finish_warp_8col, finish_launch::<F16, 8>);
+decode_entry!(engram_decode_f16_finish_warp_1col, finish_launch::<F16, 1>);
+decode_entry!(engram_decode_bf16_finish_warp_8col, finish_launch::<Bf16, 8>);
+decode_entry!(engram_decode_bf16_finish_warp_1col, finish_launch::<Bf16, 1>);
+decode_entry!(engram_decode_f16_finish_block_4col, finish_wide::<F16, 4, false>);
+decode_entry!(engram_decode_f16_finish_block_2col, finish_wide::<F16, 2, false>);
+decode_entry!(engram_decode_f16_finish_block_1col, finish_wide::<F16, 1, false>);
+decode_entry!(engram_decode_bf16_finish_block_4col, finish_wide::<Bf16, 4, false>);
+decode_entry!(engram_decode_bf16_finish_block_2col, finish_wide::<Bf16, 2, false>);
+decode_entry!(engram_decode_bf16_finish_block_1col, finish_wide::<Bf16, 1, false>);
