@@ -149,6 +149,15 @@ impl FftPlan {
         for p in passes.iter_mut() {
             for k in [p.kernel, p.unaligned] {
                 let f = gpu.function(k.name)?;
+                // The kernel table's `max_threads` comes from the sm_90 registers of the build;
+                // a build whose registers allow fewer threads fails here, not at launch.
+                let max = f.get_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
+                if (max as u32) < p.threads {
+                    return Err(Error::Shape {
+                        arg: "n",
+                        msg: format!("{} allows {max} threads per block, the plan needs {}", k.name, p.threads),
+                    });
+                }
                 let attr = CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
                 if p.smem_bytes > 48 * 1024 && f.get_attribute(attr)? < p.smem_bytes as i32 {
                     f.set_attribute(attr, p.smem_bytes as i32)?;
