@@ -9,7 +9,7 @@ use crate::prim::*;
 /// FFT rows' byte counts on the H200 and within 0.03 µs on a ninth (sweep of 2/4/8 chunks,
 /// 128–1024 threads, one round or 4–8 persistent blocks per SM; 4 chunks: +0.1 µs at 4k, +0.2
 /// at 64k, +2.2 at 1M c128, but −0.45 at 16k; 8 chunks or 512–1024 threads up to +1 µs;
-/// kernels-gpu/src/fft/NOTES.md).
+/// docs/decisions/fft.md).
 pub const COPY_UNROLL: usize = 2;
 
 /// `dst[i] = src[i]` for `chunks` 16-byte chunks (both 16-byte aligned, not overlapping).

@@ -4,11 +4,11 @@ use cudarc::cufft::{result as cufft_result, sys as cufft_sys, CudaFft};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal};
-use rgk::fft::{CopyChain, FftOptions, FftPlan, Persist, Precision};
+use rgk::fft::{CopyChain, FftPlan, Precision};
 use rgk::reference::{fft_c2c_fwd, fft_error, fft_error_bound};
 use rgk::{Error, Gpu};
 
-use crate::case::{variant_name, Case, Tensor, Verification, Workload};
+use crate::case::{Case, Tensor, Verification, Workload};
 
 /// FP32 / FP64 non-tensor peaks of the H200 (datasheet), FLOP/s.
 pub const FP32_PEAK: f64 = 67e12;
@@ -30,102 +30,11 @@ const ROWS: [(&str, &[usize], usize, Precision); 10] = [
     ("spectrogram-1k-b300", &[300], 1024, Precision::C64),
 ];
 
-/// A variant row's options for `(n, batch, precision)`, and whether the row gets it.
-type Variant = (fn(usize, usize, Precision) -> FftOptions, fn(usize, Precision) -> bool);
-
-/// The variant rows (`WORKLOAD@tag`), each on the rows where it changes something:
-/// - `stn`: stage tables loaded in each stage (session 3's `v1`, `st`, `st-never`, `st-sm2`
-///   rows are in NOTES); `nograph` / `nopdl` (multi-pass rows): the planner without graph
-///   submission / without the passes' dependent launches;
-/// - session 4, each the planner's options (`FftOptions::for_shape`) plus one change:
-///   `e8` (c64 1024/4096 with 8 elements per thread), `e8p` (the same with ping-pong shared
-///   memory), `pp` (ping-pong, c64 512/1024/4096), `sta` (`cp.async`-staged input, c64
-///   64/512/1024), `sta-sm2` (staged, 2 persistent blocks per SM), `t128`, `t64` (row-pass
-///   blocks of 128 / 64 threads), `c4`, `c8`, `c32` (four-step passes with 4 / 8 / 32
-///   transforms per block), `sp2`, `sp4` (c64 16384 in one pass, 2 × 8192 / 4 × 4096 blocks
-///   per transform);
-/// - session 5: `n1m2`, `n1m1`, `n1p1`, `n1p2` (four-step plans split `n = n1·n2` with
-///   `log2 n1 = ⌊log2 n / 2⌋` − 2, − 1, + 1, + 2 instead of the balanced split);
-/// - session 7: `waitfirst` (multi-pass rows: each pass waits for the previous one at entry,
-///   before its twiddle loads, as in session 6).
-fn variants() -> Vec<(&'static str, Variant)> {
-    fn st(persist: Persist) -> FftOptions {
-        FftOptions { persist, stage_twiddles: true, hoist_twiddles: true, ..FftOptions::default() }
-    }
-    let all: fn(usize, Precision) -> bool = |_, _| true;
-    let one_pass: fn(usize, Precision) -> bool =
-        |n, p| n >= 64 && n <= if p == Precision::C64 { 1 << 13 } else { 1 << 12 };
-    let four_step: fn(usize, Precision) -> bool = |n, p| n > if p == Precision::C64 { 1 << 13 } else { 1 << 12 };
-    let split_rows: fn(usize, Precision) -> bool = |n, p| p == Precision::C64 && n == 1 << 14;
-    // Session 8: also longconv-64k (its four-step row pass, 1024 points with a transposed store).
-    let e8_rows: fn(usize, Precision) -> bool = |n, p| p == Precision::C64 && matches!(n, 1024 | 4096 | 65536);
-    vec![
-        ("stn", (|_, _, _| FftOptions { hoist_twiddles: false, ..st(Persist::Auto) }, all)),
-        ("nograph", (|n, b, p| FftOptions { graph: false, ..FftOptions::for_shape(n, b, p) }, four_step)),
-        ("nopdl", (|n, b, p| FftOptions { pdl: false, ..FftOptions::for_shape(n, b, p) }, four_step)),
-        ("waitfirst", (|n, b, p| FftOptions { wait_first: true, ..FftOptions::for_shape(n, b, p) }, four_step)),
-        ("e8", (|n, b, p| FftOptions { e8: true, ..FftOptions::for_shape(n, b, p) }, e8_rows)),
-        ("e8p", (|n, b, p| FftOptions { e8: true, ping_pong: true, ..FftOptions::for_shape(n, b, p) }, e8_rows)),
-        (
-            "pp",
-            (
-                |n, b, p| FftOptions { ping_pong: true, ..FftOptions::for_shape(n, b, p) },
-                |n, p| p == Precision::C64 && matches!(n, 512 | 1024 | 4096 | 65536),
-            ),
-        ),
-        (
-            "sta",
-            (
-                |n, b, p| FftOptions { staged: true, persist: Persist::Auto, ..FftOptions::for_shape(n, b, p) },
-                |n, p| p == Precision::C64 && matches!(n, 64 | 512 | 1024),
-            ),
-        ),
-        (
-            "sta-sm2",
-            (
-                |n, b, p| FftOptions { staged: true, persist: Persist::PerSm(2), ..FftOptions::for_shape(n, b, p) },
-                |n, p| p == Precision::C64 && matches!(n, 64 | 512 | 1024),
-            ),
-        ),
-        ("t128", (|n, b, p| FftOptions { row_threads: 128, ..FftOptions::for_shape(n, b, p) }, one_pass)),
-        ("t64", (|n, b, p| FftOptions { row_threads: 64, ..FftOptions::for_shape(n, b, p) }, one_pass)),
-        ("c4", (|n, b, p| FftOptions { cols: 4, ..FftOptions::for_shape(n, b, p) }, four_step)),
-        ("c8", (|n, b, p| FftOptions { cols: 8, ..FftOptions::for_shape(n, b, p) }, four_step)),
-        ("c16", (|n, b, p| FftOptions { cols: 16, ..FftOptions::for_shape(n, b, p) }, four_step)),
-        ("c32", (|n, b, p| FftOptions { cols: 32, ..FftOptions::for_shape(n, b, p) }, four_step)),
-        ("sp2", (|n, b, p| FftOptions { split: 1, ..FftOptions::for_shape(n, b, p) }, split_rows)),
-        ("sp4", (|n, b, p| FftOptions { split: 2, ..FftOptions::for_shape(n, b, p) }, split_rows)),
-        (
-            "n1m2",
-            (|n, b, p| FftOptions { log_n1: n.trailing_zeros() / 2 - 2, ..FftOptions::for_shape(n, b, p) }, four_step),
-        ),
-        (
-            "n1m1",
-            (|n, b, p| FftOptions { log_n1: n.trailing_zeros() / 2 - 1, ..FftOptions::for_shape(n, b, p) }, four_step),
-        ),
-        (
-            "n1p1",
-            (|n, b, p| FftOptions { log_n1: n.trailing_zeros() / 2 + 1, ..FftOptions::for_shape(n, b, p) }, four_step),
-        ),
-        (
-            "n1p2",
-            (|n, b, p| FftOptions { log_n1: n.trailing_zeros() / 2 + 2, ..FftOptions::for_shape(n, b, p) }, four_step),
-        ),
-    ]
-}
-
-/// The seed's workloads; with `variants`, also the rows of [`variants`] (for tuning).
-pub fn workloads(variants_too: bool) -> Vec<Workload> {
-    // `None`: the planner's options for the row (`FftOptions::for_shape`).
-    let mut configs: Vec<(Option<&'static str>, Option<Variant>)> = vec![(None, None)];
-    if variants_too {
-        configs.extend(variants().into_iter().map(|(t, v)| (Some(t), Some(v))));
-    }
+/// The ten rows, each on the plan `FftPlan::new` ships. No variant rows: every alternative of
+/// the tuning table was measured and lost (docs/decisions/fft.md); `_variants_too` is ignored.
+pub fn workloads(_variants_too: bool) -> Vec<Workload> {
     ROWS.iter()
-        .flat_map(|r| configs.iter().map(move |c| (r, *c)))
-        .filter(|(&(_, _, n, prec), (_, v))| v.is_none_or(|v| (v.1)(n, prec)))
-        .map(|(&(name, bdims, n, prec), (tag, v))| {
-            let name = variant_name(name, tag);
+        .map(|&(name, bdims, n, prec)| {
             let batch: usize = bdims.iter().product();
             let mut dims = bdims.to_vec();
             dims.push(n);
@@ -139,14 +48,7 @@ pub fn workloads(variants_too: bool) -> Vec<Workload> {
                 bytes: (2 * n * batch * prec.element_bytes()) as f64,
                 peak_flops: if c128 { FP64_PEAK } else { FP32_PEAK },
                 prepare: Box::new(move |gpu, rng| {
-                    Ok(Box::new(FftCase::new(
-                        gpu,
-                        rng,
-                        bdims,
-                        n,
-                        prec,
-                        v.map_or_else(|| FftOptions::for_shape(n, batch, prec), |v| (v.0)(n, batch, prec)),
-                    )?) as Box<dyn Case>)
+                    Ok(Box::new(FftCase::new(gpu, rng, bdims, n, prec)?) as Box<dyn Case>)
                 }),
             }
         })
@@ -179,14 +81,7 @@ fn cufft_err(e: cufft_result::CufftError) -> Error {
 }
 
 impl FftCase {
-    fn new(
-        gpu: &Gpu,
-        rng: &mut StdRng,
-        bdims: &[usize],
-        n: usize,
-        prec: Precision,
-        opts: FftOptions,
-    ) -> rgk::Result<Self> {
+    fn new(gpu: &Gpu, rng: &mut StdRng, bdims: &[usize], n: usize, prec: Precision) -> rgk::Result<Self> {
         let batch: usize = bdims.iter().product();
         let len = 2 * n * batch;
         let st = gpu.stream();
@@ -207,7 +102,7 @@ impl FftCase {
             }
         };
         let reference = fft_c2c_fwd(n, batch, &x);
-        let plan = FftPlan::new_opts(gpu, n, batch, prec, opts)?;
+        let plan = FftPlan::new(gpu, n, batch, prec)?;
         let floor = CopyChain::for_plan(gpu, &plan)?;
         // cuFFT's plan is made here, outside the timed calls (as ours).
         let cufft = if unsafe { cufft_sys::is_culib_present() } {
@@ -267,9 +162,8 @@ impl Case for FftCase {
             max_abs_err: max_abs,
             rel_l2_err: rel,
             detail: format!(
-                "y: rel_l2 {rel:.3e} (bar {bound:.1e}), max_abs {max_abs:.3e}, {} launch(es), {} stage-table, kernels {:?}",
+                "y: rel_l2 {rel:.3e} (bar {bound:.1e}), max_abs {max_abs:.3e}, {} launch(es), kernels {:?}",
                 self.plan.launches(),
-                self.plan.stage_table_passes(),
                 self.plan.pass_kernels()
             ),
         })

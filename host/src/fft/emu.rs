@@ -2,15 +2,15 @@
 //! stockham}.rs) compiled for the host against a software `prim` (thread and block indices in
 //! thread-locals, `sync_threads` a real barrier over one OS thread per GPU thread, shared
 //! memory a poisoned per-block buffer), launched with exactly the arguments the plan's
-//! `execute_raw` passes ([`super::plan::pass_args`]) and the plan's own tables. Unlike the
-//! index model (`model.rs`, a re-statement of the kernel's arithmetic), this runs the kernel
-//! code, so a kernel/host disagreement (entry table, argument order, geometry, tables) shows.
+//! `execute_raw` passes ([`super::plan::pass_args`]) and the plan's own tables. It runs the
+//! kernel code, so a kernel/host disagreement (entry table, argument order, geometry, tables)
+//! shows. Every kernel of the planner's table runs here.
 #![allow(clippy::too_many_arguments)]
 
 use std::cell::Cell;
 use std::sync::{Arc, Barrier};
 
-use super::plan::{pass_args, stage_table, twiddle_tables, Buf, Pass, PassArgs, PlanPtrs};
+use super::plan::{four_step_tables, pass_args, stage_table, Buf, Pass, PassArgs, PlanPtrs};
 
 /// The kernels' primitives, in software (only those the FFT kernels use).
 #[allow(dead_code)]
@@ -178,98 +178,44 @@ macro_rules! kernels {
 kernels!(
     f32,
     8,
-    fft_c64_l1,
-    fft_c64_l2,
-    fft_c64_l3,
-    fft_c64_l4,
-    fft_c64_l5,
-    fft_c64_l6,
-    fft_c64_l7,
-    fft_c64_l8,
-    fft_c64_l9,
-    fft_c64_l10,
-    fft_c64_l11,
-    fft_c64_l12,
-    fft_c64_l13,
-    fft_c64_l1_st,
-    fft_c64_l2_st,
-    fft_c64_l3_st,
-    fft_c64_l4_st,
-    fft_c64_l5_st,
-    fft_c64_l6_st,
-    fft_c64_l7_st,
-    fft_c64_l8_st,
-    fft_c64_l9_st,
-    fft_c64_l10_st,
-    fft_c64_l11_st,
-    fft_c64_l12_st,
-    fft_c64_l13_st,
-    fft_c64_l1_stn,
-    fft_c64_l2_stn,
-    fft_c64_l3_stn,
-    fft_c64_l4_stn,
-    fft_c64_l5_stn,
-    fft_c64_l6_stn,
-    fft_c64_l7_stn,
-    fft_c64_l8_stn,
-    fft_c64_l9_stn,
-    fft_c64_l10_stn,
-    fft_c64_l11_stn,
-    fft_c64_l12_stn,
-    fft_c64_l13_stn,
-    fft_c64_l10_st8,
-    fft_c64_l12_st8,
-    fft_c64_l10_st8p,
-    fft_c64_l12_st8p,
-    fft_c64_l9_stp,
-    fft_c64_l10_stp,
-    fft_c64_l12_stp,
-    fft_c64_l6_sta,
-    fft_c64_l9_sta,
-    fft_c64_l10_sta,
-    fft_c64_l13_sp1,
-    fft_c64_l12_sp2,
-    fft_c64_l13_sp2
+    fft_c64_l1_tw_hoisted,
+    fft_c64_l2_tw_hoisted,
+    fft_c64_l3_tw_hoisted,
+    fft_c64_l4_tw_hoisted,
+    fft_c64_l5_tw_hoisted,
+    fft_c64_l6_tw_hoisted,
+    fft_c64_l7_tw_hoisted,
+    fft_c64_l8_tw_hoisted,
+    fft_c64_l9_tw_hoisted,
+    fft_c64_l10_tw_hoisted,
+    fft_c64_l11_tw_hoisted,
+    fft_c64_l10_tw_per_stage,
+    fft_c64_l11_tw_per_stage,
+    fft_c64_l12_tw_per_stage,
+    fft_c64_l13_tw_per_stage,
+    fft_c64_l10_radix8_ping_pong,
+    fft_c64_l12_ping_pong,
+    fft_c64_l6_staged,
+    fft_c64_l9_staged
 );
 kernels!(
     f64,
     16,
-    fft_c128_l1,
-    fft_c128_l2,
-    fft_c128_l3,
-    fft_c128_l4,
-    fft_c128_l5,
-    fft_c128_l6,
-    fft_c128_l7,
-    fft_c128_l8,
-    fft_c128_l9,
-    fft_c128_l10,
-    fft_c128_l11,
-    fft_c128_l12,
-    fft_c128_l1_st,
-    fft_c128_l2_st,
-    fft_c128_l3_st,
-    fft_c128_l4_st,
-    fft_c128_l5_st,
-    fft_c128_l6_st,
-    fft_c128_l7_st,
-    fft_c128_l8_st,
-    fft_c128_l9_st,
-    fft_c128_l10_st,
-    fft_c128_l11_st,
-    fft_c128_l12_st,
-    fft_c128_l1_stn,
-    fft_c128_l2_stn,
-    fft_c128_l3_stn,
-    fft_c128_l4_stn,
-    fft_c128_l5_stn,
-    fft_c128_l6_stn,
-    fft_c128_l7_stn,
-    fft_c128_l8_stn,
-    fft_c128_l9_stn,
-    fft_c128_l10_stn,
-    fft_c128_l11_stn,
-    fft_c128_l12_stn
+    fft_c128_l1_tw_hoisted,
+    fft_c128_l2_tw_hoisted,
+    fft_c128_l3_tw_hoisted,
+    fft_c128_l4_tw_hoisted,
+    fft_c128_l5_tw_hoisted,
+    fft_c128_l6_tw_hoisted,
+    fft_c128_l7_tw_hoisted,
+    fft_c128_l8_tw_hoisted,
+    fft_c128_l9_tw_hoisted,
+    fft_c128_l10_tw_hoisted,
+    fft_c128_l11_tw_hoisted,
+    fft_c128_l9_tw_per_stage,
+    fft_c128_l10_tw_per_stage,
+    fft_c128_l11_tw_per_stage,
+    fft_c128_l12_tw_per_stage
 );
 
 /// Device memory of the emulation: a 16-byte aligned buffer of `len` complex elements.
@@ -382,41 +328,47 @@ fn launch<T: Elem>(k: Kernel<T>, a: &PassArgs) {
 /// Executes `passes` (a plan for `n = 2^log_n`, `batch` transforms) through the emulated
 /// kernels exactly as `FftPlan::execute_raw` does (out of place, or in place with
 /// `in_place`); `x` interleaved f64 (rounded to `T`), returns `y` in f64. Outputs and the
-/// workspace start as NaN.
-pub(crate) fn execute<T: Elem>(passes: &[Pass], log_n: u32, batch: usize, x: &[f64], in_place: bool) -> Vec<f64> {
+/// workspace start as NaN. `unaligned`: every pass runs its `unaligned` kernel (as for an
+/// 8-byte aligned `x`).
+pub(crate) fn execute<T: Elem>(
+    passes: &[Pass],
+    log_n: u32,
+    batch: usize,
+    x: &[f64],
+    in_place: bool,
+    unaligned: bool,
+) -> Vec<f64> {
     let reals = 2 * (batch << log_n);
     assert_eq!(x.len(), reals);
     // 0xFF bytes: a NaN in either precision.
     let nan = 0xFF;
     let mut xb = upload::<T>(x);
     let mut yb = DevBuf::new(reals * T::BYTES / 2, nan);
-    let log_lt = passes.iter().map(|p| p.log_l).max().unwrap_or(0);
     let four_step = passes.len() > 1;
-    let (tw, four) = twiddle_tables(log_n, log_lt, four_step || passes.iter().any(|p| p.split > 0));
-    // The four-step tables at lower addresses than `tw` (the allocation order that the first
-    // H200 run's `max(twlo, tw)` argument bug turned into wrong twiddles).
-    let (_tables, addrs) = match &four {
-        Some((lo, hi)) => upload_tables::<T>(&[lo, hi, &tw]),
-        None => upload_tables::<T>(&[&tw]),
+    // The four-step tables at lower addresses than the stage tables (the allocation order in
+    // which a `max(twlo, tw)` argument would pick the wrong table).
+    let four = four_step.then(|| four_step_tables(log_n));
+    let (_four_tables, four_addrs) = match &four {
+        Some((lo, hi)) => upload_tables::<T>(&[lo, hi]),
+        None => upload_tables::<T>(&[]),
     };
     let mut work = if four_step { Some(DevBuf::new(reals * T::BYTES / 2, nan)) } else { None };
     let ptrs = PlanPtrs {
-        tw: *addrs.last().unwrap(),
-        twlo: if four.is_some() { addrs[0] } else { 0 },
-        twhi: if four.is_some() { addrs[1] } else { 0 },
+        twlo: if four_step { four_addrs[0] } else { 0 },
+        twhi: if four_step { four_addrs[1] } else { 0 },
         work: work.as_mut().map_or(0, |b| b.addr()),
     };
     let (xa, ya) = if in_place { (xb.addr(), xb.addr()) } else { (xb.addr(), yb.addr()) };
-    let prec = if T::BYTES == 8 { super::Precision::C64 } else { super::Precision::C128 };
-    // Stage-table passes: each its own table, exactly its size (rounded up to 256 bytes, NaN
-    // after it: an index past the table shows as a NaN result).
-    let stw: Vec<Option<(DevBuf, Vec<u64>)>> =
-        passes.iter().map(|p| p.st.then(|| upload_tables::<T>(&[&stage_table(p.log_l, p.e)]))).collect();
+    // Each pass its own stage table, exactly its size (rounded up to 256 bytes, NaN after it:
+    // an index past the table shows as a NaN result).
+    let stw: Vec<(DevBuf, Vec<u64>)> =
+        passes.iter().map(|p| upload_tables::<T>(&[&stage_table(p.log_l, p.e)])).collect();
     for (p, st) in passes.iter().zip(&stw) {
-        let a = pass_args(p, log_n, log_lt, ptrs, st.as_ref().map_or(0, |t| t.1[0]), xa, ya);
+        let a = pass_args(p, log_n, ptrs, st.1[0], xa, ya);
         // Every buffer a pass names is one the plan holds.
         assert!(p.src != Buf::Work || work.is_some(), "{p:?}");
-        launch(T::kernel(super::FftPlan::pass_kernel(prec, p)), &a);
+        let kernel = if unaligned { p.unaligned } else { p.kernel };
+        launch(T::kernel(kernel.name), &a);
     }
     if passes.is_empty() {
         return x.iter().map(|&v| T::from_f64(v).to_f64()).collect();
@@ -428,7 +380,8 @@ pub(crate) fn execute<T: Elem>(passes: &[Pass], log_n: u32, batch: usize, x: &[f
 
 #[cfg(test)]
 mod tests {
-    use super::super::plan::{decompose, decompose_k, max_single_log, set_extra, split_pass, Knobs};
+    use super::super::plan::{four_step, kernel, one_pass, persist, plan, Form, KERNELS};
+    use super::super::Precision;
     use super::*;
     use crate::reference::{fft_c2c_fwd, fft_error, fft_error_bound};
 
@@ -442,210 +395,112 @@ mod tests {
             .collect()
     }
 
-    /// Runs the plan for `(n, batch)` through the emulated kernels; returns the rel L2 error
-    /// after asserting it is within the GPU tests' bar.
-    fn case<T: Elem>(log_n: u32, batch: usize, in_place: bool, grid: Option<u32>) -> f64 {
-        case_st::<T>(log_n, batch, in_place, grid, None)
+    /// Runs `passes` (for `2^log_n`, `batch`) through the emulated kernels; asserts the rel L2
+    /// error is within the GPU tests' bar.
+    fn check(prec: Precision, passes: &[Pass], log_n: u32, batch: usize, in_place: bool, unaligned: bool) {
+        let n = 1usize << log_n;
+        let x = input(n * batch, (log_n as u64) << 20 | batch as u64);
+        let (ours, xr) = match prec {
+            Precision::C64 => {
+                let xr: Vec<f64> = x.iter().map(|&v| v as f32 as f64).collect();
+                (execute::<f32>(passes, log_n, batch, &xr, in_place, unaligned), xr)
+            }
+            Precision::C128 => (execute::<f64>(passes, log_n, batch, &x, in_place, unaligned), x),
+        };
+        let (rel, _) = fft_error(&ours, &fft_c2c_fwd(n, batch, &xr));
+        let bound = fft_error_bound(n, prec == Precision::C128);
+        let kernels: Vec<_> = passes.iter().map(|p| p.kernel.name).collect();
+        assert!(
+            rel <= bound,
+            "emulated {prec:?} n=2^{log_n} batch={batch} in_place={in_place} unaligned={unaligned} {kernels:?}: rel {rel:e} > {bound:e}\n{passes:#?}"
+        );
     }
 
-    /// [`case`] with the stage-table kernels when `st` is `Some(max_threads)`: each pass shrunk
-    /// to at most that many threads, or left on the `W_Lt` kernel if one transform needs more
-    /// (as `FftPlan::new_opts` does for a kernel that allows fewer threads).
-    fn case_st<T: Elem>(log_n: u32, batch: usize, in_place: bool, grid: Option<u32>, st: Option<(u32, bool)>) -> f64 {
-        let elem = T::BYTES;
-        let mut passes = if log_n == 0 { vec![] } else { decompose(log_n, batch, elem, max_single_log(elem)) };
-        if let Some((m, hoist)) = st {
+    /// The shipped plan of `(prec, 2^log_n, batch)`; with `slots`, persistent row passes sized
+    /// for a device of that many block slots (1 SM), so blocks loop over several groups.
+    fn shipped(prec: Precision, log_n: u32, batch: usize, slots: Option<u32>) -> Vec<Pass> {
+        let mut passes = plan(prec, log_n, batch);
+        if let Some(s) = slots {
             for p in passes.iter_mut() {
-                let mut q = p.clone();
-                if q.shrink_to(m) {
-                    *p = q;
-                    p.st = true;
-                    p.hoist = hoist;
+                persist(p, 1, s);
+                if p.persistent {
+                    // The two-wave rule leaves short batches unlooped; loop them anyway.
+                    p.grid = p.grid.min(s);
                 }
             }
         }
-        if let Some(g) = grid {
-            for p in passes.iter_mut().filter(|p| p.flags == 0 && p.log_min == 0) {
-                p.grid = p.grid.min(g);
-            }
-        }
-        let n = 1usize << log_n;
-        let x = input(n * batch, (log_n as u64) << 20 | batch as u64);
-        let xr: Vec<f64> = x.iter().map(|&v| T::from_f64(v).to_f64()).collect();
-        let ours = execute::<T>(&passes, log_n, batch, &xr, in_place);
-        let (rel, _) = fft_error(&ours, &fft_c2c_fwd(n, batch, &xr));
-        let bound = fft_error_bound(n, elem == 16);
-        assert!(
-            rel <= bound,
-            "emulated c{} n=2^{log_n} batch={batch} in_place={in_place} grid={grid:?} st={st:?}: rel {rel:e} > {bound:e}\n{passes:#?}",
-            elem * 8
-        );
-        rel
+        passes
     }
 
-    /// Every length up to 2^16 in both precisions, several batches (1 and 2 for the four-step
-    /// lengths), through the kernel code itself: this is the test that fails for the
-    /// n = 2^15 bug of commit 83c77de on the GPU.
+    /// The planner's plans for every length up to 2^16 in both precisions, several batches
+    /// (1 and 2 for the four-step lengths), through the kernel code itself.
     #[test]
-    fn emulated_kernels_every_length_to_2_16() {
+    fn emulated_plans_every_length_to_2_16() {
         for log_n in 0..=16 {
             let batches: &[usize] = if log_n <= 10 { &[1, 3] } else { &[1, 2] };
             for &b in batches {
-                case::<f32>(log_n, b, false, None);
-                case::<f64>(log_n, b, false, None);
-            }
-        }
-    }
-
-    /// Longer four-step plans, uneven (n1 < n2) and even splits, batch 1 (every plan up to
-    /// 2^22 is checked for geometry in `model.rs`; 2^20..2^22 take minutes here).
-    #[test]
-    fn emulated_kernels_long_lengths() {
-        for log_n in [17, 18, 19] {
-            case::<f32>(log_n, 1, false, None);
-        }
-        case::<f64>(17, 1, false, None);
-    }
-
-    /// In place, odd batches, persistent grids (fewer blocks than groups).
-    #[test]
-    fn emulated_kernels_in_place_odd_batches_persistent() {
-        for (log_n, b) in [(3, 5), (12, 3), (13, 3), (14, 3), (15, 3), (15, 7)] {
-            case::<f32>(log_n, b, true, None);
-            case::<f64>(log_n, b, true, None);
-            case::<f32>(log_n, b, false, None);
-        }
-        for (log_n, b) in [(6, 1001), (9, 300), (10, 37)] {
-            case::<f32>(log_n, b, false, Some(5));
-            case::<f64>(log_n, b, false, Some(3));
-        }
-    }
-
-    /// [`case`] planned as `FftPlan::new_opts` does with hoisted stage tables and the session-4
-    /// options: planner `knobs`, then ping-pong / staging where an extra kernel exists (each
-    /// pass asserted to take the extra kernel when `expect_extra`). Max 512 threads per block.
-    fn case_k(log_n: u32, batch: usize, in_place: bool, grid: Option<u32>, knobs: Knobs, pp: bool, staged: bool) {
-        let mut passes = decompose_k(log_n, batch, 8, max_single_log(8), knobs);
-        for p in passes.iter_mut() {
-            p.st = true;
-            p.hoist = true;
-            assert!(p.shrink_to(512));
-            set_extra(p, 8, pp, staged);
-            if let Some(g) = grid {
-                if p.flags == 0 && p.log_min == 0 {
-                    p.grid = p.grid.min(g);
+                for prec in [Precision::C64, Precision::C128] {
+                    check(prec, &shipped(prec, log_n, b, None), log_n, b, false, false);
                 }
             }
         }
-        let n = 1usize << log_n;
-        let x = input(n * batch, (log_n as u64) << 20 | batch as u64 | 1 << 40);
-        let xr: Vec<f64> = x.iter().map(|&v| v as f32 as f64).collect();
-        let ours = execute::<f32>(&passes, log_n, batch, &xr, in_place);
-        let (rel, _) = fft_error(&ours, &fft_c2c_fwd(n, batch, &xr));
-        let bound = fft_error_bound(n, false);
-        assert!(
-            rel <= bound,
-            "emulated n=2^{log_n} batch={batch} in_place={in_place} grid={grid:?} {knobs:?} pp={pp} staged={staged}: rel {rel:e} > {bound:e}\n{passes:#?}"
-        );
     }
 
-    /// The session-4 kernels and planner knobs through the kernel code: 8 elements per thread
-    /// (`_st8`, c64 1024 and 4096), ping-pong shared memory (`_stp`, `_st8p`), staged input
-    /// (`_sta`: persistent grids whose blocks loop over several groups, a partial last group,
-    /// in place), row-pass block sizes and four-step column counts.
+    /// Longer four-step plans, uneven (n1 < n2) and even splits, batch 1.
     #[test]
-    fn emulated_session4_kernels() {
-        let e8 = Knobs { e8: true, ..Knobs::default() };
-        for log_n in [10, 12] {
-            for b in [1, 3] {
-                case_k(log_n, b, false, None, e8, false, false);
-                case_k(log_n, b, false, None, e8, true, false);
-            }
-            case_k(log_n, 3, true, None, e8, true, false);
-            case_k(log_n, 5, false, Some(2), e8, false, false);
-            case_k(log_n, 5, false, Some(2), e8, true, false);
+    fn emulated_plans_long_lengths() {
+        for log_n in [17, 18, 19] {
+            check(Precision::C64, &shipped(Precision::C64, log_n, 1, None), log_n, 1, false, false);
         }
-        // Session 8: 8 elements per thread in the four-step row pass (transposed store), with
-        // and without ping-pong: 2^16 = 2^6 × 2^10 (odd batch, in place) and 2^18 = 2^6 × 2^12
-        // (the GPU test also runs the balanced 2^20).
-        for (log_n, log_n1) in [(16, 6), (18, 6)] {
-            let k = Knobs { e8: true, log_n1, cols: 32, ..Knobs::default() };
-            let cases: &[(usize, bool)] =
-                if log_n == 16 { &[(1, false), (3, false), (2, true)] } else { &[(1, false)] };
-            for &(b, in_place) in cases {
-                case_k(log_n, b, in_place, None, k, false, false);
-                case_k(log_n, b, in_place, None, k, true, false);
-            }
-            let passes = decompose_k(log_n, 1, 8, max_single_log(8), k);
-            assert_eq!(passes.last().unwrap().e, 8, "2^{log_n}: the row pass takes 8 elements per thread");
-        }
-        for log_n in [9, 10, 12] {
-            case_k(log_n, 3, false, None, Knobs::default(), true, false);
-            case_k(log_n, 7, true, Some(2), Knobs::default(), true, false);
-        }
-        for (log_n, b) in [(6, 1001), (6, 3), (9, 37), (9, 1), (10, 13), (10, 2)] {
-            case_k(log_n, b, false, None, Knobs::default(), false, true);
-            case_k(log_n, b, false, Some(3), Knobs::default(), false, true);
-            case_k(log_n, b, true, Some(2), Knobs::default(), false, true);
-        }
-        for rt in [64, 128, 512] {
-            let k = Knobs { row_threads: rt, ..Knobs::default() };
-            for log_n in [2, 6, 9, 10, 12, 13] {
-                case_k(log_n, 3, false, None, k, false, false);
-            }
-            case_k(9, 37, false, Some(3), k, false, true);
-        }
-        // Split passes: 2^14 as 2 × 8192 and 4 × 4096, 2^15 as 4 × 8192, odd batches.
-        for (log_n, log_r) in [(14, 1), (14, 2), (15, 2)] {
-            // (Not in place: `execute_raw` copies `x` into the workspace first for that.)
-            for (b, in_place) in [(1, false), (3, false), (2, false)] {
-                let mut p = split_pass(log_n, b, log_r).expect("a split kernel");
-                p.threads = p.threads.min(512);
-                let n = 1usize << log_n;
-                let x = input(n * b, (log_n as u64) << 20 | b as u64 | 1 << 41);
-                let xr: Vec<f64> = x.iter().map(|&v| v as f32 as f64).collect();
-                let ours = execute::<f32>(&[p], log_n, b, &xr, in_place);
-                let (rel, _) = fft_error(&ours, &fft_c2c_fwd(n, b, &xr));
-                assert!(rel <= fft_error_bound(n, false), "split n=2^{log_n} R=2^{log_r} batch={b}: {rel:e}");
+        check(Precision::C128, &shipped(Precision::C128, 17, 1, None), 17, 1, false, false);
+    }
+
+    /// In place, odd batches, persistent grids (blocks looping over groups, a partial last
+    /// group; the staged kernels' double-buffered copies), and the staged passes' `unaligned`
+    /// kernels.
+    #[test]
+    fn emulated_plans_in_place_odd_batches_persistent() {
+        for (log_n, b) in [(3, 5), (12, 3), (13, 3), (14, 3), (15, 3), (15, 7)] {
+            for prec in [Precision::C64, Precision::C128] {
+                check(prec, &shipped(prec, log_n, b, None), log_n, b, true, false);
+                check(prec, &shipped(prec, log_n, b, None), log_n, b, false, false);
             }
         }
-        for cols in [2, 4, 8, 32] {
-            let k = Knobs { cols, ..Knobs::default() };
-            for log_n in [14, 15, 16] {
-                case_k(log_n, 2, false, None, k, false, false);
+        for (log_n, b) in [(6, 1001), (6, 3), (7, 37), (9, 37), (9, 1), (10, 13), (10, 2), (11, 5), (12, 5), (13, 3)] {
+            for slots in [1, 3] {
+                check(Precision::C64, &shipped(Precision::C64, log_n, b, Some(slots)), log_n, b, false, false);
             }
-            case_k(15, 3, true, None, k, true, false);
+            check(Precision::C64, &shipped(Precision::C64, log_n, b, Some(2)), log_n, b, true, false);
+            check(Precision::C64, &shipped(Precision::C64, log_n, b, Some(2)), log_n, b, false, true);
+        }
+        for (log_n, b) in [(7, 300), (9, 37), (11, 5), (12, 5)] {
+            check(Precision::C128, &shipped(Precision::C128, log_n, b, Some(3)), log_n, b, false, false);
         }
     }
 
-    /// The stage-table kernels (`_st`, and `_stn` without hoisting): every length to 2^16 in both precisions (one- and
-    /// two-pass plans), blocks shrunk to 256 and to 128 threads, in place, odd batches and
-    /// persistent grids.
+    /// The per-stage kernels (planned for n ≥ 2^20, beyond the emulation's reach, and the
+    /// longest one-pass lengths): each as a row pass, and c128 in the four-step passes of 2^18
+    /// and 2^19 (column pass with the four-step twiddle, row pass with the transposed store).
     #[test]
-    fn emulated_stage_table_kernels() {
-        for log_n in 1..=16 {
-            let batches: &[usize] = if log_n <= 10 { &[1, 3] } else { &[1, 2] };
-            for &b in batches {
-                case_st::<f32>(log_n, b, false, None, Some((512, true)));
-                case_st::<f64>(log_n, b, false, None, Some((256, true)));
+    fn emulated_per_stage_kernels() {
+        for kn in KERNELS.iter().filter(|k| k.form == Form::PerStage) {
+            let prec = if kn.c128 { Precision::C128 } else { Precision::C64 };
+            for (b, in_place) in [(1, false), (3, true)] {
+                let p = one_pass(kn, kn, b, (256, 64), false);
+                check(prec, &[p], kn.log_l, b, in_place, false);
             }
         }
-        for (log_n, b) in [(12, 3), (13, 3), (15, 3), (16, 1)] {
-            case_st::<f32>(log_n, b, true, None, Some((128, true)));
-            case_st::<f64>(log_n, b, false, None, Some((128, true)));
+        for log_n in [18, 19] {
+            check(
+                Precision::C128,
+                &four_step(Precision::C128, log_n, 1, 9, 16, Form::PerStage),
+                log_n,
+                1,
+                false,
+                false,
+            );
         }
-        for (log_n, b) in [(6, 1001), (9, 300), (10, 37), (12, 5)] {
-            case_st::<f32>(log_n, b, false, Some(5), Some((512, true)));
-            case_st::<f64>(log_n, b, false, Some(3), Some((256, true)));
-        }
-        case_st::<f32>(17, 1, false, None, Some((512, true)));
-        // Without hoisting (`_stn`).
-        for log_n in 1..=16 {
-            let b = if log_n <= 10 { 3 } else { 2 };
-            case_st::<f32>(log_n, b, false, None, Some((512, false)));
-            case_st::<f64>(log_n, b, false, None, Some((512, false)));
-        }
-        case_st::<f32>(9, 300, false, Some(5), Some((512, false)));
-        case_st::<f64>(12, 3, true, None, Some((256, false)));
+        // Every kernel of the table ran somewhere in these tests (the others through the plans).
+        assert_eq!(kernel(Precision::C64, 13, Form::PerStage).name, "fft_c64_l13_tw_per_stage");
     }
 }

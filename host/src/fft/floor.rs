@@ -26,8 +26,6 @@ const CHUNKS_PER_THREAD: u64 = 2;
 pub struct CopyChain {
     bytes: usize,
     passes: usize,
-    pdl: bool,
-    use_graph: bool,
     /// The intermediate of a chain of two copies (as the plan's workspace), and its address,
     /// taken once: a `device_ptr` inside a stream capture would record events into it.
     #[allow(dead_code)]
@@ -38,8 +36,8 @@ pub struct CopyChain {
 
 impl CopyChain {
     /// The chain for `plan`: one copy for a one-pass plan, two for a two-pass plan (the
-    /// planner makes no more), each of its `n·batch` elements, launched with its PDL and graph
-    /// settings.
+    /// planner makes no more), each of its `n·batch` elements, launched as the plan
+    /// launches (the second copy a programmatic dependent, multi-pass chains as one CUDA graph).
     ///
     /// Errors: [`Error::Shape`] naming `n` when the plan's bytes are not a multiple of 16 (the
     /// copy moves 16-byte chunks); a driver error from the scratch allocation.
@@ -56,15 +54,7 @@ impl CopyChain {
         });
         // The scratch must exist before a run on any stream.
         gpu.stream().synchronize()?;
-        Ok(Self {
-            bytes,
-            passes,
-            pdl: plan.pdl,
-            use_graph: plan.use_graph,
-            scratch,
-            scratch_ptr,
-            graph: GraphReplay::new(),
-        })
+        Ok(Self { bytes, passes, scratch, scratch_ptr, graph: GraphReplay::new() })
     }
 
     /// Copies in the chain.
@@ -90,7 +80,7 @@ impl CopyChain {
             }
         }
         let cs = st.cu_stream();
-        if !self.use_graph || self.passes < 2 {
+        if self.passes < 2 {
             // SAFETY: both buffers hold `bytes`, checked above; the scratch is ours.
             return unsafe { self.launch_chain(gpu, xp, yp, cs) };
         }
@@ -114,7 +104,7 @@ impl CopyChain {
             let mut src = if i == 0 { x } else { scratch };
             let mut dst = if i + 1 == self.passes { y } else { scratch };
             let mut n = chunks;
-            let launch_pass = if self.pdl && i > 0 { launch_pdl } else { launch };
+            let launch_pass = if i > 0 { launch_pdl } else { launch };
             launch_pass(f, dims, stream, &mut [&mut src, &mut dst, &mut n])?;
         }
         Ok(())

@@ -1,5 +1,8 @@
-//! How a plan splits a transform into kernel passes (no GPU needed: the CPU model in
-//! `model.rs` and the GPU plan both use it).
+//! The FFT planner: the kernel table, the tuning table (one row per `(precision, log2 n)` class,
+//! each with its measured reason) and [`plan`], which turns a row into the passes a
+//! [`super::FftPlan`] launches. No GPU needed except for the persistent-grid sizes ([`persist`],
+//! given the device's SM count and occupancy); the CPU emulation (`emu.rs`) runs the same plans.
+use super::Precision;
 
 /// Longest transform one block computes, log2, by element size: c64 `2^13` (68 KiB of shared
 /// memory, 512 threads), c128 `2^12` (68 KiB, 256 threads; its registers rule out 512).
@@ -22,16 +25,197 @@ pub const MAX_ELEMENTS: usize = 1 << 31;
 pub(crate) const COL_MAP: u32 = 1;
 pub(crate) const OUT_SMEM: u32 = 2;
 pub(crate) const TW4: u32 = 4;
-/// Wait for the previous pass at kernel entry (before the twiddle loads).
-pub(crate) const WAIT_FIRST: u32 = 8;
 
-/// Threads per block a pass aims for, and the most it may use.
+/// Threads per block a row pass aims for (before the spreading rule), and the most any pass
+/// plans.
 const TARGET_THREADS: u32 = 256;
 const MAX_THREADS: u32 = 512;
-/// Streaming multiprocessors of the H200.
+/// Streaming multiprocessors of the H200 (the spreading rule of the row passes).
 const SMS: usize = 132;
 /// Shared memory a multi-column pass may use per block (bytes).
 const COLUMN_SMEM: usize = 160 * 1024;
+
+/// How a pass kernel gets its stage twiddles and uses shared memory. Every kernel reads a
+/// per-stage twiddle table (host [`stage_table`], coalesced).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// Every stage's twiddles loaded at kernel entry, in flight with the data loads.
+    Hoisted,
+    /// Twiddles loaded in each stage after its barrier (fewer registers).
+    PerStage,
+    /// Hoisted, with two shared-memory Stockham buffers: one barrier per stage instead of two.
+    PingPong,
+    /// Hoisted, the row pass's input copied into shared memory by 16-byte `cp.async`, the
+    /// block's next group of rows copied while the current one computes (needs a 16-byte
+    /// aligned `x`).
+    Staged,
+}
+
+/// A PTX entry of the FFT (kernels-gpu/src/fft/stockham.rs `entry!`).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Kernel {
+    pub name: &'static str,
+    pub c128: bool,
+    pub log_l: u32,
+    /// Elements per thread (the kernel's `E`).
+    pub e: u32,
+    pub form: Form,
+    /// Most threads per block the plan gives it: the largest power of two ≤ the driver's
+    /// `MAX_THREADS_PER_BLOCK` for its sm_90 registers (ptxas), at most 512. 256 where the
+    /// registers allow fewer than 512 (133–168 registers: 384–480 threads). The GPU test
+    /// `kernel_thread_limits_match_the_device` checks every value against the driver.
+    pub max_threads: u32,
+}
+
+/// The kernel table: `name: c128, log_l, e, form, max_threads;` per PTX entry, giving
+/// [`KERNELS`] and [`PTX_ENTRIES`] (the names once).
+macro_rules! kernel_table {
+    ($($name:ident: $c128:literal, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
+        /// Every FFT kernel the planner launches (one row per PTX entry).
+        pub(crate) const KERNELS: &[Kernel] = &[
+            $(Kernel { name: stringify!($name), c128: $c128, log_l: $log_l, e: $e, form: Form::$form, max_threads: $max },)*
+        ];
+        /// The FFT family's PTX entries: the names of [`KERNELS`] and the copy-chain floor's
+        /// kernel (`super::CopyChain`).
+        pub(crate) const PTX_ENTRIES: &[&str] = &[$(stringify!($name),)* super::floor::KERNEL];
+    };
+}
+use Form::{Hoisted, PerStage, PingPong, Staged};
+
+kernel_table! {
+    fft_c64_l1_tw_hoisted: false, 1, 2, Hoisted, 512;
+    fft_c64_l2_tw_hoisted: false, 2, 4, Hoisted, 512;
+    fft_c64_l3_tw_hoisted: false, 3, 8, Hoisted, 512;
+    fft_c64_l4_tw_hoisted: false, 4, 16, Hoisted, 512;
+    fft_c64_l5_tw_hoisted: false, 5, 8, Hoisted, 512;
+    fft_c64_l6_tw_hoisted: false, 6, 8, Hoisted, 512;
+    fft_c64_l7_tw_hoisted: false, 7, 16, Hoisted, 512;
+    fft_c64_l8_tw_hoisted: false, 8, 16, Hoisted, 512;
+    fft_c64_l9_tw_hoisted: false, 9, 8, Hoisted, 512;
+    fft_c64_l10_tw_hoisted: false, 10, 16, Hoisted, 256;
+    fft_c64_l11_tw_hoisted: false, 11, 16, Hoisted, 256;
+    fft_c64_l10_tw_per_stage: false, 10, 16, PerStage, 512;
+    fft_c64_l11_tw_per_stage: false, 11, 16, PerStage, 512;
+    fft_c64_l12_tw_per_stage: false, 12, 16, PerStage, 512;
+    fft_c64_l13_tw_per_stage: false, 13, 16, PerStage, 512;
+    fft_c64_l10_radix8_ping_pong: false, 10, 8, PingPong, 512;
+    fft_c64_l12_ping_pong: false, 12, 16, PingPong, 256;
+    fft_c64_l6_staged: false, 6, 8, Staged, 512;
+    fft_c64_l9_staged: false, 9, 8, Staged, 512;
+    fft_c128_l1_tw_hoisted: true, 1, 2, Hoisted, 512;
+    fft_c128_l2_tw_hoisted: true, 2, 4, Hoisted, 512;
+    fft_c128_l3_tw_hoisted: true, 3, 8, Hoisted, 512;
+    fft_c128_l4_tw_hoisted: true, 4, 8, Hoisted, 512;
+    fft_c128_l5_tw_hoisted: true, 5, 8, Hoisted, 512;
+    fft_c128_l6_tw_hoisted: true, 6, 8, Hoisted, 512;
+    fft_c128_l7_tw_hoisted: true, 7, 8, Hoisted, 256;
+    fft_c128_l8_tw_hoisted: true, 8, 8, Hoisted, 256;
+    fft_c128_l9_tw_hoisted: true, 9, 8, Hoisted, 256;
+    fft_c128_l10_tw_hoisted: true, 10, 8, Hoisted, 256;
+    fft_c128_l11_tw_hoisted: true, 11, 8, Hoisted, 256;
+    fft_c128_l9_tw_per_stage: true, 9, 8, PerStage, 512;
+    fft_c128_l10_tw_per_stage: true, 10, 8, PerStage, 512;
+    fft_c128_l11_tw_per_stage: true, 11, 8, PerStage, 512;
+    fft_c128_l12_tw_per_stage: true, 12, 16, PerStage, 256;
+}
+
+/// The kernel of `form` for length `2^log_l`. Panics if there is none: the tuning table names
+/// only existing kernels (`plan::tests::every_row_plans_existing_kernels`).
+pub(crate) fn kernel(prec: Precision, log_l: u32, form: Form) -> &'static Kernel {
+    let c128 = prec == Precision::C128;
+    KERNELS
+        .iter()
+        .find(|k| k.c128 == c128 && k.log_l == log_l && k.form == form)
+        .unwrap_or_else(|| panic!("no {prec:?} kernel of length 2^{log_l} in form {form:?}"))
+}
+
+/// The plan of one class of lengths (a row of [`TUNING`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// `n = 1`: a device copy (no kernel).
+    Copy,
+    /// One pass of rows, `form` kernel. Row blocks aim for `threads` (halved while there are
+    /// fewer than two blocks per SM, down to `min_threads`). `persistent`: when the blocks
+    /// exceed two waves, launch one per resident slot, each looping over groups of rows.
+    OnePass { form: Form, threads: u32, min_threads: u32, persistent: bool },
+    /// Four-step `n = n1·n2`: a column pass of length `n1 = 2^log_n1` (`None`: `⌊log2 n / 2⌋`)
+    /// with the four-step twiddle, then a row pass of length `n2` with a transposed store; at
+    /// most `cols` transforms per block; both passes in `form`.
+    FourStep { log_n1: Option<u32>, cols: usize, form: Form },
+}
+
+/// One row of the tuning table: lengths `2^lo ..= 2^hi` of one precision.
+pub(crate) struct Row {
+    pub c128: bool,
+    pub lo: u32,
+    pub hi: u32,
+    pub shape: Shape,
+}
+
+const fn one(form: Form, threads: u32, min_threads: u32, persistent: bool) -> Shape {
+    Shape::OnePass { form, threads, min_threads, persistent }
+}
+const fn four(log_n1: Option<u32>, cols: usize, form: Form) -> Shape {
+    Shape::FourStep { log_n1, cols, form }
+}
+const fn row(c128: bool, lo: u32, hi: u32, shape: Shape) -> Row {
+    Row { c128, lo, hi, shape }
+}
+
+/// The tuning table (H200, CUPTI device µs with the L2 flushed; `docs/decisions/fft.md` has
+/// the alternatives). Every length of both precisions is in exactly one row.
+#[rustfmt::skip]
+pub(crate) const TUNING: &[Row] = &[
+    row(false, 0, 0, Shape::Copy),
+    // Up to 32 points: latency-bound single blocks; persistent grids lost at n ≤ 64
+    // (shortconv-64: 19.54 one block per group against 21.12 persistent).
+    row(false, 1, 5, one(Hoisted, 256, 64, false)),
+    // shortconv-64: staged input 18.72 against 20.19 unstaged; 128-thread blocks 18.82
+    // against 19.26 at 256.
+    row(false, 6, 6, one(Staged, 128, 128, true)),
+    // Hoisted stage twiddles: latency-4k 5.86 → 3.65, fnet-512 16.38 → 12.83 against the
+    // per-stage / W_Lt-table loads.
+    row(false, 7, 8, one(Hoisted, 256, 64, true)),
+    // fnet-512: 64-thread blocks 11.33 against 12.74; staged input 9.70 against 11.17.
+    row(false, 9, 9, one(Staged, 64, 64, true)),
+    // spectrogram-1k: 8 elements per thread with ping-pong buffers 3.46 against 3.81.
+    row(false, 10, 10, one(PingPong, 256, 64, true)),
+    row(false, 11, 11, one(Hoisted, 256, 64, true)),
+    // throughput-4k: ping-pong 4.16 against 4.32 (8 elements per thread: 4.67).
+    row(false, 12, 12, one(PingPong, 256, 64, true)),
+    // 8192 points at 16 elements: hoisting needs more registers than 512 threads allow.
+    row(false, 13, 13, one(PerStage, 256, 64, true)),
+    // longconv-16k: 64-point columns 13.70 against 14.98 balanced; 32 per block 13.28
+    // against 13.98 at 16.
+    row(false, 14, 14, four(Some(6), 32, Hoisted)),
+    row(false, 15, 15, four(None, 16, Hoisted)),
+    // longconv-64k: 64-point columns 11.52 against 12.24; 32 per block 11.04 against 11.52.
+    row(false, 16, 16, four(Some(6), 32, Hoisted)),
+    row(false, 17, 19, four(None, 16, Hoisted)),
+    // 1024-point and longer passes: the hoisting kernels' registers halve the column blocks
+    // (scientific-1m: hoisted 176.8, per-stage 138.3).
+    row(false, 20, 26, four(None, 16, PerStage)),
+    row(true, 0, 0, Shape::Copy),
+    row(true, 1, 6, one(Hoisted, 256, 64, false)),
+    // throughput-4k c128: hoisted 6.62 against 8.54 (W_Lt table).
+    row(true, 7, 11, one(Hoisted, 256, 64, true)),
+    row(true, 12, 12, one(PerStage, 256, 64, true)),
+    row(true, 13, 19, four(None, 16, Hoisted)),
+    // scientific-1m: 512-point columns 126.5 against 138.4 balanced; per-stage twiddles as
+    // for c64 (hoisted 176.8).
+    row(true, 20, 20, four(Some(9), 16, PerStage)),
+    row(true, 21, 24, four(None, 16, PerStage)),
+];
+
+/// The tuning row of `2^log_n` in `prec` (every supported length has one).
+pub(crate) fn tuning(prec: Precision, log_n: u32) -> Shape {
+    let c128 = prec == Precision::C128;
+    TUNING
+        .iter()
+        .find(|r| r.c128 == c128 && (r.lo..=r.hi).contains(&log_n))
+        .unwrap_or_else(|| panic!("no tuning row for {prec:?} 2^{log_n}"))
+        .shape
+}
 
 /// Which buffer a pass reads or writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,8 +228,12 @@ pub(crate) enum Buf {
 /// One kernel launch: `count` transforms of length `2^log_l`, `2^log_c` per block.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Pass {
+    pub kernel: &'static Kernel,
+    /// The kernel when `x` is not 16-byte aligned (a sub-view): for a staged pass the hoisted
+    /// kernel of the same length and geometry; otherwise `kernel`.
+    pub unaligned: &'static Kernel,
     pub log_l: u32,
-    /// Elements per thread (the kernel's compile-time `E`).
+    /// Elements per thread (the kernel's `E`).
     pub e: u32,
     pub log_c: u32,
     pub log_min: u32,
@@ -59,116 +247,15 @@ pub(crate) struct Pass {
     pub blocks: u32,
     /// Blocks launched (`≤ blocks`; fewer makes them persistent: each loops over groups).
     pub grid: u32,
+    /// With `persistent` from the tuning row: may run fewer blocks than groups.
+    pub persistent: bool,
     pub smem_bytes: u32,
     pub src: Buf,
     pub dst: Buf,
-    /// The pass runs the stage-table kernel (`fft_*_l*_st`: twiddles from [`stage_table`],
-    /// coalesced, loaded at kernel start); `false`: the `W_Lt` table kernel.
-    pub st: bool,
-    /// With `st`: the hoisting kernel (`_st`, twiddles loaded at kernel start) rather than
-    /// `_stn` (loaded in each stage).
-    pub hoist: bool,
-    /// Ping-pong shared memory (kernels `_stp`, `_st8p`: two Stockham buffers, one barrier per
-    /// stage); `smem_bytes` includes the second buffer.
-    pub pp: bool,
-    /// Staged input (kernels `_sta`: the block's next group of rows `cp.async`-copied into
-    /// shared memory while the current one computes); `smem_bytes` includes the two staging
-    /// buffers.
-    pub staged: bool,
-    /// `log2 R` of a split pass (kernels `_sp1`, `_sp2`: `R` blocks per transform of length
-    /// `R·2^log_l`, see [`split_pass`]); 0 otherwise.
-    pub split: u32,
 }
 
-/// The split kernels: `(name, log_l, log_r, hoisted stage tables)`.
-pub(crate) const SPLIT_KERNELS: [(&str, u32, u32, bool); 3] =
-    [("fft_c64_l13_sp1", 13, 1, false), ("fft_c64_l12_sp2", 12, 2, true), ("fft_c64_l13_sp2", 13, 2, false)];
-
-/// The one-pass plan of a c64 transform of length `2^log_n` split `R = 2^log_r` ways, if a
-/// split kernel exists for it: `batch·R` virtual transforms of length `2^(log_n − log_r)`, one
-/// per block, virtual transform `t` computing outputs `k·R + t mod R` of transform `t / R`
-/// (kernels-gpu `Ctx::log_r`); its output stride `R` is the pass's `log_mout`. Needs the
-/// four-step tables of `log_n` (the `W_n^{r·j}` twiddles).
-pub(crate) fn split_pass(log_n: u32, batch: usize, log_r: u32) -> Option<Pass> {
-    let log_l = log_n.checked_sub(log_r)?;
-    let k = SPLIT_KERNELS.iter().find(|k| (k.1, k.2) == (log_l, log_r))?;
-    let mut p = pass(Knobs::default(), log_l, batch << log_r, 1, 8, 0, log_r, 0, 0, Buf::X, Buf::Y);
-    p.st = true;
-    p.hoist = k.3;
-    p.split = log_r;
-    Some(p)
-}
-
-/// Planner knobs (host `FftOptions`; `Knobs::default()` is the committed planner).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Knobs {
-    /// c64 one-pass lengths 2^10 and 2^12 with 8 elements per thread (kernels `_st8*`).
-    pub e8: bool,
-    /// Row passes: threads per block aimed for, and the floor of the halving rule (0: 256,
-    /// halving down to 64).
-    pub row_threads: u32,
-    /// Four-step passes: most columns (transforms) per block (0: 16).
-    pub cols: u32,
-    /// Four-step plans: `log2` of the column length `n1` (0 or out of range: `⌊log2 n / 2⌋`).
-    pub log_n1: u32,
-}
-
-/// The extra kernels of session 4 (kernels-gpu/src/fft/stockham.rs, all c64 with hoisted
-/// stage tables): `(name, log_l, e, ping-pong, staged)`.
-const EXTRA_KERNELS: [(&str, u32, u32, bool, bool); 10] = [
-    ("fft_c64_l10_st8", 10, 8, false, false),
-    ("fft_c64_l12_st8", 12, 8, false, false),
-    ("fft_c64_l10_st8p", 10, 8, true, false),
-    ("fft_c64_l12_st8p", 12, 8, true, false),
-    ("fft_c64_l9_stp", 9, 8, true, false),
-    ("fft_c64_l10_stp", 10, 16, true, false),
-    ("fft_c64_l12_stp", 12, 16, true, false),
-    ("fft_c64_l6_sta", 6, 8, false, true),
-    ("fft_c64_l9_sta", 9, 8, false, true),
-    ("fft_c64_l10_sta", 10, 16, false, true),
-];
-
-/// The PTX names of [`EXTRA_KERNELS`].
-pub(crate) const EXTRA_KERNEL_NAMES: [&str; 10] = [
-    EXTRA_KERNELS[0].0,
-    EXTRA_KERNELS[1].0,
-    EXTRA_KERNELS[2].0,
-    EXTRA_KERNELS[3].0,
-    EXTRA_KERNELS[4].0,
-    EXTRA_KERNELS[5].0,
-    EXTRA_KERNELS[6].0,
-    EXTRA_KERNELS[7].0,
-    EXTRA_KERNELS[8].0,
-    EXTRA_KERNELS[9].0,
-];
-
-/// The extra kernel for a c64 hoisted stage-table pass of length `2^log_l` with `e` elements
-/// per thread, ping-pong `pp` and staging `staged`, if there is one. (The plain `_st` kernels
-/// are not in this table.)
-pub(crate) fn extra_kernel(log_l: u32, e: u32, pp: bool, staged: bool) -> Option<&'static str> {
-    EXTRA_KERNELS.iter().find(|k| (k.1, k.2, k.3, k.4) == (log_l, e, pp, staged)).map(|k| k.0)
-}
-
-impl Pass {
-    /// Halves the transforms per block until the block has at most `max_threads` threads (a
-    /// kernel whose registers allow fewer threads than the plan chose). `false` if even one
-    /// transform per block needs more.
-    pub(crate) fn shrink_to(&mut self, max_threads: u32) -> bool {
-        let tpt = self.threads >> self.log_c;
-        let per = self.smem_bytes >> self.log_c;
-        while self.threads > max_threads && self.log_c > 0 {
-            self.log_c -= 1;
-            self.threads = tpt << self.log_c;
-            self.blocks = (self.count as usize).div_ceil(1 << self.log_c) as u32;
-            self.grid = self.blocks;
-            self.smem_bytes = per << self.log_c;
-        }
-        self.threads <= max_threads
-    }
-}
-
-/// Elements per thread of the kernel for length `2^log_l` (must match the `entry!` table of
-/// kernels-gpu/src/fft/stockham.rs).
+/// Elements per thread of the kernel for length `2^log_l` in its hoisted and per-stage forms.
+#[cfg(test)]
 pub(crate) fn elems_per_thread(log_l: u32, elem_bytes: usize) -> u32 {
     match (log_l, elem_bytes) {
         // c64: radix-8 stages where they take no more stages than radix 16: fewer registers,
@@ -187,15 +274,9 @@ pub(crate) fn smem_len(log_l: u32) -> u32 {
     l + (l >> 4)
 }
 
-/// The kernel's shared-memory slot of element `i` of a transform (used by the CPU model).
-#[cfg(test)]
-pub(crate) fn sidx(i: u32) -> u32 {
-    i + (i >> 4)
-}
-
-/// Most threads per block the kernel with `e` elements per thread may use: ≤ 128 registers
-/// per thread at 512 threads; the c128 kernel with 16 elements takes ~165 (so 256).
-pub(crate) fn max_threads(e: u32, elem_bytes: usize) -> u32 {
+/// Most threads per block a column pass aims for with `e` elements per thread: the c128 kernel
+/// with 16 elements takes ~150 registers (so 256).
+fn column_threads(e: u32, elem_bytes: usize) -> u32 {
     if elem_bytes == 16 && e == 16 {
         256
     } else {
@@ -211,11 +292,12 @@ fn floor_pow2(v: usize) -> usize {
     }
 }
 
-/// A pass of `count` transforms of length `2^log_l`, at most `max_c` per block.
+/// A pass of `count` transforms on `kernel`, at most `max_c` per block; `row_threads`
+/// `(target, min)` for a row pass.
 #[allow(clippy::too_many_arguments)]
 fn pass(
-    knobs: Knobs,
-    log_l: u32,
+    kernel: &'static Kernel,
+    unaligned: &'static Kernel,
     count: usize,
     max_c: usize,
     elem_bytes: usize,
@@ -225,41 +307,41 @@ fn pass(
     pad: u32,
     src: Buf,
     dst: Buf,
+    row_threads: (u32, u32),
+    persistent: bool,
 ) -> Pass {
+    let (log_l, e) = (kernel.log_l, kernel.e);
     let l = 1usize << log_l;
     let row = flags & (COL_MAP | OUT_SMEM) == 0;
-    // 8 elements per thread (`_st8` kernels): row passes, including the four-step row pass with
-    // its transposed `OUT_SMEM` store (session 8), not the column pass.
-    let e8_ok = flags & (COL_MAP | TW4) == 0 && log_min == 0;
-    let e = if knobs.e8 && e8_ok && elem_bytes == 8 && (log_l == 10 || log_l == 12) {
-        8
-    } else {
-        elems_per_thread(log_l, elem_bytes)
-    };
     let tpt = l / e as usize;
-    // Column passes take up to MAX_THREADS for more columns per block (longer coalesced runs).
-    let target = if !row {
-        max_threads(e, elem_bytes)
-    } else if knobs.row_threads > 0 {
-        knobs.row_threads.min(max_threads(e, elem_bytes))
-    } else {
-        TARGET_THREADS
-    };
-    let min_row = if knobs.row_threads > 0 { knobs.row_threads.min(max_threads(e, elem_bytes)) as usize } else { 64 };
+    // Column passes take up to 512 threads for more columns per block (longer coalesced runs).
+    let target = if row { row_threads.0 } else { column_threads(e, elem_bytes) };
     let by_threads = (target as usize / tpt).max(1);
     let sm_stride = smem_len(log_l) + pad;
     let by_smem = floor_pow2((COLUMN_SMEM / (sm_stride as usize * elem_bytes)).max(1));
     let mut c = floor_pow2(by_threads.min(max_c).min(by_smem).max(1));
-    if flags & COL_MAP == 0 && flags & OUT_SMEM == 0 {
+    if row {
         // Row passes: spread over at least two blocks per SM where the batch allows, down to
-        // 64 threads per block (short batches are latency-bound: more SMs, more loads in flight).
-        while c > 1 && count.div_ceil(c) < 2 * SMS && (c / 2) * tpt >= min_row {
+        // `min` threads per block (short batches are latency-bound: more SMs, more loads in
+        // flight).
+        while c > 1 && count.div_ceil(c) < 2 * SMS && (c / 2) * tpt >= row_threads.1 as usize {
             c /= 2;
         }
     }
-    let threads = (c * tpt) as u32;
-    debug_assert!(threads <= max_threads(e, elem_bytes));
+    // The kernel's register limit (`Kernel::max_threads`): fewer transforms per block.
+    while c * tpt > kernel.max_threads as usize && c > 1 {
+        c /= 2;
+    }
+    assert!(c * tpt <= kernel.max_threads as usize, "{} cannot run {tpt} threads per transform", kernel.name);
+    let mut smem = c * sm_stride as usize * elem_bytes;
+    match kernel.form {
+        PingPong => smem *= 2,
+        Staged => smem += 2 * (c << log_l) * elem_bytes,
+        Hoisted | PerStage => {}
+    }
     Pass {
+        kernel,
+        unaligned,
         log_l,
         e,
         log_c: c.trailing_zeros(),
@@ -268,75 +350,72 @@ fn pass(
         count: count as u32,
         flags,
         sm_stride,
-        threads,
+        threads: (c * tpt) as u32,
         blocks: count.div_ceil(c) as u32,
         grid: count.div_ceil(c) as u32,
-        smem_bytes: (c * sm_stride as usize * elem_bytes) as u32,
+        persistent,
+        smem_bytes: smem as u32,
         src,
         dst,
-        st: false,
-        hoist: false,
-        pp: false,
-        staged: false,
-        split: 0,
     }
 }
 
-/// The passes of a plan for `n = 2^log_n` (`1 ≤ log_n ≤ MAX_LOG_N`), `batch` transforms,
-/// elements of `elem_bytes`; `max_single` is the longest one-pass length (log2; the plan uses
-/// [`MAX_SINGLE_LOG`], tests of the index logic use less).
+/// The passes for `batch` transforms of `2^log_n` in `prec`, from its [`TUNING`] row:
 ///
-/// - `n ≤ 2^max_single`: one pass, rows in and out.
-/// - otherwise four-step with `n = n1·n2` (`n1 = 2^⌊log_n/2⌋ ≤ n2`), element `j = j1·n2 + j2`:
-///   pass 1 transforms the `n2` columns (length `n1`, stride `n2`) and multiplies output `k1`
-///   of column `j2` by `W_n^{j2·k1}`, into the workspace in the same layout; pass 2 transforms
-///   the `n1` rows of the workspace (length `n2`) and stores output `k2` of row `k1` at
-///   `y[k1 + n1·k2]`.
-#[cfg(test)]
-pub(crate) fn decompose(log_n: u32, batch: usize, elem_bytes: usize, max_single: u32) -> Vec<Pass> {
-    decompose_k(log_n, batch, elem_bytes, max_single, Knobs::default())
+/// - one pass: rows in and out;
+/// - four-step, `n = n1·n2`, element `j = j1·n2 + j2`: pass 1 transforms the `n2` columns
+///   (length `n1`, stride `n2`) and multiplies output `k1` of column `j2` by `W_n^{j2·k1}`, into
+///   the workspace in the same layout; pass 2 transforms the `n1` rows of the workspace
+///   (length `n2`) and stores output `k2` of row `k1` at `y[k1 + n1·k2]`.
+///
+/// Persistent row passes get `grid = blocks` here; [`persist`] sizes them for a device.
+pub(crate) fn plan(prec: Precision, log_n: u32, batch: usize) -> Vec<Pass> {
+    match tuning(prec, log_n) {
+        Shape::Copy => Vec::new(),
+        Shape::OnePass { form, threads, min_threads, persistent } => {
+            let kn = kernel(prec, log_n, form);
+            let unaligned = if form == Staged { kernel(prec, log_n, Hoisted) } else { kn };
+            vec![one_pass(kn, unaligned, batch, (threads, min_threads), persistent)]
+        }
+        Shape::FourStep { log_n1, cols, form } => {
+            four_step(prec, log_n, batch, log_n1.unwrap_or(log_n / 2), cols, form)
+        }
+    }
 }
 
-/// The passes of a plan (see `decompose`) with planner [`Knobs`].
-pub(crate) fn decompose_k(log_n: u32, batch: usize, elem_bytes: usize, max_single: u32, k: Knobs) -> Vec<Pass> {
-    assert!(log_n >= 1 && log_n <= 2 * max_single);
-    if log_n <= max_single {
-        let max_c = batch.next_power_of_two();
-        return vec![pass(k, log_n, batch, max_c, elem_bytes, 0, 0, 0, 0, Buf::X, Buf::Y)];
-    }
-    // The balanced split unless the knob asks for another whose two lengths each fit one pass.
-    let log_n1 = match k.log_n1 {
-        // (here log_n > max_single ≥ l, so log_n − l ≥ 1)
-        l if l >= 1 && l <= max_single && log_n - l <= max_single => l,
-        _ => log_n / 2,
-    };
+/// The one-pass plan of `batch` rows on `kernel` (see [`plan`]).
+pub(crate) fn one_pass(
+    kernel: &'static Kernel,
+    unaligned: &'static Kernel,
+    batch: usize,
+    row_threads: (u32, u32),
+    persistent: bool,
+) -> Pass {
+    let elem = if kernel.c128 { 16 } else { 8 };
+    let max_c = batch.next_power_of_two();
+    pass(kernel, unaligned, batch, max_c, elem, 0, 0, 0, 0, Buf::X, Buf::Y, row_threads, persistent)
+}
+
+/// The four-step plan with columns of `2^log_n1` (see [`plan`]).
+pub(crate) fn four_step(prec: Precision, log_n: u32, batch: usize, log_n1: u32, cols: usize, form: Form) -> Vec<Pass> {
+    let elem = prec.element_bytes();
     let log_n2 = log_n - log_n1;
     let (n1, n2) = (1usize << log_n1, 1usize << log_n2);
-    let cols = if k.cols > 0 { k.cols as usize } else { 16 };
+    let (k1, k2) = (kernel(prec, log_n1, form), kernel(prec, log_n2, form));
+    let none = (TARGET_THREADS, 64);
     vec![
-        pass(k, log_n1, batch * n2, n2.min(cols), elem_bytes, log_n2, log_n2, COL_MAP | TW4, 1, Buf::X, Buf::Work),
-        pass(k, log_n2, batch * n1, n1.min(cols), elem_bytes, 0, log_n1, OUT_SMEM, 1, Buf::Work, Buf::Y),
+        pass(k1, k1, batch * n2, n2.min(cols), elem, log_n2, log_n2, COL_MAP | TW4, 1, Buf::X, Buf::Work, none, false),
+        pass(k2, k2, batch * n1, n1.min(cols), elem, 0, log_n1, OUT_SMEM, 1, Buf::Work, Buf::Y, none, false),
     ]
 }
 
-/// Makes `p` (a hoisted stage-table pass) ping-pong and/or staged where an extra kernel exists
-/// for it (staging only for row passes), adding the shared memory; `false` (and `p` unchanged)
-/// otherwise.
-pub(crate) fn set_extra(p: &mut Pass, elem_bytes: usize, pp: bool, staged: bool) -> bool {
-    let row = p.flags == 0 && p.log_min == 0 && p.log_mout == 0;
-    if elem_bytes != 8 || !p.st || !p.hoist || (staged && !row) || extra_kernel(p.log_l, p.e, pp, staged).is_none() {
-        return false;
+/// Sizes a persistent pass for a device of `sms` SMs on which `resident` blocks of it fit per
+/// SM: when its groups exceed two waves, one block per resident slot, each looping.
+pub(crate) fn persist(p: &mut Pass, sms: u32, resident: u32) {
+    let resident = resident.max(1);
+    if p.persistent && p.blocks > 2 * sms * resident {
+        p.grid = sms * resident;
     }
-    let c = 1u32 << p.log_c;
-    if pp {
-        p.smem_bytes += c * p.sm_stride * elem_bytes as u32;
-    }
-    if staged {
-        p.smem_bytes += 2 * (c << p.log_l) * elem_bytes as u32;
-    }
-    p.pp = pp;
-    p.staged = staged;
-    true
 }
 
 /// `log2` of the lo table of the four-step twiddle `W_n^p = lo[p mod 2^s] · hi[p >> s]`.
@@ -344,32 +423,24 @@ pub(crate) fn split_log(log_n: u32) -> u32 {
     log_n.div_ceil(2)
 }
 
-/// The four-step tables `(lo, hi)`, interleaved f64.
-pub(crate) type FourStepTables = (Vec<f64>, Vec<f64>);
-
-/// The plan's twiddle tables in f64, interleaved (re, im): `tw[i] = W_Lt^i` for `i < Lt`
-/// (`Lt = 2^log_lt`, the longest pass), and for a four-step plan (`four_step`) the two-level
-/// table of `W_n^p = lo[p mod 2^s] · hi[p >> s]` (`s = split_log(log_n)`).
-pub(crate) fn twiddle_tables(log_n: u32, log_lt: u32, four_step: bool) -> (Vec<f64>, Option<FourStepTables>) {
-    use crate::reference::{twiddle, twiddle_table};
-    let tw = twiddle_table(1 << log_lt, 1 << log_lt);
-    if !four_step {
-        return (tw, None);
-    }
+/// The four-step tables `(lo, hi)` of `W_n^p = lo[p mod 2^s] · hi[p >> s]`
+/// (`s = split_log(log_n)`), interleaved f64.
+pub(crate) fn four_step_tables(log_n: u32) -> (Vec<f64>, Vec<f64>) {
+    use crate::reference::twiddle;
     let log_split = split_log(log_n);
     let nn = 1u64 << log_n;
     let lo: Vec<f64> = (0..1u64 << log_split).flat_map(|i| <[f64; 2]>::from(twiddle(i, nn))).collect();
     let hi: Vec<f64> =
         (0..1u64 << (log_n - log_split)).flat_map(|i| <[f64; 2]>::from(twiddle(i << log_split, nn))).collect();
-    (tw, Some((lo, hi)))
+    (lo, hi)
 }
 
-/// The per-stage twiddle table of the stage-table kernels for length `2^log_l` with `e`
-/// elements per thread, interleaved f64: stages `s = 1..nst` (radix `e`, `Ns = 2^(first +
-/// log_e·(s−1))`, `first = log_l − log_e·(nst−1)`) one after another, stage `s` as `[r − 1][k]`
-/// = `W_{Ns·e}^{r·k}` for `1 ≤ r < e`, `k < Ns` (the kernel's `stage_twiddles`; each value
-/// rounded once from f64, as the `W_Lt` table). Never empty (one unused element for
-/// one-stage lengths, so the table is a valid allocation).
+/// The per-stage twiddle table of the kernels for length `2^log_l` with `e` elements per
+/// thread, interleaved f64: stages `s = 1..nst` (radix `e`, `Ns = 2^(first + log_e·(s−1))`,
+/// `first = log_l − log_e·(nst−1)`) one after another, stage `s` as `[r − 1][k]` =
+/// `W_{Ns·e}^{r·k}` for `1 ≤ r < e`, `k < Ns` (the kernel's `stage_twiddles`; each value
+/// rounded once from f64). Never empty (one unused element for one-stage lengths, so the table
+/// is a valid allocation).
 pub(crate) fn stage_table(log_l: u32, e: u32) -> Vec<f64> {
     use crate::reference::twiddle;
     let log_e = e.trailing_zeros();
@@ -413,18 +484,17 @@ pub(crate) struct PassArgs {
     pub smem_bytes: u32,
 }
 
-/// Device addresses of a plan's tables and workspace (0 where absent).
+/// Device addresses of a plan's four-step tables and workspace (0 where absent).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct PlanPtrs {
-    pub tw: u64,
     pub twlo: u64,
     pub twhi: u64,
     pub work: u64,
 }
 
 /// The launch arguments of pass `p` of a plan for `n = 2^log_n`, on buffers `x`, `y`; `stw` is
-/// the pass's stage table (used when `p.st`; 0 otherwise).
-pub(crate) fn pass_args(p: &Pass, log_n: u32, log_lt: u32, ptrs: PlanPtrs, stw: u64, x: u64, y: u64) -> PassArgs {
+/// the pass's stage table.
+pub(crate) fn pass_args(p: &Pass, log_n: u32, ptrs: PlanPtrs, stw: u64, x: u64, y: u64) -> PassArgs {
     let buf = |b: Buf| match b {
         Buf::X => x,
         Buf::Y => y,
@@ -433,17 +503,17 @@ pub(crate) fn pass_args(p: &Pass, log_n: u32, log_lt: u32, ptrs: PlanPtrs, stw: 
     PassArgs {
         src: buf(p.src),
         dst: buf(p.dst),
-        tw: if p.st { stw } else { ptrs.tw },
+        tw: stw,
         // One-pass plans have no four-step tables (0); pass a valid address all the same. (Not
-        // `twlo.max(tw)`: that picks `tw` whenever the allocator placed the table below it —
-        // the n = 2^15 failure of the first H200 run.)
-        lo: if ptrs.twlo != 0 { ptrs.twlo } else { ptrs.tw },
-        hi: if ptrs.twhi != 0 { ptrs.twhi } else { ptrs.tw },
+        // `twlo.max(stw)`: that picks `stw` whenever the allocator placed the table below it.)
+        lo: if ptrs.twlo != 0 { ptrs.twlo } else { stw },
+        hi: if ptrs.twhi != 0 { ptrs.twhi } else { stw },
         log_c: p.log_c,
         log_min: p.log_min,
         log_mout: p.log_mout,
         count: p.count,
-        log_lt,
+        // Read only by the `W_Lt`-table code path, which no planned kernel has.
+        log_lt: p.log_l,
         log_split: split_log(log_n),
         flags: p.flags,
         sm_stride: p.sm_stride,
@@ -457,31 +527,62 @@ pub(crate) fn pass_args(p: &Pass, log_n: u32, log_lt: u32, ptrs: PlanPtrs, stw: 
 mod tests {
     use super::*;
 
-    /// The four-step tables reach the kernel whatever the allocator's address order (the
-    /// first H200 run passed `max(twlo, tw)`, i.e. the wrong table when `twlo < tw`).
+    pub(crate) const PRECS: [Precision; 2] = [Precision::C64, Precision::C128];
+
+    /// The tuning table covers every supported length of both precisions exactly once, and
+    /// every row plans kernels that exist.
+    #[test]
+    fn every_row_plans_existing_kernels() {
+        for prec in PRECS {
+            for log_n in 0..=max_log_n(prec.element_bytes()) {
+                let c128 = prec == Precision::C128;
+                let rows = TUNING.iter().filter(|r| r.c128 == c128 && (r.lo..=r.hi).contains(&log_n)).count();
+                assert_eq!(rows, 1, "{prec:?} 2^{log_n}");
+                plan(prec, log_n, 3);
+            }
+        }
+        assert!(TUNING.iter().all(|r| r.hi <= max_log_n(if r.c128 { 16 } else { 8 })));
+    }
+
+    /// Every kernel of the table is planned for some length, and the hoisted / per-stage
+    /// kernels take the elements per thread the planner's stage tables assume.
+    #[test]
+    fn every_kernel_is_planned() {
+        let mut used = std::collections::BTreeSet::new();
+        for prec in PRECS {
+            for log_n in 0..=max_log_n(prec.element_bytes()) {
+                for p in plan(prec, log_n, 5) {
+                    used.insert(p.kernel.name);
+                    used.insert(p.unaligned.name);
+                }
+            }
+        }
+        let all: std::collections::BTreeSet<_> = KERNELS.iter().map(|k| k.name).collect();
+        assert_eq!(used, all);
+        for k in KERNELS.iter().filter(|k| matches!(k.form, Hoisted | PerStage | Staged)) {
+            assert_eq!(k.e, elems_per_thread(k.log_l, if k.c128 { 16 } else { 8 }), "{}", k.name);
+        }
+    }
+
+    /// The tables reach the kernel whatever the allocator's address order.
     #[test]
     fn pass_args_pass_the_tables_in_any_address_order() {
-        let passes = decompose(15, 2, 8, max_single_log(8));
-        for (tw, twlo, twhi, work) in [(0x1000, 0x2000, 0x3000, 0x4000), (0x9000, 0x2000, 0x3000, 0x4000)] {
-            let ptrs = PlanPtrs { tw, twlo, twhi, work };
+        let passes = plan(Precision::C64, 15, 2);
+        for (stw, twlo, twhi, work) in [(0x1000, 0x2000, 0x3000, 0x4000), (0x9000, 0x2000, 0x3000, 0x4000)] {
+            let ptrs = PlanPtrs { twlo, twhi, work };
             for p in &passes {
-                let a = pass_args(p, 15, 8, ptrs, 0, 0x10_0000, 0x20_0000);
-                assert_eq!((a.tw, a.lo, a.hi), (tw, twlo, twhi));
+                let a = pass_args(p, 15, ptrs, stw, 0x10_0000, 0x20_0000);
+                assert_eq!((a.tw, a.lo, a.hi), (stw, twlo, twhi));
             }
-            let a = pass_args(&passes[0], 15, 8, ptrs, 0, 0x10_0000, 0x20_0000);
+            let a = pass_args(&passes[0], 15, ptrs, stw, 0x10_0000, 0x20_0000);
             assert_eq!((a.src, a.dst), (0x10_0000, work));
-            let a = pass_args(&passes[1], 15, 8, ptrs, 0, 0x10_0000, 0x20_0000);
+            let a = pass_args(&passes[1], 15, ptrs, stw, 0x10_0000, 0x20_0000);
             assert_eq!((a.src, a.dst), (work, 0x20_0000));
         }
-        // One-pass plans: no four-step tables, `tw` in their place.
-        let one = decompose(10, 3, 8, max_single_log(8));
-        let a = pass_args(&one[0], 10, 10, PlanPtrs { tw: 0x5000, twlo: 0, twhi: 0, work: 0 }, 0, 1 << 20, 2 << 20);
-        assert_eq!((a.tw, a.lo, a.hi, a.src, a.dst), (0x5000, 0x5000, 0x5000, 1 << 20, 2 << 20));
-        // Stage-table passes get their own table in `tw`.
-        let mut st = one[0].clone();
-        st.st = true;
-        let a = pass_args(&st, 10, 10, PlanPtrs { tw: 0x5000, twlo: 0, twhi: 0, work: 0 }, 0x7000, 1 << 20, 2 << 20);
-        assert_eq!((a.tw, a.lo, a.hi), (0x7000, 0x5000, 0x5000));
+        // One-pass plans: no four-step tables, the stage table in their place.
+        let one = plan(Precision::C64, 10, 3);
+        let a = pass_args(&one[0], 10, PlanPtrs { twlo: 0, twhi: 0, work: 0 }, 0x7000, 1 << 20, 2 << 20);
+        assert_eq!((a.tw, a.lo, a.hi, a.src, a.dst), (0x7000, 0x7000, 0x7000, 1 << 20, 2 << 20));
     }
 
     /// The stage table holds exactly the entries the kernel's `stage_twiddles` indexes:
@@ -489,46 +590,51 @@ mod tests {
     #[test]
     fn stage_table_layout() {
         use crate::reference::twiddle;
-        for elem in [8, 16] {
-            for log_l in 1..=max_single_log(elem) {
-                let e = elems_per_thread(log_l, elem);
-                let log_e = e.trailing_zeros();
-                let nst = log_l.div_ceil(log_e);
-                let first = log_l - log_e * (nst - 1);
-                let t = stage_table(log_l, e);
-                let mut off = 0usize;
-                for s in 1..nst {
-                    let ls = first + log_e * (s - 1);
-                    for r in 1..e as usize {
-                        for k in [0usize, (1 << ls) - 1, (1 << ls) / 2] {
-                            let i = off + ((r - 1) << ls) + k;
-                            let w = twiddle((r * k) as u64, (e as u64) << ls);
-                            assert_eq!((t[2 * i], t[2 * i + 1]), w, "l={log_l} s={s} r={r} k={k}");
-                        }
+        for kn in KERNELS {
+            let (log_l, e) = (kn.log_l, kn.e);
+            let log_e = e.trailing_zeros();
+            let nst = log_l.div_ceil(log_e);
+            let first = log_l - log_e * (nst - 1);
+            let t = stage_table(log_l, e);
+            let mut off = 0usize;
+            for s in 1..nst {
+                let ls = first + log_e * (s - 1);
+                for r in 1..e as usize {
+                    for k in [0usize, (1 << ls) - 1, (1 << ls) / 2] {
+                        let i = off + ((r - 1) << ls) + k;
+                        let w = twiddle((r * k) as u64, (e as u64) << ls);
+                        assert_eq!((t[2 * i], t[2 * i + 1]), w, "{} s={s} r={r} k={k}", kn.name);
                     }
-                    off += ((e - 1) as usize) << ls;
                 }
-                assert_eq!(t.len(), 2 * off.max(1), "l={log_l}");
+                off += ((e - 1) as usize) << ls;
             }
+            assert_eq!(t.len(), 2 * off.max(1), "{}", kn.name);
         }
     }
 
-    /// Shrinking a pass to fewer threads keeps every transform covered and the geometry
-    /// consistent.
+    /// Every planned pass fits its kernel and a block, covers its transforms, and keeps a
+    /// column block's columns in one matrix; persistent grids only shrink the launch.
     #[test]
-    fn shrink_keeps_the_geometry() {
-        for elem in [8, 16] {
-            for log_n in 1..=max_log_n(elem) {
-                for batch in [1, 3, 64, 300] {
-                    for p in decompose(log_n, batch, elem, max_single_log(elem)) {
-                        let mut q = p.clone();
-                        let tpt = p.threads >> p.log_c;
-                        let ok = q.shrink_to(256);
-                        assert_eq!(ok, tpt <= 256, "{p:?}");
-                        assert_eq!(q.threads, tpt << q.log_c);
-                        assert!(q.threads <= 256 || q.log_c == 0);
-                        assert!((q.blocks as usize) << q.log_c >= q.count as usize);
-                        assert_eq!(q.smem_bytes, p.smem_bytes >> (p.log_c - q.log_c));
+    fn every_pass_fits_its_kernel() {
+        for prec in PRECS {
+            let elem = prec.element_bytes();
+            for log_n in 0..=max_log_n(elem) {
+                for batch in [1, 3, 64, 300, 65536] {
+                    if (batch << log_n) > MAX_ELEMENTS {
+                        continue;
+                    }
+                    for mut p in plan(prec, log_n, batch) {
+                        assert!(p.threads >= 1 && p.threads <= p.kernel.max_threads, "{p:?}");
+                        assert_eq!(p.threads << p.e.trailing_zeros(), (1u32 << p.log_c) << p.log_l, "{p:?}");
+                        assert!(p.smem_bytes as usize <= 227 * 1024, "{p:?}");
+                        assert!((p.blocks as usize) << p.log_c >= p.count as usize, "{p:?}");
+                        assert_eq!((p.count as usize) << p.log_l, batch << log_n, "{p:?}");
+                        if p.log_min > 0 || p.log_mout > 0 {
+                            assert!(p.log_c <= p.log_min.max(p.log_mout), "{p:?}");
+                            assert!(!p.persistent);
+                        }
+                        persist(&mut p, 132, 4);
+                        assert!(p.grid >= 1 && p.grid <= p.blocks, "{p:?}");
                     }
                 }
             }

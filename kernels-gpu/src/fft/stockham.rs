@@ -27,7 +27,8 @@ pub const OUT_SMEM: u32 = 2;
 /// Multiply output `k` of transform `t` by `W_n^{(t mod M_in)·k}`.
 pub const TW4: u32 = 4;
 /// Wait for the previous pass (programmatic dependent launch) at kernel entry, before the
-/// twiddle loads (the session-6 order); without it the wait follows the twiddle loads.
+/// twiddle loads; without it (what the host launches) the wait follows the twiddle loads
+/// (longconv-64k 10.34 against 10.88 µs).
 pub const WAIT_FIRST: u32 = 8;
 
 struct Ctx<T: Mem> {
@@ -49,6 +50,8 @@ struct Ctx<T: Mem> {
     base_in: u32,
     base_out: u32,
     log_min: u32,
+    /// No entry instantiates `SP > 0` (the split passes lost: docs/decisions/fft.md); the code
+    /// stays because removing it renumbers every entry's PTX registers.
     /// `SP`: the pass computes, for transform `T = t / R` (`R = 2^log_r`, length `n = R·L`),
     /// the outputs `k ≡ r = t mod R` (mod R), as the length-`L` DFT of
     /// `a_j = W_n^{r·j} · Σ_m x[T·n + j + m·L] · W_R^{r·m}` (one decimation-in-frequency
@@ -520,9 +523,6 @@ unsafe fn fft_block<
 /// plain functions of the same names and parameters.
 #[cfg(target_arch = "nvptx64")]
 macro_rules! entry {
-    ($name:ident, $t:ty, $log_l:literal, $e:literal) => {
-        entry!($name, $t, $log_l, $e, false, false, false, false);
-    };
     ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal) => {
         entry!($name, $t, $log_l, $e, $st, $hoist, false, false);
     };
@@ -564,9 +564,6 @@ macro_rules! entry {
 
 #[cfg(not(target_arch = "nvptx64"))]
 macro_rules! entry {
-    ($name:ident, $t:ty, $log_l:literal, $e:literal) => {
-        entry!($name, $t, $log_l, $e, false, false, false, false);
-    };
     ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal) => {
         entry!($name, $t, $log_l, $e, $st, $hoist, false, false);
     };
@@ -598,113 +595,53 @@ macro_rules! entry {
     };
 }
 
-// Length 2^LOG_L, E elements per thread (the host's `elems_per_thread` must match).
-entry!(fft_c64_l1, f32, 1, 2);
-entry!(fft_c64_l2, f32, 2, 4);
-entry!(fft_c64_l3, f32, 3, 8);
-entry!(fft_c64_l4, f32, 4, 16);
-entry!(fft_c64_l5, f32, 5, 8);
-entry!(fft_c64_l6, f32, 6, 8);
-entry!(fft_c64_l7, f32, 7, 16);
-entry!(fft_c64_l8, f32, 8, 16);
-entry!(fft_c64_l9, f32, 9, 8);
-entry!(fft_c64_l10, f32, 10, 16);
-entry!(fft_c64_l11, f32, 11, 16);
-entry!(fft_c64_l12, f32, 12, 16);
-entry!(fft_c64_l13, f32, 13, 16);
-entry!(fft_c128_l1, f64, 1, 2);
-entry!(fft_c128_l2, f64, 2, 4);
-entry!(fft_c128_l3, f64, 3, 8);
-entry!(fft_c128_l4, f64, 4, 8);
-entry!(fft_c128_l5, f64, 5, 8);
-entry!(fft_c128_l6, f64, 6, 8);
-entry!(fft_c128_l7, f64, 7, 8);
-entry!(fft_c128_l8, f64, 8, 8);
-entry!(fft_c128_l9, f64, 9, 8);
-entry!(fft_c128_l10, f64, 10, 8);
-entry!(fft_c128_l11, f64, 11, 8);
-entry!(fft_c128_l12, f64, 12, 16);
+// The pass kernels the host planner launches (host/src/fft/plan.rs `kernel_table!`, whose `e`
+// must match): length 2^LOG_L, E elements per thread, every stage's twiddles from the pass's
+// per-stage table (host `stage_table`, read coalesced).
+//
+// `_tw_hoisted`: every stage's twiddles loaded at kernel entry, in flight with the data loads.
+entry!(fft_c64_l1_tw_hoisted, f32, 1, 2, true, true);
+entry!(fft_c64_l2_tw_hoisted, f32, 2, 4, true, true);
+entry!(fft_c64_l3_tw_hoisted, f32, 3, 8, true, true);
+entry!(fft_c64_l4_tw_hoisted, f32, 4, 16, true, true);
+entry!(fft_c64_l5_tw_hoisted, f32, 5, 8, true, true);
+entry!(fft_c64_l6_tw_hoisted, f32, 6, 8, true, true);
+entry!(fft_c64_l7_tw_hoisted, f32, 7, 16, true, true);
+entry!(fft_c64_l8_tw_hoisted, f32, 8, 16, true, true);
+entry!(fft_c64_l9_tw_hoisted, f32, 9, 8, true, true);
+entry!(fft_c64_l10_tw_hoisted, f32, 10, 16, true, true);
+entry!(fft_c64_l11_tw_hoisted, f32, 11, 16, true, true);
+entry!(fft_c128_l1_tw_hoisted, f64, 1, 2, true, true);
+entry!(fft_c128_l2_tw_hoisted, f64, 2, 4, true, true);
+entry!(fft_c128_l3_tw_hoisted, f64, 3, 8, true, true);
+entry!(fft_c128_l4_tw_hoisted, f64, 4, 8, true, true);
+entry!(fft_c128_l5_tw_hoisted, f64, 5, 8, true, true);
+entry!(fft_c128_l6_tw_hoisted, f64, 6, 8, true, true);
+entry!(fft_c128_l7_tw_hoisted, f64, 7, 8, true, true);
+entry!(fft_c128_l8_tw_hoisted, f64, 8, 8, true, true);
+entry!(fft_c128_l9_tw_hoisted, f64, 9, 8, true, true);
+entry!(fft_c128_l10_tw_hoisted, f64, 10, 8, true, true);
+entry!(fft_c128_l11_tw_hoisted, f64, 11, 8, true, true);
 
-// Stage-table variants (`_st`): `tw` is the pass's per-stage table (host `stage_table`), read
-// coalesced; `HOIST` (the last flag) loads every stage's twiddles at kernel start (off for the
-// lengths whose registers would not allow it).
-entry!(fft_c64_l1_st, f32, 1, 2, true, true);
-entry!(fft_c64_l2_st, f32, 2, 4, true, true);
-entry!(fft_c64_l3_st, f32, 3, 8, true, true);
-entry!(fft_c64_l4_st, f32, 4, 16, true, true);
-entry!(fft_c64_l5_st, f32, 5, 8, true, true);
-entry!(fft_c64_l6_st, f32, 6, 8, true, true);
-entry!(fft_c64_l7_st, f32, 7, 16, true, true);
-entry!(fft_c64_l8_st, f32, 8, 16, true, true);
-entry!(fft_c64_l9_st, f32, 9, 8, true, true);
-entry!(fft_c64_l10_st, f32, 10, 16, true, true);
-entry!(fft_c64_l11_st, f32, 11, 16, true, true);
-entry!(fft_c64_l12_st, f32, 12, 16, true, true);
-entry!(fft_c64_l13_st, f32, 13, 16, true, false);
-entry!(fft_c128_l1_st, f64, 1, 2, true, true);
-entry!(fft_c128_l2_st, f64, 2, 4, true, true);
-entry!(fft_c128_l3_st, f64, 3, 8, true, true);
-entry!(fft_c128_l4_st, f64, 4, 8, true, true);
-entry!(fft_c128_l5_st, f64, 5, 8, true, true);
-entry!(fft_c128_l6_st, f64, 6, 8, true, true);
-entry!(fft_c128_l7_st, f64, 7, 8, true, true);
-entry!(fft_c128_l8_st, f64, 8, 8, true, true);
-entry!(fft_c128_l9_st, f64, 9, 8, true, true);
-entry!(fft_c128_l10_st, f64, 10, 8, true, true);
-entry!(fft_c128_l11_st, f64, 11, 8, true, true);
-entry!(fft_c128_l12_st, f64, 12, 16, true, false);
+// `_tw_per_stage`: each stage's twiddles loaded after its barrier (the registers of 8192-point
+// c64 / 4096-point c128 passes at 16 elements, and of the 1024-point and longer passes of
+// n ≥ 2^20, whose column blocks the hoisted kernels' registers would halve).
+entry!(fft_c64_l10_tw_per_stage, f32, 10, 16, true, false);
+entry!(fft_c64_l11_tw_per_stage, f32, 11, 16, true, false);
+entry!(fft_c64_l12_tw_per_stage, f32, 12, 16, true, false);
+entry!(fft_c64_l13_tw_per_stage, f32, 13, 16, true, false);
+entry!(fft_c128_l9_tw_per_stage, f64, 9, 8, true, false);
+entry!(fft_c128_l10_tw_per_stage, f64, 10, 8, true, false);
+entry!(fft_c128_l11_tw_per_stage, f64, 11, 8, true, false);
+entry!(fft_c128_l12_tw_per_stage, f64, 12, 16, true, false);
 
-// Stage tables without hoisting (`_stn`): coalesced per-stage twiddles loaded in each stage
-// (after its barrier), the registers of the W_Lt kernels.
-entry!(fft_c64_l1_stn, f32, 1, 2, true, false);
-entry!(fft_c64_l2_stn, f32, 2, 4, true, false);
-entry!(fft_c64_l3_stn, f32, 3, 8, true, false);
-entry!(fft_c64_l4_stn, f32, 4, 16, true, false);
-entry!(fft_c64_l5_stn, f32, 5, 8, true, false);
-entry!(fft_c64_l6_stn, f32, 6, 8, true, false);
-entry!(fft_c64_l7_stn, f32, 7, 16, true, false);
-entry!(fft_c64_l8_stn, f32, 8, 16, true, false);
-entry!(fft_c64_l9_stn, f32, 9, 8, true, false);
-entry!(fft_c64_l10_stn, f32, 10, 16, true, false);
-entry!(fft_c64_l11_stn, f32, 11, 16, true, false);
-entry!(fft_c64_l12_stn, f32, 12, 16, true, false);
-entry!(fft_c64_l13_stn, f32, 13, 16, true, false);
-entry!(fft_c128_l1_stn, f64, 1, 2, true, false);
-entry!(fft_c128_l2_stn, f64, 2, 4, true, false);
-entry!(fft_c128_l3_stn, f64, 3, 8, true, false);
-entry!(fft_c128_l4_stn, f64, 4, 8, true, false);
-entry!(fft_c128_l5_stn, f64, 5, 8, true, false);
-entry!(fft_c128_l6_stn, f64, 6, 8, true, false);
-entry!(fft_c128_l7_stn, f64, 7, 8, true, false);
-entry!(fft_c128_l8_stn, f64, 8, 8, true, false);
-entry!(fft_c128_l9_stn, f64, 9, 8, true, false);
-entry!(fft_c128_l10_stn, f64, 10, 8, true, false);
-entry!(fft_c128_l11_stn, f64, 11, 8, true, false);
-entry!(fft_c128_l12_stn, f64, 12, 16, true, false);
-
-// Session 4 (bench rows `@e8`, `@e8p`, `@pp`, `@sta`; host `FftOptions::{e8, ping_pong,
-// staged}`), all with hoisted stage tables:
-// - `_st8`: c64 1024 and 4096 with 8 elements per thread (2·8·8·8 and 8·8·8·8: twice the
-//   threads per transform, half the serial butterfly work per thread, one more stage);
-// - `_st8p`, `_stp`: ping-pong shared memory (two buffers; no barrier between a stage's reads
-//   and its writes: one barrier per stage instead of two);
-// - `_sta`: the row pass's input staged into shared memory by 16-byte `cp.async`, the block's
-//   next group copied while the current one computes (persistent row passes).
-entry!(fft_c64_l10_st8, f32, 10, 8, true, true);
-entry!(fft_c64_l12_st8, f32, 12, 8, true, true);
-entry!(fft_c64_l10_st8p, f32, 10, 8, true, true, true, false);
-entry!(fft_c64_l12_st8p, f32, 12, 8, true, true, true, false);
-entry!(fft_c64_l9_stp, f32, 9, 8, true, true, true, false);
-entry!(fft_c64_l10_stp, f32, 10, 16, true, true, true, false);
-entry!(fft_c64_l12_stp, f32, 12, 16, true, true, true, false);
-entry!(fft_c64_l6_sta, f32, 6, 8, true, true, false, true);
-entry!(fft_c64_l9_sta, f32, 9, 8, true, true, false, true);
-entry!(fft_c64_l10_sta, f32, 10, 16, true, true, false, true);
-// - `_sp1`, `_sp2`: one pass for c64 n = 2^14 and 2^15 (bench rows `@sp2`, `@sp4`, host
-//   `FftOptions::split`): `R = 2^SP` blocks per transform, block r computing the outputs
-//   k ≡ r (mod R) as an 8192- or 4096-point transform of its radix-R decimated input (read
-//   straight from `x`; each block reads the whole transform, mostly from L2). No workspace,
-//   one launch instead of two.
-entry!(fft_c64_l13_sp1, f32, 13, 16, true, false, false, false, 1);
-entry!(fft_c64_l12_sp2, f32, 12, 16, true, true, false, false, 2);
-entry!(fft_c64_l13_sp2, f32, 13, 16, true, false, false, false, 2);
+// Hoisted, with two shared-memory Stockham buffers (stage s reads buffer (s − 1) mod 2 and writes
+// s mod 2: one barrier per stage instead of two): c64 1024 at 8 elements per thread (2·8·8·8),
+// c64 4096.
+entry!(fft_c64_l10_radix8_ping_pong, f32, 10, 8, true, true, true, false);
+entry!(fft_c64_l12_ping_pong, f32, 12, 16, true, true, true, false);
+// Hoisted, the row pass's input staged into shared memory by 16-byte `cp.async`, the block's
+// next group copied while the current one computes (persistent row passes; the host falls back
+// to `_tw_hoisted` when `x` is only 8-byte aligned).
+entry!(fft_c64_l6_staged, f32, 6, 8, true, true, false, true);
+entry!(fft_c64_l9_staged, f32, 9, 8, true, true, false, true);
