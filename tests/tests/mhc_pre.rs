@@ -633,7 +633,7 @@ fn plan_invariants() {
                         Mix::FixedPoint(g) => {
                             assert!(batch <= 65535 && g.block == 256 && (g.tiles as usize) == c.div_ceil(c.min(256)));
                             // Two halves of 5 words per (batch row, logit), then the epoch word.
-                            assert_eq!(plan.workspace, 2 * batch * (mq - 1) * rgk::mhc::FX_WORDS + 1);
+                            assert_eq!(plan.workspace, 2 * batch * (mq - 1) * rgk::mhc::ACC_WORDS + 1);
                         }
                         Mix::SmallN(g) | Mix::AnyN(g) => {
                             let (jt, tiles, mb) = (g.jt as usize, g.tiles as usize, g.block as usize);
@@ -996,7 +996,7 @@ fn fastdiv_magic_is_exact() {
     }
 }
 
-/// A CPU mirror of the fixed-point kernels' limb arithmetic (`fx_add` / `fx_value` in
+/// A CPU mirror of the fixed-point kernels' limb arithmetic (`add_limb` / `accumulator_value` in
 /// `kernels-gpu/src/mhc/pre.rs`): the four 48-bit limbs of a partial are exact — they add up to
 /// the partial truncated toward zero at 2^-64 — and the sum of many partials' limbs converts to
 /// their exact (truncated) sum within f64 rounding, whatever the order of the additions.
@@ -1070,13 +1070,13 @@ fn fixed_point_limbs_are_exact() {
 }
 
 /// The fixed-point workspace, mirrored from the kernels: kernel 1's limb adds of every (batch row of its
-/// y-block groups, logit) land in one half (`((β·m + q)·FX_WORDS + k`, k < FX_WORDS), its zeroing
+/// y-block groups, logit) land in one half (`((β·m + q)·ACC_WORDS + k`, k < ACC_WORDS), its zeroing
 /// loop (word `bid·T + t`, stride `blocks·T`) writes every word of the other half exactly once,
 /// kernel 2's loads (one logit per lane, both halves) stay inside the halves, and the epoch word
 /// is the workspace's last u64 word.
 #[test]
 fn fixed_point_accumulator_layout() {
-    use rgk::mhc::FX_WORDS;
+    use rgk::mhc::ACC_WORDS;
     for n in [1, 2, 3, 4] {
         for (batch, c) in [(1, 1280), (2, 1920), (4, 2560), (5, 7), (11, 77), (32, 4099), (9, 1)] {
             for sms in [132, 64, 7, 1] {
@@ -1086,7 +1086,7 @@ fn fixed_point_accumulator_layout() {
                 let (block, bpc, groups) = (k1.block, k1.batch_per_group, k1.groups);
                 let g = plan;
                 let m = s.logits();
-                let words = batch * m * FX_WORDS;
+                let words = batch * m * ACC_WORDS;
                 assert_eq!(g.workspace, 2 * words + 1, "{s:?} {g:?}");
                 // Kernel 1's adds: every (β, q) of every y-block's group, limbs and count word.
                 let mut added = vec![0u32; words];
@@ -1094,8 +1094,8 @@ fn fixed_point_accumulator_layout() {
                     let b0 = by * bpc as usize;
                     for bl in 0..(batch - b0).min(8).min(bpc as usize) {
                         for q in 0..m {
-                            for k in 0..FX_WORDS {
-                                added[((b0 + bl) * m + q) * FX_WORDS + k] += 1;
+                            for k in 0..ACC_WORDS {
+                                added[((b0 + bl) * m + q) * ACC_WORDS + k] += 1;
                             }
                         }
                     }
@@ -1114,11 +1114,11 @@ fn fixed_point_accumulator_layout() {
                     }
                 }
                 assert!(zeroed.iter().all(|&z| z == 1), "{s:?} {g:?}: zeroing misses or repeats a word");
-                // Kernel 2: lane logit e of row β reads words (β·m + e)·FX_WORDS + k of both halves.
+                // Kernel 2: lane logit e of row β reads words (β·m + e)·ACC_WORDS + k of both halves.
                 for beta in 0..batch {
                     for lane in 0..32 {
                         if let Some(e) = lane_logit(lane, n) {
-                            let hi = words + (beta * m + e) * FX_WORDS + FX_WORDS - 1;
+                            let hi = words + (beta * m + e) * ACC_WORDS + ACC_WORDS - 1;
                             assert!(hi < 2 * words, "{s:?} {g:?}");
                         }
                     }

@@ -9,7 +9,7 @@ pub use pre::{
     fastdiv_magic, mix_smem_bytes as pre_mix_smem_bytes, mma_block as pre_mma_block, mma_fits as pre_mma_fits,
     mma_partial_smem_bytes as pre_mma_partial_smem_bytes, partial_smem_bytes as pre_partial_smem_bytes, pre_fwd_raw,
     ColumnMix, FmaPartialGrid, MhcPre, MhcPreLens, MhcPreParams, MhcPreShape, Mix, MmaPartialGrid, Partials, PreClass,
-    PrePlan, TileMix, FX_WORDS,
+    PrePlan, TileMix, ACC_WORDS,
 };
 
 use crate::{Gpu, Result};

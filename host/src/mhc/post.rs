@@ -30,6 +30,8 @@ impl PostKernel {
     /// The tuning table: `Rows` when `c % 8 == 0`, `x_layer_out`, `x_res` and `x_out` are
     /// 16-byte aligned (`aligned`) and the 3-D grid holds the shape, else `Any`.
     pub fn plan(shape: MhcPostShape, aligned: bool) -> Result<Self> {
+        // Measured and deleted (docs/decisions/mhc.md): one thread per 8 columns × all n streams
+        // (≈ 2× slower), 16 elements per thread (+0.03…+0.45 µs), `ld.global.nc.L2::256B` (no change).
         let (_, _, total) = shape.lens()?;
         Ok(if aligned && shape.c.is_multiple_of(8) && total < (1 << 31) && shape.batch < 65536 && shape.n < 65536 {
             Self::Rows { grid: ((shape.c / 8).div_ceil(BLOCK as usize) as u32, shape.n as u32, shape.batch as u32) }

@@ -49,9 +49,9 @@ const MIX_SMALL_N_SMEM_HEAD: usize = 336;
 const MAX_GRID_Y: usize = 65535;
 
 /// u64 words per (batch row, logit) accumulator of the fixed-point pair (the kernels'
-/// `FX_WORDS`: four integer limbs and a count of non-finite partials).
+/// `ACC_WORDS`: four integer limbs and a count of non-finite partials).
 #[doc(hidden)]
-pub const FX_WORDS: usize = 5;
+pub const ACC_WORDS: usize = 5;
 
 // ---------------------------------------------------------------- tuning table
 
@@ -91,6 +91,14 @@ impl PreClass {
     /// The row of the tuning table for `shape`; `mma_fits`: the tensor-core kernel 1's phi slab
     /// and staged x fit shared memory at the planned grid ([`mma_fits`]).
     pub fn of(shape: MhcPreShape, mma_fits: bool) -> Self {
+        // Measured against the shipped pair on the seed rows and deleted (docs/decisions/mhc.md):
+        // - one launch of a 16-block cluster, DSMEM exchange: 9.54 / 10.30 / 10.90 against 6.82 / 7.26 / 8.32 µs;
+        // - kernel 1 in 8-block clusters summing partials through DSMEM: +1.1 µs (kernel 1 +1.7);
+        // - one cooperative launch with a grid barrier: 6.56 / 6.59 / 7.23 against 5.76 / 6.05 / 6.50 µs;
+        // - a polled counter instead of `griddepcontrol.wait`: +0.7…+1.0 µs;
+        // - block-major stored partials with the column-per-thread kernel 2: +0.4…+0.8 µs;
+        // - block-parallel coefficients (`mhc_pre_mix`) for n ≤ 4: 9.86 / 9.86 / 11.04 against 6.82 / 7.26 / 8.32;
+        // - a kernel 1 without tensor cores (one lane per quantity): +1.7…+2.6 µs.
         let groups = shape.batch.div_ceil(BTF);
         match (shape.n <= NMAX_SMALL_N, mma_fits && groups <= MAX_GRID_Y, shape.batch <= MAX_GRID_Y) {
             (true, true, true) => Self::FixedPoint,
@@ -537,7 +545,7 @@ impl PrePlan {
         let (mix, tiles, workspace) = if class == PreClass::FixedPoint {
             let tiles = c.div_ceil(c.min(mb));
             let mix = Mix::FixedPoint(ColumnMix { block: mb as u32, tiles: tiles as u32, smem: (256 + 8 * mb) as u32 });
-            (mix, tiles, 2 * checked_product("x", &[batch, shape.logits(), FX_WORDS])? + 1)
+            (mix, tiles, 2 * checked_product("x", &[batch, shape.logits(), ACC_WORDS])? + 1)
         } else {
             let jt = c.min(mb).min(UN * mb / n);
             let tiles = c.div_ceil(jt);

@@ -1007,7 +1007,7 @@ unsafe fn sum4(p: *const f64, count: u32, stride: u32) -> f64 {
 /// after the wait, one dependent chain per warp and no barrier:
 /// - lane l loads its logit's ([`lane_logit`]) accumulator words from both halves of `part_ws`
 ///   (one half holds this call's sums, kernel 1 zeroed the other), adds them as integers and
-///   converts ([`fx_value`]); block (0, 0) flips the epoch word;
+///   converts ([`accumulator_value`]); block (0, 0) flips the epoch word;
 /// - every warp runs [`lane_coefficients`] itself (identical bits in every warp) and takes
 ///   H_pre and R by 20 broadcast shuffles — no shared round trip;
 /// - mixing from registers: `x_layer = q(Σ_k H_pre[k]·x_k)`, `x_res[i] = q(Σ_k R[i,k]·x_k)`.
@@ -1139,16 +1139,16 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix_fixed_point(
     grid_dependency_wait();
 
     // ---- the lane's logit from the two accumulator halves (this call's sums and the
-    // half kernel 1 zeroed), one round of 2·FX_WORDS independent loads per lane, no barrier.
-    let words = batch * m * FX_WORDS;
+    // half kernel 1 zeroed), one round of 2·ACC_WORDS independent loads per lane, no barrier.
+    let words = batch * m * ACC_WORDS;
     let a = part_ws as *const u64;
-    let mut v = [0u64; 2 * FX_WORDS as usize];
+    let mut v = [0u64; 2 * ACC_WORDS as usize];
     if valid {
-        let p0 = a.add(((beta * m + e) * FX_WORDS) as usize);
+        let p0 = a.add(((beta * m + e) * ACC_WORDS) as usize);
         let mut k = 0;
-        while k < FX_WORDS as usize {
+        while k < ACC_WORDS as usize {
             v[k] = *p0.add(k);
-            v[FX_WORDS as usize + k] = *p0.add(words as usize + k);
+            v[ACC_WORDS as usize + k] = *p0.add(words as usize + k);
             k += 1;
         }
     }
@@ -1156,13 +1156,13 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix_fixed_point(
         // Every kernel-1 block read the epoch before this grid's wait returned: flip it.
         red_add_u32(a.add(2 * words as usize) as *mut u32, 1);
     }
-    let mut sw = [0u64; FX_WORDS as usize];
+    let mut sw = [0u64; ACC_WORDS as usize];
     let mut k = 0;
-    while k < FX_WORDS as usize {
-        sw[k] = v[k].wrapping_add(v[FX_WORDS as usize + k]);
+    while k < ACC_WORDS as usize {
+        sw[k] = v[k].wrapping_add(v[ACC_WORDS as usize + k]);
         k += 1;
     }
-    let h = fx_value(&sw);
+    let h = accumulator_value(&sw);
 
     // ---- coefficients, redundantly in every warp (the same bits everywhere).
     let z = if valid { fma_f64(scale, h, bias_l as f64) } else { f64::NEG_INFINITY };
@@ -1194,23 +1194,23 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix_fixed_point(
 /// Limbs per (batch row, logit) accumulator of the fixed-point pair: limb `k` holds bits
 /// `[48k − 64, 48k − 16)` of `|partial|` (so `2^-64 ≤` resolution, range `< 2^128`, the f32
 /// range), each as a signed 64-bit sum over the kernel-1 blocks (≤ 2^15 blocks cannot overflow).
-pub const FX_LIMBS: u32 = 4;
-/// u64 words per accumulator: the [`FX_LIMBS`] limbs, then a count of partials that were not
+pub const ACC_LIMBS: u32 = 4;
+/// u64 words per accumulator: the [`ACC_LIMBS`] limbs, then a count of partials that were not
 /// finite or not below 2^128 (the logit is then NaN).
-pub const FX_WORDS: u32 = FX_LIMBS + 1;
+pub const ACC_WORDS: u32 = ACC_LIMBS + 1;
 
-/// Adds limb `k < FX_LIMBS` of the f64 block partial `v` to the accumulator `p`
+/// Adds limb `k < ACC_LIMBS` of the f64 block partial `v` to the accumulator `p`
 /// (`red.global.add`, no result): `⌊|v|·2^(64−48k)⌋ mod 2^48`, negated for `v < 0`; limb 0 also
-/// counts a non-finite or out-of-range `v` in word [`FX_LIMBS`]. The limbs are exact: the sum of
+/// counts a non-finite or out-of-range `v` in word [`ACC_LIMBS`]. The limbs are exact: the sum of
 /// the limbs is `v` truncated toward zero to a multiple of 2^-64, and integer addition is
 /// associative, so the total does not depend on the order in which blocks arrive.
 #[inline(always)]
-unsafe fn fx_add(p: *mut u64, v: f64, k: u32) {
+unsafe fn add_limb(p: *mut u64, v: f64, k: u32) {
     let t = if v < 0.0 { -v } else { v };
     // 2^128: false for NaN and ±∞ too.
     if !(t < f64::from_bits(0x47F0_0000_0000_0000)) {
         if k == 0 {
-            red_add_u64(p.add(FX_LIMBS as usize), 1);
+            red_add_u64(p.add(ACC_LIMBS as usize), 1);
         }
         return;
     }
@@ -1230,13 +1230,13 @@ unsafe fn fx_add(p: *mut u64, v: f64, k: u32) {
 /// The logit of one fixed-point accumulator (limb sums as signed integers, from the lowest limb up, in
 /// f64); NaN when a partial was counted as non-finite.
 #[inline(always)]
-fn fx_value(s: &[u64; FX_WORDS as usize]) -> f64 {
-    if s[FX_LIMBS as usize] != 0 {
+fn accumulator_value(s: &[u64; ACC_WORDS as usize]) -> f64 {
+    if s[ACC_LIMBS as usize] != 0 {
         return f64::NAN;
     }
     let mut h = 0f64;
     let mut k = 0;
-    while k < FX_LIMBS {
+    while k < ACC_LIMBS {
         h += (s[k as usize] as i64) as f64 * f64::from_bits(((959 + 48 * k) as u64) << 52);
         k += 1;
     }
@@ -1247,9 +1247,9 @@ crate::entry_directive!("mhc_pre_partial_mma_fixed_point", ".maxntid 512, 1, 1 .
 
 /// Kernel 1 of the fixed-point pair on fp64 tensor cores: grid `(G, groups)`, block `(T, 1, 1)`;
 /// block `g` owns the channel columns `[g·cw, min((g+1)·cw, c))` and adds each of its block
-/// partials as [`FX_LIMBS`] integer limbs ([`fx_add`]) into `part_ws[par][(β·m + q)·FX_WORDS ..]`,
+/// partials as [`ACC_LIMBS`] integer limbs ([`add_limb`]) into `part_ws[par][(β·m + q)·ACC_WORDS ..]`,
 /// where `m = n²+2n` and `par` is the parity of the u32 epoch word at u64 word
-/// `2·batch·m·FX_WORDS` of `part_ws`; the other half is zeroed. `part_ws` must be all zero before
+/// `2·batch·m·ACC_WORDS` of `part_ws`; the other half is zeroed. `part_ws` must be all zero before
 /// the first call of a workspace and is then left to the kernels ([`mhc_pre_mix_fixed_point`]
 /// flips the epoch). Every block adds to every accumulator of its batch rows; the integer sums
 /// do not depend on the order. Triggers the dependent launch of kernel 2 at entry.
@@ -1541,7 +1541,7 @@ unsafe fn cluster_rank_sum(pi: *const f64, count: u32) -> f64 {
 }
 
 /// The body of the tensor-core kernels 1: phi slab and x staged in shared memory, the DMMA
-/// product, fixed-order warp sums into block partials, then (`fx`) limb adds into the
+/// product, fixed-order warp sums into block partials, then (`fixed_point`) limb adds into the
 /// fixed-point accumulators, or the partials stored to `part_ws`.
 ///
 /// Two branches no launch takes stay compiled into [`mhc_pre_partial_mma`] because they test
@@ -1566,7 +1566,7 @@ unsafe fn pre_mma_body(
     bpc: u32,
     coef: PreCoef,
     part_ws: *mut f64,
-    fx: bool,
+    fixed_point: bool,
 ) {
     let partial = !part_ws.is_null();
     let t = thread_idx_x();
@@ -1591,14 +1591,17 @@ unsafe fn pre_mma_body(
     let tq = lane & 3;
     // 16-byte paths for x (copies in, mixing out) when every row segment is 16-byte aligned.
     let xvec = (x as u64 | x_res as u64 | x_layer as u64) & 15 == 0 && c % 8 == 0 && cw % 8 == 0 && cwa % 8 == 0;
-    // Fixed point (`fx`): this call's accumulators are the half of `part_ws` that the epoch word's parity
-    // names; the other half (read by the previous call's kernel 2, which has completed) is
+    // Fixed point: this call's accumulators are the half of `part_ws` that the epoch word's
+    // parity names; the other half (read by the previous call's kernel 2, which has completed) is
     // zeroed here for the next call, the words spread over every block of the grid.
     // The epoch load is issued here and first used after the staging barrier (its DRAM trip
     // overlaps the phi and x loads); the zeroing stores follow that barrier.
-    let fx_words = batch * m * FX_WORDS;
-    let par =
-        if fx { core::ptr::read_volatile((part_ws as *const u64).add(2 * fx_words as usize) as *const u32) } else { 0 };
+    let acc_words = batch * m * ACC_WORDS;
+    let par = if fixed_point {
+        core::ptr::read_volatile((part_ws as *const u64).add(2 * acc_words as usize) as *const u32)
+    } else {
+        0
+    };
 
     // ---- phi slab → shared memory, asynchronously: segment k = phi rows k·c + j0 .. + cwa.
     let seg = cwa * m; // floats per segment
@@ -1650,11 +1653,11 @@ unsafe fn pre_mma_body(
         }
         cp_async_wait_all();
         sync_threads();
-        if fx && b0 == b_lo {
-            let other = (part_ws as *mut u64).add((((par & 1) ^ 1) * fx_words) as usize);
+        if fixed_point && b0 == b_lo {
+            let other = (part_ws as *mut u64).add((((par & 1) ^ 1) * acc_words) as usize);
             let step = grid_dim_x() * grid_dim_y() * nt;
             let mut i = (block_idx_y() * grid_dim_x() + block_idx_x()) * nt + t;
-            while i < fx_words {
+            while i < acc_words {
                 *other.add(i as usize) = 0;
                 i += step;
             }
@@ -1727,7 +1730,7 @@ unsafe fn pre_mma_body(
             }
             sum += shfl_xor_f64(sum, 1);
             sum += shfl_xor_f64(sum, 2);
-            if fx {
+            if fixed_point {
                 // Fixed point: lane i & 3 of the quad adds limb i & 3 of the block partial (all four lanes
                 // hold the same sum); the Σx² item (q = m) is not needed (kernel 2 computes r).
                 if i < 4 * items {
@@ -1735,8 +1738,8 @@ unsafe fn pre_mma_body(
                     let bl = item / mq;
                     let q = item - bl * mq;
                     if q < m {
-                        let acc = (part_ws as *mut u64).add(((par & 1) * fx_words) as usize);
-                        fx_add(acc.add((((b0 + bl) * m + q) * FX_WORDS) as usize), sum, i & 3);
+                        let acc = (part_ws as *mut u64).add(((par & 1) * acc_words) as usize);
+                        add_limb(acc.add((((b0 + bl) * m + q) * ACC_WORDS) as usize), sum, i & 3);
                     }
                 }
             } else if i < 4 * items && i & 3 == 0 {
@@ -1744,7 +1747,7 @@ unsafe fn pre_mma_body(
             }
             i0 += nt;
         }
-        if fx {
+        if fixed_point {
             // No trailing barrier: the next group writes `red` only after its staging barrier,
             // which every thread reaches after its slot sums of this group.
             b0 += bga;
