@@ -75,14 +75,14 @@ pub enum PreClass {
     FmaAnyN,
 }
 
-/// Kernel-1 grid cap: 64 blocks. 32 / 96 / 128 measured slower (5.60 / 6.50 / 7.01 µs at 32,
-/// 6.18 / 6.11 / 7.10 at 96 against 5.73 / 5.92 / 6.46): fewer blocks lengthen the phi walk,
-/// more lengthen kernel 2's partial sums.
+/// Kernel-1 grid cap: 64 blocks. 32: 5.60 / 6.50 / 7.01 µs against 5.70 / 5.98 / 6.62; 96 and
+/// 128: 6.18 / 6.11 / 7.10 and 6.50 / 6.61 / 7.44 against 5.73 / 5.92 / 6.46 (fewer blocks
+/// lengthen the phi walk, more lengthen kernel 2's partial sums).
 const PARTIAL_GRID_CAP: usize = 64;
 /// `mhc_pre_partial_fma`'s block: 256 threads.
 const FMA_BLOCK: u32 = 256;
 /// Kernel 2's block for n ≤ 4: 256 threads (fixed point: 5.06 / 5.34 / 6.18 µs against 5.38 /
-/// 5.82 / 6.40 at 512 — each block no longer re-reads the partials, so more, smaller blocks win).
+/// 5.82 / 6.40 at 512: each block reads one accumulator per logit, so more, smaller blocks win).
 const MIX_BLOCK_SMALL_N: u32 = 256;
 /// Kernel 2's block for n > 4: 512 threads (`mhc_pre_mix`'s tiles of 8 x values per thread).
 const MIX_BLOCK_ANY_N: u32 = 512;
@@ -483,6 +483,7 @@ impl PrePlan {
     /// Errors: those of [`MhcPreShape::lens`]; [`Error::Shape`] naming `n` when even one batch
     /// row and one column exceed `max_smem` (or kernel 2's tile cannot hold one column);
     /// [`Error::Overflow`] naming `x` when the workspace or a grid exceeds 32-bit indexing.
+    #[doc(hidden)]
     pub fn for_device(shape: MhcPreShape, sms: usize, max_smem: usize) -> Result<Self> {
         let lens = shape.lens()?;
         let MhcPreShape { batch, n, c } = shape;
