@@ -247,25 +247,6 @@ pub(crate) unsafe fn launch_pdl(
     launch_ex(f, dims, stream, attr, args)
 }
 
-/// Launches `f` on `stream` as a cooperative launch (`cuLaunchKernelEx` with
-/// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE`): every block of the grid is resident at once, or the
-/// launch fails (`CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`) — what a kernel with a grid-wide
-/// barrier needs.
-///
-/// # Safety
-/// As [`launch`].
-pub(crate) unsafe fn launch_cooperative(
-    f: &CudaFunction,
-    dims: LaunchDims,
-    stream: sys::CUstream,
-    args: &mut [&mut dyn KernelArg],
-) -> Result<()> {
-    let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-    attr.value.cooperative = 1;
-    launch_ex(f, dims, stream, attr, args)
-}
-
 /// One op call's launches as a CUDA graph, replayed while the call's arguments are unchanged.
 ///
 /// All kernels of a call reach the device in one submission, so a programmatic dependent

@@ -133,49 +133,18 @@ fn bad_input_is_an_error_naming_the_argument() {
     st.synchronize().unwrap();
 }
 
+/// The planner: the division-free vectorised kernel for 16-byte-aligned buffers with
+/// `c % 8 == 0`, the general kernel otherwise (both run on the GPU by `shape_sweep` and
+/// `misaligned_sub_slices`).
 #[test]
-fn every_block_size_matches_reference() {
-    use rgk::cudarc::driver::{DevicePtr, DevicePtrMut};
-    use rgk::mhc::PostConfig;
-    let Some(gpu) = gpu_or_skip("mhc_post::every_launch_config") else { return };
-    let mut rng = fresh_rng("mhc_post::every_launch_config");
-    let st = gpu.stream();
-    for s in [
-        MhcPostShape { batch: 4, n: 4, c: 2560 },
-        MhcPostShape { batch: 3, n: 3, c: 8 },
-        MhcPostShape { batch: 2, n: 8, c: 1032 },
-    ] {
-        let (ly, lh, lr) = s.lens().unwrap();
-        let y: Vec<bf16> = randn_half(&mut rng, ly, 1.0);
-        let h = randn_f32(&mut rng, lh, 2.0);
-        let r: Vec<bf16> = randn_half(&mut rng, lr, 1.0);
-        let reference = rgk::reference::mhc_post_fwd(s, &y, &h, &r);
-        let (dy, dh, dr) = (st.clone_htod(&y).unwrap(), st.clone_htod(&h).unwrap(), st.clone_htod(&r).unwrap());
-        for block in [32, 64, 128, 256, 1024] {
-            let mut d = st.clone_htod(&poisoned::<bf16>(lr)).unwrap();
-            {
-                let (py, _a) = dy.device_ptr(st);
-                let (ph, _b) = dh.device_ptr(st);
-                let (pr, _c) = dr.device_ptr(st);
-                let (po, _d) = d.device_ptr_mut(st);
-                let cfg = PostConfig { block };
-                unsafe { mhc::post_fwd_raw_with(&gpu, s, cfg, py, ph, pr, po, st.cu_stream()) }.unwrap();
-            }
-            let out: Vec<bf16> = st.clone_dtoh(&d).unwrap();
-            let rep = check_half(&out, &reference, 1.0);
-            assert!(rep.passed(), "{s:?} block {block}: {rep}");
-        }
-    }
-}
-
-#[test]
-fn bad_block_size_is_an_error() {
-    use rgk::mhc::PostConfig;
-    let Some(gpu) = gpu_or_skip("mhc_post::bad_block_size") else { return };
-    let s = MhcPostShape { batch: 1, n: 4, c: 8 };
-    for block in [0, 33, 2048] {
-        // The pointers are never used: validation fails before any launch.
-        let r = unsafe { mhc::post_fwd_raw_with(&gpu, s, PostConfig { block }, 0, 0, 0, 0, gpu.stream().cu_stream()) };
-        assert!(matches!(r, Err(Error::Shape { arg: "config.block", .. })), "block {block}: {r:?}");
-    }
+fn planner_picks_the_vectorised_kernel_where_aligned() {
+    use rgk::mhc::PostKernel;
+    let plan = |batch, n, c, aligned| PostKernel::plan(MhcPostShape { batch, n, c }, aligned).unwrap();
+    assert_eq!(plan(4, 4, 2560, true), PostKernel::Rows { grid: (3, 4, 4) });
+    assert_eq!(plan(2, 4, 1920, true).kernel(), "mhc_post_fwd_bf16_rows");
+    assert_eq!(plan(2, 4, 1920, false).kernel(), "mhc_post_fwd_bf16");
+    assert_eq!(plan(2, 4, 1003, true).kernel(), "mhc_post_fwd_bf16");
+    assert_eq!(plan(70_000, 1, 8, true).kernel(), "mhc_post_fwd_bf16");
+    assert_eq!(plan(1, 1, 1, false), PostKernel::Any { blocks: 1 });
+    assert!(matches!(PostKernel::plan(MhcPostShape { batch: 0, n: 4, c: 8 }, true), Err(Error::Shape { .. })));
 }

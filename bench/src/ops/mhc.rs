@@ -1,31 +1,22 @@
 //! MHCPostFwd workloads (docs/ops.md §3 and the seed table).
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use rand::rngs::StdRng;
-use rgk::mhc::{self, MhcPostShape, PostConfig};
+use rgk::mhc::{self, MhcPostShape};
 use rgk::reference::RefOutput;
 use rgk::verify::{check_half, poisoned};
 use rgk::{bf16, Gpu};
 
-use crate::case::{variant_name, Case, Tensor, Verification, Workload};
+use crate::case::{Case, Tensor, Verification, Workload};
 use rgk_tests::{randn_f32, randn_half};
 
 /// FP32 non-tensor peak of the H200 (datasheet), FLOP/s.
 pub const FP32_PEAK: f64 = 67e12;
 
-/// The seed's workloads; with `variants`, also every launch configuration of the vectorised
-/// kernel on each (rows named `WORKLOAD@bBLOCK`, for tuning).
-pub fn workloads(variants: bool) -> Vec<Workload> {
-    let mut configs = vec![(None, PostConfig::default())];
-    if variants {
-        for block in [32, 64, 128, 256, 512] {
-            configs.push((Some(format!("b{block}")), PostConfig { block }));
-        }
-    }
+/// The seed's workloads (no tuning rows: the block size is fixed, docs/decisions/mhc.md).
+pub fn workloads(_variants: bool) -> Vec<Workload> {
     [("hidden-1280", 1, 1280), ("hidden-1920", 2, 1920), ("hidden-2560", 4, 2560)]
         .into_iter()
-        .flat_map(|w| configs.iter().map(move |c| (w, c.clone())))
-        .map(|((name, batch, c), (tag, config))| {
-            let name = variant_name(name, tag.as_deref());
+        .map(|(name, batch, c)| {
             let s = MhcPostShape { batch, n: 4, c };
             let (b, n) = (batch, 4);
             Workload {
@@ -36,7 +27,7 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
                 flops: 2.0 * (b * n * c) as f64,
                 bytes: (2 * b * c + 4 * b * n + 2 * 2 * b * n * c) as f64,
                 peak_flops: FP32_PEAK,
-                prepare: Box::new(move |gpu, rng| Ok(Box::new(PostCase::new(gpu, rng, s, config)?) as Box<dyn Case>)),
+                prepare: Box::new(move |gpu, rng| Ok(Box::new(PostCase::new(gpu, rng, s)?) as Box<dyn Case>)),
             }
         })
         .collect()
@@ -44,7 +35,6 @@ pub fn workloads(variants: bool) -> Vec<Workload> {
 
 struct PostCase {
     s: MhcPostShape,
-    config: PostConfig,
     y: Vec<bf16>,
     h: Vec<f32>,
     r: Vec<bf16>,
@@ -56,7 +46,7 @@ struct PostCase {
 }
 
 impl PostCase {
-    fn new(gpu: &Gpu, rng: &mut StdRng, s: MhcPostShape, config: PostConfig) -> rgk::Result<Self> {
+    fn new(gpu: &Gpu, rng: &mut StdRng, s: MhcPostShape) -> rgk::Result<Self> {
         let (ly, lh, lr) = s.lens()?;
         let y = randn_half(rng, ly, 1.0);
         // h_post = 2·σ(·) in the real layer: values in (0, 2).
@@ -70,7 +60,6 @@ impl PostCase {
             dr: st.clone_htod(&r)?,
             dout: st.clone_htod(&poisoned::<bf16>(lr))?,
             s,
-            config,
             y,
             h,
             r,
@@ -87,7 +76,7 @@ impl Case for PostCase {
         let (r, _g3) = self.dr.device_ptr(st);
         let (o, _g4) = self.dout.device_ptr_mut(st);
         // SAFETY: the buffers were allocated for exactly this shape.
-        unsafe { mhc::post_fwd_raw_with(gpu, self.s, self.config, y, h, r, o, st.cu_stream()) }
+        unsafe { mhc::post_fwd_raw(gpu, self.s, y, h, r, o, st.cu_stream()) }
     }
 
     fn verify(&mut self, gpu: &Gpu) -> rgk::Result<Verification> {

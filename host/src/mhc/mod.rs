@@ -2,14 +2,37 @@
 mod post;
 mod pre;
 
-pub use post::{post_fwd, post_fwd_raw, post_fwd_raw_with, MhcPostShape, PostConfig};
+use std::collections::BTreeSet;
+
+pub use post::{post_fwd, post_fwd_raw, MhcPostShape, PostKernel};
 pub use pre::{
-    auto_mma_block, fastdiv_magic, fused_smem_bytes as pre_fused_smem_bytes, mix_smem_bytes as pre_mix_smem_bytes,
-    partial_smem_bytes as pre_partial_smem_bytes, pre_fwd_raw, CoopGeometry, FusedGeometry, MhcPre, MhcPreLens,
-    MhcPreParams, MhcPreShape, PreConfig, PreGeometry, PrePath, PrePlan, FX_WORDS, MIX5_STAMPS, MMA5_STAMPS,
+    fastdiv_magic, mix_smem_bytes as pre_mix_smem_bytes, mma_block as pre_mma_block, mma_fits as pre_mma_fits,
+    mma_partial_smem_bytes as pre_mma_partial_smem_bytes, partial_smem_bytes as pre_partial_smem_bytes, pre_fwd_raw,
+    ColumnMix, FmaPartialGrid, MhcPre, MhcPreLens, MhcPreParams, MhcPreShape, Mix, MmaPartialGrid, Partials, PreClass,
+    PrePlan, TileMix, ACC_WORDS,
 };
+
+use crate::{Gpu, Result};
 
 /// PTX entries of MHCPostFwd.
 pub(crate) const POST_KERNELS: &[&str] = &[post::KERNEL_ROWS, post::KERNEL_ANY];
 /// PTX entries of MHCPreFwd.
 pub(crate) const PRE_KERNELS: &[&str] = pre::KERNELS;
+
+/// Every PTX entry the mHC planners launch over a grid of valid shapes that reaches every row
+/// of their tuning tables and every fallback (MHCPreFwd: each kernel pair, on `gpu`'s SM count
+/// and shared memory; MHCPostFwd: aligned and unaligned buffers, `c % 8` zero and not). Equal
+/// to [`POST_KERNELS`] ∪ [`PRE_KERNELS`] when every shipped entry is reachable.
+#[doc(hidden)]
+pub fn planned_kernels(gpu: &Gpu) -> Result<BTreeSet<&'static str>> {
+    let mut set = BTreeSet::new();
+    for &s in pre::SWEEP_SHAPES {
+        set.extend(PrePlan::new(gpu, s)?.kernels());
+    }
+    for (batch, n, c) in [(1, 4, 1280), (2, 4, 1920), (4, 4, 2560), (3, 3, 7), (70_000, 1, 8)] {
+        for aligned in [true, false] {
+            set.insert(PostKernel::plan(MhcPostShape { batch, n, c }, aligned)?.kernel());
+        }
+    }
+    Ok(set)
+}

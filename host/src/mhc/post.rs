@@ -9,21 +9,43 @@ use crate::{Gpu, Result};
 pub(crate) const KERNEL_ROWS: &str = "mhc_post_fwd_bf16_rows";
 pub(crate) const KERNEL_ANY: &str = "mhc_post_fwd_bf16";
 
-/// Launch configuration (for tuning; [`PostConfig::default`] is what [`post_fwd`] uses).
-///
-/// The vectorised kernel runs a division-free grid `(⌈c/8/block⌉, n, batch)`, one thread per
-/// 8 elements with 16-byte loads/stores; it applies when `c % 8 == 0` and `x_layer_out`,
-/// `x_res`, `x_out` are 16-byte aligned. Otherwise a general grid-stride kernel runs.
+/// Threads per block of both kernels: 128. 64…256 measured within one 32 ns CUPTI tick once the
+/// grid is division-free (1.15 / 1.22 / 1.38 µs on the seed rows at 128).
+const BLOCK: u32 = 128;
+
+/// The kernel of one MHCPostFwd call (the planner [`PostKernel::plan`]; the launch only
+/// matches on it).
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PostConfig {
-    /// Threads per block (a multiple of 32, at most 1024).
-    pub block: u32,
+pub enum PostKernel {
+    /// `mhc_post_fwd_bf16_rows`: grid `(⌈c/8/block⌉, n, batch)`, one thread per 8 elements
+    /// with 16-byte loads/stores, no index division (1.15 / 1.22 / 1.38 µs against 1.28 / 1.31
+    /// / 1.50 for a 1-D grid with two u32 divisions per thread).
+    Rows { grid: (u32, u32, u32) },
+    /// `mhc_post_fwd_bf16`: any alignment, `c` and size; one element per thread, grid-stride.
+    Any { blocks: u32 },
 }
 
-impl Default for PostConfig {
-    /// The block size measured fastest on the H200 (kernels-gpu/src/mhc/NOTES.md).
-    fn default() -> Self {
-        Self { block: 128 }
+impl PostKernel {
+    /// The tuning table: `Rows` when `c % 8 == 0`, `x_layer_out`, `x_res` and `x_out` are
+    /// 16-byte aligned (`aligned`) and the 3-D grid holds the shape, else `Any`.
+    pub fn plan(shape: MhcPostShape, aligned: bool) -> Result<Self> {
+        // Measured and deleted (docs/decisions/mhc.md): one thread per 8 columns × all n streams
+        // (≈ 2× slower), 16 elements per thread (+0.03…+0.45 µs), `ld.global.nc.L2::256B` (no change).
+        let (_, _, total) = shape.lens()?;
+        Ok(if aligned && shape.c.is_multiple_of(8) && total < (1 << 31) && shape.batch < 65536 && shape.n < 65536 {
+            Self::Rows { grid: ((shape.c / 8).div_ceil(BLOCK as usize) as u32, shape.n as u32, shape.batch as u32) }
+        } else {
+            Self::Any { blocks: total.div_ceil(BLOCK as usize).min(132 * 16) as u32 }
+        })
+    }
+
+    /// The PTX entry.
+    pub fn kernel(&self) -> &'static str {
+        match self {
+            Self::Rows { .. } => KERNEL_ROWS,
+            Self::Any { .. } => KERNEL_ANY,
+        }
     }
 }
 
@@ -97,45 +119,21 @@ pub unsafe fn post_fwd_raw(
     x_out: CUdeviceptr,
     stream: CUstream,
 ) -> Result<()> {
-    post_fwd_raw_with(gpu, shape, PostConfig::default(), x_layer_out, h_post, x_res, x_out, stream)
-}
-
-/// [`post_fwd_raw`] with an explicit launch configuration (for tuning and its benchmark).
-///
-/// # Safety
-/// As [`post_fwd_raw`].
-#[doc(hidden)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn post_fwd_raw_with(
-    gpu: &Gpu,
-    shape: MhcPostShape,
-    config: PostConfig,
-    x_layer_out: CUdeviceptr,
-    h_post: CUdeviceptr,
-    x_res: CUdeviceptr,
-    x_out: CUdeviceptr,
-    stream: CUstream,
-) -> Result<()> {
     let (_, _, total) = shape.lens()?;
-    if config.block == 0 || !config.block.is_multiple_of(32) || config.block > 1024 {
-        return Err(crate::Error::Shape {
-            arg: "config.block",
-            msg: format!("{} is not a multiple of 32 in 32..=1024", config.block),
-        });
-    }
     let aligned = [x_layer_out, x_res, x_out].iter().all(|p| p % 16 == 0);
-    let block = config.block;
+    let plan = PostKernel::plan(shape, aligned)?;
+    let f = gpu.function(plan.kernel())?;
     let (mut y, mut h, mut r, mut o) = (x_layer_out, h_post, x_res, x_out);
-    if aligned && shape.c.is_multiple_of(8) && total < (1 << 31) && shape.batch < 65536 && shape.n < 65536 {
-        let (mut n, mut c) = (shape.n as u32, shape.c as u32);
-        let grid = ((shape.c / 8).div_ceil(block as usize) as u32, n, shape.batch as u32);
-        let dims = LaunchDims { grid, block: (block, 1, 1), shared_bytes: 0 };
-        launch(gpu.function(KERNEL_ROWS)?, dims, stream, &mut [&mut y, &mut h, &mut r, &mut o, &mut n, &mut c])
-    } else {
-        let f = gpu.function(KERNEL_ANY)?;
-        let blocks = total.div_ceil(block as usize).min(132 * 16) as u32;
-        let dims = LaunchDims { grid: (blocks, 1, 1), block: (block, 1, 1), shared_bytes: 0 };
-        let (mut n, mut c, mut t) = (shape.n as u64, shape.c as u64, total as u64);
-        launch(f, dims, stream, &mut [&mut y, &mut h, &mut r, &mut o, &mut n, &mut c, &mut t])
+    match plan {
+        PostKernel::Rows { grid } => {
+            let (mut n, mut c) = (shape.n as u32, shape.c as u32);
+            let dims = LaunchDims { grid, block: (BLOCK, 1, 1), shared_bytes: 0 };
+            launch(f, dims, stream, &mut [&mut y, &mut h, &mut r, &mut o, &mut n, &mut c])
+        }
+        PostKernel::Any { blocks } => {
+            let dims = LaunchDims { grid: (blocks, 1, 1), block: (BLOCK, 1, 1), shared_bytes: 0 };
+            let (mut n, mut c, mut t) = (shape.n as u64, shape.c as u64, total as u64);
+            launch(f, dims, stream, &mut [&mut y, &mut h, &mut r, &mut o, &mut n, &mut c, &mut t])
+        }
     }
 }

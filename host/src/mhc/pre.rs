@@ -1,73 +1,129 @@
 //! MHCPreFwd (docs/ops.md §2): the mHC pre-layer projection, Sinkhorn normalisation and stream
-//! mixing — by default in two launches on one stream submitted as a CUDA graph (the second a
-//! programmatic dependent launch), the split-K partials summed as integer fixed-point limbs
-//! (`PreConfig::fixed_point`: order-independent, so bitwise reproducible); optionally in one
-//! launch of a thread-block cluster or one cooperative launch with a grid barrier
-//! (`kernels-gpu/src/mhc/pre.rs` describes the kernels).
+//! mixing in two kernels on one stream — split-K partial logits (kernel 1), then reduction,
+//! coefficients and mixing (kernel 2, a programmatic dependent launch) — submitted by
+//! [`MhcPre::run`] as one CUDA graph. [`PrePlan::new`] is the planner: it picks the kernel pair
+//! from the shape (the tuning table [`PreClass::of`]) and fixes its geometry; the launch code
+//! only matches on the plan. `kernels-gpu/src/mhc/pre.rs` describes the kernels and
+//! `docs/decisions/mhc.md` the measurements behind the choices.
 use cudarc::driver::{sys, sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{
-    launch, launch_cluster, launch_cooperative, launch_pdl, max_active_clusters, GraphReplay, KernelArg, LaunchDims,
-};
+use crate::runtime::{launch, launch_pdl, GraphReplay, KernelArg, LaunchDims};
 use crate::{Error, Gpu, Result};
 
-pub(crate) const KERNEL_PARTIAL: &str = "mhc_pre_partial";
-pub(crate) const KERNEL_MIX: &str = "mhc_pre_mix";
-pub(crate) const KERNEL_FUSED: &str = "mhc_pre_fused";
+pub(crate) const KERNEL_PARTIAL_FMA: &str = "mhc_pre_partial_fma";
 pub(crate) const KERNEL_PARTIAL_MMA: &str = "mhc_pre_partial_mma";
-pub(crate) const KERNEL_MIX4: &str = "mhc_pre_mix4";
-pub(crate) const KERNEL_PARTIAL_MMA5: &str = "mhc_pre_partial_mma5";
-pub(crate) const KERNEL_MIX5: &str = "mhc_pre_mix5";
-pub(crate) const KERNEL_PARTIAL_MMA5_TS: &str = "mhc_pre_partial_mma5_ts";
-pub(crate) const KERNEL_MIX5_TS: &str = "mhc_pre_mix5_ts";
-
-/// u64 stamps per block of `mhc_pre_partial_mma5_ts` (the kernel's `MMA5_STAMPS`): entry, slab
-/// and x staged, MMA tiles in shared memory, last partial store issued.
-pub const MMA5_STAMPS: usize = 4;
-/// u64 stamps per block of `mhc_pre_mix5_ts` (the kernel's `MIX5_STAMPS`): entry, prologue done,
-/// `griddepcontrol.wait` returned, partials loaded, logits summed, coefficients broadcast,
-/// outputs stored (issued), SM id.
-pub const MIX5_STAMPS: usize = 8;
-pub(crate) const KERNEL_COOP: &str = "mhc_pre_coop";
-pub(crate) const KERNEL_PARTIAL_FX: &str = "mhc_pre_partial_fx";
-pub(crate) const KERNEL_MIX_FX: &str = "mhc_pre_mix_fx";
+pub(crate) const KERNEL_PARTIAL_MMA_FIXED_POINT: &str = "mhc_pre_partial_mma_fixed_point";
+pub(crate) const KERNEL_MIX: &str = "mhc_pre_mix";
+pub(crate) const KERNEL_MIX_SMALL_N: &str = "mhc_pre_mix_small_n";
+pub(crate) const KERNEL_MIX_FIXED_POINT: &str = "mhc_pre_mix_fixed_point";
 pub(crate) const KERNELS: &[&str] = &[
-    KERNEL_PARTIAL,
-    KERNEL_MIX,
-    KERNEL_FUSED,
+    KERNEL_PARTIAL_FMA,
     KERNEL_PARTIAL_MMA,
-    KERNEL_MIX4,
-    KERNEL_PARTIAL_MMA5,
-    KERNEL_MIX5,
-    KERNEL_PARTIAL_MMA5_TS,
-    KERNEL_MIX5_TS,
-    KERNEL_COOP,
-    KERNEL_PARTIAL_FX,
-    KERNEL_MIX_FX,
+    KERNEL_PARTIAL_MMA_FIXED_POINT,
+    KERNEL_MIX,
+    KERNEL_MIX_SMALL_N,
+    KERNEL_MIX_FIXED_POINT,
 ];
-/// Largest n of the lean kernel 2 (`mhc_pre_mix4`: a padded 4×4 R in one warp's registers).
-const NMAX_MIX4: usize = 4;
-/// Bytes of `mhc_pre_mix4`'s shared memory before its x tile (`tot[32]` f64, `hs[4]`, `ra[16]`).
-const MIX4_SMEM_HEAD: usize = 336;
 
-/// `mhc_pre_mix5`'s dynamic shared memory (mirror of the kernel's `mix5_smem`): `ssw[32]` f64,
-/// then one f64 per thread.
-pub fn mix5_smem_bytes(block: usize) -> usize {
-    256 + 8 * block
-}
-
-/// Batch rows per group in kernel 1 (the kernel's `BT`).
+/// Batch rows per group of `mhc_pre_partial_fma` (the kernel's `BT`).
 const BT: usize = 4;
-/// x elements per thread in kernel 2's tile (the kernel's `UN`).
+/// x elements per thread in the staged tile of `mhc_pre_mix` / `mhc_pre_mix_small_n` (the
+/// kernels' `UN`).
 const UN: usize = 8;
-/// Largest kernel-1 grid (keeps kernel 2's partial reads small).
-const MAX_GRID: usize = 256;
-/// Shared-memory budget for the staged x of one tile, bytes.
+/// Shared-memory budget for the staged x of one `mhc_pre_partial_fma` tile, bytes.
 const XS_BUDGET: usize = 32 * 1024;
 /// Dynamic shared memory available without opting in, bytes.
 const SMEM_DEFAULT: usize = 48 * 1024;
+/// Batch rows per group of the tensor-core kernel 1 (the kernels' `BTF`: the fp64 MMA's M = 8).
+const BTF: usize = 8;
+/// Largest n of the tensor-core kernel 1 and of the register-coefficient kernels 2 (the
+/// kernels' `NMAX_FUSED` / `NMAX_MIX4`: ⌈(n²+2n)/8⌉ ≤ 3 phi tiles, a 4×4 R in one warp).
+const NMAX_SMALL_N: usize = 4;
+/// Bytes of `mhc_pre_mix_small_n`'s shared memory before its x tile (`tot[32]` f64, `hs[4]`,
+/// `ra[16]`; the kernel's `MIX4_SMEM_HEAD`).
+const MIX_SMALL_N_SMEM_HEAD: usize = 336;
+/// Largest grid y (CUDA): `mhc_pre_mix_fixed_point` runs one y-block per batch row, the
+/// tensor-core kernel 1 one per group of 8 batch rows.
+const MAX_GRID_Y: usize = 65535;
+
+/// u64 words per (batch row, logit) accumulator of the fixed-point pair (the kernels'
+/// `ACC_WORDS`: four integer limbs and a count of non-finite partials).
+#[doc(hidden)]
+pub const ACC_WORDS: usize = 5;
+
+// ---------------------------------------------------------------- tuning table
+
+/// The kernel pair of a shape: the MHCPreFwd tuning table, one row per shape class
+/// ([`PreClass::of`]; the geometry constants below it). H200 times are the bench's seed rows
+/// hidden-1280 / 1920 / 2560 (n = 4, batch 1 / 2 / 4), CUPTI device time after an L2 flush.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreClass {
+    /// Tensor-core partials added as fixed-point limbs + one column per thread of kernel 2:
+    /// 5.06 / 5.47 / 5.92 µs against 5.52 / 5.90 / 6.69 for the same pair storing block
+    /// partials (kernel 2 then sums 64 partials per logit across warps).
+    FixedPoint,
+    /// Tensor-core partials + staged tiles with register coefficients, where kernel 2's
+    /// `(tiles, batch)` grid does not fit (batch > 65535).
+    MmaPartials,
+    /// FMA partials + staged tiles with register coefficients, where one block's phi slab
+    /// exceeds shared memory (large c) or the tensor-core grid's y (batch > 524280).
+    FmaSmallN,
+    /// n > 4: FMA partials + staged tiles with block-parallel coefficients (any n).
+    FmaAnyN,
+}
+
+/// Kernel-1 grid cap: 64 blocks. 32: 5.60 / 6.50 / 7.01 µs against 5.70 / 5.98 / 6.62; 96 and
+/// 128: 6.18 / 6.11 / 7.10 and 6.50 / 6.61 / 7.44 against 5.73 / 5.92 / 6.46 (fewer blocks
+/// lengthen the phi walk, more lengthen kernel 2's partial sums).
+const PARTIAL_GRID_CAP: usize = 64;
+/// `mhc_pre_partial_fma`'s block: 256 threads.
+const FMA_BLOCK: u32 = 256;
+/// Kernel 2's block for n ≤ 4: 256 threads (fixed point: 5.06 / 5.34 / 6.18 µs against 5.38 /
+/// 5.82 / 6.40 at 512: each block reads one accumulator per logit, so more, smaller blocks win).
+const MIX_BLOCK_SMALL_N: u32 = 256;
+/// Kernel 2's block for n > 4: 512 threads (`mhc_pre_mix`'s tiles of 8 x values per thread).
+const MIX_BLOCK_ANY_N: u32 = 512;
+
+impl PreClass {
+    /// The row of the tuning table for `shape`; `mma_fits`: the tensor-core kernel 1's phi slab
+    /// and staged x fit shared memory at the planned grid ([`mma_fits`]).
+    pub fn of(shape: MhcPreShape, mma_fits: bool) -> Self {
+        // Measured against the shipped pair on the seed rows and deleted (docs/decisions/mhc.md):
+        // - one launch of a 16-block cluster, DSMEM exchange: 9.54 / 10.30 / 10.90 against 6.82 / 7.26 / 8.32 µs;
+        // - kernel 1 in 8-block clusters summing partials through DSMEM: +1.1 µs (kernel 1 +1.7);
+        // - one cooperative launch with a grid barrier: 6.56 / 6.59 / 7.23 against 5.76 / 6.05 / 6.50 µs;
+        // - a polled counter instead of `griddepcontrol.wait`: +0.7…+1.0 µs;
+        // - block-major stored partials with the column-per-thread kernel 2: +0.4…+0.8 µs;
+        // - block-parallel coefficients (`mhc_pre_mix`) for n ≤ 4: 9.86 / 9.86 / 11.04 against 6.82 / 7.26 / 8.32;
+        // - a kernel 1 without tensor cores (one lane per quantity): +1.7…+2.6 µs.
+        let groups = shape.batch.div_ceil(BTF);
+        match (shape.n <= NMAX_SMALL_N, mma_fits && groups <= MAX_GRID_Y, shape.batch <= MAX_GRID_Y) {
+            (true, true, true) => Self::FixedPoint,
+            (true, true, false) => Self::MmaPartials,
+            (true, false, _) => Self::FmaSmallN,
+            (false, _, _) => Self::FmaAnyN,
+        }
+    }
+}
+
+/// The tensor-core kernel 1's block: 256 threads, or 512 when its slot sums — 4 threads per
+/// (batch row of its group of ≤ 8, quantity) — would need a second round at 256 (batch ≥ 3
+/// for n = 4): hidden-2560 (batch 4) 6.25 → 5.95 µs at 512, hidden-1920 (batch 2) 5.44 →
+/// 5.70 µs (worse) at 512.
+#[doc(hidden)]
+pub fn mma_block(shape: MhcPreShape) -> u32 {
+    let items = 4 * shape.batch.min(BTF) * (shape.logits() + 1);
+    if items > 256 {
+        512
+    } else {
+        256
+    }
+}
+
+// ---------------------------------------------------------------- shape and parameters
 
 /// Sizes of one MHCPreFwd call: `batch` rows, `n` streams, `c` channels per stream.
 /// `phi` is `[n·c, n²+2n]`.
@@ -186,144 +242,150 @@ impl MhcPreParams {
     }
 }
 
-/// Which implementation [`MhcPre`] runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PrePath {
-    /// One launch of a thread-block cluster when the shape fits it (n ≤ 4; each block's phi slab,
-    /// x columns and partials in shared memory; a schedulable cluster), else two launches.
-    Auto,
-    /// One launch of a thread-block cluster; a shape that does not fit is an error.
-    Fused,
-    /// Two ordinary launches (split-K partials through a workspace, then reduce and mix): any shape.
-    TwoLaunch,
-}
+// ---------------------------------------------------------------- plan
 
-/// Launch configuration (tuning; [`Default`] is the measured choice).
+/// Geometry of a tensor-core kernel 1 (`mhc_pre_partial_mma[_fixed_point]`): grid
+/// `(grid, groups)`, block `(block, 1, 1)`.
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PreConfig {
-    /// The implementation.
-    pub path: PrePath,
-    /// One-launch path: the largest cluster (blocks along the channels), 1..=16; sizes above 8
-    /// need the device's non-portable cluster support (the plan falls back to smaller ones).
-    pub cluster: u32,
-    /// One-launch path: batch rows per cluster (clusters run side by side along the batch);
-    /// 0 = 8 (one group of the kernel's 8 rows per cluster).
-    pub batch_per_cluster: u32,
-    /// One-launch path: threads per block, a multiple of 32 in `32..=512`.
-    pub fused_block: u32,
-    /// Threads per block of kernel 1 (split-K partials), a multiple of 32 in 32..=1024.
-    pub block: u32,
-    /// Upper bound on kernel 1's grid (blocks); `None` = the device's SM count. Capped at 256.
-    pub max_grid: Option<u32>,
-    /// Threads per block of kernel 2 (reduction, coefficients, mixing), a multiple of 32 in
-    /// 32..=1024; each block mixes up to this many channel columns of one batch row. 0 = by rule:
-    /// 256 with `fixed_point`, else 512 (the planned value is `PreGeometry::mix_block`).
-    pub mix_block: u32,
-    /// Two-launch path: kernel 1 on fp64 tensor cores (`mhc_pre_partial_mma`) where the shape
-    /// allows it (n ≤ 4, the block's slab within shared memory), else the FMA kernel.
-    pub mma_partials: bool,
-    /// Threads per block of the tensor-core kernel 1, a multiple of 32 in 32..=512; 0 = by rule
-    /// ([`auto_mma_block`]: 256, or 512 when one round of its slot sums needs more threads).
-    pub mma_block: u32,
-    /// Launch kernel 2 as a programmatic dependent launch (its start-up and x loads overlap
-    /// kernel 1; it waits for kernel 1's partials in `griddepcontrol.wait`).
-    pub pdl: bool,
-    /// Two-launch path, n ≤ 4: kernel 2 is the lean `mhc_pre_mix4` (one warp per quantity's
-    /// partial sum, coefficients and Sinkhorn in one warp's registers); else `mhc_pre_mix`.
-    pub lean_mix: bool,
-    /// Two-launch path with the tensor-core kernel 1: launch it in thread-block clusters of up
-    /// to this many blocks (a power of two dividing its grid, ≤ 16); each cluster's rank-0 block
-    /// sums the cluster's partials through distributed shared memory, so kernel 2 reads
-    /// `G / cluster` partials per quantity instead of `G`. 1 = no clusters.
-    pub partial_cluster: u32,
-    /// [`MhcPre::run`] submits the call's kernels as one CUDA graph (captured on the first call
-    /// and replayed while the buffers and parameters are unchanged), so kernel 2's dependent
-    /// launch can overlap kernel 1. Not used by the raw entry [`pre_fwd_raw`].
-    pub graph: bool,
-    /// Two-launch path, v5 (n ≤ 4, tensor-core kernel 1, batch ≤ 65535; else ignored): kernel 1
-    /// `mhc_pre_partial_mma5` stores its partials block-major (`[g][β][q]`, straight from the
-    /// slot sums), kernel 2 `mhc_pre_mix5` computes r from x and each thread's column before
-    /// `griddepcontrol.wait`, then one load round, one barrier, the coefficients in every warp's
-    /// registers and the mixing from registers. Kernel 2's tiles are `mix_block` columns (one
-    /// per thread); `partial_cluster` is ignored.
-    pub v5: bool,
-    /// v6, one cooperative launch (`mhc_pre_coop`, where the shape allows: n ≤ 4, the tensor-core
-    /// kernel 1's slab within shared memory, the grid co-resident; else the v5 pair): the v5
-    /// kernel 1's partials, a grid-wide barrier instead of the second launch, then v5 kernel 2's
-    /// chain, each block mixing `⌈c/tiles⌉` columns of one batch row. Grid: kernel 1's
-    /// (`max_grid`), block `mma_block`. Needs no graph (one launch).
-    pub coop: bool,
-    /// Diagnostic (the v5 and v8 pairs; 0 = off): the device address of a u64 buffer that receives
-    /// `%globaltimer` stamps (ns) — kernel 1's blocks first ([`MMA5_STAMPS`] words each, `grid ×
-    /// groups` blocks), then kernel 2's ([`MIX5_STAMPS`] each, `tiles × batch` blocks) — from
-    /// the `_ts` twins of the v5 kernels, which also run the v8 bodies (same arithmetic, same
-    /// outputs). See
-    /// [`PreGeometry::stamp_words`].
-    pub stamps: u64,
-    /// v8 (with the v5 pair where it applies): deterministic fixed-point
-    /// split-K sums. Kernel 1 (`mhc_pre_partial_fx`) adds each block partial as four 48-bit
-    /// integer limbs (`red.global.add.u64`; range 2^-64 … 2^128) into one accumulator per
-    /// (batch row, logit) instead of storing `G` partials; kernel 2 (`mhc_pre_mix_fx`) loads
-    /// one accumulator per lane after `griddepcontrol.wait` — no cross-warp sum, no barrier.
-    /// Integer addition is associative: bitwise reproducible. The workspace then carries state
-    /// between calls (two accumulator halves and an epoch word; see [`pre_fwd_raw`]).
-    pub fixed_point: bool,
-}
-
-impl Default for PreConfig {
-    /// Two launches: measured faster than the one-launch cluster on every seed row (see
-    /// `kernels-gpu/src/mhc/NOTES.md`, v3/v3.1); the v5 pair (session 5, H200: 6.43 → 5.70,
-    /// 6.75 → 5.98, 7.55 → 6.62 µs on the seed rows) with fixed-point sums and the block rules
-    /// (session 8: 5.76 → 5.0, 5.95 → 5.4, 6.59 → 5.95 µs).
-    fn default() -> Self {
-        Self {
-            path: PrePath::TwoLaunch,
-            cluster: 16,
-            batch_per_cluster: 0,
-            fused_block: 512,
-            block: 256,
-            max_grid: Some(64),
-            mix_block: 0,
-            mma_partials: true,
-            mma_block: 0,
-            pdl: true,
-            lean_mix: true,
-            partial_cluster: 1,
-            graph: true,
-            v5: true,
-            coop: false,
-            stamps: 0,
-            fixed_point: true,
-        }
-    }
-}
-
-/// The one-launch geometry: `groups` clusters of `cluster` blocks (grid `(cluster, groups)`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FusedGeometry {
-    /// Blocks per cluster; block `ρ` owns channel columns `[ρ·cw, min((ρ+1)·cw, c))`.
-    pub cluster: u32,
+pub struct MmaPartialGrid {
+    /// Blocks along x; block `g` owns channel columns `[g·cols, min((g+1)·cols, c))`.
+    pub grid: u32,
     /// Channel columns per block.
-    pub cw: u32,
-    /// Batch rows per cluster.
-    pub batch_per_cluster: u32,
-    /// Clusters (`ceil(batch / batch_per_cluster)`).
+    pub cols: u32,
+    /// Batch rows per y-block (≤ 8: one group of the MMA's M = 8 rows).
+    pub batch_per_group: u32,
+    /// y-blocks (`⌈batch / batch_per_group⌉`).
     pub groups: u32,
     /// Threads per block.
     pub block: u32,
+    /// Dynamic shared memory per block, bytes ([`mma_partial_smem_bytes`]).
+    pub smem: u32,
+}
+
+/// Geometry of `mhc_pre_partial_fma`: grid `(grid, 1, 1)`, block `(block, 1, 1)`.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FmaPartialGrid {
+    /// Blocks; block `g` owns channel columns `[g·cols, min((g+1)·cols, c))`.
+    pub grid: u32,
+    /// Channel columns per block.
+    pub cols: u32,
+    /// Columns per staged tile (≤ cols).
+    pub jc: u32,
+    /// Batch rows per group (≤ 4).
+    pub bg: u32,
+    /// Threads per block.
+    pub block: u32,
+    /// Dynamic shared memory per block, bytes ([`partial_smem_bytes`]).
+    pub smem: u32,
+}
+
+/// Kernel 1 of a plan (split-K partial logits and Σx²).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Partials {
+    /// `mhc_pre_partial_mma_fixed_point`: fp64 tensor cores; each block partial added as integer
+    /// limbs into one accumulator per (batch row, logit).
+    MmaFixedPoint(MmaPartialGrid),
+    /// `mhc_pre_partial_mma`: fp64 tensor cores; block partials to `part[(β·(m+1) + q)·G + g]`.
+    Mma(MmaPartialGrid),
+    /// `mhc_pre_partial_fma`: f64 FMAs over staged tiles; the same partial layout as `Mma`.
+    Fma(FmaPartialGrid),
+}
+
+/// Geometry of a staged-tile kernel 2 (`mhc_pre_mix` / `mhc_pre_mix_small_n`): grid
+/// `(batch·tiles, 1, 1)`, block `(block, 1, 1)`.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileMix {
+    /// Threads per block.
+    pub block: u32,
+    /// Channel columns per block (`n·jt ≤ 8·block`).
+    pub jt: u32,
+    /// Blocks per batch row (`⌈c/jt⌉`).
+    pub tiles: u32,
+    /// log2 of the slices S per quantity in `mhc_pre_mix`'s partial reduction.
+    pub slices_log2: u32,
     /// Dynamic shared memory per block, bytes.
     pub smem: u32,
 }
 
-/// Batch rows per group of `mhc_pre_fused` (the kernel's `BTF`, the fp64 MMA's M = 8).
-const BTF: usize = 8;
-/// Largest n of the one-launch path (the kernel's `NMAX_FUSED`).
-const NMAX_FUSED: usize = 4;
-/// Largest block of the one-launch path (the kernel's `.maxntid`).
-const MAX_FUSED_BLOCK: u32 = 512;
+/// Geometry of `mhc_pre_mix_fixed_point`: grid `(tiles, batch)`, one column per thread.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ColumnMix {
+    /// Threads per block (= columns per block).
+    pub block: u32,
+    /// Blocks per batch row (`⌈c/block⌉`).
+    pub tiles: u32,
+    /// Dynamic shared memory per block, bytes (`256 + 8·block`).
+    pub smem: u32,
+}
 
-/// `mhc_pre_fused`'s dynamic shared memory (mirror of its `layout_fused`), bytes.
-pub fn fused_smem_bytes(block: usize, n: usize, cw: usize) -> usize {
+/// Kernel 2 of a plan (reduction, coefficients, mixing; a programmatic dependent launch).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mix {
+    /// `mhc_pre_mix_fixed_point`: the logits from the fixed-point accumulators.
+    FixedPoint(ColumnMix),
+    /// `mhc_pre_mix_small_n` (n ≤ 4): one warp per quantity's partial sum, coefficients in one
+    /// warp's registers.
+    SmallN(TileMix),
+    /// `mhc_pre_mix` (any n): slice sums of the partials, block-parallel coefficients.
+    AnyN(TileMix),
+}
+
+impl Partials {
+    /// The PTX entry.
+    pub fn kernel(&self) -> &'static str {
+        match self {
+            Self::MmaFixedPoint(_) => KERNEL_PARTIAL_MMA_FIXED_POINT,
+            Self::Mma(_) => KERNEL_PARTIAL_MMA,
+            Self::Fma(_) => KERNEL_PARTIAL_FMA,
+        }
+    }
+
+    /// Blocks along x (= partials per quantity when they are stored).
+    pub fn grid(&self) -> u32 {
+        match self {
+            Self::MmaFixedPoint(g) | Self::Mma(g) => g.grid,
+            Self::Fma(g) => g.grid,
+        }
+    }
+
+    /// `(threads per block, dynamic shared bytes)`.
+    fn block_smem(&self) -> (u32, u32) {
+        match self {
+            Self::MmaFixedPoint(g) | Self::Mma(g) => (g.block, g.smem),
+            Self::Fma(g) => (g.block, g.smem),
+        }
+    }
+}
+
+impl Mix {
+    /// The PTX entry.
+    pub fn kernel(&self) -> &'static str {
+        match self {
+            Self::FixedPoint(_) => KERNEL_MIX_FIXED_POINT,
+            Self::SmallN(_) => KERNEL_MIX_SMALL_N,
+            Self::AnyN(_) => KERNEL_MIX,
+        }
+    }
+
+    /// `(threads per block, dynamic shared bytes)`.
+    fn block_smem(&self) -> (u32, u32) {
+        match self {
+            Self::FixedPoint(g) => (g.block, g.smem),
+            Self::SmallN(g) | Self::AnyN(g) => (g.block, g.smem),
+        }
+    }
+}
+
+/// The tensor-core kernel 1's dynamic shared memory (mirror of the kernel's `layout_fused`),
+/// bytes: phi slab, staged x, warp tiles and the per-group scratch.
+#[doc(hidden)]
+pub fn mma_partial_smem_bytes(block: usize, n: usize, cw: usize) -> usize {
     let m = n * n + 2 * n;
     let (mq, nn, rows, ntt) = (m + 1, n * n, n * cw, m.div_ceil(8) + 1);
     (4 * rows * m).next_multiple_of(16)
@@ -333,348 +395,191 @@ pub fn fused_smem_bytes(block: usize, n: usize, cw: usize) -> usize {
         + 4 * (2 * BTF * nn + BTF * n + m)
 }
 
-impl FusedGeometry {
-    /// The one-launch geometry for `shape` with clusters of at most `cluster` blocks, or why it
-    /// does not fit (`Err` names the argument: `config.fused_block`, `config.cluster`, or `c`
-    /// when a block's phi slab and staging exceed `max_smem`).
-    pub fn new(shape: MhcPreShape, max_smem: usize, config: PreConfig, cluster: u32) -> Result<Self> {
-        shape.lens()?;
-        let MhcPreShape { batch, n, c } = shape;
-        let block = config.fused_block;
-        if block == 0 || !block.is_multiple_of(32) || block > MAX_FUSED_BLOCK {
-            return Err(Error::Shape {
-                arg: "config.fused_block",
-                msg: format!("{block} is not a multiple of 32 in 32..={MAX_FUSED_BLOCK}"),
-            });
-        }
-        if n > NMAX_FUSED {
-            return Err(Error::Shape { arg: "n", msg: format!("n = {n} exceeds {NMAX_FUSED} on the one-launch path") });
-        }
-        if !(1..=16).contains(&cluster) {
-            return Err(Error::Shape { arg: "config.cluster", msg: format!("{cluster} is not in 1..=16") });
-        }
-        let cs = (cluster as usize).min(c);
-        let cw = c.div_ceil(cs);
-        let cs = c.div_ceil(cw);
-        let smem = fused_smem_bytes(block as usize, n, cw);
-        if smem > max_smem || BTF * n * cw > 1 << 16 {
-            return Err(Error::Shape {
-                arg: "c",
-                msg: format!(
-                    "one launch needs {smem} bytes of shared memory per block (n = {n}, {cw} columns per \
-                     block), the device has {max_smem}"
-                ),
-            });
-        }
-        let bpc = match config.batch_per_cluster {
-            0 => BTF.min(batch),
-            b => (b as usize).min(batch),
-        };
-        let groups = batch.div_ceil(bpc);
-        if groups > 65535 {
-            return Err(Error::Overflow { arg: "x", msg: format!("{groups} clusters along y exceed 65535") });
-        }
-        Ok(Self {
-            cluster: cs as u32,
-            cw: cw as u32,
-            batch_per_cluster: bpc as u32,
-            groups: groups as u32,
-            block,
-            smem: smem as u32,
-        })
-    }
-}
-
-/// The launch geometry of one shape on one device (computed on the CPU; see [`PrePlan::new`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PreGeometry {
-    /// Kernel 1 blocks; block `g` owns channel columns `[g·cols, min((g+1)·cols, c))`.
-    pub grid: u32,
-    /// Kernel 1 threads per block.
-    pub block: u32,
-    /// Channel columns per kernel-1 block.
-    pub cols: u32,
-    /// Columns per staged tile in kernel 1 (≤ cols).
-    pub jc: u32,
-    /// Batch rows per group in kernel 1 (≤ 4).
-    pub bg: u32,
-    /// Kernel 1 dynamic shared memory per block, bytes.
-    pub smem: u32,
-    /// Kernel 2 threads per block.
-    pub mix_block: u32,
-    /// Channel columns per kernel-2 block (`n·jt ≤ 8·mix_block`).
-    pub jt: u32,
-    /// Kernel-2 blocks per batch row (`ceil(c/jt)`); kernel 2's grid is `batch·tiles`.
-    pub tiles: u32,
-    /// log2 of the slices S per quantity in kernel 2's partial reduction.
-    pub slices_log2: u32,
-    /// Kernel 2 dynamic shared memory per block, bytes.
-    pub mix_smem: u32,
-    /// Kernel 2 is the lean `mhc_pre_mix4` (n ≤ 4 and `config.lean_mix`), else `mhc_pre_mix`.
-    pub mix4: bool,
-    /// The v5 pair (`config.v5` where it applies): `mhc_pre_partial_mma5` + `mhc_pre_mix5`, grid
-    /// `(tiles, batch)` with `jt = min(c, mix_block)`; `mix4` is then also set, `k1_cluster` 1.
-    pub v5: bool,
-    /// The one-cooperative-launch geometry (`config.coop` where it applies; [`PrePlan::new`]
-    /// drops it when the device cannot hold the grid resident).
-    pub coop: Option<CoopGeometry>,
-    /// The v8 pair (`config.fixed_point` with the v5 pair): `mhc_pre_partial_fx` +
-    /// `mhc_pre_mix_fx`, the v5 grids; the workspace holds the accumulators.
-    pub fx: bool,
-    /// Kernel 1 (tensor-core version only) runs in clusters of this many blocks along x, and
-    /// writes `grid / k1_cluster` partials per quantity (1: no clusters, `grid` partials).
-    pub k1_cluster: u32,
-    /// Workspace length, u64 words (`batch·(n²+2n+1)·grid` f64 partials; with `coop`,
-    /// `batch·(n²+2n+1)·coop.grid1` partials and one barrier word).
-    pub workspace: usize,
-    /// Kernel 1 runs on fp64 tensor cores (`mhc_pre_partial_mma`): `(block, shared bytes,
-    /// batch rows per y-block, y-blocks)`; `None`: the FMA kernel (`mhc_pre_partial`).
-    pub mma: Option<(u32, u32, u32, u32)>,
-}
-
-/// The geometry of `mhc_pre_coop` (v6, one cooperative launch).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CoopGeometry {
-    /// Blocks (all resident): `max(grid1, batch·tiles)`.
-    pub grid: u32,
-    /// Phase-1 blocks; block `g` owns channel columns `[g·cw, min((g+1)·cw, c))`.
-    pub grid1: u32,
-    /// Channel columns per phase-1 block.
-    pub cw: u32,
-    /// Phase 2: column tiles per batch row; block `g < batch·tiles` mixes tile `g / batch` of row
-    /// `g mod batch`.
-    pub tiles: u32,
-    /// Columns per phase-2 tile.
-    pub jt: u32,
-    /// Threads per block.
-    pub block: u32,
-    /// Dynamic shared memory per block, bytes.
-    pub smem: u32,
-}
-
-impl CoopGeometry {
-    /// The v6 geometry for `shape`: phase 1 as the v5 kernel 1 (`cols` columns per block over
-    /// `grid1` blocks), phase 2 spreading the batch rows' columns over about as many blocks.
-    /// `None` when n > 4 or the slab does not fit `max_smem`.
-    fn new(shape: MhcPreShape, max_smem: usize, block: u32, cols: usize) -> Option<Self> {
-        let MhcPreShape { batch, n, c } = shape;
-        if n > NMAX_MIX4 || !(32..=MAX_FUSED_BLOCK).contains(&block) || !block.is_multiple_of(32) {
-            return None;
-        }
-        let grid1 = c.div_ceil(cols);
-        let smem = fused_smem_bytes(block as usize, n, cols).max(8 * block as usize);
-        if smem > max_smem || BTF * n * cols > 1 << 16 {
-            return None;
-        }
-        let tiles = (grid1 / batch).max(1);
-        let jt = c.div_ceil(tiles);
-        let tiles = c.div_ceil(jt);
-        let grid = grid1.max(batch.checked_mul(tiles)?);
-        if grid > 65535 {
-            return None;
-        }
-        Some(Self {
-            grid: grid as u32,
-            grid1: grid1 as u32,
-            cw: cols as u32,
-            tiles: tiles as u32,
-            jt: jt as u32,
-            block,
-            smem: smem as u32,
-        })
-    }
-}
-
-/// The kernels' `FastDiv` magic for divisor `d`: `⌊2^32/d⌋ + 1`; `(a·magic) >> 32 = a / d`
-/// exactly for `a, d ≤ 2^16`.
-pub fn fastdiv_magic(d: u32) -> u64 {
-    (1u64 << 32) / d as u64 + 1
-}
-
-/// Kernel 1's dynamic shared memory (mirror of `layout1`), bytes.
+/// `mhc_pre_partial_fma`'s dynamic shared memory (mirror of `layout1`), bytes.
+#[doc(hidden)]
 pub fn partial_smem_bytes(block: usize, bg: usize, n: usize, jc: usize) -> usize {
     let mq = n * n + 2 * n + 1;
     (8 * (BT * block + bg * mq) + 2 * bg * n * jc).next_multiple_of(16)
 }
 
-/// Kernel 2's dynamic shared memory (mirror of `layout2`), bytes.
+/// `mhc_pre_mix`'s dynamic shared memory (mirror of `layout2`), bytes.
+#[doc(hidden)]
 pub fn mix_smem_bytes(slices: usize, n: usize, jt: usize) -> usize {
     let mq = n * n + 2 * n + 1;
     (8 * (mq * slices + mq + n * n) + 4 * (2 * n * n + n) + 2 * n * jt).next_multiple_of(16)
 }
 
-fn check_block(arg: &'static str, block: u32) -> Result<()> {
-    if block == 0 || !block.is_multiple_of(32) || block > 1024 {
-        return Err(Error::Shape { arg, msg: format!("{block} is not a multiple of 32 in 32..=1024") });
-    }
-    Ok(())
+/// The kernels' `FastDiv` magic for divisor `d`: `⌊2^32/d⌋ + 1`; `(a·magic) >> 32 = a / d`
+/// exactly for `a, d ≤ 2^16`.
+#[doc(hidden)]
+pub fn fastdiv_magic(d: u32) -> u64 {
+    (1u64 << 32) / d as u64 + 1
 }
 
-/// u64 words of the two-launch workspace: one f64 partial per (batch row, quantity, kernel-1
-/// block), quantities = the `n²+2n` logits and Σx²; with `fx` (v8), two halves of
-/// [`FX_WORDS`] words per (batch row, logit) and the epoch word.
-fn pair_workspace(shape: MhcPreShape, grid: usize, fx: bool) -> Result<usize> {
-    if fx {
-        return Ok(2 * checked_product("x", &[shape.batch, shape.logits(), FX_WORDS])? + 1);
-    }
-    checked_product("x", &[shape.batch, shape.logits() + 1, grid])
+/// Whether the tensor-core kernel 1 fits `shape` with `cols` columns per block: n ≤ 4, its
+/// shared memory within `max_smem`, and its multiply-high indices ≤ 2^16.
+#[doc(hidden)]
+pub fn mma_fits(shape: MhcPreShape, cols: usize, max_smem: usize) -> bool {
+    let n = shape.n;
+    n <= NMAX_SMALL_N
+        && mma_partial_smem_bytes(mma_block(shape) as usize, n, cols) <= max_smem
+        && BTF * n * cols <= 1 << 16
 }
 
-/// Kernel 1's block (tensor-core kernels) when `PreConfig::mma_block` is 0: 256 threads, or 512
-/// when the block's slot sums — 4 threads per (batch row of its group of ≤ 8, quantity) —
-/// would need a second round at 256 (batch ≥ 3 for n = 4). Measured on the H200 (session 8,
-/// fixed-point pair): hidden-2560 (batch 4) 6.25 → 5.95 µs at 512, hidden-1920 (batch 2)
-/// 5.44 → 5.70 µs (worse) at 512.
-pub fn auto_mma_block(shape: MhcPreShape) -> u32 {
-    let items = 4 * shape.batch.min(BTF) * (shape.logits() + 1);
-    if items > 256 {
-        512
-    } else {
-        256
-    }
+/// A validated shape with its kernel pair and launch geometry on one device (no device
+/// memory): what [`pre_fwd_raw`] launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrePlan {
+    pub shape: MhcPreShape,
+    /// Workspace length, u64 words: the fixed-point pair's two accumulator halves of
+    /// `batch·(n²+2n)·5` words and an epoch word, else one f64 partial per (batch row,
+    /// quantity, kernel-1 block), the quantities being the `n²+2n` logits and Σx².
+    pub workspace: usize,
+    /// Kernel 1.
+    #[doc(hidden)]
+    pub partials: Partials,
+    /// Kernel 2.
+    #[doc(hidden)]
+    pub mix: Mix,
 }
 
-/// u64 words per (batch row, logit) accumulator of the v8 kernels (the kernels' `FX_WORDS`:
-/// four integer limbs and a count of non-finite partials).
-pub const FX_WORDS: usize = 5;
-
-impl PreGeometry {
-    /// u64 words of a `PreConfig::stamps` buffer for this geometry (v5 pair): kernel 1's blocks
-    /// then kernel 2's; `None` when the geometry is not the v5 pair.
-    pub fn stamp_words(&self, batch: usize) -> Option<(usize, usize)> {
-        match self.mma {
-            Some((_, _, _, groups)) if self.v5 && self.coop.is_none() => {
-                Some((self.grid as usize * groups as usize * MMA5_STAMPS, self.tiles as usize * batch * MIX5_STAMPS))
-            }
-            _ => None,
-        }
-    }
-
-    /// The geometry for `shape` on a device with `sms` multiprocessors and `max_smem` bytes of
-    /// opt-in shared memory per block. Kernel 1: the columns split evenly over `min(c, sms,
-    /// max_grid, 256)` blocks, up to 4 batch rows per group, staged tiles of at most 32 KiB.
-    /// Kernel 2: tiles of `jt = min(c, mix_block, ⌊8·mix_block/n⌋)` columns per batch row.
+impl PrePlan {
+    /// Plans `shape` on `gpu`: the device's SM count and opt-in shared memory into
+    /// [`PrePlan::for_device`], then raises the kernels' shared-memory limits and checks one
+    /// block of each fits on a multiprocessor.
     ///
-    /// Errors: those of [`MhcPreShape::lens`]; [`Error::Shape`] naming `config.block` or
-    /// `config.mix_block` for a bad block size, `n` when even one batch row and one column
-    /// exceed `max_smem` (or kernel 2's tile cannot hold one column); [`Error::Overflow`]
-    /// naming `x` when the workspace or the grid exceeds 32-bit indexing.
-    pub fn new(shape: MhcPreShape, sms: usize, max_smem: usize, config: PreConfig) -> Result<Self> {
+    /// Errors: those of [`PrePlan::for_device`]; a driver error; [`Error::Shape`] naming `n`
+    /// when a block of either kernel does not fit on a multiprocessor.
+    pub fn new(gpu: &Gpu, shape: MhcPreShape) -> Result<Self> {
+        use sys::CUdevice_attribute as A;
+        let ctx = gpu.context();
+        let sms = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let max_smem = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
+        let plan = Self::for_device(shape, sms, max_smem)?;
+        for (name, (block, smem)) in
+            [(plan.partials.kernel(), plan.partials.block_smem()), (plan.mix.kernel(), plan.mix.block_smem())]
+        {
+            let f = gpu.function(name)?;
+            raise_smem_limit(f, smem)?;
+            let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)?;
+            if per_sm == 0 {
+                return Err(Error::Shape {
+                    arg: "n",
+                    msg: format!(
+                        "{name}: {block} threads with {smem} bytes of shared memory do not fit on a multiprocessor"
+                    ),
+                });
+            }
+        }
+        Ok(plan)
+    }
+
+    /// The planner, on the CPU: the kernel pair of `shape` ([`PreClass::of`]) and its geometry on
+    /// a device with `sms` multiprocessors and `max_smem` bytes of opt-in shared memory per block.
+    /// Kernel 1: the columns split evenly over `min(c, sms, 64)` blocks. Kernel 2: tiles of
+    /// `jt = min(c, block, ⌊8·block/n⌋)` columns per batch row (one column per thread for the
+    /// fixed-point pair).
+    ///
+    /// Errors: those of [`MhcPreShape::lens`]; [`Error::Shape`] naming `n` when even one batch
+    /// row and one column exceed `max_smem` (or kernel 2's tile cannot hold one column);
+    /// [`Error::Overflow`] naming `x` when the workspace or a grid exceeds 32-bit indexing.
+    #[doc(hidden)]
+    pub fn for_device(shape: MhcPreShape, sms: usize, max_smem: usize) -> Result<Self> {
         let lens = shape.lens()?;
-        check_block("config.block", config.block)?;
-        // Kernel 2's block by rule: 256 for the fixed-point pair (its blocks no longer read one
-        // partial per kernel-1 block, so more, smaller blocks win), 512 otherwise.
-        let config = match config.mix_block {
-            0 if config.fixed_point && config.v5 && shape.n <= NMAX_MIX4 => PreConfig { mix_block: 256, ..config },
-            0 => PreConfig { mix_block: 512, ..config },
-            _ => config,
-        };
-        check_block("config.mix_block", config.mix_block)?;
-        let block = config.block;
         let MhcPreShape { batch, n, c } = shape;
         let mq = shape.logits() + 1;
-        let limit = config.max_grid.map_or(usize::MAX, |g| g.max(1) as usize);
-        let target = c.min(sms.max(1)).min(limit).min(MAX_GRID);
+        let target = c.min(sms.max(1)).min(PARTIAL_GRID_CAP);
         let cols = c.div_ceil(target);
         let grid = c.div_ceil(cols);
-        let mut bg = batch.min(BT);
-        let tile = |bg: usize| cols.min((XS_BUDGET / (2 * bg * n)).max(1));
-        let mut jc = tile(bg);
-        while partial_smem_bytes(block as usize, bg, n, jc) > max_smem && bg > 1 {
-            bg -= 1;
-            jc = tile(bg);
-        }
-        if partial_smem_bytes(block as usize, bg, n, jc) > max_smem {
-            jc = 1;
-        }
-        let smem = partial_smem_bytes(block as usize, bg, n, jc);
+        let class = PreClass::of(shape, mma_fits(shape, cols, max_smem));
         let too_big = |smem: usize| Error::Shape {
             arg: "n",
             msg: format!("n = {n} needs {smem} bytes of shared memory per block, the device has {max_smem}"),
         };
-        if smem > max_smem {
-            return Err(too_big(smem));
-        }
-        // The kernels' multiply-high divisions need every divisor and dividend ≤ 2^16.
-        debug_assert!(jc <= 1 << 14 && bg * n * jc <= 1 << 16);
-
-        let mb = config.mix_block as usize;
+        let mma_grid = || {
+            let block = mma_block(shape);
+            let bpc = BTF.min(batch);
+            MmaPartialGrid {
+                grid: grid as u32,
+                cols: cols as u32,
+                batch_per_group: bpc as u32,
+                groups: batch.div_ceil(bpc) as u32,
+                block,
+                smem: mma_partial_smem_bytes(block as usize, n, cols) as u32,
+            }
+        };
+        let partials = match class {
+            PreClass::FixedPoint => Partials::MmaFixedPoint(mma_grid()),
+            PreClass::MmaPartials => Partials::Mma(mma_grid()),
+            PreClass::FmaSmallN | PreClass::FmaAnyN => {
+                let block = FMA_BLOCK as usize;
+                let mut bg = batch.min(BT);
+                let tile = |bg: usize| cols.min((XS_BUDGET / (2 * bg * n)).max(1));
+                let mut jc = tile(bg);
+                while partial_smem_bytes(block, bg, n, jc) > max_smem && bg > 1 {
+                    bg -= 1;
+                    jc = tile(bg);
+                }
+                if partial_smem_bytes(block, bg, n, jc) > max_smem {
+                    jc = 1;
+                }
+                let smem = partial_smem_bytes(block, bg, n, jc);
+                if smem > max_smem {
+                    return Err(too_big(smem));
+                }
+                // The kernel's multiply-high divisions need every divisor and dividend ≤ 2^16.
+                debug_assert!(jc <= 1 << 14 && bg * n * jc <= 1 << 16);
+                Partials::Fma(FmaPartialGrid {
+                    grid: grid as u32,
+                    cols: cols as u32,
+                    jc: jc as u32,
+                    bg: bg as u32,
+                    block: FMA_BLOCK,
+                    smem: smem as u32,
+                })
+            }
+        };
+        let mb = if n <= NMAX_SMALL_N { MIX_BLOCK_SMALL_N } else { MIX_BLOCK_ANY_N } as usize;
         if n > UN * mb {
-            return Err(Error::Shape { arg: "n", msg: format!("n = {n} exceeds {UN}·mix_block = {}", UN * mb) });
+            return Err(Error::Shape { arg: "n", msg: format!("n = {n} exceeds {UN}·{mb} (kernel 2's tile)") });
         }
-        let kb = if config.mma_block == 0 { auto_mma_block(shape) } else { config.mma_block };
-        let mma_ok = config.mma_partials
-            && n <= NMAX_FUSED
-            && kb >= 32
-            && kb.is_multiple_of(32)
-            && kb <= MAX_FUSED_BLOCK
-            && fused_smem_bytes(kb as usize, n, cols) <= max_smem
-            && BTF * n * cols <= 1 << 16;
-        // v5 needs the tensor-core kernel 1 (its block-major partial layout).
-        let v5 = config.v5 && config.lean_mix && n <= NMAX_MIX4 && batch <= 65535 && mma_ok;
-        let jt = if v5 { c.min(mb) } else { c.min(mb).min(UN * mb / n) };
-        let tiles = c.div_ceil(jt);
-        // S: a power of two, (m+1)·S ≤ mix_block where possible, S ≤ 32 and S ≤ G.
-        let mut slices_log2 = 0;
-        while slices_log2 < 5 && mq << (slices_log2 + 1) <= mb && 1 << (slices_log2 + 1) <= grid {
-            slices_log2 += 1;
-        }
-        let mix4 = config.lean_mix && n <= NMAX_MIX4;
-        let mut mix_smem = mix_smem_bytes(1 << slices_log2, n, jt);
-        if mix4 {
-            mix_smem = (MIX4_SMEM_HEAD + 2 * n * jt).next_multiple_of(16);
-        }
-        if v5 {
-            mix_smem = mix5_smem_bytes(mb);
-        }
+        let (mix, tiles, workspace) = if class == PreClass::FixedPoint {
+            let tiles = c.div_ceil(c.min(mb));
+            let mix = Mix::FixedPoint(ColumnMix { block: mb as u32, tiles: tiles as u32, smem: (256 + 8 * mb) as u32 });
+            (mix, tiles, 2 * checked_product("x", &[batch, shape.logits(), ACC_WORDS])? + 1)
+        } else {
+            let jt = c.min(mb).min(UN * mb / n);
+            let tiles = c.div_ceil(jt);
+            // S: a power of two, (m+1)·S ≤ block where possible, S ≤ 32 and S ≤ G.
+            let mut slices_log2 = 0;
+            while slices_log2 < 5 && mq << (slices_log2 + 1) <= mb && 1 << (slices_log2 + 1) <= grid {
+                slices_log2 += 1;
+            }
+            let small_n = n <= NMAX_SMALL_N;
+            let smem = if small_n {
+                (MIX_SMALL_N_SMEM_HEAD + 2 * n * jt).next_multiple_of(16)
+            } else {
+                mix_smem_bytes(1 << slices_log2, n, jt)
+            };
+            let tm = TileMix { block: mb as u32, jt: jt as u32, tiles: tiles as u32, slices_log2, smem: smem as u32 };
+            let mix = if small_n { Mix::SmallN(tm) } else { Mix::AnyN(tm) };
+            (mix, tiles, checked_product("x", &[batch, mq, grid])?)
+        };
+        let mix_smem = mix.block_smem().1 as usize;
         if mix_smem > max_smem {
             return Err(too_big(mix_smem));
         }
-        let coop = if config.coop && mma_ok { CoopGeometry::new(shape, max_smem, kb, cols) } else { None };
-        let fx = v5 && config.fixed_point;
-        let workspace = match coop {
-            Some(cg) => checked_product("x", &[batch, mq, cg.grid1 as usize])? + 1,
-            None => pair_workspace(shape, grid, fx)?,
-        };
         let mix_grid = checked_product("x", &[batch, tiles])?;
         if workspace >= 1 << 31 || mix_grid >= 1 << 31 || lens.x_layer >= 1 << 31 {
             return Err(Error::Overflow { arg: "x", msg: format!("batch {batch}: workspace or grid exceeds 2^31") });
         }
-        let mb = kb;
-        let mma = mma_ok.then(|| {
-            let bpc = BTF.min(batch);
-            (mb, fused_smem_bytes(mb as usize, n, cols) as u32, bpc as u32, batch.div_ceil(bpc) as u32)
-        });
-        Ok(Self {
-            grid: grid as u32,
-            block,
-            cols: cols as u32,
-            jc: jc as u32,
-            bg: bg as u32,
-            smem: smem as u32,
-            mix_block: config.mix_block,
-            jt: jt as u32,
-            tiles: tiles as u32,
-            slices_log2,
-            mix_smem: mix_smem as u32,
-            mix4,
-            v5,
-            coop,
-            fx,
-            k1_cluster: match mma {
-                Some(_) if v5 => 1,
-                Some(_) => {
-                    let mut k = config.partial_cluster.clamp(1, 16).next_power_of_two();
-                    while k > 1 && (k > config.partial_cluster.max(1) || grid % k as usize != 0) {
-                        k /= 2;
-                    }
-                    k
-                }
-                None => 1,
-            },
-            workspace,
-            mma,
-        })
+        Ok(Self { shape, workspace, partials, mix })
+    }
+
+    /// The PTX entries this plan launches (kernel 1, kernel 2).
+    #[doc(hidden)]
+    pub fn kernels(&self) -> [&'static str; 2] {
+        [self.partials.kernel(), self.mix.kernel()]
     }
 }
 
@@ -688,114 +593,23 @@ fn raise_smem_limit(f: &cudarc::driver::CudaFunction, smem: u32) -> Result<()> {
     Ok(())
 }
 
-/// A validated shape with its launch geometry on one device (no device memory).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PrePlan {
-    pub shape: MhcPreShape,
-    pub config: PreConfig,
-    /// The two-launch geometry (used when `fused` is `None`).
-    pub geometry: PreGeometry,
-    /// The one-launch geometry, when the configuration and the device allow it.
-    pub fused: Option<FusedGeometry>,
-}
+/// Shapes that between them reach every row of the tuning table and every fallback (the
+/// reachability sweep of `planned_kernels`).
+pub(crate) const SWEEP_SHAPES: &[MhcPreShape] = &[
+    MhcPreShape { batch: 1, n: 4, c: 1280 },
+    MhcPreShape { batch: 2, n: 4, c: 1920 },
+    MhcPreShape { batch: 4, n: 4, c: 2560 },
+    MhcPreShape { batch: 5, n: 3, c: 7 },
+    MhcPreShape { batch: 3, n: 1, c: 1 },
+    MhcPreShape { batch: 70_000, n: 4, c: 8 },
+    MhcPreShape { batch: 600_000, n: 1, c: 1 },
+    MhcPreShape { batch: 1, n: 4, c: 70_000 },
+    MhcPreShape { batch: 2, n: 2, c: 200_000 },
+    MhcPreShape { batch: 9, n: 8, c: 1030 },
+    MhcPreShape { batch: 2, n: 16, c: 300 },
+];
 
-impl PrePlan {
-    /// Queries the device (SM count, opt-in shared memory, occupancy) and computes the geometry.
-    ///
-    /// Errors: those of [`PreGeometry::new`]; a driver error; [`Error::Shape`] naming
-    /// `config.block` / `config.mix_block` when no block of this size fits on a multiprocessor.
-    pub fn new(gpu: &Gpu, shape: MhcPreShape, config: PreConfig) -> Result<Self> {
-        use sys::CUdevice_attribute as A;
-        let ctx = gpu.context();
-        let sms = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
-        let max_smem = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
-        let geometry = PreGeometry::new(shape, sms, max_smem, config)?;
-        let (k1, k1_arg, k1_block, k1_smem) = match geometry.mma {
-            Some((block, smem, _, _)) if geometry.v5 && config.stamps != 0 => {
-                (KERNEL_PARTIAL_MMA5_TS, "config.mma_block", block, smem)
-            }
-            Some((block, smem, _, _)) if geometry.fx => (KERNEL_PARTIAL_FX, "config.mma_block", block, smem),
-            Some((block, smem, _, _)) if geometry.v5 => (KERNEL_PARTIAL_MMA5, "config.mma_block", block, smem),
-            Some((block, smem, _, _)) => (KERNEL_PARTIAL_MMA, "config.mma_block", block, smem),
-            None => (KERNEL_PARTIAL, "config.block", geometry.block, geometry.smem),
-        };
-        let k2 = if geometry.v5 && config.stamps != 0 {
-            KERNEL_MIX5_TS
-        } else if geometry.fx {
-            KERNEL_MIX_FX
-        } else if geometry.v5 {
-            KERNEL_MIX5
-        } else if geometry.mix4 {
-            KERNEL_MIX4
-        } else {
-            KERNEL_MIX
-        };
-        for (name, arg, block, smem) in
-            [(k1, k1_arg, k1_block, k1_smem), (k2, "config.mix_block", geometry.mix_block, geometry.mix_smem)]
-        {
-            let f = gpu.function(name)?;
-            raise_smem_limit(f, smem)?;
-            let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)?;
-            if per_sm == 0 {
-                return Err(Error::Shape {
-                    arg,
-                    msg: format!("{block} threads with {smem} bytes of shared memory do not fit on a multiprocessor"),
-                });
-            }
-        }
-        let mut geometry = geometry;
-        if let Some(cg) = geometry.coop {
-            // Every block of a cooperative launch must be resident at once; else the v5 pair.
-            let f = gpu.function(KERNEL_COOP)?;
-            raise_smem_limit(f, cg.smem)?;
-            let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(cg.block, cg.smem as usize, None)?;
-            if (per_sm as usize).saturating_mul(sms) < cg.grid as usize {
-                geometry.coop = None;
-                geometry.workspace = pair_workspace(shape, geometry.grid as usize, geometry.fx)?;
-            }
-        }
-        if let Some((block, smem, _, groups)) = geometry.mma {
-            if geometry.k1_cluster > 1 {
-                let f = gpu.function(KERNEL_PARTIAL_MMA)?;
-                let dims = LaunchDims { grid: (geometry.grid, groups, 1), block: (block, 1, 1), shared_bytes: smem };
-                // The largest schedulable cluster size ≤ the planned one (halving).
-                while geometry.k1_cluster > 1
-                    && max_active_clusters(f, dims, geometry.k1_cluster, gpu.stream().cu_stream())? == 0
-                {
-                    geometry.k1_cluster /= 2;
-                }
-            }
-        }
-        let fused = match config.path {
-            PrePath::TwoLaunch => None,
-            PrePath::Auto => Self::fused_geometry(gpu, shape, max_smem, config).ok(),
-            PrePath::Fused => Some(Self::fused_geometry(gpu, shape, max_smem, config)?),
-        };
-        Ok(Self { shape, config, geometry, fused })
-    }
-
-    /// The largest cluster ≤ `config.cluster` whose geometry fits and that the device can
-    /// schedule (sizes tried: the configured one, then halving).
-    fn fused_geometry(gpu: &Gpu, shape: MhcPreShape, max_smem: usize, config: PreConfig) -> Result<FusedGeometry> {
-        let f = gpu.function(KERNEL_FUSED)?;
-        let mut cluster = config.cluster;
-        loop {
-            let g = FusedGeometry::new(shape, max_smem, config, cluster)?;
-            raise_smem_limit(f, g.smem)?;
-            let dims = LaunchDims { grid: (g.cluster, g.groups, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
-            if max_active_clusters(f, dims, g.cluster, gpu.stream().cu_stream())? > 0 {
-                return Ok(g);
-            }
-            if cluster <= 1 {
-                return Err(Error::Shape {
-                    arg: "config.cluster",
-                    msg: "no cluster of this block size and shared memory can be scheduled".into(),
-                });
-            }
-            cluster /= 2;
-        }
-    }
-}
+// ---------------------------------------------------------------- op and launch
 
 /// MHCPreFwd for one shape, owning its workspace: create once, [`MhcPre::run`] many times.
 ///
@@ -822,18 +636,11 @@ pub struct MhcPre {
 }
 
 impl MhcPre {
-    /// Plans `shape` with the default configuration and allocates the workspace
-    /// (`geometry.workspace` u64 words: 8·batch·(n²+2n+1)·grid bytes of f64 partials).
+    /// Plans `shape` ([`PrePlan::new`]) and allocates the workspace (`plan.workspace` u64
+    /// words, zeroed).
     pub fn new(gpu: &Gpu, shape: MhcPreShape) -> Result<Self> {
-        Self::with_config(gpu, shape, PreConfig::default())
-    }
-
-    /// As [`MhcPre::new`] with an explicit launch configuration.
-    pub fn with_config(gpu: &Gpu, shape: MhcPreShape, config: PreConfig) -> Result<Self> {
-        let plan = PrePlan::new(gpu, shape, config)?;
-        // The one-launch path needs no workspace (one word keeps the buffer non-empty).
-        let words = if plan.fused.is_some() { 1 } else { plan.geometry.workspace };
-        let workspace = gpu.stream().alloc_zeros::<u64>(words)?;
+        let plan = PrePlan::new(gpu, shape)?;
+        let workspace = gpu.stream().alloc_zeros::<u64>(plan.workspace)?;
         Ok(Self { plan, workspace, graph: GraphReplay::new() })
     }
 
@@ -851,6 +658,11 @@ impl MhcPre {
     /// `[n²+2n]` f32; outputs `x_res` `[batch, n·c]` bf16, `x_layer` `[batch, c]` bf16,
     /// `h_post` `[batch, n]` f32. Buffers may be longer; outputs must not overlap inputs.
     /// Deterministic: the same inputs give the same bits on every run.
+    ///
+    /// The two kernels are submitted as one CUDA graph (captured on the first call and replayed
+    /// while the buffers and parameters are unchanged): inside a graph the second kernel's
+    /// programmatic dependent launch overlaps the first (direct launches arrive too far apart
+    /// for that: 7.36 / 7.71 / 8.74 µs against 5.76 / 6.05 / 6.50 on the seed rows).
     ///
     /// Errors: [`Error::BufferTooSmall`] naming the buffer, [`Error::Shape`] naming a bad
     /// parameter, or a driver error from the launch.
@@ -886,10 +698,6 @@ impl MhcPre {
         // workspace belongs to this plan and is used on this stream only.
         let cs = st.cu_stream();
         let call = || unsafe { pre_fwd_raw(gpu, &self.plan, params, p, xp, bp, r, y, h, w, ws_len, cs) };
-        if !self.plan.config.graph || self.plan.geometry.coop.is_some() {
-            // One launch (v6) gains nothing from a graph but the host's submission cost.
-            return call();
-        }
         let scalars = [params.alpha_pre, params.alpha_post, params.alpha_res, params.sinkhorn_eps];
         let mut key = vec![p, xp, bp, r, y, h, w, ws_len as u64, params.sinkhorn_repeat as u64];
         key.extend(scalars.iter().map(|v| v.to_bits() as u64));
@@ -898,20 +706,15 @@ impl MhcPre {
     }
 }
 
-/// MHCPreFwd on raw device pointers with a caller-owned workspace, launched on `stream`:
-/// one cluster launch when `plan.fused` is set (the workspace is then not used), one
-/// cooperative launch when `plan.geometry.coop` is set, else two kernels (split-K partials
-/// into the workspace, then reduction, coefficients and mixing).
+/// MHCPreFwd on raw device pointers with a caller-owned workspace, launched on `stream` as two
+/// kernels (the second a programmatic dependent launch; no graph).
 ///
-/// `workspace` (two-launch and cooperative plans): at least `plan.geometry.workspace` u64
-/// words, 8-byte aligned. Two launches: scratch only (any contents, no reset needed: the first
-/// kernel overwrites every word the second reads). Cooperative: the last word is the grid
-/// barrier's counter — it must be zero before the first call with this workspace and left to
-/// the kernel afterwards (every call returns its low 31 bits to zero); the rest is scratch.
-/// Fixed-point pair (`plan.geometry.fx`): the whole workspace is state — all zero before the
+/// `workspace`: at least `plan.workspace` u64 words, 8-byte aligned. With the fixed-point pair
+/// (n ≤ 4, batch ≤ 65535, the usual case) the whole workspace is state: all zero before the
 /// first call with it, then left to the kernels (each call's kernel 1 adds into the half the
-/// last word's parity names and zeroes the other; kernel 2 flips the parity).
-/// One workspace must not serve two calls that may run concurrently (different streams).
+/// last word's parity names and zeroes the other; kernel 2 flips the parity). Otherwise it is
+/// scratch (any contents: kernel 1 overwrites every word kernel 2 reads). One workspace must
+/// not serve two calls that may run concurrently (different streams).
 ///
 /// # Safety
 /// Each pointer must address device memory of `gpu`'s context holding at least the elements
@@ -934,292 +737,109 @@ pub unsafe fn pre_fwd_raw(
 ) -> Result<()> {
     plan.shape.lens()?;
     params.validate()?;
-    let geo = plan.geometry;
+    check_len("workspace", plan.workspace, workspace_len)?;
+    if !workspace.is_multiple_of(8) {
+        return Err(Error::Shape { arg: "workspace", msg: "not 8-byte aligned".into() });
+    }
     let s = plan.shape;
-    if let Some(fg) = plan.fused {
-        let f = gpu.function(KERNEL_FUSED)?;
-        let (mut phi, mut xp, mut bp, mut r, mut y, mut h) = (phi, x, b, x_res, x_layer, h_post);
-        let (mut batch, mut n, mut c) = (s.batch as u32, s.n as u32, s.c as u32);
-        let (mut cw, mut bpc) = (fg.cw, fg.batch_per_cluster);
-        let (mut a_pre, mut a_post, mut a_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
-        let (mut rep, mut eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
-        let mut inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
-        let dims = LaunchDims { grid: (fg.cluster, fg.groups, 1), block: (fg.block, 1, 1), shared_bytes: fg.smem };
-        return launch_cluster(
-            f,
-            dims,
-            fg.cluster,
-            stream,
-            &mut [
-                &mut phi,
+    let f1 = gpu.function(plan.partials.kernel())?;
+    let (mut phi, mut xp, mut w) = (phi, x, workspace);
+    let (mut batch, mut n, mut c) = (s.batch as u32, s.n as u32, s.c as u32);
+    match plan.partials {
+        Partials::MmaFixedPoint(g) | Partials::Mma(g) => {
+            let (mut cw, mut bpc) = (g.cols, g.batch_per_group);
+            let dims = LaunchDims { grid: (g.grid, g.groups, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
+            launch(f1, dims, stream, &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc])?;
+        }
+        Partials::Fma(g) => {
+            let (mut cols, mut jc, mut bg) = (g.cols, g.jc, g.bg);
+            let mut ngroups = s.batch.div_ceil(g.bg as usize) as u32;
+            let mut njc_full = g.cols.div_ceil(g.jc);
+            let mut mc = (s.logits() as u32 + 1).min(g.block);
+            let mut mc_magic = fastdiv_magic(mc);
+            let mut jc_magic = fastdiv_magic(g.jc);
+            let dims = LaunchDims { grid: (g.grid, 1, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
+            launch(
+                f1,
+                dims,
+                stream,
+                &mut [
+                    &mut phi,
+                    &mut xp,
+                    &mut w,
+                    &mut batch,
+                    &mut n,
+                    &mut c,
+                    &mut cols,
+                    &mut jc,
+                    &mut bg,
+                    &mut ngroups,
+                    &mut njc_full,
+                    &mut mc,
+                    &mut mc_magic,
+                    &mut jc_magic,
+                ],
+            )?;
+        }
+    }
+    let f2 = gpu.function(plan.mix.kernel())?;
+    let (mut bp, mut r, mut y, mut h) = (b, x_res, x_layer, h_post);
+    let mut grid1 = plan.partials.grid();
+    let (mut a_pre, mut a_post, mut a_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
+    let (mut rep, mut eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
+    let mut inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
+    match plan.mix {
+        Mix::FixedPoint(g) => {
+            let dims = LaunchDims { grid: (g.tiles, s.batch as u32, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
+            let args: &mut [&mut dyn KernelArg] = &mut [
                 &mut xp,
                 &mut bp,
+                &mut w,
                 &mut r,
                 &mut y,
                 &mut h,
                 &mut batch,
                 &mut n,
                 &mut c,
-                &mut cw,
-                &mut bpc,
+                &mut grid1,
                 &mut a_pre,
                 &mut a_post,
                 &mut a_res,
                 &mut rep,
                 &mut eps,
                 &mut inv_sqrt_nc,
-            ],
-        );
-    }
-    check_len("workspace", geo.workspace, workspace_len)?;
-    if !workspace.is_multiple_of(8) {
-        return Err(Error::Shape { arg: "workspace", msg: "not 8-byte aligned".into() });
-    }
-    if let Some(cg) = geo.coop {
-        return launch_coop(plan, cg, params, [phi, x, b, x_res, x_layer, h_post], workspace, stream, gpu);
-    }
-    if let Some((block, smem, bpc, groups)) = geo.mma {
-        let stamped = geo.v5 && plan.config.stamps != 0;
-        let f = gpu.function(match (geo.v5, stamped) {
-            (true, true) => KERNEL_PARTIAL_MMA5_TS,
-            (true, false) if geo.fx => KERNEL_PARTIAL_FX,
-            (true, false) => KERNEL_PARTIAL_MMA5,
-            _ => KERNEL_PARTIAL_MMA,
-        })?;
-        let (mut phi, mut xp, mut w) = (phi, x, workspace);
-        let (mut batch, mut n, mut c, mut cw, mut bpc) = (s.batch as u32, s.n as u32, s.c as u32, geo.cols, bpc);
-        let (mut ts, mut fx) = (plan.config.stamps, geo.fx as u32);
-        let dims = LaunchDims { grid: (geo.grid, groups, 1), block: (block, 1, 1), shared_bytes: smem };
-        let args: &mut [&mut dyn KernelArg] = if stamped {
-            &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc, &mut ts, &mut fx]
-        } else {
-            &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc]
-        };
-        if geo.k1_cluster > 1 {
-            launch_cluster(f, dims, geo.k1_cluster, stream, args)?;
-        } else {
-            launch(f, dims, stream, args)?;
+            ];
+            launch_pdl(f2, dims, stream, args)
         }
-    } else {
-        launch_partial(plan, phi, x, workspace, stream, gpu)?;
+        Mix::SmallN(g) | Mix::AnyN(g) => {
+            let (mut tiles, mut jt, mut ls) = (g.tiles, g.jt, g.slices_log2);
+            let mut jt_magic = fastdiv_magic(g.jt);
+            let mut jl_magic = fastdiv_magic(s.c as u32 - (g.tiles - 1) * g.jt);
+            let dims =
+                LaunchDims { grid: (s.batch as u32 * g.tiles, 1, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
+            let args: &mut [&mut dyn KernelArg] = &mut [
+                &mut xp,
+                &mut bp,
+                &mut w,
+                &mut r,
+                &mut y,
+                &mut h,
+                &mut n,
+                &mut c,
+                &mut grid1,
+                &mut tiles,
+                &mut jt,
+                &mut jt_magic,
+                &mut jl_magic,
+                &mut ls,
+                &mut a_pre,
+                &mut a_post,
+                &mut a_res,
+                &mut rep,
+                &mut eps,
+                &mut inv_sqrt_nc,
+            ];
+            launch_pdl(f2, dims, stream, args)
+        }
     }
-    if geo.v5 {
-        return launch_mix5(plan, params, x, b, x_res, x_layer, h_post, workspace, stream, gpu);
-    }
-    launch_mix(plan, params, x, b, x_res, x_layer, h_post, workspace, stream, gpu)
-}
-
-/// v6 (`mhc_pre_coop`): one cooperative launch; `bufs` = phi, x, b, x_res, x_layer, h_post.
-/// The barrier word is the workspace's last u64 word.
-#[allow(clippy::too_many_arguments)]
-unsafe fn launch_coop(
-    plan: &PrePlan,
-    cg: CoopGeometry,
-    params: MhcPreParams,
-    bufs: [CUdeviceptr; 6],
-    workspace: CUdeviceptr,
-    stream: CUstream,
-    gpu: &Gpu,
-) -> Result<()> {
-    let s = plan.shape;
-    let f = gpu.function(KERNEL_COOP)?;
-    let [mut phi, mut xp, mut bp, mut r, mut y, mut h] = bufs;
-    let mut w = workspace;
-    let mut bar = workspace + 8 * (plan.geometry.workspace as u64 - 1);
-    let (mut batch, mut n, mut c) = (s.batch as u32, s.n as u32, s.c as u32);
-    let (mut cw, mut grid1, mut jt) = (cg.cw, cg.grid1, cg.jt);
-    let (mut a_pre, mut a_post, mut a_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
-    let (mut rep, mut eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
-    let mut inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
-    let dims = LaunchDims { grid: (cg.grid, 1, 1), block: (cg.block, 1, 1), shared_bytes: cg.smem };
-    launch_cooperative(
-        f,
-        dims,
-        stream,
-        &mut [
-            &mut phi,
-            &mut xp,
-            &mut bp,
-            &mut w,
-            &mut bar,
-            &mut r,
-            &mut y,
-            &mut h,
-            &mut batch,
-            &mut n,
-            &mut c,
-            &mut cw,
-            &mut grid1,
-            &mut jt,
-            &mut a_pre,
-            &mut a_post,
-            &mut a_res,
-            &mut rep,
-            &mut eps,
-            &mut inv_sqrt_nc,
-        ],
-    )
-}
-
-/// Kernel 1, FMA version (`mhc_pre_partial`).
-unsafe fn launch_partial(
-    plan: &PrePlan,
-    phi: CUdeviceptr,
-    x: CUdeviceptr,
-    workspace: CUdeviceptr,
-    stream: CUstream,
-    gpu: &Gpu,
-) -> Result<()> {
-    let (s, geo) = (plan.shape, plan.geometry);
-    let f1 = gpu.function(KERNEL_PARTIAL)?;
-    // Kernel 1: split-K partials.
-    let (mut phi, mut xp, mut w) = (phi, x, workspace);
-    let (mut batch, mut n, mut c) = (s.batch as u32, s.n as u32, s.c as u32);
-    let (mut cols, mut jc, mut bg) = (geo.cols, geo.jc, geo.bg);
-    let mut ngroups = s.batch.div_ceil(geo.bg as usize) as u32;
-    let mut njc_full = geo.cols.div_ceil(geo.jc);
-    let mut mc = (s.logits() as u32 + 1).min(geo.block);
-    let mut mc_magic = fastdiv_magic(mc);
-    let mut jc_magic = fastdiv_magic(geo.jc);
-    let dims = LaunchDims { grid: (geo.grid, 1, 1), block: (geo.block, 1, 1), shared_bytes: geo.smem };
-    launch(
-        f1,
-        dims,
-        stream,
-        &mut [
-            &mut phi,
-            &mut xp,
-            &mut w,
-            &mut batch,
-            &mut n,
-            &mut c,
-            &mut cols,
-            &mut jc,
-            &mut bg,
-            &mut ngroups,
-            &mut njc_full,
-            &mut mc,
-            &mut mc_magic,
-            &mut jc_magic,
-        ],
-    )?;
-
-    Ok(())
-}
-
-/// Kernel 2: reduction, coefficients, mixing (stream order: after kernel 1).
-#[allow(clippy::too_many_arguments)]
-unsafe fn launch_mix(
-    plan: &PrePlan,
-    params: MhcPreParams,
-    x: CUdeviceptr,
-    b: CUdeviceptr,
-    x_res: CUdeviceptr,
-    x_layer: CUdeviceptr,
-    h_post: CUdeviceptr,
-    workspace: CUdeviceptr,
-    stream: CUstream,
-    gpu: &Gpu,
-) -> Result<()> {
-    let (s, geo) = (plan.shape, plan.geometry);
-    let f2 = gpu.function(if geo.mix4 { KERNEL_MIX4 } else { KERNEL_MIX })?;
-    let (mut xp, mut bp, mut w) = (x, b, workspace);
-    let (mut r, mut y, mut h) = (x_res, x_layer, h_post);
-    // Kernel 1's partials per quantity: one per block, or one per cluster.
-    let (mut n, mut c, mut grid1) = (s.n as u32, s.c as u32, geo.grid / geo.k1_cluster);
-    let (mut tiles, mut jt, mut ls) = (geo.tiles, geo.jt, geo.slices_log2);
-    let mut jt_magic = fastdiv_magic(geo.jt);
-    let mut jl_magic = fastdiv_magic(s.c as u32 - (geo.tiles - 1) * geo.jt);
-    let (mut a_pre, mut a_post, mut a_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
-    let (mut rep, mut eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
-    let mut inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
-    let dims = LaunchDims {
-        grid: (s.batch as u32 * geo.tiles, 1, 1),
-        block: (geo.mix_block, 1, 1),
-        shared_bytes: geo.mix_smem,
-    };
-    let launch2 = if plan.config.pdl { launch_pdl } else { launch };
-    launch2(
-        f2,
-        dims,
-        stream,
-        &mut [
-            &mut xp,
-            &mut bp,
-            &mut w,
-            &mut r,
-            &mut y,
-            &mut h,
-            &mut n,
-            &mut c,
-            &mut grid1,
-            &mut tiles,
-            &mut jt,
-            &mut jt_magic,
-            &mut jl_magic,
-            &mut ls,
-            &mut a_pre,
-            &mut a_post,
-            &mut a_res,
-            &mut rep,
-            &mut eps,
-            &mut inv_sqrt_nc,
-        ],
-    )
-}
-
-/// Kernel 2, v5 (`mhc_pre_mix5`): grid `(tiles, batch)`, after `mhc_pre_partial_mma5`.
-#[allow(clippy::too_many_arguments)]
-unsafe fn launch_mix5(
-    plan: &PrePlan,
-    params: MhcPreParams,
-    x: CUdeviceptr,
-    b: CUdeviceptr,
-    x_res: CUdeviceptr,
-    x_layer: CUdeviceptr,
-    h_post: CUdeviceptr,
-    workspace: CUdeviceptr,
-    stream: CUstream,
-    gpu: &Gpu,
-) -> Result<()> {
-    let (s, geo) = (plan.shape, plan.geometry);
-    let stamped = plan.config.stamps != 0;
-    let f2 = gpu.function(match (stamped, geo.fx) {
-        (true, _) => KERNEL_MIX5_TS,
-        (false, true) => KERNEL_MIX_FX,
-        (false, false) => KERNEL_MIX5,
-    })?;
-    let (mut xp, mut bp, mut w) = (x, b, workspace);
-    let (mut r, mut y, mut h) = (x_res, x_layer, h_post);
-    let (mut batch, mut n, mut c, mut grid1) = (s.batch as u32, s.n as u32, s.c as u32, geo.grid);
-    let (mut a_pre, mut a_post, mut a_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
-    let (mut rep, mut eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
-    let mut inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
-    // The stamps of kernel 2 follow kernel 1's in the diagnostic buffer.
-    let mut ts = plan.config.stamps + 8 * plan.geometry.stamp_words(s.batch).map_or(0, |(k1, _)| k1) as u64;
-    let dims =
-        LaunchDims { grid: (geo.tiles, s.batch as u32, 1), block: (geo.mix_block, 1, 1), shared_bytes: geo.mix_smem };
-    let launch2 = if plan.config.pdl { launch_pdl } else { launch };
-    let mut fx = geo.fx as u32;
-    let mut args: [&mut dyn KernelArg; 18] = [
-        &mut xp,
-        &mut bp,
-        &mut w,
-        &mut r,
-        &mut y,
-        &mut h,
-        &mut batch,
-        &mut n,
-        &mut c,
-        &mut grid1,
-        &mut a_pre,
-        &mut a_post,
-        &mut a_res,
-        &mut rep,
-        &mut eps,
-        &mut inv_sqrt_nc,
-        &mut ts,
-        &mut fx,
-    ];
-    launch2(f2, dims, stream, &mut args[..if stamped { 18 } else { 16 }])
 }

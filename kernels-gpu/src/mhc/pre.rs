@@ -1,15 +1,19 @@
-//! MHCPreFwd (docs/ops.md §2). Two ordinary launches on one stream (below; the v5 pair
-//! [`mhc_pre_partial_mma5`] + [`mhc_pre_mix5`] has the same structure): no inter-block
-//! communication inside a launch — no fences, polling or co-residency assumptions — and the
-//! workspace carries no state between calls. The default, v8 ([`mhc_pre_partial_fx`] +
-//! [`mhc_pre_mix_fx`]), differs in one point: kernel 1's blocks add their partials as integer
-//! fixed-point limbs with `red.global.add` into one accumulator per logit (integer addition is
-//! associative: the result does not depend on the order), and the workspace keeps two
-//! accumulator halves and an epoch word between calls. Options: one launch of a thread-block
-//! cluster ([`mhc_pre_fused`]), and one cooperative launch with a grid barrier
-//! ([`mhc_pre_coop`], whose barrier counter is the one word of state kept between calls).
+//! MHCPreFwd (docs/ops.md §2) in two ordinary launches on one stream: split-K partial logits
+//! (kernel 1), then reduction, coefficients and mixing (kernel 2, a programmatic dependent
+//! launch that waits in `griddepcontrol.wait`). No inter-block communication inside a launch —
+//! no fences, polling or co-residency assumptions. Three pairs, chosen by the host planner
+//! (`rgk::mhc::PreClass`):
+//! - n ≤ 4 (the usual case): [`mhc_pre_partial_mma_fixed_point`] + [`mhc_pre_mix_fixed_point`]:
+//!   kernel 1 on fp64 tensor cores adds its block partials as integer fixed-point limbs with
+//!   `red.global.add` into one accumulator per logit (integer addition is associative: the
+//!   result does not depend on the order); the workspace keeps two accumulator halves and an
+//!   epoch word between calls;
+//! - n ≤ 4 with a batch beyond kernel 2's grid: [`mhc_pre_partial_mma`] (partials stored) +
+//!   [`mhc_pre_mix_small_n`]; where the tensor-core slab does not fit shared memory,
+//!   [`mhc_pre_partial_fma`] + [`mhc_pre_mix_small_n`];
+//! - n > 4: [`mhc_pre_partial_fma`] + [`mhc_pre_mix`] (below), whose workspace carries no state.
 //!
-//! **Kernel 1, [`mhc_pre_partial`]** (grid `G ≤ #SMs`): split-K. Block `g` owns the channel
+//! **Kernel 1, [`mhc_pre_partial_fma`]** (grid `G ≤ #SMs`): split-K. Block `g` owns the channel
 //! columns `j ∈ [g·cols, min((g+1)·cols, c))` of every stream `k` and every batch row. For each
 //! group of ≤ [`BT`] batch rows it stages `x[β, k·c + j]` of its columns in shared memory (bf16)
 //! and reads the matching rows `k·c + j` of `phi` (n segments of `cols·m` contiguous floats,
@@ -274,7 +278,7 @@ unsafe fn layout1(nt: u32, bg: u32, mq: u32) -> Smem1 {
 /// `batch·(m+1)·G < 2^31`, `bg ≤ BT`, `jc ≤ cols`, `bg·n·jc ≤ 2^16`.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_partial(
+pub unsafe extern "ptx-kernel" fn mhc_pre_partial_fma(
     phi: *const f32,
     x: *const u16,
     part_ws: *mut f64,
@@ -488,7 +492,7 @@ impl TileOut {
 
 /// Kernel 2's mixing of the staged tile `xs[k·jta + jj]` (coefficients `hs[k]`, `ra[i·rs + k]`):
 /// thread `t` takes the columns `jj = t, t+nt, …` ([`TileOut::column`]). `KMAX > 0`
-/// ([`mhc_pre_mix4`], `n ≤ KMAX = NMAX_MIX4`): the column's x values go to registers first.
+/// ([`mhc_pre_mix_small_n`], `n ≤ KMAX = NMAX_SMALL_N`): the column's x values go to registers first.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn mix_tile<const KMAX: u32>(
@@ -501,15 +505,15 @@ unsafe fn mix_tile<const KMAX: u32>(
     t: u32,
     nt: u32,
 ) {
-    const { assert!(KMAX == 0 || KMAX == NMAX_MIX4) };
+    const { assert!(KMAX == 0 || KMAX == NMAX_SMALL_N) };
     let n = out.n;
     let mut jj = t;
     while jj < jta {
         let xb = xs.add(jj as usize);
-        let mut xk = [0f32; NMAX_MIX4 as usize];
+        let mut xk = [0f32; NMAX_SMALL_N as usize];
         if KMAX > 0 {
             let mut k = 0;
-            while k < NMAX_MIX4 {
+            while k < NMAX_SMALL_N {
                 if k < n {
                     xk[k as usize] = bf16_to_f32(*xb.add((k * jta) as usize));
                 }
@@ -672,20 +676,20 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix(
     mix_tile::<0>(out, sm.xs, jta, sm.hs, sm.ra, n, t, nt);
 }
 
-// ================================================================ kernel 2, lean (n ≤ 4)
+// ================================================================ kernel 2, register coefficients (n ≤ 4)
 
-/// Largest n of [`mhc_pre_mix4`] (one warp holds a padded 4×4 R, one element per lane).
-pub const NMAX_MIX4: u32 = 4;
-/// Partial loads per lane and quantity in flight in [`mhc_pre_mix4`] (`G ≤ 32·GL` in one round).
+/// Largest n of [`mhc_pre_mix_small_n`] (one warp holds a padded 4×4 R, one element per lane).
+pub const NMAX_SMALL_N: u32 = 4;
+/// Partial loads per lane and quantity in flight in [`mhc_pre_mix_small_n`] (`G ≤ 32·GL` in one round).
 const GL: usize = 4;
-/// Quantities per warp in flight in [`mhc_pre_mix4`].
+/// Quantities per warp in flight in [`mhc_pre_mix_small_n`].
 const QL: usize = 4;
 
-/// The logit index held by lane `l` of the coefficient warp of [`mhc_pre_mix4`], or `None`:
+/// The logit index held by lane `l` of the coefficient warp of [`mhc_pre_mix_small_n`], or `None`:
 /// lanes 0–3 the pre logits, 4–7 the post logits, 16–31 the residual matrix padded to 4×4
 /// (lane `16 + 4i + k` holds `R[i][k]`).
 #[inline(always)]
-fn mix4_logit(l: u32, n: u32) -> Option<u32> {
+fn lane_logit(l: u32, n: u32) -> Option<u32> {
     if l < 4 {
         if l < n {
             return Some(l);
@@ -704,7 +708,7 @@ fn mix4_logit(l: u32, n: u32) -> Option<u32> {
 }
 
 /// The coefficient chain of one batch row in one warp's registers, lane `lane` holding the
-/// logit [`mix4_logit`] (`z` in f64; `valid` false and `z = −∞` on the padding lanes): the row
+/// logit [`lane_logit`] (`z` in f64; `valid` false and `z = −∞` on the padding lanes): the row
 /// max by two butterfly levels, one exponential per lane (`e^-|z|` for σ on lanes < 8,
 /// `e^(z − max)` for R on lanes ≥ 16), σ(z) = 1/(1+e) (z ≥ 0) or e/(1+e) by a reciprocal
 /// estimate and one Newton step, passed to `sigma` on the valid lanes < 8; then `repeat`
@@ -758,23 +762,23 @@ unsafe fn lane_coefficients(z: f64, valid: bool, lane: u32, repeat: u32, eps: f3
     v
 }
 
-/// Kernel 2 for n ≤ 4 ([`NMAX_MIX4`]), the same arguments and grid as [`mhc_pre_mix`] (`ls` is
+/// Kernel 2 for n ≤ 4 ([`NMAX_SMALL_N`]), the same arguments and grid as [`mhc_pre_mix`] (`ls` is
 /// unused) with a short dependent chain:
 /// - every quantity's `G` partials are summed by one warp: lane `l` adds `g = l, l+32, …` in
 ///   order, then a 5-level `shfl.bfly` butterfly (IEEE addition is commutative, so every lane
 ///   ends with the same bits); each warp holds up to [`QL`]·[`GL`] loads in flight;
-/// - the coefficients live in registers of warp 0, one logit per lane ([`mix4_logit`]): `r` and
-///   the logits in f64, σ as in v2, the row max by two butterfly levels, `R = exp`, and each
+/// - the coefficients live in registers of warp 0, one logit per lane ([`lane_logit`]): `r` and
+///   the logits in f64, σ as in [`mhc_pre_mix`], the row max by two butterfly levels, `R = exp`, and each
 ///   Sinkhorn half-step as two butterfly levels (row: lanes ^1, ^2; column: ^4, ^8) and one
 ///   `div.rn` per lane — no shared-memory round trips, no index divisions;
 /// - shared memory: `tot[32]` f64 | `hs[4]` f32 | `ra[16]` f32 (4×4) | x tile (`n·jt` bf16),
-///   [`MIX4_SMEM_HEAD`] bytes before the tile.
+///   [`MIX_SMALL_N_SMEM_HEAD`] bytes before the tile.
 ///
 /// Sums in fixed orders: bitwise reproducible (not bitwise equal to [`mhc_pre_mix`]: the
 /// butterfly orders differ).
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_mix4(
+pub unsafe extern "ptx-kernel" fn mhc_pre_mix_small_n(
     x: *const u16,
     bias: *const f32,
     part_ws: *const f64,
@@ -810,7 +814,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix4(
     let tot = base as *mut f64;
     let hs = base.add(256) as *mut f32;
     let ra = base.add(272) as *mut f32;
-    let xs = base.add(MIX4_SMEM_HEAD as usize) as *mut u16;
+    let xs = base.add(MIX_SMALL_N_SMEM_HEAD as usize) as *mut u16;
     let col0 = tile * jt;
     let jta = min_u32(jt, c - col0);
     let fj = if jta == jt { FastDiv { d: jt, magic: jt_magic } } else { FastDiv { d: jta, magic: jl_magic } };
@@ -818,7 +822,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix4(
     // ---- prologue (independent of kernel 1): x tile and the coefficient lanes' bias.
     let total = n * jta;
     let xv = tile_load(x.add((beta * n * c + col0) as usize), c, fj, total, t, nt);
-    let my_logit = mix4_logit(lane, n);
+    let my_logit = lane_logit(lane, n);
     let bias_l = match my_logit {
         Some(e) if w == 0 => *bias.add(e as usize),
         _ => 0.0,
@@ -914,7 +918,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix4(
 
     // ---- mixing of the staged tile.
     let out = TileOut { x_res, x_layer, beta, n, c, col0 };
-    mix_tile::<NMAX_MIX4>(out, xs, jta, hs, ra, 4, t, nt);
+    mix_tile::<NMAX_SMALL_N>(out, xs, jta, hs, ra, 4, t, nt);
 }
 
 /// `1/r` for `r = √ss·inv_sqrt_nc + 1e-4` to f64 accuracy: rsqrt and rcp estimates (≈ 2^-22)
@@ -938,41 +942,13 @@ fn inv_r_of(ss: f64, inv_sqrt_nc: f64) -> f64 {
     inv_r
 }
 
-/// `Σ pb[g·gstride]` over the blocks `g = w, w + W, …` below `grid1` (warp `w` of `nw`), in
-/// increasing g, [`GL5`] loads in flight per round; 0 where `load` is false (the same rounds).
-#[inline(always)]
-unsafe fn warp_partial_sum(pb: *const f64, load: bool, grid1: u32, gstride: u32, w: u32, nw: u32) -> f64 {
-    let mut acc = 0f64;
-    let mut g0 = w;
-    while g0 < grid1 {
-        let mut v = [0f64; GL5];
-        let mut u = 0;
-        while u < GL5 {
-            let g = g0 + u as u32 * nw;
-            if load && g < grid1 {
-                v[u] = *pb.add((g * gstride) as usize);
-            }
-            u += 1;
-        }
-        let mut u = 0;
-        while u < GL5 {
-            if g0 + (u as u32) * nw < grid1 {
-                acc += v[u];
-            }
-            u += 1;
-        }
-        g0 += GL5 as u32 * nw;
-    }
-    acc
-}
-
 /// H_pre (lanes 0..4's σ, `sg`) and the 4×4 R (lanes 16..32's `v`) of [`lane_coefficients`]
 /// broadcast to every lane by 20 `shfl.idx`.
 #[inline(always)]
-fn broadcast_coefficients(sg: f32, v: f32) -> ([f32; NMAX_MIX4 as usize], [f32; 16]) {
-    let mut hs = [0f32; NMAX_MIX4 as usize];
+fn broadcast_coefficients(sg: f32, v: f32) -> ([f32; NMAX_SMALL_N as usize], [f32; 16]) {
+    let mut hs = [0f32; NMAX_SMALL_N as usize];
     let mut k = 0;
-    while k < NMAX_MIX4 {
+    while k < NMAX_SMALL_N {
         hs[k as usize] = shfl_idx_f32(sg, k);
         k += 1;
     }
@@ -985,16 +961,13 @@ fn broadcast_coefficients(sg: f32, v: f32) -> ([f32; NMAX_MIX4 as usize], [f32; 
     (hs, ra)
 }
 
-/// Bytes of [`mhc_pre_mix4`]'s shared memory before the x tile.
-pub const MIX4_SMEM_HEAD: u32 = 336;
+/// Bytes of [`mhc_pre_mix_small_n`]'s shared memory before the x tile.
+pub const MIX_SMALL_N_SMEM_HEAD: u32 = 336;
 
-// ================================================================ kernel 2, v5 (n ≤ 4)
+// ================================================================ kernel 2 of the fixed-point pair (n ≤ 4)
 
-/// 16-byte x loads in flight per thread in [`mhc_pre_mix5`]'s Σx² pass.
+/// 16-byte x loads in flight per thread in [`mhc_pre_mix_fixed_point`]'s Σx² pass.
 const XR: usize = 4;
-/// Partial loads in flight per lane in [`mhc_pre_mix5`] (one round for `G ≤ 8·W`).
-const GL5: usize = 8;
-
 /// `Σ_{i<count} p[i·stride]` in a fixed order: rounds of 16 independent loads, added into four
 /// interleaved chains (i mod 4), then `(s0 + s1) + (s2 + s3)`.
 #[inline(always)]
@@ -1022,72 +995,28 @@ unsafe fn sum4(p: *const f64, count: u32, stride: u32) -> f64 {
     (s[0] + s[1]) + (s[2] + s[3])
 }
 
-/// Kernel-2 entries of the v5 and v8 pairs: the parameters of [`mhc_pre_mix`]'s successors
-/// and the body [`mix5_body`] without stamps (`fx`: the logits from the v8 accumulators at
-/// `part_ws`; `grid1` is then unused).
-macro_rules! mix5_entry {
-    ($(#[$doc:meta])* $name:ident, fx: $fx:literal) => {
-        $(#[$doc])*
-        #[no_mangle]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe extern "ptx-kernel" fn $name(
-            x: *const u16,
-            bias: *const f32,
-            part_ws: *const f64,
-            x_res: *mut u16,
-            x_layer: *mut u16,
-            h_post: *mut f32,
-            batch: u32,
-            n: u32,
-            c: u32,
-            grid1: u32,
-            alpha_pre: f32,
-            alpha_post: f32,
-            alpha_res: f32,
-            repeat: u32,
-            eps: f32,
-            inv_sqrt_nc: f64,
-        ) {
-            let a = [alpha_pre, alpha_post, alpha_res, eps];
-            let null = core::ptr::null_mut();
-            mix5_body::<false>($fx, x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, a, repeat, inv_sqrt_nc, null);
-        }
-    };
-}
-
-mix5_entry! {
-    /// Kernel 2, v5 (n ≤ 4, with [`mhc_pre_partial_mma5`]'s layout): grid `(tiles, batch)`, block
-    /// `(T, 1, 1)`; block `(tile, β)` mixes the columns `col = tile·T + t` of batch row β, one per
-    /// thread. Everything that does not need kernel 1 happens before `griddepcontrol.wait`:
-    /// - the thread's column `x[β, k·c + col]` (k < n) into registers (no staged tile);
-    /// - `r` from x itself: Σx² of the whole row (16-byte loads where aligned, exact f64 FMAs in a
-    ///   fixed order, warp butterfly, warp sums in order — every block of the row gets the same
-    ///   bits), then `1/r` (Newton-refined MUFU estimates as in [`mhc_pre_mix4`]) and each lane's
-    ///   `alpha/r` and bias;
-    ///
-    /// after the wait, one dependent chain per warp and a single barrier:
-    /// - lane l of warp w sums its logit's ([`mix4_logit`]) partials of blocks `g = w, w+W, …`
-    ///   ([`GL5`] loads in flight), one shared store, the barrier, then every warp adds the W warp
-    ///   sums of its lane in a fixed order ([`sum4`]): every warp holds all the logits;
-    /// - every warp runs [`lane_coefficients`] itself (identical bits in every warp) and takes
-    ///   H_pre and R by 20 broadcast shuffles — no second barrier, no shared round trip;
-    /// - mixing from registers: `x_layer = q(Σ_k H_pre[k]·x_k)`, `x_res[i] = q(Σ_k R[i,k]·x_k)`.
-    ///
-    /// Tile 0, warp 0 writes h_post. Shared memory [`mix5_smem`]. Fixed summation orders:
-    /// bitwise reproducible (not bitwise [`mhc_pre_mix4`]: r and the partial sums differ in order).
-    mhc_pre_mix5,
-    fx: false
-}
-
-/// [`mhc_pre_mix5`] with `%globaltimer` stamps (diagnostic, `PreConfig::stamps`): thread 0 of
-/// block `(tile, β)` writes [`MIX5_STAMPS`] u64 words at `ts[(β·tiles + tile)·MIX5_STAMPS]`:
-/// entry, prologue done (before `griddepcontrol.wait`), wait returned, partials loaded, logits
-/// summed (after the barrier), coefficients broadcast, outputs stored (issued), then the SM id.
-/// `fx ≠ 0`: the body of [`mhc_pre_mix_fx`] instead (both "partials loaded" and "logits summed"
-/// are the moment the lane's logit is converted from the accumulators).
+/// Kernel 2 of the fixed-point pair (n ≤ 4, after [`mhc_pre_partial_mma_fixed_point`]): grid
+/// `(tiles, batch)`, block `(T, 1, 1)`; block `(tile, β)` mixes the columns `col = tile·T + t`
+/// of batch row β, one per thread. Everything that does not need kernel 1 happens before
+/// `griddepcontrol.wait`:
+/// - the thread's column `x[β, k·c + col]` (k < n) into registers (no staged tile);
+/// - `r` from x itself: Σx² of the whole row (16-byte loads where aligned, exact f64 FMAs in a
+///   fixed order, warp butterfly, warp sums in order — every block of the row gets the same
+///   bits), then `1/r` ([`inv_r_of`]) and each lane's `alpha/r` and bias;
+///
+/// after the wait, one dependent chain per warp and no barrier:
+/// - lane l loads its logit's ([`lane_logit`]) accumulator words from both halves of `part_ws`
+///   (one half holds this call's sums, kernel 1 zeroed the other), adds them as integers and
+///   converts ([`accumulator_value`]); block (0, 0) flips the epoch word;
+/// - every warp runs [`lane_coefficients`] itself (identical bits in every warp) and takes
+///   H_pre and R by 20 broadcast shuffles — no shared round trip;
+/// - mixing from registers: `x_layer = q(Σ_k H_pre[k]·x_k)`, `x_res[i] = q(Σ_k R[i,k]·x_k)`.
+///
+/// Tile 0, warp 0 writes h_post. Shared memory [`mix_fixed_point_smem`]. `grid1` is unused.
+/// Fixed summation orders: bitwise reproducible.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_mix5_ts(
+pub unsafe extern "ptx-kernel" fn mhc_pre_mix_fixed_point(
     x: *const u16,
     bias: *const f32,
     part_ws: *const f64,
@@ -1097,68 +1026,14 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix5_ts(
     batch: u32,
     n: u32,
     c: u32,
-    grid1: u32,
+    _grid1: u32,
     alpha_pre: f32,
     alpha_post: f32,
     alpha_res: f32,
     repeat: u32,
     eps: f32,
     inv_sqrt_nc: f64,
-    ts: *mut u64,
-    fx: u32,
 ) {
-    let a = [alpha_pre, alpha_post, alpha_res, eps];
-    mix5_body::<true>(
-        fx != 0,
-        x,
-        bias,
-        part_ws,
-        x_res,
-        x_layer,
-        h_post,
-        batch,
-        n,
-        c,
-        grid1,
-        a,
-        repeat,
-        inv_sqrt_nc,
-        ts,
-    );
-}
-
-/// Stamps per block of [`mhc_pre_mix5_ts`].
-pub const MIX5_STAMPS: u32 = 8;
-/// Stamps per block of [`mhc_pre_partial_mma5_ts`].
-pub const MMA5_STAMPS: u32 = 4;
-
-/// The body of [`mhc_pre_mix5`] (`TS`: with the diagnostic stamps of [`mhc_pre_mix5_ts`];
-/// `a` = alpha_pre, alpha_post, alpha_res, eps; `fx`: the logits from the v8 accumulators —
-/// a literal in the production entries, folded away after inlining).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn mix5_body<const TS: bool>(
-    fx: bool,
-    x: *const u16,
-    bias: *const f32,
-    part_ws: *const f64,
-    x_res: *mut u16,
-    x_layer: *mut u16,
-    h_post: *mut f32,
-    batch: u32,
-    n: u32,
-    c: u32,
-    grid1: u32,
-    a: [f32; 4],
-    repeat: u32,
-    inv_sqrt_nc: f64,
-    ts: *mut u64,
-) {
-    let [alpha_pre, alpha_post, alpha_res, eps] = a;
-    let mut st = [0u64; MIX5_STAMPS as usize];
-    if TS {
-        st[0] = globaltimer();
-    }
     let t = thread_idx_x();
     let nt = block_dim_x();
     let lane = t & 31;
@@ -1167,24 +1042,22 @@ unsafe fn mix5_body<const TS: bool>(
     let tile = block_idx_x();
     let beta = block_idx_y();
     let m = n * n + 2 * n;
-    let mq = m + 1;
     let base = dyn_smem::<u8>();
     let ssw = base as *mut f64;
-    let red = base.add(256) as *mut f64;
     let col = tile * nt + t;
     let active = col < c;
 
     // ---- prologue (independent of kernel 1).
     let xrow = x.add((beta * n * c) as usize);
-    let mut xk = [0f32; NMAX_MIX4 as usize];
+    let mut xk = [0f32; NMAX_SMALL_N as usize];
     let mut k = 0;
-    while k < NMAX_MIX4 {
+    while k < NMAX_SMALL_N {
         if k < n && active {
             xk[k as usize] = bf16_to_f32(*xrow.add((k * c + col) as usize));
         }
         k += 1;
     }
-    let (e, valid) = match mix4_logit(lane, n) {
+    let (e, valid) = match lane_logit(lane, n) {
         Some(e) => (e, true),
         None => (0, false),
     };
@@ -1263,61 +1136,33 @@ unsafe fn mix5_body<const TS: bool>(
         alpha_res
     };
     let scale = alpha as f64 * inv_r;
-    if TS {
-        st[1] = globaltimer_after_f64(scale);
-    }
     grid_dependency_wait();
-    if TS {
-        st[2] = globaltimer();
-    }
 
-    let h = if fx {
-        // ---- v8: the lane's logit from the two accumulator halves (this call's sums and the
-        // half kernel 1 zeroed), one round of 2·FX_WORDS independent loads per lane, no barrier.
-        let words = batch * m * FX_WORDS;
-        let a = part_ws as *const u64;
-        let mut v = [0u64; 2 * FX_WORDS as usize];
-        if valid {
-            let p0 = a.add(((beta * m + e) * FX_WORDS) as usize);
-            let mut k = 0;
-            while k < FX_WORDS as usize {
-                v[k] = *p0.add(k);
-                v[FX_WORDS as usize + k] = *p0.add(words as usize + k);
-                k += 1;
-            }
-        }
-        if tile == 0 && beta == 0 && t == 0 {
-            // Every kernel-1 block read the epoch before this grid's wait returned: flip it.
-            red_add_u32(a.add(2 * words as usize) as *mut u32, 1);
-        }
-        let mut sw = [0u64; FX_WORDS as usize];
+    // ---- the lane's logit from the two accumulator halves (this call's sums and the
+    // half kernel 1 zeroed), one round of 2·ACC_WORDS independent loads per lane, no barrier.
+    let words = batch * m * ACC_WORDS;
+    let a = part_ws as *const u64;
+    let mut v = [0u64; 2 * ACC_WORDS as usize];
+    if valid {
+        let p0 = a.add(((beta * m + e) * ACC_WORDS) as usize);
         let mut k = 0;
-        while k < FX_WORDS as usize {
-            sw[k] = v[k].wrapping_add(v[FX_WORDS as usize + k]);
+        while k < ACC_WORDS as usize {
+            v[k] = *p0.add(k);
+            v[ACC_WORDS as usize + k] = *p0.add(words as usize + k);
             k += 1;
         }
-        let h = fx_value(&sw);
-        if TS {
-            st[3] = globaltimer_after_f64(h);
-            st[4] = st[3];
-        }
-        h
-    } else {
-        // ---- partial sums: lane's logit over blocks g = w, w + W, … (GL5 loads in flight).
-        let pb = part_ws.add((beta * mq + e) as usize);
-        let gstride = batch * mq;
-        let acc = warp_partial_sum(pb, valid, grid1, gstride, w, nw);
-        *red.add((w * 32 + lane) as usize) = acc;
-        if TS {
-            st[3] = globaltimer_after_f64(acc);
-        }
-        sync_threads();
-        let h = sum4(red.add(lane as usize), nw, 32);
-        if TS {
-            st[4] = globaltimer_after_f64(h);
-        }
-        h
-    };
+    }
+    if tile == 0 && beta == 0 && t == 0 {
+        // Every kernel-1 block read the epoch before this grid's wait returned: flip it.
+        red_add_u32(a.add(2 * words as usize) as *mut u32, 1);
+    }
+    let mut sw = [0u64; ACC_WORDS as usize];
+    let mut k = 0;
+    while k < ACC_WORDS as usize {
+        sw[k] = v[k].wrapping_add(v[ACC_WORDS as usize + k]);
+        k += 1;
+    }
+    let h = accumulator_value(&sw);
 
     // ---- coefficients, redundantly in every warp (the same bits everywhere).
     let z = if valid { fma_f64(scale, h, bias_l as f64) } else { f64::NEG_INFINITY };
@@ -1327,58 +1172,45 @@ unsafe fn mix5_body<const TS: bool>(
         *h_post.add((beta * n + lane - 4) as usize) = 2.0 * sg;
     }
     let (hs, ra) = broadcast_coefficients(sg, v);
-    if TS {
-        st[5] = globaltimer_after_f32(hs[0] + ra[15]);
-    }
 
     // ---- mixing from registers.
     if active {
         let xv = |k: u32| xk[k as usize];
-        let s = dot_n::<NMAX_MIX4>(n, |k| hs[k as usize], xv);
+        let s = dot_n::<NMAX_SMALL_N>(n, |k| hs[k as usize], xv);
         *x_layer.add((beta * c + col) as usize) = f32_to_bf16(s);
         let mut i = 0;
-        while i < NMAX_MIX4 {
+        while i < NMAX_SMALL_N {
             if i < n {
-                let s = dot_n::<NMAX_MIX4>(n, |k| ra[(4 * i + k) as usize], xv);
+                let s = dot_n::<NMAX_SMALL_N>(n, |k| ra[(4 * i + k) as usize], xv);
                 *x_res.add(((beta * n + i) * c + col) as usize) = f32_to_bf16(s);
             }
             i += 1;
         }
     }
-    if TS && t == 0 {
-        st[6] = globaltimer();
-        st[7] = sm_id() as u64;
-        let o = ts.add(((beta * grid_dim_x() + tile) * MIX5_STAMPS) as usize);
-        let mut q = 0;
-        while q < MIX5_STAMPS as usize {
-            *o.add(q) = st[q];
-            q += 1;
-        }
-    }
 }
 
-// ================================================================ v8: fixed-point split-K sums (n ≤ 4)
+// ================================================================ fixed-point split-K sums (n ≤ 4)
 
-/// Limbs per (batch row, logit) accumulator of the v8 pair: limb `k` holds bits
+/// Limbs per (batch row, logit) accumulator of the fixed-point pair: limb `k` holds bits
 /// `[48k − 64, 48k − 16)` of `|partial|` (so `2^-64 ≤` resolution, range `< 2^128`, the f32
 /// range), each as a signed 64-bit sum over the kernel-1 blocks (≤ 2^15 blocks cannot overflow).
-pub const FX_LIMBS: u32 = 4;
-/// u64 words per accumulator: the [`FX_LIMBS`] limbs, then a count of partials that were not
+pub const ACC_LIMBS: u32 = 4;
+/// u64 words per accumulator: the [`ACC_LIMBS`] limbs, then a count of partials that were not
 /// finite or not below 2^128 (the logit is then NaN).
-pub const FX_WORDS: u32 = FX_LIMBS + 1;
+pub const ACC_WORDS: u32 = ACC_LIMBS + 1;
 
-/// Adds limb `k < FX_LIMBS` of the f64 block partial `v` to the accumulator `p`
+/// Adds limb `k < ACC_LIMBS` of the f64 block partial `v` to the accumulator `p`
 /// (`red.global.add`, no result): `⌊|v|·2^(64−48k)⌋ mod 2^48`, negated for `v < 0`; limb 0 also
-/// counts a non-finite or out-of-range `v` in word [`FX_LIMBS`]. The limbs are exact: the sum of
+/// counts a non-finite or out-of-range `v` in word [`ACC_LIMBS`]. The limbs are exact: the sum of
 /// the limbs is `v` truncated toward zero to a multiple of 2^-64, and integer addition is
 /// associative, so the total does not depend on the order in which blocks arrive.
 #[inline(always)]
-unsafe fn fx_add(p: *mut u64, v: f64, k: u32) {
+unsafe fn add_limb(p: *mut u64, v: f64, k: u32) {
     let t = if v < 0.0 { -v } else { v };
     // 2^128: false for NaN and ±∞ too.
     if !(t < f64::from_bits(0x47F0_0000_0000_0000)) {
         if k == 0 {
-            red_add_u64(p.add(FX_LIMBS as usize), 1);
+            red_add_u64(p.add(ACC_LIMBS as usize), 1);
         }
         return;
     }
@@ -1395,75 +1227,54 @@ unsafe fn fx_add(p: *mut u64, v: f64, k: u32) {
     }
 }
 
-/// The logit of one v8 accumulator (limb sums as signed integers, from the lowest limb up, in
+/// The logit of one fixed-point accumulator (limb sums as signed integers, from the lowest limb up, in
 /// f64); NaN when a partial was counted as non-finite.
 #[inline(always)]
-fn fx_value(s: &[u64; FX_WORDS as usize]) -> f64 {
-    if s[FX_LIMBS as usize] != 0 {
+fn accumulator_value(s: &[u64; ACC_WORDS as usize]) -> f64 {
+    if s[ACC_LIMBS as usize] != 0 {
         return f64::NAN;
     }
     let mut h = 0f64;
     let mut k = 0;
-    while k < FX_LIMBS {
+    while k < ACC_LIMBS {
         h += (s[k as usize] as i64) as f64 * f64::from_bits(((959 + 48 * k) as u64) << 52);
         k += 1;
     }
     h
 }
 
-crate::entry_directive!("mhc_pre_partial_fx", ".maxntid 512, 1, 1 .minnctapersm 1");
+crate::entry_directive!("mhc_pre_partial_mma_fixed_point", ".maxntid 512, 1, 1 .minnctapersm 1");
 
-/// Kernel-1 entries on tensor cores, all with the parameters `(phi, x, part_ws, batch, n, c,
-/// cw, bpc)` and the body [`partial_mma_entry`] (`v5`: block-major partials straight from the
-/// slot sums; `fx`: fixed-point limb adds into the v8 accumulators at `part_ws`).
-macro_rules! mma_partial_entry {
-    ($(#[$doc:meta])* $name:ident, v5: $v5:literal, fx: $fx:literal) => {
-        $(#[$doc])*
-        #[no_mangle]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe extern "ptx-kernel" fn $name(
-            phi: *const f32,
-            x: *const u16,
-            part_ws: *mut f64,
-            batch: u32,
-            n: u32,
-            c: u32,
-            cw: u32,
-            bpc: u32,
-        ) {
-            partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, $v5, $fx, core::ptr::null_mut());
-        }
-    };
+/// Kernel 1 of the fixed-point pair on fp64 tensor cores: grid `(G, groups)`, block `(T, 1, 1)`;
+/// block `g` owns the channel columns `[g·cw, min((g+1)·cw, c))` and adds each of its block
+/// partials as [`ACC_LIMBS`] integer limbs ([`add_limb`]) into `part_ws[par][(β·m + q)·ACC_WORDS ..]`,
+/// where `m = n²+2n` and `par` is the parity of the u32 epoch word at u64 word
+/// `2·batch·m·ACC_WORDS` of `part_ws`; the other half is zeroed. `part_ws` must be all zero before
+/// the first call of a workspace and is then left to the kernels ([`mhc_pre_mix_fixed_point`]
+/// flips the epoch). Every block adds to every accumulator of its batch rows; the integer sums
+/// do not depend on the order. Triggers the dependent launch of kernel 2 at entry.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma_fixed_point(
+    phi: *const f32,
+    x: *const u16,
+    part_ws: *mut f64,
+    batch: u32,
+    n: u32,
+    c: u32,
+    cw: u32,
+    bpc: u32,
+) {
+    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, true);
 }
 
-mma_partial_entry! {
-    /// Kernel 1 of the v8 pair: [`mhc_pre_partial_mma5`]'s product, each block partial added as
-    /// [`FX_LIMBS`] integer limbs ([`fx_add`]) into `part_ws[par][(β·m + q)·FX_WORDS ..]`, where
-    /// `m = n²+2n` and `par` is the parity of the u32 epoch word at u64 word `2·batch·m·FX_WORDS` of
-    /// `part_ws`; the other half is zeroed. `part_ws` must be all zero before the first call of a
-    /// workspace and is then left to the kernels (kernel 2 flips the epoch). Every block adds to
-    /// every accumulator of its batch rows; the integer sums do not depend on the order.
-    mhc_pre_partial_fx,
-    v5: true, fx: true
-}
-
-mix5_entry! {
-    /// Kernel 2 of the v8 pair: [`mhc_pre_mix5`] (grid, prologue, coefficients and mixing) with
-    /// the logits read from [`mhc_pre_partial_fx`]'s accumulators instead of `G` partials: after
-    /// `griddepcontrol.wait`, each lane loads its logit's words from both halves (one half holds
-    /// the sums, the other was zeroed by kernel 1), adds them as integers and converts
-    /// ([`fx_value`]) — no cross-warp reduction, no barrier. Block (0, 0) flips the epoch word.
-    /// The same parameters as [`mhc_pre_mix5`] (`grid1` unused).
-    mhc_pre_mix_fx,
-    fx: true
-}
-
-/// [`mhc_pre_mix5`]'s dynamic shared memory, bytes: `ssw[32]` f64 | `red[W·32]` f64.
-pub const fn mix5_smem(block: u32) -> u32 {
+/// [`mhc_pre_mix_fixed_point`]'s dynamic shared memory as launched, bytes: `ssw[32]` f64, then
+/// 8 bytes per thread that the kernel does not touch (the measured launch configuration).
+pub const fn mix_fixed_point_smem(block: u32) -> u32 {
     256 + 8 * block
 }
 
-// ================================================================ one launch: a cluster
+// ================================================================ kernel 1 on fp64 tensor cores (n ≤ 4)
 
 /// `(a / d, a % d)` by the hardware-free u32 division sequence (`d ≥ 1`; 0 for `d = 0`, no
 /// panic path). Used off the hot loops, where a multiply-high `FastDiv` gained nothing.
@@ -1473,15 +1284,15 @@ fn divrem_u32(a: u32, d: u32) -> (u32, u32) {
     (q, a - q * d)
 }
 
-/// Batch rows per group in [`mhc_pre_fused`] (the M = 8 rows of the fp64 MMA).
+/// Batch rows per group of the tensor-core kernels 1 (the M = 8 rows of the fp64 MMA).
 pub const BTF: u32 = 8;
-/// Largest n of [`mhc_pre_fused`]: `⌈(n²+2n)/8⌉ ≤ NTMAX` phi tiles of 8 columns. (n = 6 with
-/// six tiles failed its GPU test with a single-warp block, not yet understood: n ≤ 4 only.)
-pub const NMAX_FUSED: u32 = 4;
+/// Largest n of the tensor-core kernels 1: `⌈(n²+2n)/8⌉ ≤ NTMAX` phi tiles of 8 columns. (n = 6
+/// with six tiles failed its GPU test with a single-warp block, not understood: n ≤ 4 only.)
+pub const NMAX_MMA: u32 = 4;
 const NTMAX: usize = 3;
 
-/// [`mhc_pre_fused`]'s shared memory (bytes), mirrored by the host
-/// (`rgk::mhc::pre::fused_smem_bytes`): phis n·cw·m f32 | xs BTF·n·cw u16 | red W·(NT+1)·64 f64 |
+/// [`pre_mma_body`]'s shared memory (bytes), mirrored by the host
+/// (`rgk::mhc::pre_mma_partial_smem_bytes`): phis n·cw·m f32 | xs BTF·n·cw u16 | red W·(NT+1)·64 f64 |
 /// part BTF·mq f64 | tot BTF·mq f64 | zr BTF·n² f64 | ra BTF·n² f32 | rb BTF·n² f32 |
 /// hs BTF·n f32 | bs m f32 (each of the first three 16-byte aligned).
 struct SmemF {
@@ -1498,7 +1309,7 @@ struct SmemF {
 }
 
 #[inline(always)]
-unsafe fn layout_fused(nt: u32, m: u32, n: u32, cw: u32) -> SmemF {
+unsafe fn layout_mma(nt: u32, m: u32, n: u32, cw: u32) -> SmemF {
     let base = dyn_smem::<u8>();
     let bt = BTF as usize;
     let nn = (n * n) as usize;
@@ -1528,92 +1339,17 @@ unsafe fn layout_fused(nt: u32, m: u32, n: u32, cw: u32) -> SmemF {
     }
 }
 
-crate::entry_directive!("mhc_pre_fused", ".maxntid 512, 1, 1 .minnctapersm 1");
-
-/// MHCPreFwd in one launch of thread-block clusters (docs/ops.md §2). Grid `(cs, groups, 1)`,
-/// cluster `(cs, 1, 1)`, block `(T, 1, 1)`, T a multiple of 32 in `32..=1024`. Cluster `y` owns
-/// the batch rows `[y·bpc, min((y+1)·bpc, batch))`, processed in groups of ≤ [`BTF`]; block
-/// (rank) `ρ` owns the channel columns `[ρ·cw, min((ρ+1)·cw, c))` of every stream, i.e. the phi
-/// rows `k·c + j` of those columns (n contiguous segments: the block's slab, row `r = k·cw' + jj`).
-///
-/// Per block: `cp.async` copies the phi slab (once, no registers holding it) and 16-byte loads
-/// stage each group's x columns (bf16) into shared memory. The logits and Σx² are one fp64 tensor-core
-/// product per group, `D[β][·] = Σ_r x[β][r] · [phi[r][0..m] | x[0..8][r]]` (A = the group's x,
-/// 8 × 4 slab rows per `mma.m8n8k4`; B = 4 slab rows of phi in ⌈m/8⌉ column tiles plus one
-/// tile holding the group's x again, whose diagonal is Σx²): products of f32 and bf16 are exact
-/// in f64, sums in IEEE f64. Warp `w` takes the slab's 4-row steps `w, w+W, …`; the W warp
-/// tiles are summed in a fixed order (4 interleaved slices + a butterfly) into the block
-/// partial; a cluster barrier publishes the partials; every block sums the cluster's partials
-/// in rank order through distributed shared memory (so every block holds bitwise the same
-/// totals); one warp per batch row computes r, the logits, H_pre, h_post (rank 0 writes it)
-/// and the Sinkhorn of R; the block mixes its staged columns (8 per thread with 16-byte stores
-/// where aligned): `x_res = q(Σ_k R[i,k]·x_k)`, `x_layer = q(Σ_k H_pre[k]·x_k)` (f32 FMAs in k
-/// order). No global workspace, atomics or polling: the only inter-block synchronisation is
-/// the hardware cluster barrier.
-///
-/// Requires: `n ≤ NMAX_FUSED`, `cw·(cs−1) < c ≤ cw·cs`, `cs ≤ 16`, `BTF·n·cw ≤ 2^16`, dynamic
-/// shared memory per [`layout_fused`], `n·c·m < 2^31`, `batch·n·c < 2^31`.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_fused(
-    phi: *const f32,
-    x: *const u16,
-    bias: *const f32,
-    x_res: *mut u16,
-    x_layer: *mut u16,
-    h_post: *mut f32,
-    batch: u32,
-    n: u32,
-    c: u32,
-    cw: u32,
-    bpc: u32,
-    alpha_pre: f32,
-    alpha_post: f32,
-    alpha_res: f32,
-    repeat: u32,
-    eps: f32,
-    inv_sqrt_nc: f64,
-) {
-    let p = PreCoef { alpha_pre, alpha_post, alpha_res, repeat, eps, inv_sqrt_nc };
-    let null = core::ptr::null_mut();
-    pre_mma_body(phi, x, bias, x_res, x_layer, h_post, batch, n, c, cw, bpc, p, null, false, false, null as *mut u64);
-}
-
 crate::entry_directive!("mhc_pre_partial_mma", ".maxntid 512, 1, 1 .minnctapersm 1");
 
-mma_partial_entry! {
-    /// Kernel 1 of the two-launch path on fp64 tensor cores (replaces [`mhc_pre_partial`] where
-    /// the shape allows: n ≤ [`NMAX_FUSED`]): grid `(G, groups)`, block `(T, 1, 1)`; block `g`
-    /// owns the channel columns `[g·cw, min((g+1)·cw, c))` and writes its partial logits and Σx²
-    /// of every batch row of its y range to `part[(β·(m+1) + q)·G + g]` (f64), the layout
-    /// [`mhc_pre_mix`] reads; the same slab staging, DMMA product and fixed-order warp sums as
-    /// [`mhc_pre_fused`], no cluster. Triggers the dependent launch of kernel 2 at entry.
-    mhc_pre_partial_mma,
-    v5: false, fx: false
-}
-
-crate::entry_directive!("mhc_pre_partial_mma5", ".maxntid 512, 1, 1 .minnctapersm 1");
-
-mma_partial_entry! {
-    /// [`mhc_pre_partial_mma`] for [`mhc_pre_mix5`]: the same product, each block partial stored
-    /// straight from its slot-sum thread (no shared-memory round trip, no index division, no
-    /// trailing barriers) to `part[(g·batch + β)·(m+1) + q]` — block g's `m+1` quantities of row β
-    /// contiguous. No clusters.
-    mhc_pre_partial_mma5,
-    v5: true, fx: false
-}
-
-crate::entry_directive!("mhc_pre_partial_mma5_ts", ".maxntid 512, 1, 1 .minnctapersm 1");
-
-/// [`mhc_pre_partial_mma5`] with `%globaltimer` stamps (diagnostic, `PreConfig::stamps`):
-/// thread 0 of block `(g, y)` writes [`MMA5_STAMPS`] u64 words at
-/// `ts[(y·grid_x + g)·MMA5_STAMPS]`: entry, the slab and x staged (after the barrier), the
-/// MMA tiles in shared memory (after the barrier), its own last partial store issued (of the
-/// block's first batch group). `fx ≠ 0`: the body of [`mhc_pre_partial_fx`] instead (limb adds
-/// into the accumulators at `part_ws`).
+/// Kernel 1 on fp64 tensor cores with stored partials (n ≤ [`NMAX_MMA`], for batches whose
+/// [`mhc_pre_mix_fixed_point`] grid does not fit): grid `(G, groups)`, block `(T, 1, 1)`; block
+/// `g` owns the channel columns `[g·cw, min((g+1)·cw, c))` and writes its partial logits and Σx²
+/// of every batch row of its y range to `part[(β·(m+1) + q)·G + g]` (f64), the layout
+/// [`mhc_pre_mix`] and [`mhc_pre_mix_small_n`] read; slab staging, DMMA product and fixed-order
+/// warp sums of [`pre_mma_body`]. Triggers the dependent launch of kernel 2 at entry.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma5_ts(
+pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma(
     phi: *const f32,
     x: *const u16,
     part_ws: *mut f64,
@@ -1622,19 +1358,13 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma5_ts(
     c: u32,
     cw: u32,
     bpc: u32,
-    ts: *mut u64,
-    fx: u32,
 ) {
-    let t0 = globaltimer();
-    let o = ts.add(((block_idx_y() * grid_dim_x() + block_idx_x()) * MMA5_STAMPS) as usize);
-    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, true, fx != 0, o);
-    if thread_idx_x() == 0 {
-        *o = t0;
-    }
+    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, false);
 }
 
 /// The body of the two kernel-1 entries on tensor cores: trigger kernel 2's dependent launch,
-/// then [`pre_mma_body`] writing partials only (`v5`: block-major, straight from the slot sums).
+/// then [`pre_mma_body`] writing partials only (`fixed_point`: as limb adds into the
+/// accumulators, else stored to `part_ws`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn partial_mma_entry(
@@ -1646,9 +1376,7 @@ unsafe fn partial_mma_entry(
     c: u32,
     cw: u32,
     bpc: u32,
-    v5: bool,
-    fx: bool,
-    ts: *mut u64,
+    fixed_point: bool,
 ) {
     grid_launch_dependents();
     let p = PreCoef { alpha_pre: 0.0, alpha_post: 0.0, alpha_res: 0.0, repeat: 0, eps: 0.0, inv_sqrt_nc: 0.0 };
@@ -1667,9 +1395,7 @@ unsafe fn partial_mma_entry(
         bpc,
         p,
         part_ws,
-        v5,
-        fx,
-        ts,
+        fixed_point,
     );
 }
 
@@ -1698,7 +1424,7 @@ struct CoefOut {
 /// One batch row's coefficients by one warp (lane `lane`), from the totals `tot[0..m]` (logits)
 /// and `tot[m]` (Σx²): `r` and the logits in f64, H_pre and h_post = 2σ, R = exp(z − row max)
 /// then `repeat` Sinkhorn rounds (`div.rn`, sums in index order). Element-parallel over the
-/// lanes with warp barriers only; the same arithmetic as v2's block-parallel code, so the same
+/// lanes with warp barriers only; the same arithmetic as [`mhc_pre_mix`]'s block-parallel code, so the same
 /// bits. Every lane of the warp must call it.
 #[inline(always)]
 unsafe fn coefficients_warp(
@@ -1814,8 +1540,16 @@ unsafe fn cluster_rank_sum(pi: *const f64, count: u32) -> f64 {
     tot
 }
 
-/// The body of [`mhc_pre_fused`] (`part_ws` null: cluster exchange, coefficients, mixing) and
-/// of [`mhc_pre_partial_mma`] (`part_ws` set: block partials to global memory, then done).
+/// The body of the tensor-core kernels 1: phi slab and x staged in shared memory, the DMMA
+/// product, fixed-order warp sums into block partials, then (`fixed_point`) limb adds into the
+/// fixed-point accumulators, or the partials stored to `part_ws`.
+///
+/// Two branches no launch takes stay compiled into [`mhc_pre_partial_mma`] because they test
+/// runtime values there: `part_ws` null (one launch of a thread-block cluster: DSMEM exchange,
+/// coefficients and mixing in the same kernel — measured slower than the pair, see
+/// `docs/decisions/mhc.md`) and a cluster launch of kernel 1 (rank 0 summing the cluster's
+/// partials through DSMEM). Removing them would change that kernel's code (kept kernels are held
+/// bit-identical until a device A/B run can judge a rewrite).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pre_mma_body(
@@ -1832,16 +1566,8 @@ unsafe fn pre_mma_body(
     bpc: u32,
     coef: PreCoef,
     part_ws: *mut f64,
-    direct: bool,
-    fx: bool,
-    ts: *mut u64,
+    fixed_point: bool,
 ) {
-    // Diagnostic stamps (thread 0, first batch group; `ts` null: none).
-    let stamp = |i: usize, t: u32, first: bool| {
-        if !ts.is_null() && t == 0 && first {
-            unsafe { *ts.add(i) = globaltimer() };
-        }
-    };
     let partial = !part_ws.is_null();
     let t = thread_idx_x();
     let nt = block_dim_x();
@@ -1852,7 +1578,7 @@ unsafe fn pre_mma_body(
     let nn = n * n;
     let ntile = m.div_ceil(8);
     let ntt = ntile + 1;
-    let sm = layout_fused(nt, m, n, cw);
+    let sm = layout_mma(nt, m, n, cw);
     let j0 = rank * cw;
     let cwa = min_u32(cw, c - j0);
     let rows = n * cwa;
@@ -1865,14 +1591,17 @@ unsafe fn pre_mma_body(
     let tq = lane & 3;
     // 16-byte paths for x (copies in, mixing out) when every row segment is 16-byte aligned.
     let xvec = (x as u64 | x_res as u64 | x_layer as u64) & 15 == 0 && c % 8 == 0 && cw % 8 == 0 && cwa % 8 == 0;
-    // v8 (`fx`): this call's accumulators are the half of `part_ws` that the epoch word's parity
-    // names; the other half (read by the previous call's kernel 2, which has completed) is
+    // Fixed point: this call's accumulators are the half of `part_ws` that the epoch word's
+    // parity names; the other half (read by the previous call's kernel 2, which has completed) is
     // zeroed here for the next call, the words spread over every block of the grid.
     // The epoch load is issued here and first used after the staging barrier (its DRAM trip
     // overlaps the phi and x loads); the zeroing stores follow that barrier.
-    let fx_words = batch * m * FX_WORDS;
-    let par =
-        if fx { core::ptr::read_volatile((part_ws as *const u64).add(2 * fx_words as usize) as *const u32) } else { 0 };
+    let acc_words = batch * m * ACC_WORDS;
+    let par = if fixed_point {
+        core::ptr::read_volatile((part_ws as *const u64).add(2 * acc_words as usize) as *const u32)
+    } else {
+        0
+    };
 
     // ---- phi slab → shared memory, asynchronously: segment k = phi rows k·c + j0 .. + cwa.
     let seg = cwa * m; // floats per segment
@@ -1924,12 +1653,11 @@ unsafe fn pre_mma_body(
         }
         cp_async_wait_all();
         sync_threads();
-        stamp(1, t, b0 == b_lo);
-        if fx && b0 == b_lo {
-            let other = (part_ws as *mut u64).add((((par & 1) ^ 1) * fx_words) as usize);
+        if fixed_point && b0 == b_lo {
+            let other = (part_ws as *mut u64).add((((par & 1) ^ 1) * acc_words) as usize);
             let step = grid_dim_x() * grid_dim_y() * nt;
             let mut i = (block_idx_y() * grid_dim_x() + block_idx_x()) * nt + t;
-            while i < fx_words {
+            while i < acc_words {
                 *other.add(i as usize) = 0;
                 i += step;
             }
@@ -1981,7 +1709,6 @@ unsafe fn pre_mma_body(
         *rw.add((ntile * 64) as usize) = accx[0];
         *rw.add((ntile * 64 + 1) as usize) = accx[1];
         sync_threads();
-        stamp(2, t, b0 == b_lo);
         // ---- block partial of item (β, q): 4 slices s sum warps w ≡ s (mod 4) in order, then
         // (s0 + s1) + (s2 + s3) by butterfly. Every thread runs the same number of rounds.
         let items = bga * mq;
@@ -2003,30 +1730,24 @@ unsafe fn pre_mma_body(
             }
             sum += shfl_xor_f64(sum, 1);
             sum += shfl_xor_f64(sum, 2);
-            if fx {
-                // v8: lane i & 3 of the quad adds limb i & 3 of the block partial (all four lanes
+            if fixed_point {
+                // Fixed point: lane i & 3 of the quad adds limb i & 3 of the block partial (all four lanes
                 // hold the same sum); the Σx² item (q = m) is not needed (kernel 2 computes r).
                 if i < 4 * items {
                     let item = i >> 2;
                     let bl = item / mq;
                     let q = item - bl * mq;
                     if q < m {
-                        let acc = (part_ws as *mut u64).add(((par & 1) * fx_words) as usize);
-                        fx_add(acc.add((((b0 + bl) * m + q) * FX_WORDS) as usize), sum, i & 3);
+                        let acc = (part_ws as *mut u64).add(((par & 1) * acc_words) as usize);
+                        add_limb(acc.add((((b0 + bl) * m + q) * ACC_WORDS) as usize), sum, i & 3);
                     }
                 }
             } else if i < 4 * items && i & 3 == 0 {
-                if direct {
-                    // v5 layout `part[(g·batch + β)·(m+1) + q]`: item `i/4 = bl·(m+1) + q`.
-                    *part_ws.add(((rank * batch + b0) * mq + (i >> 2)) as usize) = sum;
-                } else {
-                    *sm.part.add((i >> 2) as usize) = sum;
-                }
+                *sm.part.add((i >> 2) as usize) = sum;
             }
             i0 += nt;
         }
-        if direct {
-            stamp(3, t, b0 == b_lo);
+        if fixed_point {
             // No trailing barrier: the next group writes `red` only after its staging barrier,
             // which every thread reaches after its slot sums of this group.
             b0 += bga;
@@ -2108,9 +1829,9 @@ unsafe fn pre_mma_body(
                 let hs = sm.hs.add((bl * n) as usize);
                 let ra = sm.ra.add((bl * nn) as usize);
                 let b = b0 + bl;
-                let mut xv = [[0f32; 8]; NMAX_FUSED as usize];
+                let mut xv = [[0f32; 8]; NMAX_MMA as usize];
                 let mut k = 0;
-                while k < NMAX_FUSED as usize {
+                while k < NMAX_MMA as usize {
                     if (k as u32) < n {
                         let w = ld_v4(sm.xs.add((((bl * n + k as u32) * cwa) + jj) as usize) as *const u32);
                         let mut e = 0;
@@ -2129,7 +1850,7 @@ unsafe fn pre_mma_body(
                     let coef = if i < n { ra.add((i * n) as usize) } else { hs };
                     let mut o = [0f32; 8];
                     let mut k = 0;
-                    while k < NMAX_FUSED as usize {
+                    while k < NMAX_MMA as usize {
                         if (k as u32) < n {
                             let cf = *coef.add(k);
                             let mut e = 0;
@@ -2191,200 +1912,5 @@ unsafe fn pre_mma_body(
         cluster_wait();
         sync_threads();
         b0 += bga;
-    }
-}
-
-// ================================================================ one cooperative launch (v6)
-
-/// Grid-wide barrier of a cooperative launch (every block resident) on the u32 word `bar`:
-/// block 0 adds `2^31 − (G−1)`, every other block 1, so one barrier adds exactly `2^31` — bit 31
-/// flips once every block has arrived and the low 31 bits return to their value (the word must
-/// be 0 before its first barrier and is then used by nothing else). Thread 0 of each block
-/// fences (its block's earlier writes, ordered before it by the block barrier, become visible
-/// at gpu scope), adds, and polls with acquire loads until bit 31 differs from the value its add
-/// returned; a block barrier then releases the block. A poll that never ends (a broken launch)
-/// traps after 2^24 polls instead of hanging the device.
-#[inline(always)]
-unsafe fn grid_barrier(bar: *mut u32) {
-    sync_threads();
-    if thread_idx_x() == 0 {
-        let blocks = grid_dim_x();
-        let add = if block_idx_x() == 0 { 0x8000_0000 - (blocks - 1) } else { 1 };
-        fence_gpu();
-        let old = atomic_add_u32(bar, add);
-        let mut polls = 0u32;
-        while (ld_acquire_gpu_u32(bar) ^ old) & 0x8000_0000 == 0 {
-            polls += 1;
-            if polls == 1 << 24 {
-                trap();
-            }
-        }
-        fence_gpu();
-    }
-    sync_threads();
-}
-
-crate::entry_directive!("mhc_pre_coop", ".maxntid 512, 1, 1 .minnctapersm 1");
-
-/// MHCPreFwd in ONE cooperative launch (n ≤ 4): grid `(G, 1, 1)` with every block resident
-/// (`CU_LAUNCH_ATTRIBUTE_COOPERATIVE`), block `(T, 1, 1)`, T a multiple of 32 in `32..=512`.
-///
-/// - Phase 1 (blocks `g < grid1`): [`mhc_pre_partial_mma5`]'s work — block g owns the channel
-///   columns `[g·cw, min((g+1)·cw, c))` of every stream and batch row, and stores its fp64
-///   tensor-core partial logits and Σx² to `part[(g·batch + β)·(m+1) + q]`.
-/// - [`grid_barrier`] on `bar` (instead of a second launch).
-/// - Phase 2 (blocks `g < batch·tiles`): block g mixes the columns `[tile·jt, min((tile+1)·jt,
-///   c))` of batch row `β = g mod batch`, `tile = g / batch`, one column per thread per round —
-///   [`mhc_pre_mix5`]'s chain after its wait: lane l of warp w sums its quantity's partials of
-///   blocks `w, w+W, …` (lane 8: Σx²), one barrier, [`sum4`] over the warps, `1/r` by
-///   Newton-refined estimates, [`lane_coefficients`] in every warp, broadcast shuffles, mixing
-///   from registers. The thread's first column of x and the lane's bias are loaded at entry
-///   (x is an input: nothing in the kernel writes it), so they are off the chain.
-///
-/// Shared memory: phase 1's [`layout_fused`] (host `fused_smem_bytes(T, n, cw)`), at least
-/// `8·T` bytes (phase 2's warp sums reuse it). Fixed summation orders: bitwise reproducible.
-/// Requires `n ≤ 4`, `cw·(grid1−1) < c ≤ cw·grid1`, `(tiles−1)·jt < c ≤ tiles·jt`,
-/// `grid_dim_x ≥ max(grid1, batch·tiles)`, `*bar` as [`grid_barrier`] says, `n·c·m < 2^31`,
-/// `batch·n·c < 2^31`.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_coop(
-    phi: *const f32,
-    x: *const u16,
-    bias: *const f32,
-    part_ws: *mut f64,
-    bar: *mut u32,
-    x_res: *mut u16,
-    x_layer: *mut u16,
-    h_post: *mut f32,
-    batch: u32,
-    n: u32,
-    c: u32,
-    cw: u32,
-    grid1: u32,
-    jt: u32,
-    alpha_pre: f32,
-    alpha_post: f32,
-    alpha_res: f32,
-    repeat: u32,
-    eps: f32,
-    inv_sqrt_nc: f64,
-) {
-    let t = thread_idx_x();
-    let nt = block_dim_x();
-    let lane = t & 31;
-    let w = t >> 5;
-    let nw = nt >> 5;
-    let g = block_idx_x();
-    let beta = g % batch;
-    let tile = g / batch;
-    let mixes = tile * jt < c;
-    let m = n * n + 2 * n;
-    let mq = m + 1;
-    if t == 0 {
-        prefetch_l2(bar as *const u32);
-    }
-
-    // ---- phase-2 operands that do not depend on phase 1.
-    let col0 = if mixes { tile * jt } else { 0 };
-    let jta = if mixes { min_u32(jt, c - col0) } else { 0 };
-    let xrow = x.add((beta * n * c) as usize);
-    let mut xk = [0f32; NMAX_MIX4 as usize];
-    let mut k = 0;
-    while k < NMAX_MIX4 {
-        if k < n && t < jta {
-            xk[k as usize] = bf16_to_f32(*xrow.add((k * c + col0 + t) as usize));
-        }
-        k += 1;
-    }
-    let (e, valid) = match mix4_logit(lane, n) {
-        Some(e) => (e, true),
-        None => (0, false),
-    };
-    // Lane 8 (padding in the coefficient chain) loads Σx², quantity m.
-    let loads = valid || lane == 8;
-    let q = if valid { e } else { m };
-    let bias_l = if valid { *bias.add(e as usize) } else { 0.0 };
-    let alpha = if lane < 4 {
-        alpha_pre
-    } else if lane < 8 {
-        alpha_post
-    } else {
-        alpha_res
-    };
-
-    // ---- phase 1: block partials.
-    if g < grid1 {
-        let p = PreCoef { alpha_pre, alpha_post, alpha_res, repeat, eps, inv_sqrt_nc };
-        let null = core::ptr::null_mut();
-        pre_mma_body(
-            phi,
-            x,
-            null,
-            null as *mut u16,
-            null as *mut u16,
-            null as *mut f32,
-            batch,
-            n,
-            c,
-            cw,
-            batch,
-            p,
-            part_ws,
-            true,
-            false,
-            core::ptr::null_mut(),
-        );
-    }
-    grid_barrier(bar);
-    if !mixes {
-        return;
-    }
-
-    // ---- phase 2: lane's quantity over blocks g = w, w + W, … (GL5 loads in flight).
-    let red = dyn_smem::<f64>();
-    let pb = part_ws.add((beta * mq + q) as usize) as *const f64;
-    let gstride = batch * mq;
-    let acc = warp_partial_sum(pb, loads, grid1, gstride, w, nw);
-    *red.add((w * 32 + lane) as usize) = acc;
-    sync_threads();
-    let h = sum4(red.add(lane as usize), nw, 32);
-    let ss = sum4(red.add(8), nw, 32);
-    let inv_r = inv_r_of(ss, inv_sqrt_nc);
-
-    // ---- coefficients, redundantly in every warp (the same bits everywhere).
-    let z = if valid { fma_f64(alpha as f64 * inv_r, h, bias_l as f64) } else { f64::NEG_INFINITY };
-    let mut sg = 0f32;
-    let v = lane_coefficients(z, valid, lane, repeat, eps, |s| sg = s);
-    if tile == 0 && w == 0 && valid && (4..8).contains(&lane) {
-        *h_post.add((beta * n + lane - 4) as usize) = 2.0 * sg;
-    }
-    let (hs, ra) = broadcast_coefficients(sg, v);
-
-    // ---- mixing from registers: the preloaded column, then any further rounds.
-    let mut jj = t;
-    while jj < jta {
-        if jj != t {
-            let mut k = 0;
-            while k < NMAX_MIX4 {
-                if k < n {
-                    xk[k as usize] = bf16_to_f32(*xrow.add((k * c + col0 + jj) as usize));
-                }
-                k += 1;
-            }
-        }
-        let col = col0 + jj;
-        let xv = |k: u32| xk[k as usize];
-        let s = dot_n::<NMAX_MIX4>(n, |k| hs[k as usize], xv);
-        *x_layer.add((beta * c + col) as usize) = f32_to_bf16(s);
-        let mut i = 0;
-        while i < NMAX_MIX4 {
-            if i < n {
-                let s = dot_n::<NMAX_MIX4>(n, |k| ra[(4 * i + k) as usize], xv);
-                *x_res.add(((beta * n + i) * c + col) as usize) = f32_to_bf16(s);
-            }
-            i += 1;
-        }
-        jj += nt;
     }
 }
