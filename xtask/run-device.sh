@@ -44,15 +44,30 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
 fi
 
 if [ "$mode" = sanitize ] || [ "$mode" = all ]; then
-  # The sanitizer set (tests/tests/sanitize.rs: every op's seed workloads and a few edge shapes
-  # through the public API, checked against the references) under all four tools; any report fails.
+  # The sanitizer set (tests/sanitize.list: each op's seed workloads and edge shapes, as lines
+  # `EXECUTABLE TEST [TEST...]`, one process per line) under all four tools; any report fails.
   for tool in memcheck racecheck synccheck initcheck; do
-    echo "=== $tool" >>"$out/sanitize.log"
     start=$(date +%s)
-    timeout "${RGK_SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool "$tool" --error-exitcode 97 .device/tests/sanitize --test-threads 1 >>"$out/sanitize.log" 2>&1
-    rc=$?
-    echo "$tool: rc=$rc ($(( $(date +%s) - start )) s) $(grep -a -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize.log" | tail -1)"
-    [ $rc -eq 0 ] || fail=1
+    tool_fail=0
+    ntests=0
+    while read -r exe names; do
+      case "$exe" in ''|'#'*) continue ;; esac
+      n=$(echo $names | wc -w)
+      ntests=$((ntests + n))
+      echo "=== $tool $exe $names" >>"$out/sanitize.log"
+      # shellcheck disable=SC2086
+      timeout "${RGK_TEST_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 97 \
+        ".device/tests/$exe" --exact --test-threads 1 $names >>"$out/sanitize.log" 2>&1
+      rc=$?
+      summary=$(grep -a -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize.log" | tail -1)
+      ran=$(grep -a "test result" "$out/sanitize.log" | tail -1 | grep -o "[0-9]* passed")
+      if [ $rc -ne 0 ] || [ "$ran" != "$n passed" ]; then
+        echo "$tool $exe: rc=$rc ($ran of $n) $summary"
+        tool_fail=1
+      fi
+    done < tests/sanitize.list
+    echo "$tool: $([ $tool_fail -eq 0 ] && echo "0 reports" || echo FAILED) over $ntests tests ($(( $(date +%s) - start )) s)"
+    [ $tool_fail -eq 0 ] || fail=1
   done
 fi
 

@@ -160,15 +160,6 @@ fn launch_config(dims: LaunchDims, stream: sys::CUstream, attr: &mut sys::CUlaun
     }
 }
 
-/// The attribute for thread-block clusters of `cluster` blocks along x.
-fn cluster_attr(cluster: u32) -> sys::CUlaunchAttribute {
-    // SAFETY: a zeroed attribute is valid plain data; both fields are set below.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cluster, y: 1, z: 1 };
-    attr
-}
-
 /// `cuLaunchKernelEx` of `f` with one launch attribute.
 ///
 /// # Safety
@@ -184,46 +175,6 @@ unsafe fn launch_ex(
     let cfg = launch_config(dims, stream, &mut attr);
     sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()).result()?;
     Ok(())
-}
-
-/// How many clusters of `cluster` blocks (along x) with `dims`' block and shared memory can be
-/// co-resident on the device (0: such a cluster cannot be scheduled). Allows non-portable
-/// cluster sizes (> 8) on `f` first.
-pub(crate) fn max_active_clusters(
-    f: &CudaFunction,
-    dims: LaunchDims,
-    cluster: u32,
-    stream: sys::CUstream,
-) -> Result<u32> {
-    if cluster > 8 {
-        f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)?;
-    }
-    let mut attr = cluster_attr(cluster);
-    let cfg = launch_config(dims, stream, &mut attr);
-    let mut n: std::ffi::c_int = 0;
-    // SAFETY: cfg and attr are valid for the call; f is a loaded function.
-    let r = unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.cu_function(), &cfg) };
-    match r {
-        sys::CUresult::CUDA_SUCCESS => Ok(n.max(0) as u32),
-        // An unschedulable cluster shape is reported as an invalid value on some drivers.
-        sys::CUresult::CUDA_ERROR_INVALID_VALUE | sys::CUresult::CUDA_ERROR_INVALID_CLUSTER_SIZE => Ok(0),
-        e => Err(cudarc::driver::DriverError(e).into()),
-    }
-}
-
-/// Launches `f` on `stream` in thread-block clusters of `cluster` blocks along x
-/// (`cuLaunchKernelEx`); `dims.grid.0` must be a multiple of `cluster`.
-///
-/// # Safety
-/// As [`launch`].
-pub(crate) unsafe fn launch_cluster(
-    f: &CudaFunction,
-    dims: LaunchDims,
-    cluster: u32,
-    stream: sys::CUstream,
-    args: &mut [&mut dyn KernelArg],
-) -> Result<()> {
-    launch_ex(f, dims, stream, cluster_attr(cluster), args)
 }
 
 /// Launches `f` on `stream` as a programmatic dependent launch (`cuLaunchKernelEx` with
