@@ -96,7 +96,7 @@ impl std::fmt::Display for Report {
 }
 
 /// FNV-1a over the little-endian bytes of each value's f64 bit pattern.
-fn digest(values: impl Iterator<Item = f64>) -> u64 {
+pub fn digest(values: impl Iterator<Item = f64>) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     for v in values {
         for b in v.to_bits().to_le_bytes() {

@@ -162,7 +162,8 @@ impl Case for FftCase {
             max_abs_err: max_abs,
             rel_l2_err: rel,
             detail: format!(
-                "y: rel_l2 {rel:.3e} (bar {bound:.1e}), max_abs {max_abs:.3e}, {} launch(es), kernels {:?}",
+                "y: rel_l2 {rel:.3e} (bar {bound:.1e}), max_abs {max_abs:.3e}, bits {:016x}, {} launch(es), kernels {:?}",
+                rgk::verify::digest(out.iter().copied()),
                 self.plan.launches(),
                 self.plan.pass_kernels()
             ),

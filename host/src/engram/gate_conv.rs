@@ -409,9 +409,10 @@ pub(crate) fn plan_bwd(shape: EngramGateShape, aligned: bool, workspace_aligned:
 
 /// Every PTX entry the planners launch over a grid of valid shapes that covers every row of
 /// [`FWD_TUNING`] and [`BWD_TUNING`] and every fallback (d = 8, d % 8 ≠ 0, d > 1024, `u` +
-/// `dconv` over 48 KiB, M > 65535, unaligned buffers or workspace), both dtypes.
+/// `dconv` over 48 KiB, M > 65535, unaligned buffers or workspace), both dtypes; an error if a
+/// planned block exceeds its kernel's thread limit on this device.
 #[doc(hidden)]
-pub fn planned_kernels(_gpu: &Gpu) -> Result<BTreeSet<&'static str>> {
+pub fn planned_kernels(gpu: &Gpu) -> Result<BTreeSet<&'static str>> {
     let mut set = BTreeSet::new();
     let ds = [8, 13, 16, 200, 256, 264, 512, 520, 760, 768, 770, 800, 816, 824, 1000, 1024, 1032, 4096, 4100, 8192];
     for d in ds {
@@ -420,11 +421,14 @@ pub fn planned_kernels(_gpu: &Gpu) -> Result<BTreeSet<&'static str>> {
                 let shape = EngramGateShape { m, t, d };
                 for aligned in [true, false] {
                     for bf16 in [true, false] {
-                        set.insert(plan_fwd(shape, aligned)?.kernel.entry(bf16));
+                        let f = plan_fwd(shape, aligned)?;
+                        set.insert(f.kernel.entry(bf16));
+                        check_block_fits(gpu.function(f.kernel.entry(bf16))?, f.dims.block.0)?;
                         for workspace_aligned in [true, false] {
                             let p = plan_bwd(shape, aligned, workspace_aligned)?;
                             set.insert(p.main.entry(bf16));
                             set.insert(p.reduce.entry());
+                            check_block_fits(gpu.function(p.main.entry(bf16))?, p.main_dims.block.0)?;
                         }
                     }
                 }
@@ -449,19 +453,27 @@ pub fn planned_entries(
     Ok([plan_fwd(shape, aligned)?.kernel.entry(bf16), p.main.entry(bf16), p.reduce.entry()])
 }
 
+/// Most threads per block of the split backward's two-chunk kernels (`_r2`, NV = 2): they use
+/// 82–94 registers per thread, for which the driver allows 640–736 threads per block on sm_90
+/// (a 27-warp block at d = 800 failed to launch). The GPU sweep in [`planned_kernels`] checks
+/// every planned block against the driver's limit.
+const SPLIT_NV2_MAX_THREADS: u32 = 576;
+
 /// Warps per tile row of the split backward at `R` rows per block: enough for one 8-element
 /// chunk per lane (`ceil(ceil(d/8)/32)`), as many as fit in 32 warps (`(R+6)·W ≤ 32`), at
-/// least 1.
+/// least 1; blocks of the two-chunk kernels within [`SPLIT_NV2_MAX_THREADS`].
 const fn bwd_split_warps(d: usize, rows_per_block: u32) -> u32 {
     let want = d.div_ceil(8).div_ceil(32);
     let want = if want < 1 { 1 } else { want as u32 };
     let cap = 32 / (rows_per_block + 6);
-    let w = if want < cap { want } else { cap };
+    let mut w = if want < cap { want } else { cap };
     if w < 1 {
-        1
-    } else {
-        w
+        w = 1;
     }
+    while w > 1 && split_nv(d, w) == 2 && (rows_per_block + 6) * w * 32 > SPLIT_NV2_MAX_THREADS {
+        w -= 1;
+    }
+    w
 }
 
 /// Chunks per lane of the split backward's rows: `ceil(ceil(d/8) / (32·W))`, at least 1.
