@@ -66,6 +66,11 @@ struct Args {
     /// code and data may still sit in L2. Comparing against a normal run separates cold-cache cost.
     #[arg(long)]
     no_flush: bool,
+    /// Diagnostic only (never for the results file): allocate this many MiB of device memory
+    /// before the cases, which moves every buffer and table to other addresses; comparing runs
+    /// with different pads measures how much a row's time depends on placement alone.
+    #[arg(long, default_value_t = 0)]
+    pad_mib: usize,
 }
 
 fn main() -> ExitCode {
@@ -122,6 +127,8 @@ fn run(args: &Args) -> Result<bool, String> {
     // A buffer well over the 60 MB L2, written before every timed call.
     let mut flush: CudaSlice<u8> = st.alloc_zeros(256 << 20).map_err(|e| e.to_string())?;
 
+    let _pad: Option<CudaSlice<u8>> =
+        if args.pad_mib > 0 { Some(st.alloc_zeros(args.pad_mib << 20).map_err(|e| e.to_string())?) } else { None };
     std::fs::create_dir_all(&args.work_dir).map_err(|e| e.to_string())?;
     let mut cases: Vec<Box<dyn Case>> = Vec::new();
     let mut verifications: Vec<Verification> = Vec::new();
