@@ -522,7 +522,6 @@ pub fn check_module(ptx: &str) -> Vec<(String, Vec<Finding>)> {
 mod tests {
     use super::*;
 
-
     const HEAD: &str = ".visible .entry k(\n\t.param .u32 k_param_0\n)\n{\n\t.reg .pred \t%p<9>;\n";
 
     fn one(body: &str) -> Vec<Finding> {
@@ -543,7 +542,7 @@ mod tests {
         assert!(f[0].msg.contains("warp collective"), "{f:?}");
     }
 
-    /// A one-line inline-asm scope (as `globaltimer_after_f64` emits) is read as its statements: the
+    /// A one-line inline-asm scope (e.g. a predicated timer read) is read as its statements: the
     /// label and the divergent barrier after it are still seen.
     #[test]
     fn checker_reads_through_one_line_asm_scopes() {

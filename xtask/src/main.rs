@@ -12,8 +12,9 @@
 //!   PyPI) and packs it as `target/peers/peers.tar.xz` for a GPU machine without a network
 //!   (`xtask/peers.py`).
 //! - `device-pack`: builds every test executable (release, so CPU references are fast) and the bench into `.device/` (git-ignored)
-//!   with `.device/run.sh`, which runs on a GPU machine without Rust: the GPU tests, the same
-//!   tests under compute-sanitizer (memcheck, racecheck), then the bench; the peers' pack
+//!   with `.device/run.sh`, which runs on a GPU machine without Rust: the GPU tests, the
+//!   sanitizer set (`tests/sanitize.list`) under compute-sanitizer memcheck, racecheck,
+//!   synccheck and initcheck, then the bench; the peers' pack
 //!   travels with it (made by `peers` first when missing).
 use std::env;
 use std::fs;

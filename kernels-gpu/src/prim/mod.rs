@@ -592,7 +592,7 @@ pub unsafe fn st_v4_generic(p: *mut u32, v: [u32; 4]) {
          in(reg64) p, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
          options(nostack));
 }
-// ---------------------------------------------------------------- EngramGateConvFwd/Bwd (v2)
+// ---------------------------------------------------------------- EngramGateConvFwd/Bwd
 
 /// `rcp.approx.f32`: 1/x to about 1 ulp (no subnormal flush); 1/±inf = ±0.
 // ---------------------------------------------------------------- EngramDecodeFwd (engram/decode), wide finish
@@ -641,7 +641,7 @@ pub fn grid_dependency_wait() {
     unsafe { asm!("griddepcontrol.wait;", options(nostack)) };
 }
 
-// ---------------------------------------------------------------- MHCPre (session 4): f64 approximations
+// ---------------------------------------------------------------- MHCPre: f64 approximations
 
 /// `rsqrt.approx.ftz.f64`: 1/√x to about 2^-22 relative (refine with Newton steps for more).
 #[inline(always)]
@@ -675,7 +675,7 @@ pub fn cp_async_wait_group_1() {
     unsafe { asm!("cp.async.wait_group 1;", options(nostack)) };
 }
 
-// ---------------------------------------------------------------- MHCPre (session 5): broadcast shuffle
+// ---------------------------------------------------------------- MHCPre: broadcast shuffle
 
 /// `shfl.sync.idx.b32` of an f32 with all 32 lanes taking part: every lane receives lane
 /// `src`'s `v` (not `pure`, see [`shfl_xor_f32`]).
@@ -690,19 +690,7 @@ pub fn shfl_idx_f32(v: f32, src: u32) -> f32 {
     r
 }
 
-// ---------------------------------------------------------------- MHCPre (session 6): grid barrier
-
-/// `ld.acquire.gpu.global.u32`: sees writes released at gpu scope before it, and no later
-/// load of this thread is performed before it (the poll of a grid barrier). Not `pure` or
-/// `readonly`: executed again on every loop iteration.
-#[inline(always)]
-pub unsafe fn ld_acquire_gpu_u32(p: *const u32) -> u32 {
-    let r: u32;
-    asm!("ld.acquire.gpu.global.u32 {}, [{}];", out(reg32) r, in(reg64) p, options(nostack));
-    r
-}
-
-// ---------------------------------------------------------------- EngramGateConvBwd (session 7): shared-window accesses, ftz approximations
+// ---------------------------------------------------------------- EngramGateConvBwd: shared-window accesses, ftz approximations
 
 /// The shared-window (32-bit) address of the block's dynamic shared memory (the same bytes as
 /// [`dyn_smem`]). With [`lds_v4`] and its siblings the accesses compile to `LDS`/`STS` with
@@ -778,7 +766,7 @@ pub fn rsqrt_approx_ftz(v: f32) -> f32 {
     r
 }
 
-// ---------------------------------------------------------------- FFTC2CFwd (session 6)
+// ---------------------------------------------------------------- FFTC2CFwd
 // The FFT's shared-memory exchanges at 32-bit shared-window addresses ([`dyn_smem_u32`] plus a
 // byte offset): `LDS`/`STS` with 32-bit address arithmetic instead of generic `LD`/`ST` through
 // 64-bit `cvta` pointers. The loads are `readonly`, not `pure`: a barrier ([`sync_threads`], a
@@ -824,7 +812,7 @@ pub unsafe fn sts_v2_f64(a: u32, x: f64, y: f64) {
     asm!("st.shared.v2.f64 [{}], {{{}, {}}};", in(reg32) a, in(reg64) x, in(reg64) y, options(nostack));
 }
 
-// ---------------------------------------------------------------- EngramGateConvFwd (session 7): lean forward
+// ---------------------------------------------------------------- EngramGateConvFwd: shared-memory forward
 
 /// `cp.async.cg.shared.global` of 16 bytes to the shared-window address `dst` (32-bit, as from
 /// [`dyn_smem_u32`], 16-byte aligned) from `src` (global, 16-byte aligned); see [`cp_async_16`].
@@ -833,47 +821,7 @@ pub unsafe fn cp_async_16_s(dst: u32, src: *const u8) {
     asm!("cp.async.cg.shared.global [{d}], [{g}], 16;", d = in(reg32) dst, g = in(reg64) src as u64, options(nostack));
 }
 
-// ---------------------------------------------------------------- diagnostics: timestamps
-
-/// `%globaltimer`: the device's nanosecond timer, common to all SMs (diagnostic stamps).
-#[inline(always)]
-pub fn globaltimer() -> u64 {
-    let t: u64;
-    unsafe { asm!("mov.u64 {}, %globaltimer;", out(reg64) t, options(nostack)) };
-    t
-}
-
-/// [`globaltimer`] read after `v` is available: a comparison consumes `v` first (the stamp
-/// then also waits for the load or arithmetic that produces `v`).
-#[inline(always)]
-pub fn globaltimer_after_f64(v: f64) -> u64 {
-    let t: u64;
-    unsafe {
-        asm!(
-            "{{ .reg .pred p; setp.eq.f64 p, {v}, 0d7FF0DEAD00000001; mov.u64 {t}, %globaltimer; @p mov.u64 {t}, 0; }}",
-            v = in(reg64) v,
-            t = out(reg64) t,
-            options(nostack)
-        )
-    };
-    t
-}
-
-/// [`globaltimer_after_f64`] for an f32 value.
-#[inline(always)]
-pub fn globaltimer_after_f32(v: f32) -> u64 {
-    globaltimer_after_f64(v as f64)
-}
-
-/// `%smid`: the SM this thread runs on.
-#[inline(always)]
-pub fn sm_id() -> u32 {
-    let s: u32;
-    unsafe { asm!("mov.u32 {}, %smid;", out(reg32) s, options(nostack, nomem)) };
-    s
-}
-
-// ---------------------------------------------------------------- MHCPreFwd (session 8): fixed-point split-K sums
+// ---------------------------------------------------------------- MHCPreFwd: fixed-point split-K sums
 
 /// `red.global.add.u64` (relaxed, gpu scope; two's-complement, so also a signed add): no result.
 #[inline(always)]
