@@ -34,3 +34,12 @@ pub fn randn_f32(rng: &mut StdRng, len: usize, scale: f32) -> Vec<f32> {
 pub fn randn_half<T: Half>(rng: &mut StdRng, len: usize, scale: f32) -> Vec<T> {
     randn_f32(rng, len, scale).into_iter().map(|v| T::round_f64(v as f64)).collect()
 }
+
+/// The `.entry` names of the PTX module the library embeds.
+pub fn module_entries() -> std::collections::BTreeSet<&'static str> {
+    rgk::KERNELS_PTX
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix(".visible .entry "))
+        .map(|rest| rest.split(|c: char| c == '(' || c.is_whitespace()).next().unwrap_or(rest))
+        .collect()
+}

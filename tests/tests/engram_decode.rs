@@ -380,12 +380,8 @@ fn every_planned_kernel_matches_reference() {
 fn planned_kernels_are_the_module_entries() {
     let Some(gpu) = gpu_or_skip("engram_decode::planned_kernels") else { return };
     let planned = decode_planned_kernels(&gpu).unwrap();
-    let in_module: BTreeSet<&str> = rgk::KERNELS_PTX
-        .split(".entry ")
-        .skip(1)
-        .map(|rest| rest.split(|c: char| c == '(' || c.is_whitespace()).next().unwrap())
-        .filter(|name| name.starts_with("engram_decode_"))
-        .collect();
+    let in_module: BTreeSet<&str> =
+        rgk_tests::module_entries().into_iter().filter(|name| name.starts_with("engram_decode_")).collect();
     assert_eq!(planned, in_module);
 }
 

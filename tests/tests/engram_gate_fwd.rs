@@ -132,12 +132,8 @@ fn every_planned_kernel_matches_reference() {
 fn planned_kernels_are_the_module_entries() {
     let Some(gpu) = gpu_or_skip("engram_gate_fwd::planned_kernels") else { return };
     let planned = engram::gate_conv_planned_kernels(&gpu).unwrap();
-    let entries: std::collections::BTreeSet<&str> = rgk::KERNELS_PTX
-        .lines()
-        .filter_map(|l| l.strip_prefix(".visible .entry "))
-        .filter_map(|l| l.split('(').next())
-        .filter(|n| n.starts_with("engram_gate_"))
-        .collect();
+    let entries: std::collections::BTreeSet<&str> =
+        rgk_tests::module_entries().into_iter().filter(|n| n.starts_with("engram_gate_")).collect();
     assert_eq!(planned, entries);
 }
 

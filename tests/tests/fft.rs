@@ -329,12 +329,8 @@ fn copy_chain_floor() {
 fn planned_kernels_are_the_ptx_entries() {
     let Some(gpu) = gpu_or_skip("fft::planned_kernels_are_the_ptx_entries") else { return };
     let planned = rgk::fft::planned_kernels(&gpu).unwrap();
-    let entries: std::collections::BTreeSet<&str> = rgk::KERNELS_PTX
-        .lines()
-        .filter_map(|l| l.strip_prefix(".visible .entry "))
-        .map(|l| l.split('(').next().unwrap())
-        .filter(|n| n.starts_with("fft_") || *n == "device_copy_16b")
-        .collect();
+    let entries: std::collections::BTreeSet<&str> =
+        rgk_tests::module_entries().into_iter().filter(|n| n.starts_with("fft_") || *n == "device_copy_16b").collect();
     assert_eq!(planned, entries);
 }
 

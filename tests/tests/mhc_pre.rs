@@ -388,12 +388,8 @@ fn raw_entry_with_a_dirty_workspace() {
 fn planned_kernels_are_the_module_entries() {
     let Some(gpu) = gpu_or_skip("mhc_pre::planned_kernels") else { return };
     let planned = rgk::mhc::planned_kernels(&gpu).unwrap();
-    let entries: std::collections::BTreeSet<&str> = rgk::KERNELS_PTX
-        .lines()
-        .filter_map(|l| l.strip_prefix(".visible .entry "))
-        .map(|l| &l[..l.find('(').unwrap()])
-        .filter(|name| name.starts_with("mhc_"))
-        .collect();
+    let entries: std::collections::BTreeSet<&str> =
+        rgk_tests::module_entries().into_iter().filter(|name| name.starts_with("mhc_")).collect();
     assert_eq!(planned, entries);
 }
 

@@ -76,14 +76,6 @@ fn sm90_loads_the_embedded_machine_code() {
     }
 }
 
-/// The `.entry` names of a PTX module.
-fn entry_names(ptx: &str) -> BTreeSet<String> {
-    ptx.lines()
-        .filter_map(|l| l.trim_start().strip_prefix(".visible .entry "))
-        .map(|rest| rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '$').collect())
-        .collect()
-}
-
 /// Kernels whose collectives the conservative analysis of [`ptx_build::divergence`] cannot
 /// prove uniform. Its findings here are all of one shape: a barrier or shuffle after a
 /// thread-strided loop (`for i in (tid..n).step_by(blockDim)`) nested in an outer loop, which
@@ -104,7 +96,7 @@ const UNPROVEN_BY_THE_DIVERGENCE_ANALYSIS: &[&str] = &[
 #[test]
 fn no_kernel_has_divergent_collectives() {
     let all = ptx_build::divergence::check_module(rgk::KERNELS_PTX);
-    assert_eq!(all.len(), entry_names(rgk::KERNELS_PTX).len());
+    assert_eq!(all.len(), rgk_tests::module_entries().len());
     let mut bad = vec![];
     for (name, findings) in &all {
         let allowed = UNPROVEN_BY_THE_DIVERGENCE_ANALYSIS.contains(&name.as_str());
@@ -130,11 +122,11 @@ fn module_entries_are_exactly_the_planned_kernels() {
     let Some(gpu) = rgk_tests::gpu_or_skip("module_entries_are_exactly_the_planned_kernels") else {
         return;
     };
-    let entries = entry_names(rgk::KERNELS_PTX);
-    let mut planned: BTreeSet<String> = BTreeSet::new();
+    let entries = rgk_tests::module_entries();
+    let mut planned: BTreeSet<&'static str> = BTreeSet::new();
     let mut add = |family: &str, names: BTreeSet<&'static str>| {
         assert!(!names.is_empty(), "{family}: the planner sweep found no kernel");
-        planned.extend(names.into_iter().map(String::from));
+        planned.extend(names);
     };
     add("fft", rgk::fft::planned_kernels(&gpu).unwrap());
     add("mhc", rgk::mhc::planned_kernels(&gpu).unwrap());
