@@ -25,6 +25,23 @@ pub enum Error {
     MissingKernel(String),
 }
 
+impl Error {
+    /// The argument an invalid-input error names (a parameter or buffer name of `docs/ops.md`,
+    /// as the field of the op's inputs/outputs struct); `None` for driver and device errors.
+    ///
+    /// ```
+    /// let e = rgk::Error::BufferTooSmall { arg: "x_res", needed: 8, got: 4 };
+    /// assert_eq!(e.arg(), Some("x_res"));
+    /// assert_eq!(rgk::Error::NoDevice("no driver".into()).arg(), None);
+    /// ```
+    pub fn arg(&self) -> Option<&'static str> {
+        match self {
+            Error::Shape { arg, .. } | Error::BufferTooSmall { arg, .. } | Error::Overflow { arg, .. } => Some(arg),
+            Error::NoDevice(_) | Error::Driver(_) | Error::MissingKernel(_) => None,
+        }
+    }
+}
+
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -50,3 +67,4 @@ pub(crate) fn checked_product(arg: &'static str, dims: &[usize]) -> Result<usize
         acc.checked_mul(d).ok_or_else(|| Error::Overflow { arg, msg: format!("product of {dims:?}") })
     })
 }
+
