@@ -67,4 +67,3 @@ pub(crate) fn checked_product(arg: &'static str, dims: &[usize]) -> Result<usize
         acc.checked_mul(d).ok_or_else(|| Error::Overflow { arg, msg: format!("product of {dims:?}") })
     })
 }
-

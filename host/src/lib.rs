@@ -47,6 +47,7 @@ pub use runtime::{cuda_available, Gpu, KERNELS_CUBIN, KERNELS_PTX};
 pub(crate) const ALL_KERNELS: &[&[&str]] =
     &[mhc::POST_KERNELS, mhc::PRE_KERNELS, fft::KERNELS, engram::GATE_CONV_KERNELS, engram::DECODE_KERNELS];
 
-/// Re-exports of the `cudarc` and `half` types the API uses.
+/// Re-exports of the `cudarc`, `half` and `num-complex` types the API uses.
 pub use cudarc;
 pub use half::{bf16, f16};
+pub use num_complex::{self, Complex};

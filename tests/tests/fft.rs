@@ -5,10 +5,20 @@
 //! (`rgk::reference::fft_error_bound`) grows like √log2 n. Outputs are poisoned (NaN) first.
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal};
-use rgk::fft::{FftPlan, Precision};
+use rgk::fft::{self, FftPlan, Precision};
 use rgk::reference::{fft_c2c_fwd, fft_error, fft_error_bound};
-use rgk::{Error, Gpu};
+use rgk::{Complex, Error, Gpu};
 use rgk_tests::{fresh_rng, gpu_or_skip, randn_f32};
+
+/// Interleaved reals `(re, im, re, im, …)` as complex elements.
+fn complex<R: Copy>(reals: &[R]) -> Vec<Complex<R>> {
+    reals.chunks_exact(2).map(|p| Complex::new(p[0], p[1])).collect()
+}
+
+/// Complex elements as interleaved reals.
+fn reals<R: Copy>(v: &[Complex<R>]) -> Vec<R> {
+    v.iter().flat_map(|c| [c.re, c.im]).collect()
+}
 
 /// Runs the plan of `FftPlan::new` out of place (or in place) on fresh randn input; returns the
 /// rel L2 error after asserting it is within the bar.
@@ -19,32 +29,33 @@ fn run(gpu: &Gpu, rng: &mut StdRng, n: usize, batch: usize, prec: Precision, in_
     let (ours, x64): (Vec<f64>, Vec<f64>) = match prec {
         Precision::C64 => {
             let x = randn_f32(rng, len, 1.0);
-            let dx = st.clone_htod(&x).unwrap();
-            let out: Vec<f32> = if in_place {
+            let dx = fft::clone_htod(st, &complex(&x)).unwrap();
+            let out: Vec<Complex<f32>> = if in_place {
                 let mut d = dx;
                 plan.execute_c64_inplace(gpu, &mut d).unwrap();
-                st.clone_dtoh(&d).unwrap()
+                fft::clone_dtoh(st, &d).unwrap()
             } else {
-                let mut dy = st.clone_htod(&vec![f32::NAN; len]).unwrap();
+                let mut dy = fft::clone_htod(st, &vec![Complex::new(f32::NAN, f32::NAN); len / 2]).unwrap();
                 plan.execute_c64(gpu, &dx, &mut dy).unwrap();
-                st.clone_dtoh(&dy).unwrap()
+                fft::clone_dtoh(st, &dy).unwrap()
             };
+            let out = reals(&out);
             (out.iter().map(|&v| v as f64).collect(), x.iter().map(|&v| v as f64).collect())
         }
         Precision::C128 => {
             let d = Normal::new(0f64, 1f64).unwrap();
             let x: Vec<f64> = (0..len).map(|_| d.sample(rng)).collect();
-            let dx = st.clone_htod(&x).unwrap();
-            let out: Vec<f64> = if in_place {
+            let dx = fft::clone_htod(st, &complex(&x)).unwrap();
+            let out: Vec<Complex<f64>> = if in_place {
                 let mut d = dx;
                 plan.execute_c128_inplace(gpu, &mut d).unwrap();
-                st.clone_dtoh(&d).unwrap()
+                fft::clone_dtoh(st, &d).unwrap()
             } else {
-                let mut dy = st.clone_htod(&vec![f64::NAN; len]).unwrap();
+                let mut dy = fft::clone_htod(st, &vec![Complex::new(f64::NAN, f64::NAN); len / 2]).unwrap();
                 plan.execute_c128(gpu, &dx, &mut dy).unwrap();
-                st.clone_dtoh(&dy).unwrap()
+                fft::clone_dtoh(st, &dy).unwrap()
             };
-            (out, x)
+            (reals(&out), x)
         }
     };
     let reference = fft_c2c_fwd(n, batch, &x64);
@@ -175,30 +186,32 @@ fn graph_replays_match_direct_launches() {
             let x = randn_f32(&mut rng, len, 1.0);
             let (a, b): (Vec<u64>, Vec<u64>) = match prec {
                 Precision::C64 => {
-                    let dx = st.clone_htod(&x).unwrap();
-                    let mut dy = st.clone_htod(&vec![f32::NAN; len]).unwrap();
-                    let dz = st.clone_htod(&vec![f32::NAN; len]).unwrap();
+                    let nan = vec![Complex::new(f32::NAN, f32::NAN); len / 2];
+                    let dx = fft::clone_htod(st, &complex(&x)).unwrap();
+                    let mut dy = fft::clone_htod(st, &nan).unwrap();
+                    let dz = fft::clone_htod(st, &nan).unwrap();
                     graphed.execute_c64(&gpu, &dx, &mut dy).unwrap();
                     {
                         let ((xp, _g1), (zp, _g2)) = (dx.device_ptr(st), dz.device_ptr(st));
                         // SAFETY: both buffers hold the plan's elements; `direct` runs only here.
                         unsafe { direct.execute_raw(&gpu, xp, zp, st.cu_stream()) }.unwrap();
                     }
-                    let (a, b): (Vec<f32>, Vec<f32>) = (st.clone_dtoh(&dy).unwrap(), st.clone_dtoh(&dz).unwrap());
+                    let (a, b) = (reals(&fft::clone_dtoh(st, &dy).unwrap()), reals(&fft::clone_dtoh(st, &dz).unwrap()));
                     (a.iter().map(|v| v.to_bits() as u64).collect(), b.iter().map(|v| v.to_bits() as u64).collect())
                 }
                 Precision::C128 => {
                     let x: Vec<f64> = x.iter().map(|&v| v as f64).collect();
-                    let dx = st.clone_htod(&x).unwrap();
-                    let mut dy = st.clone_htod(&vec![f64::NAN; len]).unwrap();
-                    let dz = st.clone_htod(&vec![f64::NAN; len]).unwrap();
+                    let nan = vec![Complex::new(f64::NAN, f64::NAN); len / 2];
+                    let dx = fft::clone_htod(st, &complex(&x)).unwrap();
+                    let mut dy = fft::clone_htod(st, &nan).unwrap();
+                    let dz = fft::clone_htod(st, &nan).unwrap();
                     graphed.execute_c128(&gpu, &dx, &mut dy).unwrap();
                     {
                         let ((xp, _g1), (zp, _g2)) = (dx.device_ptr(st), dz.device_ptr(st));
                         // SAFETY: as above.
                         unsafe { direct.execute_raw(&gpu, xp, zp, st.cu_stream()) }.unwrap();
                     }
-                    let (a, b): (Vec<f64>, Vec<f64>) = (st.clone_dtoh(&dy).unwrap(), st.clone_dtoh(&dz).unwrap());
+                    let (a, b) = (reals(&fft::clone_dtoh(st, &dy).unwrap()), reals(&fft::clone_dtoh(st, &dz).unwrap()));
                     (a.iter().map(|v| v.to_bits()).collect(), b.iter().map(|v| v.to_bits()).collect())
                 }
             };
@@ -223,8 +236,10 @@ fn plan_reuse_and_sub_views() {
         let mut first: Option<Vec<f32>> = None;
         for _ in 0..3 {
             {
+                // Interleaved real buffers viewed as complex (no copy), at element offsets 1 and 2.
                 let mut yv = dy.slice_mut(4..4 + len);
-                plan.execute_c64(&gpu, &dx.slice(2..), &mut yv).unwrap();
+                plan.execute_c64(&gpu, &fft::view_as_complex(&dx.slice(2..)), &mut fft::view_as_complex_mut(&mut yv))
+                    .unwrap();
             }
             let all: Vec<f32> = st.clone_dtoh(&dy).unwrap();
             assert!(all[..4].iter().chain(&all[4 + len..]).all(|v| v.is_nan()), "write outside y");
@@ -260,18 +275,20 @@ fn argument_errors() {
     ));
     let st = gpu.stream();
     let mut plan = FftPlan::new(&gpu, 64, 2, Precision::C64).unwrap();
-    let small = st.alloc_zeros::<f32>(255).unwrap();
-    let ok = st.alloc_zeros::<f32>(256).unwrap();
-    let mut out = st.alloc_zeros::<f32>(256).unwrap();
-    let mut out_small = st.alloc_zeros::<f32>(200).unwrap();
-    assert!(matches!(plan.execute_c64(&gpu, &small, &mut out), Err(Error::BufferTooSmall { arg: "x", .. })));
+    let small = fft::alloc_zeros::<f32>(st, 127).unwrap();
+    let ok = fft::alloc_zeros::<f32>(st, 128).unwrap();
+    let mut out = fft::alloc_zeros::<f32>(st, 128).unwrap();
+    let mut out_small = fft::alloc_zeros::<f32>(st, 100).unwrap();
+    let e = plan.execute_c64(&gpu, &small, &mut out).unwrap_err();
+    assert!(matches!(e, Error::BufferTooSmall { arg: "x", .. }) && e.arg() == Some("x"));
     assert!(matches!(plan.execute_c64(&gpu, &ok, &mut out_small), Err(Error::BufferTooSmall { arg: "y", .. })));
-    let x128 = st.alloc_zeros::<f64>(256).unwrap();
-    let mut y128 = st.alloc_zeros::<f64>(256).unwrap();
+    let x128 = fft::alloc_zeros::<f64>(st, 128).unwrap();
+    let mut y128 = fft::alloc_zeros::<f64>(st, 128).unwrap();
     assert!(matches!(plan.execute_c128(&gpu, &x128, &mut y128), Err(Error::Shape { arg: "x", .. })));
-    // A sub-view half an element in: not aligned to the 8-byte element.
+    // A real buffer viewed as complex half an element in: not aligned to the 8-byte element.
     let big = st.alloc_zeros::<f32>(300).unwrap();
-    assert!(matches!(plan.execute_c64(&gpu, &big.slice(1..), &mut out), Err(Error::Shape { arg: "x", .. })));
+    let r = plan.execute_c64(&gpu, &fft::view_as_complex(&big.slice(1..)), &mut out);
+    assert!(matches!(r, Err(Error::Shape { arg: "x", .. })));
     // Partially overlapping buffers through the raw entry.
     let buf = st.alloc_zeros::<f32>(600).unwrap();
     let (p, _g) = rgk::cudarc::driver::DevicePtr::device_ptr(&buf, st);

@@ -8,12 +8,32 @@
 //! [`FftPlan::execute_c128`] (and the in-place and raw variants) then launch on a stream with
 //! no host allocation beyond the launch arguments.
 //!
-//! Storage: interleaved complex, `x: [batch, n]` contiguous, element `j` of transform `b` at
-//! reals `2(b·n + j)` (re) and `2(b·n + j) + 1` (im); c64 buffers are `f32` slices of
-//! `2·n·batch`, c128 buffers `f64` slices of `2·n·batch` (a `[*B, n, 2]` real view, as
-//! `torch.view_as_real` gives).
+//! Storage: `x: [batch, n]` contiguous complex, element `j` of transform `b` at index
+//! `b·n + j`. The safe entries take device buffers of [`num_complex::Complex<f32>`] (c64) or
+//! [`num_complex::Complex<f64>`] (c128) elements; `cudarc` has no `DeviceRepr` for them, so
+//! [`clone_htod`], [`alloc_zeros`] and [`clone_dtoh`] move them to and from the device, and
+//! [`view_as_complex`] / [`view_as_complex_mut`] view an interleaved real buffer (`[*B, n, 2]`,
+//! as `torch.view_as_real` gives) as complex without a copy.
+//!
+//! ```no_run
+//! use rgk::{fft::{self, FftPlan, Precision}, Complex, Gpu};
+//! # fn main() -> Result<(), rgk::Error> {
+//! let gpu = Gpu::new(0)?;
+//! let (n, batch) = (4096, 8);
+//! let mut plan = FftPlan::new(&gpu, n, batch, Precision::C64)?;
+//! let x = fft::clone_htod(gpu.stream(), &vec![Complex::new(1.0f32, 0.0); n * batch])?;
+//! let mut y = fft::alloc_zeros::<f32>(gpu.stream(), n * batch)?;
+//! plan.execute_c64(&gpu, &x, &mut y)?;
+//! let host: Vec<Complex<f32>> = fft::clone_dtoh(gpu.stream(), &y)?;
+//! # Ok(()) }
+//! ```
+use std::sync::Arc;
+
 use cudarc::driver::sys::{CUdeviceptr, CUfunction_attribute_enum, CUstream};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits,
+};
+use num_complex::Complex;
 
 use crate::error::check_len;
 use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
@@ -24,6 +44,7 @@ mod emu;
 mod floor;
 mod plan;
 
+#[doc(hidden)]
 pub use floor::CopyChain;
 pub use plan::MAX_ELEMENTS;
 
@@ -42,6 +63,83 @@ pub enum Precision {
     C64,
     /// complex128: interleaved `(f64 re, f64 im)`, 16 bytes per element.
     C128,
+}
+
+/// The real component type of a complex FFT element: `f32` (c64) or `f64` (c128). Sealed.
+pub trait Real: DeviceRepr + ValidAsZeroBits + Copy + Default + sealed::Sealed + 'static {
+    /// The transform precision of `Complex<Self>` elements.
+    const PRECISION: Precision;
+}
+impl Real for f32 {
+    const PRECISION: Precision = Precision::C64;
+}
+impl Real for f64 {
+    const PRECISION: Precision = Precision::C128;
+}
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+}
+
+/// The interleaved reals of a complex slice (`Complex<R>` is `#[repr(C)] { re, im }`).
+fn as_reals<R: Real>(v: &[Complex<R>]) -> &[R] {
+    // SAFETY: `Complex<R>` is `repr(C)` of two `R`: the same memory as `2·len` reals.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<R>(), 2 * v.len()) }
+}
+
+/// Moves an interleaved real device buffer (`2·len` reals) into a complex one of `len`
+/// elements (the same allocation, no copy).
+fn into_complex<R: Real>(stream: &Arc<CudaStream>, reals: CudaSlice<R>) -> CudaSlice<Complex<R>> {
+    let len = reals.len() / 2;
+    // SAFETY: the allocation holds `2·len` reals = `len` complex elements of the same
+    // alignment; every bit pattern is a valid `Complex<R>`; ownership moves to the new slice.
+    unsafe { stream.upgrade_device_ptr(reals.leak(), len) }
+}
+
+/// Copies `host` to a new device buffer of complex elements on `stream` (what
+/// `CudaStream::clone_htod` does for `DeviceRepr` types).
+pub fn clone_htod<R: Real>(stream: &Arc<CudaStream>, host: &[Complex<R>]) -> Result<CudaSlice<Complex<R>>> {
+    let reals = stream.clone_htod(as_reals(host))?;
+    Ok(into_complex(stream, reals))
+}
+
+/// A new zeroed device buffer of `len` complex elements on `stream`.
+pub fn alloc_zeros<R: Real>(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<Complex<R>>> {
+    let n = len.checked_mul(2).ok_or_else(|| Error::Overflow { arg: "len", msg: format!("2·{len} reals") })?;
+    let reals = stream.alloc_zeros::<R>(n)?;
+    Ok(into_complex(stream, reals))
+}
+
+/// Copies a device buffer of complex elements to the host (synchronizes `stream`).
+pub fn clone_dtoh<R: Real>(stream: &Arc<CudaStream>, dev: &impl DevicePtr<Complex<R>>) -> Result<Vec<Complex<R>>> {
+    let mut host = vec![Complex::<R>::default(); dev.len()];
+    {
+        let (p, _g) = dev.device_ptr(stream);
+        // SAFETY: `host` is `Complex<R>` plain data of `len` elements; the device buffer
+        // holds as many; the copy is complete after the synchronize below.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(host.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(&host[..])) };
+        stream.context().bind_to_thread()?;
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(bytes, p, stream.cu_stream()) }?;
+    }
+    stream.synchronize()?;
+    Ok(host)
+}
+
+/// An interleaved real buffer (`[…, 2]`: re, im) viewed as complex elements, without a copy;
+/// `len / 2` elements (an odd trailing real is left out). A view whose address is not a
+/// multiple of the element size is refused by the executions ([`Error::Shape`]).
+pub fn view_as_complex<'a, R: Real>(reals: &CudaView<'a, R>) -> CudaView<'a, Complex<R>> {
+    // SAFETY: `len/2` complex elements fit in `len` reals; every bit pattern is valid.
+    unsafe { reals.transmute::<Complex<R>>(reals.len() / 2) }.expect("len/2 complex elements fit in len reals")
+}
+
+/// [`view_as_complex`] for a mutable view.
+pub fn view_as_complex_mut<'b, R: Real>(reals: &'b mut CudaViewMut<'_, R>) -> CudaViewMut<'b, Complex<R>> {
+    let len = reals.len() / 2;
+    // SAFETY: as in `view_as_complex`.
+    unsafe { reals.transmute_mut::<Complex<R>>(len) }.expect("len/2 complex elements fit in len reals")
 }
 
 impl Precision {
@@ -215,9 +313,9 @@ impl FftPlan {
     pub fn workspace_bytes(&self) -> usize {
         self.work.as_ref().map_or(0, |w| w.len())
     }
-    /// Reals (f32 or f64) each of `x` and `y` must hold: `2·n·batch`.
+    /// Complex elements each of `x` and `y` must hold: `n·batch`.
     pub fn buffer_len(&self) -> usize {
-        2 * self.n * self.batch
+        self.n * self.batch
     }
 
     fn check_precision(&self, want: Precision) -> Result<()> {
@@ -230,41 +328,50 @@ impl FftPlan {
         Ok(())
     }
 
-    /// Executes the plan out of place on [`Gpu::stream`]: `y = FFT(x)`, c64 (`f32` buffers of at
-    /// least `2·n·batch` reals, interleaved re/im). Asynchronous.
+    /// Executes the plan out of place on [`Gpu::stream`]: `y = FFT(x)`, c64 (buffers of at least
+    /// `n·batch` [`Complex<f32>`] elements). Asynchronous.
     ///
     /// Errors: [`Error::Shape`] (`x`) if the plan is c128, [`Error::BufferTooSmall`] naming `x`
     /// or `y`, a driver error from the launch.
-    pub fn execute_c64(&mut self, gpu: &Gpu, x: &impl DevicePtr<f32>, y: &mut impl DevicePtrMut<f32>) -> Result<()> {
-        self.execute_typed(gpu, Precision::C64, x, y)
+    pub fn execute_c64(
+        &mut self,
+        gpu: &Gpu,
+        x: &impl DevicePtr<Complex<f32>>,
+        y: &mut impl DevicePtrMut<Complex<f32>>,
+    ) -> Result<()> {
+        self.execute_typed(gpu, x, y)
     }
 
     /// In-place c64 execution: `xy = FFT(xy)` (otherwise as [`FftPlan::execute_c64`]).
-    pub fn execute_c64_inplace(&mut self, gpu: &Gpu, xy: &mut impl DevicePtrMut<f32>) -> Result<()> {
-        self.execute_inplace_typed(gpu, Precision::C64, xy)
+    pub fn execute_c64_inplace(&mut self, gpu: &Gpu, xy: &mut impl DevicePtrMut<Complex<f32>>) -> Result<()> {
+        self.execute_inplace_typed(gpu, xy)
     }
 
-    /// Executes the plan out of place on [`Gpu::stream`], c128 (`f64` buffers of at least
-    /// `2·n·batch` reals). Errors as [`FftPlan::execute_c64`].
-    pub fn execute_c128(&mut self, gpu: &Gpu, x: &impl DevicePtr<f64>, y: &mut impl DevicePtrMut<f64>) -> Result<()> {
-        self.execute_typed(gpu, Precision::C128, x, y)
+    /// Executes the plan out of place on [`Gpu::stream`], c128 (buffers of at least `n·batch`
+    /// [`Complex<f64>`] elements). Errors as [`FftPlan::execute_c64`].
+    pub fn execute_c128(
+        &mut self,
+        gpu: &Gpu,
+        x: &impl DevicePtr<Complex<f64>>,
+        y: &mut impl DevicePtrMut<Complex<f64>>,
+    ) -> Result<()> {
+        self.execute_typed(gpu, x, y)
     }
 
     /// In-place c128 execution.
-    pub fn execute_c128_inplace(&mut self, gpu: &Gpu, xy: &mut impl DevicePtrMut<f64>) -> Result<()> {
-        self.execute_inplace_typed(gpu, Precision::C128, xy)
+    pub fn execute_c128_inplace(&mut self, gpu: &Gpu, xy: &mut impl DevicePtrMut<Complex<f64>>) -> Result<()> {
+        self.execute_inplace_typed(gpu, xy)
     }
 
-    /// The safe out-of-place entries: `T` is the real type of `precision` (checked by the caller's
-    /// signature), buffers are checked here.
-    fn execute_typed<T>(
+    /// The safe out-of-place entries: the element type gives the precision, buffers are
+    /// checked here.
+    fn execute_typed<R: Real>(
         &mut self,
         gpu: &Gpu,
-        precision: Precision,
-        x: &impl DevicePtr<T>,
-        y: &mut impl DevicePtrMut<T>,
+        x: &impl DevicePtr<Complex<R>>,
+        y: &mut impl DevicePtrMut<Complex<R>>,
     ) -> Result<()> {
-        self.check_precision(precision)?;
+        self.check_precision(R::PRECISION)?;
         check_len("x", self.buffer_len(), x.len())?;
         check_len("y", self.buffer_len(), y.len())?;
         let st = gpu.stream();
@@ -286,13 +393,8 @@ impl FftPlan {
     }
 
     /// The safe in-place entries (x == y is supported by the kernels).
-    fn execute_inplace_typed<T>(
-        &mut self,
-        gpu: &Gpu,
-        precision: Precision,
-        xy: &mut impl DevicePtrMut<T>,
-    ) -> Result<()> {
-        self.check_precision(precision)?;
+    fn execute_inplace_typed<R: Real>(&mut self, gpu: &Gpu, xy: &mut impl DevicePtrMut<Complex<R>>) -> Result<()> {
+        self.check_precision(R::PRECISION)?;
         check_len("x", self.buffer_len(), xy.len())?;
         let st = gpu.stream();
         let (p, _g) = xy.device_ptr_mut(st);
