@@ -16,9 +16,13 @@
 //! candle or any CUDA code. The f64 CPU references that tests and the benchmark use are public
 //! in [`reference`]; tolerance checks in [`verify`].
 //!
+//! Each op takes an inputs struct and an outputs struct whose fields are the tensors of
+//! `docs/ops.md` (any `cudarc` buffer or view fits a field); FFT buffers hold
+//! [`Complex<f32>`] or [`Complex<f64>`] elements ([`fft`] moves and views them). Invalid input
+//! is an [`Error`] whose [`Error::arg`] names the field or parameter.
+//!
 //! ```no_run
-//! use rgk::{Gpu, mhc::{self, MhcPostShape}};
-//! use half::bf16;
+//! use rgk::{bf16, Gpu, mhc::{self, MhcPostInputs, MhcPostOutputs, MhcPostShape}};
 //! # fn main() -> Result<(), rgk::Error> {
 //! let gpu = Gpu::new(0)?;
 //! let s = MhcPostShape { batch: 2, n: 4, c: 1920 };
@@ -27,7 +31,8 @@
 //! let h = stream.clone_htod(&vec![1.5f32; s.batch * s.n])?;
 //! let r = stream.clone_htod(&vec![bf16::from_f32(0.25); s.batch * s.n * s.c])?;
 //! let mut out = stream.alloc_zeros::<bf16>(s.batch * s.n * s.c)?;
-//! mhc::post_fwd(&gpu, s, &y, &h, &r, &mut out)?;
+//! let inputs = MhcPostInputs { x_layer_out: &y, h_post: &h, x_res: &r };
+//! mhc::post_fwd(&gpu, s, inputs, MhcPostOutputs { x_out: &mut out })?;
 //! let host: Vec<bf16> = stream.clone_dtoh(&out)?;
 //! # Ok(()) }
 //! ```

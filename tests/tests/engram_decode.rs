@@ -11,7 +11,7 @@
 use rand::rngs::StdRng;
 use rgk::cudarc::driver::CudaSlice;
 use rgk::engram::{
-    decode_planned_kernels, plan_decode_steps, DecodeDtype, DecodeElem, DecodeInputs, EngramDecodePlan,
+    decode_planned_kernels, plan_decode_steps, DecodeDtype, DecodeElem, DecodeInputs, DecodeOutputs, EngramDecodePlan,
     EngramDecodeShape,
 };
 use rgk::reference::{self as rf, DecodeGiven, DecodeRefInputs};
@@ -106,8 +106,16 @@ fn upload<T: DecodeElem>(gpu: &Gpu, c: &Host<T>) -> Dev<T> {
 }
 
 impl<T: DecodeElem> Dev<T> {
-    fn inputs(&self) -> DecodeInputs<'_, T, CudaSlice<T>> {
-        DecodeInputs::new(&self.e, &self.h, &self.wk, &self.wv, &self.rwh, &self.rwv, &self.cw)
+    fn inputs(&self) -> DecodeInputs<'_, T> {
+        DecodeInputs {
+            e_t: &self.e,
+            h_t: &self.h,
+            w_k: &self.wk,
+            w_v: &self.wv,
+            rms_w_h: &self.rwh,
+            rms_w_v: &self.rwv,
+            conv_w: &self.cw,
+        }
     }
 }
 
@@ -141,7 +149,8 @@ fn step_copy<T: DecodeElem>(gpu: &Gpu, plan: &mut EngramDecodePlan, dev: &Dev<T>
     let ds = st.clone_htod(state_in).unwrap();
     let mut y = st.clone_htod(&poisoned::<T>(l.h + GUARD)).unwrap();
     let mut ns = st.clone_htod(&poisoned::<T>(l.state + GUARD)).unwrap();
-    plan.forward(gpu, &dev.inputs(), &ds, &mut y.slice_mut(0..l.h), &mut ns.slice_mut(0..l.state)).unwrap();
+    let outputs = DecodeOutputs { y_t: &mut y.slice_mut(0..l.h), new_conv_state: &mut ns.slice_mut(0..l.state) };
+    plan.forward(gpu, dev.inputs(), &ds, outputs).unwrap();
     let (qkk, qvh) = plan.intermediates::<T>(gpu).unwrap();
     Out { y: take(gpu, &y, l.h, "y_t"), state: take(gpu, &ns, l.state, "new_conv_state"), qkk, qvh }
 }
@@ -312,15 +321,11 @@ fn any_d_and_unaligned_buffers_take_the_general_path() {
                 rwv.slice(1..),
                 cw.slice(1..),
             );
-            let inputs = DecodeInputs::new(&ev, &hv, &wkv, &wvv, &rwhv, &rwvv, &cwv);
-            plan.forward(
-                &gpu,
-                &inputs,
-                &ds.slice(1..),
-                &mut y.slice_mut(1..1 + l.h),
-                &mut ns.slice_mut(1..1 + l.state),
-            )
-            .unwrap();
+            let inputs =
+                DecodeInputs { e_t: &ev, h_t: &hv, w_k: &wkv, w_v: &wvv, rms_w_h: &rwhv, rms_w_v: &rwvv, conv_w: &cwv };
+            let outputs =
+                DecodeOutputs { y_t: &mut y.slice_mut(1..1 + l.h), new_conv_state: &mut ns.slice_mut(1..1 + l.state) };
+            plan.forward(&gpu, inputs, &ds.slice(1..), outputs).unwrap();
         }
         let (qkk, qvh) = plan.intermediates::<f16>(&gpu).unwrap();
         let yy = take(&gpu, &y, 1 + l.h, "y_t");
@@ -433,7 +438,7 @@ fn graph_replays_with_new_data_match_reference() {
             st.memcpy_htod(&c.state, &mut ds).unwrap();
             st.memcpy_htod(&poisoned::<f16>(l.h), &mut y).unwrap();
             st.memcpy_htod(&poisoned::<f16>(l.state), &mut ns).unwrap();
-            plan.forward(&gpu, &dev.inputs(), &ds, &mut y, &mut ns).unwrap();
+            plan.forward(&gpu, dev.inputs(), &ds, DecodeOutputs { y_t: &mut y, new_conv_state: &mut ns }).unwrap();
             let (qkk, qvh) = plan.intermediates::<f16>(&gpu).unwrap();
             let o = Out { y: st.clone_dtoh(&y).unwrap(), state: st.clone_dtoh(&ns).unwrap(), qkk, qvh };
             check(&c, &c.state, &o, &format!("graph replay round {round}"));
@@ -458,9 +463,10 @@ fn ring_vs_copy<T: DecodeElem>(gpu: &Gpu, rng: &mut StdRng, s: EngramDecodeShape
         c.h = randn_half(rng, l.h, VARIED.h);
         let dev = upload(gpu, &c);
         let state_before: Vec<T> = st.clone_dtoh(&copy_a).unwrap();
-        plan.forward(gpu, &dev.inputs(), &copy_a, &mut y_copy, &mut copy_b).unwrap();
+        let outputs = DecodeOutputs { y_t: &mut y_copy, new_conv_state: &mut copy_b };
+        plan.forward(gpu, dev.inputs(), &copy_a, outputs).unwrap();
         let (qkk, qvh) = plan.intermediates::<T>(gpu).unwrap();
-        pos = plan.step_ring(gpu, &dev.inputs(), &mut ring, pos, &mut y_ring).unwrap();
+        pos = plan.step_ring(gpu, dev.inputs(), &mut ring, pos, &mut y_ring).unwrap();
         std::mem::swap(&mut copy_a, &mut copy_b);
         let yc: Vec<T> = st.clone_dtoh(&y_copy).unwrap();
         let yr: Vec<T> = st.clone_dtoh(&y_ring).unwrap();
@@ -583,7 +589,7 @@ fn bad_input_is_an_error_naming_the_argument() {
         (EngramDecodeShape::new(1, 8, 8, 4, 6, 1), "max_conv_len"),
         (EngramDecodeShape { eps: f32::NAN, ..EngramDecodeShape::new(1, 8, 8, 4, 4, 1) }, "eps"),
         (EngramDecodeShape::new(1 << 20, 1 << 12, 8, 4, 4, 1), "e_t"),
-        (EngramDecodeShape::new(1, 1 << 16, 1 << 16, 4, 4, 1), "W_K"),
+        (EngramDecodeShape::new(1, 1 << 16, 1 << 16, 4, 4, 1), "w_k"),
         (EngramDecodeShape::new(64, 8, 1 << 20, 64, 4, 1), "conv_state"),
         (EngramDecodeShape::new(usize::MAX, 8, 8, 4, 4, 1), "e_t"),
     ] {
@@ -604,7 +610,7 @@ fn bad_input_is_an_error_naming_the_argument() {
     let small = |n: usize| st.alloc_zeros::<bf16>(n - 1).unwrap();
     let mut plan = EngramDecodePlan::new(&gpu, s).unwrap();
     let sizes = [l.e, l.h, l.w, l.w, l.rms, l.rms, l.conv_w];
-    let names = ["e_t", "h_t", "W_K", "W_V", "rms_w_h", "rms_w_v", "conv_w"];
+    let names = ["e_t", "h_t", "w_k", "w_v", "rms_w_h", "rms_w_v", "conv_w"];
     let expect = |r: rgk::Result<()>, arg: &str| match r {
         Err(Error::BufferTooSmall { arg: a, .. }) => assert_eq!(a, arg),
         other => panic!("expected BufferTooSmall({arg}), got {other:?}"),
@@ -612,25 +618,57 @@ fn bad_input_is_an_error_naming_the_argument() {
     for (bad, name) in names.iter().enumerate() {
         let bufs: Vec<CudaSlice<bf16>> =
             sizes.iter().enumerate().map(|(i, &n)| if i == bad { small(n) } else { ok(n) }).collect();
-        let inputs = DecodeInputs::new(&bufs[0], &bufs[1], &bufs[2], &bufs[3], &bufs[4], &bufs[5], &bufs[6]);
+        let inputs = decode_inputs(&bufs);
         let (cs, mut y, mut ns) = (ok(l.state), ok(l.h), ok(l.state));
-        expect(plan.forward(&gpu, &inputs, &cs, &mut y, &mut ns), name);
+        let r = plan.forward(&gpu, inputs, &cs, DecodeOutputs { y_t: &mut y, new_conv_state: &mut ns });
+        assert_eq!(r.as_ref().err().and_then(|e| e.arg()), Some(*name));
+        expect(r, name);
     }
     let bufs: Vec<CudaSlice<bf16>> = sizes.iter().map(|&n| ok(n)).collect();
-    let inputs = DecodeInputs::new(&bufs[0], &bufs[1], &bufs[2], &bufs[3], &bufs[4], &bufs[5], &bufs[6]);
-    expect(plan.forward(&gpu, &inputs, &small(l.state), &mut ok(l.h), &mut ok(l.state)), "conv_state");
-    expect(plan.forward(&gpu, &inputs, &ok(l.state), &mut small(l.h), &mut ok(l.state)), "y_t");
-    expect(plan.forward(&gpu, &inputs, &ok(l.state), &mut ok(l.h), &mut small(l.state)), "new_conv_state");
-    match plan.step_ring(&gpu, &inputs, &mut small(l.state), 0, &mut ok(l.h)) {
+    let inputs = decode_inputs(&bufs);
+    expect(
+        plan.forward(
+            &gpu,
+            inputs,
+            &small(l.state),
+            DecodeOutputs { y_t: &mut ok(l.h), new_conv_state: &mut ok(l.state) },
+        ),
+        "conv_state",
+    );
+    expect(
+        plan.forward(
+            &gpu,
+            inputs,
+            &ok(l.state),
+            DecodeOutputs { y_t: &mut small(l.h), new_conv_state: &mut ok(l.state) },
+        ),
+        "y_t",
+    );
+    expect(
+        plan.forward(
+            &gpu,
+            inputs,
+            &ok(l.state),
+            DecodeOutputs { y_t: &mut ok(l.h), new_conv_state: &mut small(l.state) },
+        ),
+        "new_conv_state",
+    );
+    match plan.step_ring(&gpu, inputs, &mut small(l.state), 0, &mut ok(l.h)) {
         Err(Error::BufferTooSmall { arg: "state", .. }) => {}
         other => panic!("expected BufferTooSmall(state), got {other:?}"),
     }
-    match plan.step_ring(&gpu, &inputs, &mut ok(l.state), 4, &mut ok(l.h)) {
+    match plan.step_ring(&gpu, inputs, &mut ok(l.state), 4, &mut ok(l.h)) {
         Err(Error::Shape { arg: "pos", .. }) => {}
         other => panic!("expected Shape(pos), got {other:?}"),
     }
     // A valid call still works after the rejected ones (no launch happened).
-    plan.forward(&gpu, &inputs, &ok(l.state), &mut ok(l.h), &mut ok(l.state)).unwrap();
-    assert_eq!(plan.step_ring(&gpu, &inputs, &mut ok(l.state), 3, &mut ok(l.h)).unwrap(), 0);
+    plan.forward(&gpu, inputs, &ok(l.state), DecodeOutputs { y_t: &mut ok(l.h), new_conv_state: &mut ok(l.state) })
+        .unwrap();
+    assert_eq!(plan.step_ring(&gpu, inputs, &mut ok(l.state), 3, &mut ok(l.h)).unwrap(), 0);
     st.synchronize().unwrap();
+}
+
+/// The seven read-only inputs from buffers in the order of docs/ops.md.
+fn decode_inputs<T>(b: &[CudaSlice<T>]) -> DecodeInputs<'_, T> {
+    DecodeInputs { e_t: &b[0], h_t: &b[1], w_k: &b[2], w_v: &b[3], rms_w_h: &b[4], rms_w_v: &b[5], conv_w: &b[6] }
 }

@@ -12,7 +12,7 @@ mod engram_gate_common;
 use engram_gate_common::gpu::*;
 use engram_gate_common::*;
 use rand::rngs::StdRng;
-use rgk::engram::{self, bwd_workspace_len, EngramGateShape};
+use rgk::engram::{self, bwd_workspace_len, EngramGateShape, GateConvBwdInputs, GateConvBwdOutputs};
 use rgk::verify::Half;
 use rgk::{bf16, f16, Error, Gpu};
 use rgk_tests::gpu_or_skip;
@@ -284,13 +284,31 @@ fn bad_input_is_an_error_naming_the_argument() {
         let mut ws = zf(len(12));
         let (mut dh, mut dk, mut dv) = (z(len(13)), z(len(14)), z(len(15)));
         let (mut dwh, mut dwv, mut dcw) = (zf(len(16)), zf(len(17)), zf(len(18)));
-        expect(
-            engram::gate_conv_bwd(
-                &gpu, s, &g, &h, &k, &v, &q, &wh, &wv, &cw, &a, &rh, &rk, &rv, &mut ws, &mut dh, &mut dk, &mut dv,
-                &mut dwh, &mut dwv, &mut dcw,
-            ),
-            name,
-        );
+        let inputs = GateConvBwdInputs {
+            dy: &g,
+            h: &h,
+            k: &k,
+            v: &v,
+            vhat: &q,
+            rms_w_h: &wh,
+            rms_w_v: &wv,
+            conv_w: &cw,
+            alpha: &a,
+            rrms_h: &rh,
+            rrms_k: &rk,
+            rrms_v: &rv,
+        };
+        let outputs = GateConvBwdOutputs {
+            dh: &mut dh,
+            dk: &mut dk,
+            dv: &mut dv,
+            drms_w_h: &mut dwh,
+            drms_w_v: &mut dwv,
+            dconv_w: &mut dcw,
+        };
+        let r = engram::gate_conv_bwd(&gpu, s, inputs, &mut ws, outputs);
+        assert_eq!(r.as_ref().err().and_then(|e| e.arg()), Some(*name));
+        expect(r, name);
     }
     st.synchronize().unwrap();
 }

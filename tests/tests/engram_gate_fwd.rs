@@ -10,7 +10,7 @@ mod engram_gate_common;
 use engram_gate_common::gpu::*;
 use engram_gate_common::*;
 use rand::rngs::StdRng;
-use rgk::engram::{self, EngramGateShape};
+use rgk::engram::{self, EngramGateShape, GateConvFwdInputs, GateConvFwdOutputs};
 use rgk::verify::Half;
 use rgk::{bf16, f16, Error, Gpu};
 use rgk_tests::gpu_or_skip;
@@ -188,12 +188,18 @@ fn bad_input_is_an_error_naming_the_argument() {
         let (h, k, v, wh, wv, cw) = (z(len(0)), z(len(1)), z(len(2)), z(len(3)), z(len(4)), z(len(5)));
         let (mut y, mut q) = (z(len(6)), z(len(7)));
         let (mut a, mut rh, mut rk, mut rv) = (zf(len(8)), zf(len(9)), zf(len(10)), zf(len(11)));
-        expect(
-            engram::gate_conv_fwd(
-                &gpu, s, &h, &k, &v, &wh, &wv, &cw, &mut y, &mut q, &mut a, &mut rh, &mut rk, &mut rv,
-            ),
-            name,
-        );
+        let inputs = GateConvFwdInputs { h: &h, k: &k, v: &v, rms_w_h: &wh, rms_w_v: &wv, conv_w: &cw };
+        let outputs = GateConvFwdOutputs {
+            y: &mut y,
+            vhat: &mut q,
+            alpha: &mut a,
+            rrms_h: &mut rh,
+            rrms_k: &mut rk,
+            rrms_v: &mut rv,
+        };
+        let r = engram::gate_conv_fwd(&gpu, s, inputs, outputs);
+        assert_eq!(r.as_ref().err().and_then(|e| e.arg()), Some(*name));
+        expect(r, name);
     }
     st.synchronize().unwrap();
 }

@@ -1,7 +1,7 @@
 //! MHCPostFwd on the GPU against the f64 CPU reference (docs/ops.md §3): at most 1 bf16 ulp off
 //! the correctly rounded value (+ the sum slack), every element, outputs poisoned first.
 use rand::rngs::StdRng;
-use rgk::mhc::{self, MhcPostShape};
+use rgk::mhc::{self, MhcPostInputs, MhcPostOutputs, MhcPostShape};
 use rgk::verify::{check_half, poisoned};
 use rgk::{bf16, Error, Gpu};
 use rgk_tests::{fresh_rng, gpu_or_skip, randn_f32, randn_half};
@@ -27,7 +27,13 @@ fn run_case(gpu: &Gpu, rng: &mut StdRng, s: MhcPostShape, off: [usize; 4]) -> f6
     let mut dout = st.clone_htod(&poisoned::<bf16>(off[3] + lr + 3)).unwrap();
     {
         let mut ov = dout.slice_mut(off[3]..off[3] + lr);
-        mhc::post_fwd(gpu, s, &dy.slice(off[0]..), &dh.slice(off[1]..), &dr.slice(off[2]..), &mut ov).unwrap();
+        mhc::post_fwd(
+            gpu,
+            s,
+            MhcPostInputs { x_layer_out: &dy.slice(off[0]..), h_post: &dh.slice(off[1]..), x_res: &dr.slice(off[2]..) },
+            MhcPostOutputs { x_out: &mut ov },
+        )
+        .unwrap();
     }
     let all: Vec<bf16> = st.clone_dtoh(&dout).unwrap();
     // Nothing outside the output range was written.
@@ -89,7 +95,13 @@ fn extreme_values_stay_finite_and_exact() {
     let st = gpu.stream();
     let (dy, dh, dr) = (st.clone_htod(&y).unwrap(), st.clone_htod(&h).unwrap(), st.clone_htod(&r).unwrap());
     let mut d = st.clone_htod(&poisoned::<bf16>(lr)).unwrap();
-    mhc::post_fwd(&gpu, s, &dy, &dh, &dr, &mut d).unwrap();
+    mhc::post_fwd(
+        &gpu,
+        s,
+        MhcPostInputs { x_layer_out: &dy, h_post: &dh, x_res: &dr },
+        MhcPostOutputs { x_out: &mut d },
+    )
+    .unwrap();
     let out: Vec<bf16> = st.clone_dtoh(&d).unwrap();
     let rep = check_half(&out, &rgk::reference::mhc_post_fwd(s, &y, &h, &r), 1.0);
     assert!(rep.passed(), "{rep}");
@@ -125,11 +137,49 @@ fn bad_input_is_an_error_naming_the_argument() {
         Err(Error::BufferTooSmall { arg: a, .. }) => assert_eq!(a, arg),
         other => panic!("expected BufferTooSmall({arg}), got {other:?}"),
     };
-    expect(mhc::post_fwd(&gpu, s, &small_b, &ok_h, &ok_r, &mut ok_o), "x_layer_out");
-    expect(mhc::post_fwd(&gpu, s, &ok_y, &small_h, &ok_r, &mut ok_o), "h_post");
-    expect(mhc::post_fwd(&gpu, s, &ok_y, &ok_h, &small_r, &mut ok_o), "x_res");
-    expect(mhc::post_fwd(&gpu, s, &ok_y, &ok_h, &ok_r, &mut small_o), "x_out");
-    mhc::post_fwd(&gpu, s, &ok_y, &ok_h, &ok_r, &mut ok_o).unwrap();
+    expect(
+        mhc::post_fwd(
+            &gpu,
+            s,
+            MhcPostInputs { x_layer_out: &small_b, h_post: &ok_h, x_res: &ok_r },
+            MhcPostOutputs { x_out: &mut ok_o },
+        ),
+        "x_layer_out",
+    );
+    expect(
+        mhc::post_fwd(
+            &gpu,
+            s,
+            MhcPostInputs { x_layer_out: &ok_y, h_post: &small_h, x_res: &ok_r },
+            MhcPostOutputs { x_out: &mut ok_o },
+        ),
+        "h_post",
+    );
+    expect(
+        mhc::post_fwd(
+            &gpu,
+            s,
+            MhcPostInputs { x_layer_out: &ok_y, h_post: &ok_h, x_res: &small_r },
+            MhcPostOutputs { x_out: &mut ok_o },
+        ),
+        "x_res",
+    );
+    expect(
+        mhc::post_fwd(
+            &gpu,
+            s,
+            MhcPostInputs { x_layer_out: &ok_y, h_post: &ok_h, x_res: &ok_r },
+            MhcPostOutputs { x_out: &mut small_o },
+        ),
+        "x_out",
+    );
+    mhc::post_fwd(
+        &gpu,
+        s,
+        MhcPostInputs { x_layer_out: &ok_y, h_post: &ok_h, x_res: &ok_r },
+        MhcPostOutputs { x_out: &mut ok_o },
+    )
+    .unwrap();
     st.synchronize().unwrap();
 }
 

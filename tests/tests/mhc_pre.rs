@@ -10,7 +10,10 @@
 //! formulation.
 #![allow(clippy::needless_range_loop)] // the model mirrors the kernel's index arithmetic
 use rand::rngs::StdRng;
-use rgk::mhc::{FmaPartialGrid, MhcPre, MhcPreParams, MhcPreShape, Mix, Partials, PreClass, PrePlan};
+use rgk::cudarc::driver::CudaSlice;
+use rgk::mhc::{
+    FmaPartialGrid, MhcPre, MhcPreInputs, MhcPreOutputs, MhcPreParams, MhcPreShape, Mix, Partials, PreClass, PrePlan,
+};
 use rgk::reference::{mhc_pre_fwd, mhc_pre_fwd_from_logits, mhc_pre_logits, MhcPreRef};
 use rgk::verify::{check_float, check_half, poisoned, Report};
 use rgk::{bf16, Error, Gpu};
@@ -78,7 +81,7 @@ fn run(gpu: &Gpu, op: &mut MhcPre, p: MhcPreParams, inp: &Inputs) -> Outputs {
     let mut dr = st.clone_htod(&poisoned::<bf16>(l.x)).unwrap();
     let mut dy = st.clone_htod(&poisoned::<bf16>(l.x_layer)).unwrap();
     let mut dh = st.clone_htod(&vec![f32::NAN; l.h_post]).unwrap();
-    op.run(gpu, p, &dphi, &dx, &db, &mut dr, &mut dy, &mut dh).unwrap();
+    op.run(gpu, p, pre_in(&dphi, &dx, &db), pre_out(&mut dr, &mut dy, &mut dh)).unwrap();
     Outputs {
         x_res: st.clone_dtoh(&dr).unwrap(),
         x_layer: st.clone_dtoh(&dy).unwrap(),
@@ -304,7 +307,7 @@ fn graph_replay_matches_direct_launches() {
             st.memcpy_htod(&vec![f32::NAN; l.h_post], &mut dh).unwrap();
             // Round 0 captures, round 1 replays (same key), round 2 re-captures (repeat 2).
             for _ in 0..if round == 1 { 2 } else { 1 } {
-                graphed.run(&gpu, p, &dphi, &dx, &db, &mut dr, &mut dy, &mut dh).unwrap();
+                graphed.run(&gpu, p, pre_in(&dphi, &dx, &db), pre_out(&mut dr, &mut dy, &mut dh)).unwrap();
             }
             let got = Outputs {
                 x_res: st.clone_dtoh(&dr).unwrap(),
@@ -415,10 +418,9 @@ fn host_call_cost() {
         let mut dr = st.clone_htod(&poisoned::<bf16>(l.x)).unwrap();
         let mut dy = st.clone_htod(&poisoned::<bf16>(l.x_layer)).unwrap();
         let mut dh = st.clone_htod(&vec![f32::NAN; l.h_post]).unwrap();
-        use rgk::cudarc::driver::CudaSlice;
         let mut call = |dr: &mut CudaSlice<bf16>, dy: &mut CudaSlice<bf16>, dh: &mut CudaSlice<f32>| {
             if graph {
-                op.run(&gpu, p, &dphi, &dx, &db, dr, dy, dh).unwrap();
+                op.run(&gpu, p, pre_in(&dphi, &dx, &db), pre_out(dr, dy, dh)).unwrap();
                 return;
             }
             let (a, _ga) = dphi.device_ptr(st);
@@ -515,18 +517,18 @@ fn bad_input_is_an_error_naming_the_argument() {
         Err(Error::BufferTooSmall { arg: a, .. }) => assert_eq!(a, arg),
         other => panic!("expected BufferTooSmall({arg}), got {other:?}"),
     };
-    expect(op.run(&gpu, p, &phi_s, &x, &b, &mut r, &mut y, &mut h), "phi");
-    expect(op.run(&gpu, p, &phi, &x_s, &b, &mut r, &mut y, &mut h), "x");
-    expect(op.run(&gpu, p, &phi, &x, &b_s, &mut r, &mut y, &mut h), "b");
-    expect(op.run(&gpu, p, &phi, &x, &b, &mut r_s, &mut y, &mut h), "x_res");
-    expect(op.run(&gpu, p, &phi, &x, &b, &mut r, &mut y_s, &mut h), "x_layer");
-    expect(op.run(&gpu, p, &phi, &x, &b, &mut r, &mut y, &mut h_s), "h_post");
+    expect(op.run(&gpu, p, pre_in(&phi_s, &x, &b), pre_out(&mut r, &mut y, &mut h)), "phi");
+    expect(op.run(&gpu, p, pre_in(&phi, &x_s, &b), pre_out(&mut r, &mut y, &mut h)), "x");
+    expect(op.run(&gpu, p, pre_in(&phi, &x, &b_s), pre_out(&mut r, &mut y, &mut h)), "b");
+    expect(op.run(&gpu, p, pre_in(&phi, &x, &b), pre_out(&mut r_s, &mut y, &mut h)), "x_res");
+    expect(op.run(&gpu, p, pre_in(&phi, &x, &b), pre_out(&mut r, &mut y_s, &mut h)), "x_layer");
+    expect(op.run(&gpu, p, pre_in(&phi, &x, &b), pre_out(&mut r, &mut y, &mut h_s)), "h_post");
     let bad = MhcPreParams { sinkhorn_eps: 0.0, ..p };
     assert!(matches!(
-        op.run(&gpu, bad, &phi, &x, &b, &mut r, &mut y, &mut h),
+        op.run(&gpu, bad, pre_in(&phi, &x, &b), pre_out(&mut r, &mut y, &mut h)),
         Err(Error::Shape { arg: "sinkhorn_eps", .. })
     ));
-    op.run(&gpu, p, &phi, &x, &b, &mut r, &mut y, &mut h).unwrap();
+    op.run(&gpu, p, pre_in(&phi, &x, &b), pre_out(&mut r, &mut y, &mut h)).unwrap();
     st.synchronize().unwrap();
 }
 
@@ -1122,4 +1124,18 @@ fn fixed_point_accumulator_layout() {
             }
         }
     }
+}
+
+/// The inputs struct of [`MhcPre::run`].
+fn pre_in<'a>(phi: &'a CudaSlice<f32>, x: &'a CudaSlice<bf16>, b: &'a CudaSlice<f32>) -> MhcPreInputs<'a> {
+    MhcPreInputs { phi, x, b }
+}
+
+/// The outputs struct of [`MhcPre::run`].
+fn pre_out<'a>(
+    x_res: &'a mut CudaSlice<bf16>,
+    x_layer: &'a mut CudaSlice<bf16>,
+    h_post: &'a mut CudaSlice<f32>,
+) -> MhcPreOutputs<'a> {
+    MhcPreOutputs { x_res, x_layer, h_post }
 }

@@ -1,7 +1,7 @@
 //! MHCPreFwd workloads (docs/ops.md §2 and the seed table).
 use cudarc::driver::CudaSlice;
 use rand::rngs::StdRng;
-use rgk::mhc::{MhcPre, MhcPreParams, MhcPreShape};
+use rgk::mhc::{MhcPre, MhcPreInputs, MhcPreOutputs, MhcPreParams, MhcPreShape};
 use rgk::reference::MhcPreRef;
 use rgk::verify::{check_float, check_half, poisoned};
 use rgk::{bf16, Gpu};
@@ -81,7 +81,9 @@ impl PreCase {
 
 impl Case for PreCase {
     fn launch(&mut self, gpu: &Gpu) -> rgk::Result<()> {
-        self.op.run(gpu, self.p, &self.dphi, &self.dx, &self.db, &mut self.dres, &mut self.dlayer, &mut self.dpost)
+        let inputs = MhcPreInputs { phi: &self.dphi, x: &self.dx, b: &self.db };
+        let outputs = MhcPreOutputs { x_res: &mut self.dres, x_layer: &mut self.dlayer, h_post: &mut self.dpost };
+        self.op.run(gpu, self.p, inputs, outputs)
     }
 
     fn verify(&mut self, gpu: &Gpu) -> rgk::Result<Verification> {

@@ -130,7 +130,7 @@ impl EngramDecodeShape {
             e: checked_product("e_t", &[self.batch, self.d_mem])?,
             h: checked_product("h_t", &[self.batch, self.d])?,
             state: checked_product("conv_state", &[self.batch, self.max_conv_len, self.d])?,
-            w: checked_product("W_K", &[self.d_mem, self.d])?,
+            w: checked_product("w_k", &[self.d_mem, self.d])?,
             rms: self.d,
             conv_w: checked_product("conv_w", &[self.kernel_size, self.d])?,
         };
@@ -138,7 +138,7 @@ impl EngramDecodeShape {
             ("e_t", lens.e),
             ("h_t", lens.h),
             ("conv_state", lens.state),
-            ("W_K", lens.w),
+            ("w_k", lens.w),
             ("conv_w", lens.conv_w),
             ("batch", checked_product("batch", &[2, self.batch, self.d])?),
         ] {
@@ -480,23 +480,34 @@ pub struct DecodeInputsRaw {
     pub conv_w: CUdeviceptr,
 }
 
-/// The input buffers of one safe call, in the order of docs/ops.md (the state is passed separately).
-pub struct DecodeInputs<'a, T, B: DevicePtr<T>> {
-    pub e_t: &'a B,
-    pub h_t: &'a B,
-    pub w_k: &'a B,
-    pub w_v: &'a B,
-    pub rms_w_h: &'a B,
-    pub rms_w_v: &'a B,
-    pub conv_w: &'a B,
-    pub _t: std::marker::PhantomData<T>,
+/// The read-only inputs of one safe decode step (docs/ops.md §6; `w_k, w_v` are the op's
+/// `W_K, W_V`), all of the call's dtype `T`: `e_t` `[batch, d_mem]`, `h_t` `[batch, d]`, `w_k,
+/// w_v` `[d_mem, d]`, `rms_w_h, rms_w_v` `[d]`, `conv_w` `[K, d]`. The state `conv_state` is
+/// passed on its own ([`EngramDecodePlan::forward`] reads it, [`EngramDecodePlan::step_ring`]
+/// updates it in place). Any `cudarc` buffer or view.
+pub struct DecodeInputs<'a, T> {
+    pub e_t: &'a dyn DevicePtr<T>,
+    pub h_t: &'a dyn DevicePtr<T>,
+    pub w_k: &'a dyn DevicePtr<T>,
+    pub w_v: &'a dyn DevicePtr<T>,
+    pub rms_w_h: &'a dyn DevicePtr<T>,
+    pub rms_w_v: &'a dyn DevicePtr<T>,
+    pub conv_w: &'a dyn DevicePtr<T>,
 }
 
-impl<'a, T, B: DevicePtr<T>> DecodeInputs<'a, T, B> {
-    /// Groups the seven input buffers (`e_t, h_t, W_K, W_V, rms_w_h, rms_w_v, conv_w`).
-    pub fn new(e_t: &'a B, h_t: &'a B, w_k: &'a B, w_v: &'a B, rms_w_h: &'a B, rms_w_v: &'a B, conv_w: &'a B) -> Self {
-        Self { e_t, h_t, w_k, w_v, rms_w_h, rms_w_v, conv_w, _t: std::marker::PhantomData }
+// Shared references only: copyable without bounds on `T`.
+impl<T> Clone for DecodeInputs<'_, T> {
+    fn clone(&self) -> Self {
+        *self
     }
+}
+impl<T> Copy for DecodeInputs<'_, T> {}
+
+/// The outputs of [`EngramDecodePlan::forward`] (docs/ops.md §6): `y_t` `[batch, d]` and
+/// `new_conv_state` `[batch, max_conv_len, d]`, dtype `T`.
+pub struct DecodeOutputs<'a, T> {
+    pub y_t: &'a mut dyn DevicePtrMut<T>,
+    pub new_conv_state: &'a mut dyn DevicePtrMut<T>,
 }
 
 impl EngramDecodePlan {
@@ -594,21 +605,20 @@ impl EngramDecodePlan {
     /// [`EngramDecodePlan::step_ring`] for an in-place state). Asynchronous on [`Gpu::stream`].
     ///
     /// Errors: [`Error::BufferTooSmall`] naming the buffer; a driver error from the launch.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward<T: DecodeElem, B: DevicePtr<T>>(
+    pub fn forward<T: DecodeElem>(
         &mut self,
         gpu: &Gpu,
-        inputs: &DecodeInputs<'_, T, B>,
+        inputs: DecodeInputs<'_, T>,
         conv_state: &impl DevicePtr<T>,
-        y_t: &mut impl DevicePtrMut<T>,
-        new_conv_state: &mut impl DevicePtrMut<T>,
+        outputs: DecodeOutputs<'_, T>,
     ) -> Result<()> {
-        self.check_inputs(inputs)?;
+        let DecodeOutputs { y_t, new_conv_state } = outputs;
+        self.check_inputs(&inputs)?;
         check_len("conv_state", self.lens.state, conv_state.len())?;
         check_len("y_t", self.lens.h, y_t.len())?;
         check_len("new_conv_state", self.lens.state, new_conv_state.len())?;
         let st = gpu.stream();
-        let (raw, _g) = raw_inputs(inputs, st);
+        let (raw, _g) = raw_inputs(&inputs, st);
         let (s, _g1) = conv_state.device_ptr(st);
         let (y, _g2) = y_t.device_ptr_mut(st);
         let (ns, _g3) = new_conv_state.device_ptr_mut(st);
@@ -625,31 +635,31 @@ impl EngramDecodePlan {
     /// bit for bit, and `y_t` is identical.
     ///
     /// Errors: as [`EngramDecodePlan::forward`]; [`Error::Shape`] for `pos ≥ max_conv_len`.
-    pub fn step_ring<T: DecodeElem, B: DevicePtr<T>>(
+    pub fn step_ring<T: DecodeElem>(
         &mut self,
         gpu: &Gpu,
-        inputs: &DecodeInputs<'_, T, B>,
+        inputs: DecodeInputs<'_, T>,
         state: &mut impl DevicePtrMut<T>,
         pos: usize,
         y_t: &mut impl DevicePtrMut<T>,
     ) -> Result<usize> {
-        self.check_inputs(inputs)?;
+        self.check_inputs(&inputs)?;
         check_len("state", self.lens.state, state.len())?;
         check_len("y_t", self.lens.h, y_t.len())?;
         let st = gpu.stream();
-        let (raw, _g) = raw_inputs(inputs, st);
+        let (raw, _g) = raw_inputs(&inputs, st);
         let (s, _g1) = state.device_ptr_mut(st);
         let (y, _g2) = y_t.device_ptr_mut(st);
         // SAFETY: as in `forward`.
         unsafe { self.step_ring_raw(gpu, T::DTYPE, raw, s, pos, y, st.cu_stream()) }
     }
 
-    fn check_inputs<T, B: DevicePtr<T>>(&self, i: &DecodeInputs<'_, T, B>) -> Result<()> {
+    fn check_inputs<T>(&self, i: &DecodeInputs<'_, T>) -> Result<()> {
         let l = &self.lens;
         check_len("e_t", l.e, i.e_t.len())?;
         check_len("h_t", l.h, i.h_t.len())?;
-        check_len("W_K", l.w, i.w_k.len())?;
-        check_len("W_V", l.w, i.w_v.len())?;
+        check_len("w_k", l.w, i.w_k.len())?;
+        check_len("w_v", l.w, i.w_v.len())?;
         check_len("rms_w_h", l.rms, i.rms_w_h.len())?;
         check_len("rms_w_v", l.rms, i.rms_w_v.len())?;
         check_len("conv_w", l.conv_w, i.conv_w.len())
@@ -839,12 +849,12 @@ impl EngramDecodePlan {
 
 /// The raw pointers of a safe call's inputs, with the guards that keep them stream-ordered.
 #[allow(clippy::type_complexity)]
-fn raw_inputs<'a, T, B: DevicePtr<T>>(
-    i: &'a DecodeInputs<'_, T, B>,
+fn raw_inputs<'a, T>(
+    i: &DecodeInputs<'a, T>,
     st: &'a std::sync::Arc<cudarc::driver::CudaStream>,
 ) -> (DecodeInputsRaw, Vec<cudarc::driver::SyncOnDrop<'a>>) {
     let mut guards = Vec::with_capacity(7);
-    let mut p = |b: &'a B| {
+    let mut p = |b: &'a dyn DevicePtr<T>| {
         let (ptr, g) = b.device_ptr(st);
         guards.push(g);
         ptr

@@ -679,6 +679,71 @@ unsafe fn launch_bwd(
     launch_pdl(f2, plan.reduce_dims, stream, &mut [&mut pt2, &mut dwh, &mut dwv, &mut dcw, &mut nb, &mut d2])
 }
 
+/// The inputs of [`gate_conv_fwd`] (docs/ops.md §4; `h` is the op's `H`): `h, k, v` `[M,T,d]`,
+/// `rms_w_h, rms_w_v` `[d]`, `conv_w` `[4,d]`, all dtype `T`. Any `cudarc` buffer or view.
+pub struct GateConvFwdInputs<'a, T> {
+    pub h: &'a dyn DevicePtr<T>,
+    pub k: &'a dyn DevicePtr<T>,
+    pub v: &'a dyn DevicePtr<T>,
+    pub rms_w_h: &'a dyn DevicePtr<T>,
+    pub rms_w_v: &'a dyn DevicePtr<T>,
+    pub conv_w: &'a dyn DevicePtr<T>,
+}
+
+/// The outputs of [`gate_conv_fwd`] (docs/ops.md §4; `y` is the op's `Y`): `y, vhat`
+/// `[M,T,d]` dtype `T`; `alpha, rrms_h, rrms_k, rrms_v` `[M,T]` f32 (what the backward takes).
+pub struct GateConvFwdOutputs<'a, T> {
+    pub y: &'a mut dyn DevicePtrMut<T>,
+    pub vhat: &'a mut dyn DevicePtrMut<T>,
+    pub alpha: &'a mut dyn DevicePtrMut<f32>,
+    pub rrms_h: &'a mut dyn DevicePtrMut<f32>,
+    pub rrms_k: &'a mut dyn DevicePtrMut<f32>,
+    pub rrms_v: &'a mut dyn DevicePtrMut<f32>,
+}
+
+/// The inputs of [`gate_conv_bwd`] (docs/ops.md §5; `dy, h` are the op's `dY, H`): `dy, h, k,
+/// v, vhat` `[M,T,d]`, `rms_w_h, rms_w_v` `[d]`, `conv_w` `[4,d]`, dtype `T`; the forward's
+/// `alpha, rrms_h, rrms_k, rrms_v` `[M,T]` f32.
+pub struct GateConvBwdInputs<'a, T> {
+    pub dy: &'a dyn DevicePtr<T>,
+    pub h: &'a dyn DevicePtr<T>,
+    pub k: &'a dyn DevicePtr<T>,
+    pub v: &'a dyn DevicePtr<T>,
+    pub vhat: &'a dyn DevicePtr<T>,
+    pub rms_w_h: &'a dyn DevicePtr<T>,
+    pub rms_w_v: &'a dyn DevicePtr<T>,
+    pub conv_w: &'a dyn DevicePtr<T>,
+    pub alpha: &'a dyn DevicePtr<f32>,
+    pub rrms_h: &'a dyn DevicePtr<f32>,
+    pub rrms_k: &'a dyn DevicePtr<f32>,
+    pub rrms_v: &'a dyn DevicePtr<f32>,
+}
+
+/// The outputs of [`gate_conv_bwd`] (docs/ops.md §5; `dh` is the op's `dH`): `dh, dk, dv`
+/// `[M,T,d]` dtype `T`; `drms_w_h, drms_w_v` `[d]` and `dconv_w` `[4,d]` f32.
+pub struct GateConvBwdOutputs<'a, T> {
+    pub dh: &'a mut dyn DevicePtrMut<T>,
+    pub dk: &'a mut dyn DevicePtrMut<T>,
+    pub dv: &'a mut dyn DevicePtrMut<T>,
+    pub drms_w_h: &'a mut dyn DevicePtrMut<f32>,
+    pub drms_w_v: &'a mut dyn DevicePtrMut<f32>,
+    pub dconv_w: &'a mut dyn DevicePtrMut<f32>,
+}
+
+// Shared references only: copyable without bounds on `T`.
+impl<T> Clone for GateConvFwdInputs<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for GateConvFwdInputs<'_, T> {}
+impl<T> Clone for GateConvBwdInputs<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for GateConvBwdInputs<'_, T> {}
+
 /// f32 elements of the workspace [`gate_conv_bwd`] needs for `shape`: per-block partial weight
 /// gradients `[blocks, 6, d]`, plus `[blocks, R+3, ceil(d/8)·8]` for `dconv` where it does not
 /// fit in shared memory (large `d`).
@@ -697,25 +762,16 @@ pub fn bwd_workspace_len(shape: EngramGateShape) -> Result<usize> {
 ///
 /// Errors: [`Error::Shape`] for a zero size, [`Error::BufferTooSmall`] naming the buffer,
 /// [`Error::Overflow`], or a driver error from the launch.
-#[allow(clippy::too_many_arguments)]
 pub fn gate_conv_fwd<T: Half>(
     gpu: &Gpu,
     shape: EngramGateShape,
-    h: &impl DevicePtr<T>,
-    k: &impl DevicePtr<T>,
-    v: &impl DevicePtr<T>,
-    rms_w_h: &impl DevicePtr<T>,
-    rms_w_v: &impl DevicePtr<T>,
-    conv_w: &impl DevicePtr<T>,
-    y: &mut impl DevicePtrMut<T>,
-    vhat: &mut impl DevicePtrMut<T>,
-    alpha: &mut impl DevicePtrMut<f32>,
-    rrms_h: &mut impl DevicePtrMut<f32>,
-    rrms_k: &mut impl DevicePtrMut<f32>,
-    rrms_v: &mut impl DevicePtrMut<f32>,
+    inputs: GateConvFwdInputs<'_, T>,
+    outputs: GateConvFwdOutputs<'_, T>,
 ) -> Result<()> {
     let (n, rows) = shape.lens()?;
     let d = shape.d;
+    let GateConvFwdInputs { h, k, v, rms_w_h, rms_w_v, conv_w } = inputs;
+    let GateConvFwdOutputs { y, vhat, alpha, rrms_h, rrms_k, rrms_v } = outputs;
     check_len("h", n, h.len())?;
     check_len("k", n, k.len())?;
     check_len("v", n, v.len())?;
@@ -790,30 +846,15 @@ pub unsafe fn gate_conv_fwd_raw<T: Half>(
 /// [`Gpu::stream`]; asynchronous.
 ///
 /// Errors: as [`gate_conv_fwd`], and [`Error::BufferTooSmall`] for `workspace`.
-#[allow(clippy::too_many_arguments)]
 pub fn gate_conv_bwd<T: Half>(
     gpu: &Gpu,
     shape: EngramGateShape,
-    dy: &impl DevicePtr<T>,
-    h: &impl DevicePtr<T>,
-    k: &impl DevicePtr<T>,
-    v: &impl DevicePtr<T>,
-    vhat: &impl DevicePtr<T>,
-    rms_w_h: &impl DevicePtr<T>,
-    rms_w_v: &impl DevicePtr<T>,
-    conv_w: &impl DevicePtr<T>,
-    alpha: &impl DevicePtr<f32>,
-    rrms_h: &impl DevicePtr<f32>,
-    rrms_k: &impl DevicePtr<f32>,
-    rrms_v: &impl DevicePtr<f32>,
+    inputs: GateConvBwdInputs<'_, T>,
     workspace: &mut impl DevicePtrMut<f32>,
-    dh: &mut impl DevicePtrMut<T>,
-    dk: &mut impl DevicePtrMut<T>,
-    dv: &mut impl DevicePtrMut<T>,
-    drms_w_h: &mut impl DevicePtrMut<f32>,
-    drms_w_v: &mut impl DevicePtrMut<f32>,
-    dconv_w: &mut impl DevicePtrMut<f32>,
+    outputs: GateConvBwdOutputs<'_, T>,
 ) -> Result<()> {
+    let GateConvBwdInputs { dy, h, k, v, vhat, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k, rrms_v } = inputs;
+    let GateConvBwdOutputs { dh, dk, dv, drms_w_h, drms_w_v, dconv_w } = outputs;
     let (n, rows) = shape.lens()?;
     let d = shape.d;
     check_len("dy", n, dy.len())?;

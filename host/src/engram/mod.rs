@@ -8,13 +8,23 @@ pub(crate) const GATE_CONV_KERNELS: &[&str] = gate_conv::KERNELS;
 /// PTX entries of the decode step.
 pub(crate) const DECODE_KERNELS: &[&str] = decode::KERNELS;
 
-pub use decode::planned_kernels as decode_planned_kernels;
 pub use decode::{
-    plan_decode_steps, DecodeDtype, DecodeElem, DecodeFinishKernel, DecodeGeometry, DecodeInputs, DecodeInputsRaw,
-    DecodeLens, DecodeProjectionKernel, DecodeStepPlan, DecodeStepPlans, EngramDecodePlan, EngramDecodeShape,
+    DecodeDtype, DecodeElem, DecodeInputs, DecodeInputsRaw, DecodeLens, DecodeOutputs, EngramDecodePlan,
+    EngramDecodeShape,
 };
 pub use gate_conv::{
-    bwd_warp_row_magic, bwd_workspace_len, fwd_chunk_magic, gate_conv_bwd, gate_conv_bwd_raw, gate_conv_fwd,
-    gate_conv_fwd_raw, planned_entries as gate_conv_planned_entries, planned_kernels as gate_conv_planned_kernels,
-    EngramGateShape, GateConvBwdPlan,
+    bwd_workspace_len, gate_conv_bwd, gate_conv_bwd_raw, gate_conv_fwd, gate_conv_fwd_raw, EngramGateShape,
+    GateConvBwdInputs, GateConvBwdOutputs, GateConvBwdPlan, GateConvFwdInputs, GateConvFwdOutputs,
+};
+
+// Planner internals the tests and the bench inspect: not part of the API.
+#[doc(hidden)]
+pub use decode::{
+    plan_decode_steps, planned_kernels as decode_planned_kernels, DecodeFinishKernel, DecodeGeometry,
+    DecodeProjectionKernel, DecodeStepPlan, DecodeStepPlans,
+};
+#[doc(hidden)]
+pub use gate_conv::{
+    bwd_warp_row_magic, fwd_chunk_magic, planned_entries as gate_conv_planned_entries,
+    planned_kernels as gate_conv_planned_kernels,
 };

@@ -4,12 +4,17 @@ mod pre;
 
 use std::collections::BTreeSet;
 
-pub use post::{post_fwd, post_fwd_raw, MhcPostShape, PostKernel};
+pub use post::{post_fwd, post_fwd_raw, MhcPostInputs, MhcPostOutputs, MhcPostShape};
+pub use pre::{pre_fwd_raw, MhcPre, MhcPreInputs, MhcPreLens, MhcPreOutputs, MhcPreParams, MhcPreShape, PrePlan};
+
+// Planner internals the tests and the bench inspect: not part of the API.
+#[doc(hidden)]
+pub use post::PostKernel;
+#[doc(hidden)]
 pub use pre::{
     fastdiv_magic, mix_smem_bytes as pre_mix_smem_bytes, mma_block as pre_mma_block, mma_fits as pre_mma_fits,
-    mma_partial_smem_bytes as pre_mma_partial_smem_bytes, partial_smem_bytes as pre_partial_smem_bytes, pre_fwd_raw,
-    ColumnMix, FmaPartialGrid, MhcPre, MhcPreLens, MhcPreParams, MhcPreShape, Mix, MmaPartialGrid, Partials, PreClass,
-    PrePlan, TileMix, ACC_WORDS,
+    mma_partial_smem_bytes as pre_mma_partial_smem_bytes, partial_smem_bytes as pre_partial_smem_bytes, ColumnMix,
+    FmaPartialGrid, Mix, MmaPartialGrid, Partials, PreClass, TileMix, ACC_WORDS,
 };
 
 use crate::{Gpu, Result};

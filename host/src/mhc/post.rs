@@ -72,6 +72,20 @@ impl MhcPostShape {
     }
 }
 
+/// The inputs of [`post_fwd`] (docs/ops.md §3): `x_layer_out` `[batch, c]` bf16, `h_post`
+/// `[batch, n]` f32, `x_res` `[batch, n·c]` bf16. Any `cudarc` buffer or view.
+#[derive(Clone, Copy)]
+pub struct MhcPostInputs<'a> {
+    pub x_layer_out: &'a dyn DevicePtr<bf16>,
+    pub h_post: &'a dyn DevicePtr<f32>,
+    pub x_res: &'a dyn DevicePtr<bf16>,
+}
+
+/// The output of [`post_fwd`] (docs/ops.md §3): `x_out` `[batch, n·c]` bf16.
+pub struct MhcPostOutputs<'a> {
+    pub x_out: &'a mut dyn DevicePtrMut<bf16>,
+}
+
 /// MHCPostFwd: `x_out[β, i·c + j] = q(h_post[β,i] · x_layer_out[β,j] + x_res[β, i·c + j])`
 /// (docs/ops.md §3), computed in f32 (one FMA) and rounded to nearest-even bf16.
 ///
@@ -82,14 +96,9 @@ impl MhcPostShape {
 ///
 /// Errors: [`crate::Error::Shape`] for a zero size, [`crate::Error::BufferTooSmall`] naming the
 /// buffer, [`crate::Error::Overflow`], or a driver error from the launch.
-pub fn post_fwd(
-    gpu: &Gpu,
-    shape: MhcPostShape,
-    x_layer_out: &impl DevicePtr<bf16>,
-    h_post: &impl DevicePtr<f32>,
-    x_res: &impl DevicePtr<bf16>,
-    x_out: &mut impl DevicePtrMut<bf16>,
-) -> Result<()> {
+pub fn post_fwd(gpu: &Gpu, shape: MhcPostShape, inputs: MhcPostInputs<'_>, outputs: MhcPostOutputs<'_>) -> Result<()> {
+    let MhcPostInputs { x_layer_out, h_post, x_res } = inputs;
+    let MhcPostOutputs { x_out } = outputs;
     let (ly, lh, lr) = shape.lens()?;
     check_len("x_layer_out", ly, x_layer_out.len())?;
     check_len("h_post", lh, h_post.len())?;

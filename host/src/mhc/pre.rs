@@ -611,10 +611,27 @@ pub(crate) const SWEEP_SHAPES: &[MhcPreShape] = &[
 
 // ---------------------------------------------------------------- op and launch
 
+/// The inputs of [`MhcPre::run`] (docs/ops.md §2): `phi` `[n·c, n²+2n]` f32, `x` `[batch, n·c]`
+/// bf16, `b` `[n²+2n]` f32. Any `cudarc` buffer or view.
+#[derive(Clone, Copy)]
+pub struct MhcPreInputs<'a> {
+    pub phi: &'a dyn DevicePtr<f32>,
+    pub x: &'a dyn DevicePtr<bf16>,
+    pub b: &'a dyn DevicePtr<f32>,
+}
+
+/// The outputs of [`MhcPre::run`] (docs/ops.md §2): `x_res` `[batch, n·c]` bf16, `x_layer`
+/// `[batch, c]` bf16, `h_post` `[batch, n]` f32.
+pub struct MhcPreOutputs<'a> {
+    pub x_res: &'a mut dyn DevicePtrMut<bf16>,
+    pub x_layer: &'a mut dyn DevicePtrMut<bf16>,
+    pub h_post: &'a mut dyn DevicePtrMut<f32>,
+}
+
 /// MHCPreFwd for one shape, owning its workspace: create once, [`MhcPre::run`] many times.
 ///
 /// ```no_run
-/// use rgk::{bf16, Gpu, mhc::{MhcPre, MhcPreParams, MhcPreShape}};
+/// use rgk::{bf16, Gpu, mhc::{MhcPre, MhcPreInputs, MhcPreOutputs, MhcPreParams, MhcPreShape}};
 /// # fn main() -> Result<(), rgk::Error> {
 /// let gpu = Gpu::new(0)?;
 /// let s = MhcPreShape { batch: 2, n: 4, c: 1920 };
@@ -626,7 +643,9 @@ pub(crate) const SWEEP_SHAPES: &[MhcPreShape] = &[
 /// let (mut x_res, mut x_layer) = (st.alloc_zeros::<bf16>(l.x)?, st.alloc_zeros::<bf16>(l.x_layer)?);
 /// let mut h_post = st.alloc_zeros::<f32>(l.h_post)?;
 /// let mut op = MhcPre::new(&gpu, s)?;
-/// op.run(&gpu, MhcPreParams::default(), &phi, &x, &b, &mut x_res, &mut x_layer, &mut h_post)?;
+/// let inputs = MhcPreInputs { phi: &phi, x: &x, b: &b };
+/// let outputs = MhcPreOutputs { x_res: &mut x_res, x_layer: &mut x_layer, h_post: &mut h_post };
+/// op.run(&gpu, MhcPreParams::default(), inputs, outputs)?;
 /// # Ok(()) }
 /// ```
 pub struct MhcPre {
@@ -666,18 +685,15 @@ impl MhcPre {
     ///
     /// Errors: [`Error::BufferTooSmall`] naming the buffer, [`Error::Shape`] naming a bad
     /// parameter, or a driver error from the launch.
-    #[allow(clippy::too_many_arguments)]
     pub fn run(
         &mut self,
         gpu: &Gpu,
         params: MhcPreParams,
-        phi: &impl DevicePtr<f32>,
-        x: &impl DevicePtr<bf16>,
-        b: &impl DevicePtr<f32>,
-        x_res: &mut impl DevicePtrMut<bf16>,
-        x_layer: &mut impl DevicePtrMut<bf16>,
-        h_post: &mut impl DevicePtrMut<f32>,
+        inputs: MhcPreInputs<'_>,
+        outputs: MhcPreOutputs<'_>,
     ) -> Result<()> {
+        let MhcPreInputs { phi, x, b } = inputs;
+        let MhcPreOutputs { x_res, x_layer, h_post } = outputs;
         let l = self.plan.shape.lens()?;
         check_len("phi", l.phi, phi.len())?;
         check_len("x", l.x, x.len())?;

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use super::*;
 use rgk::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use rgk::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use rgk::engram::{self, bwd_workspace_len};
+use rgk::engram::{
+    self, bwd_workspace_len, GateConvBwdInputs, GateConvBwdOutputs, GateConvFwdInputs, GateConvFwdOutputs,
+};
 use rgk::reference::engram_gate_fwd;
 use rgk::verify::{poisoned, Half};
 use rgk::Gpu;
@@ -64,23 +66,23 @@ pub fn run_fwd<T: Half + rgk::cudarc::driver::DeviceRepr>(gpu: &Gpu, x: &GateInp
     let (mut y, mut vq) = (out_half::<T>(gpu, n), out_half::<T>(gpu, n));
     let (mut a, mut rh, mut rk, mut rv) =
         (out_f32(gpu, rows), out_f32(gpu, rows), out_f32(gpu, rows), out_f32(gpu, rows));
-    engram::gate_conv_fwd::<T>(
-        gpu,
-        x.s,
-        &h.slice(off..),
-        &k.slice(off..),
-        &v.slice(off..),
-        &wh.slice(off..),
-        &wv.slice(off..),
-        &cw.slice(off..),
-        &mut y,
-        &mut vq,
-        &mut a,
-        &mut rh,
-        &mut rk,
-        &mut rv,
-    )
-    .unwrap();
+    let inputs = GateConvFwdInputs {
+        h: &h.slice(off..),
+        k: &k.slice(off..),
+        v: &v.slice(off..),
+        rms_w_h: &wh.slice(off..),
+        rms_w_v: &wv.slice(off..),
+        conv_w: &cw.slice(off..),
+    };
+    let outputs = GateConvFwdOutputs {
+        y: &mut y,
+        vhat: &mut vq,
+        alpha: &mut a,
+        rrms_h: &mut rh,
+        rrms_k: &mut rk,
+        rrms_v: &mut rv,
+    };
+    engram::gate_conv_fwd::<T>(gpu, x.s, inputs, outputs).unwrap();
     FwdOut {
         y: down_half(gpu, &y, n, "Y"),
         vhat: down_half(gpu, &vq, n, "vhat"),
@@ -115,30 +117,29 @@ pub fn run_bwd<T: Half + rgk::cudarc::driver::DeviceRepr>(
     let mut ws = st.clone_htod(&vec![ws_fill; bwd_workspace_len(x.s).unwrap()]).unwrap();
     let (mut dh, mut dk, mut dv) = (out_half::<T>(gpu, n), out_half::<T>(gpu, n), out_half::<T>(gpu, n));
     let (mut dwh, mut dwv, mut dcw) = (out_f32(gpu, d), out_f32(gpu, d), out_f32(gpu, 4 * d));
-    engram::gate_conv_bwd::<T>(
-        gpu,
-        x.s,
-        &g.slice(off..),
-        &h.slice(off..),
-        &k.slice(off..),
-        &v.slice(off..),
-        &vq.slice(off..),
-        &wh.slice(off..),
-        &wv.slice(off..),
-        &cw.slice(off..),
-        &a,
-        &rh,
-        &rk,
-        &rv,
-        &mut ws,
-        &mut dh,
-        &mut dk,
-        &mut dv,
-        &mut dwh,
-        &mut dwv,
-        &mut dcw,
-    )
-    .unwrap();
+    let inputs = GateConvBwdInputs {
+        dy: &g.slice(off..),
+        h: &h.slice(off..),
+        k: &k.slice(off..),
+        v: &v.slice(off..),
+        vhat: &vq.slice(off..),
+        rms_w_h: &wh.slice(off..),
+        rms_w_v: &wv.slice(off..),
+        conv_w: &cw.slice(off..),
+        alpha: &a,
+        rrms_h: &rh,
+        rrms_k: &rk,
+        rrms_v: &rv,
+    };
+    let outputs = GateConvBwdOutputs {
+        dh: &mut dh,
+        dk: &mut dk,
+        dv: &mut dv,
+        drms_w_h: &mut dwh,
+        drms_w_v: &mut dwv,
+        dconv_w: &mut dcw,
+    };
+    engram::gate_conv_bwd::<T>(gpu, x.s, inputs, &mut ws, outputs).unwrap();
     BwdOut {
         dh: down_half(gpu, &dh, n, "dH"),
         dk: down_half(gpu, &dk, n, "dk"),
