@@ -14,7 +14,7 @@
 //! Each op has a safe entry taking `cudarc` device buffers (slices or sub-views) and an
 //! `unsafe` `*_raw` entry taking raw device pointers and a `CUstream`, for use from PyTorch,
 //! candle or any CUDA code. The f64 CPU references that tests and the benchmark use are public
-//! in [`reference`]; tolerance checks in [`verify`].
+//! in [`reference`](mod@reference); tolerance checks in [`verify`].
 //!
 //! Each op takes an inputs struct and an outputs struct whose fields are the tensors of
 //! `docs/ops.md` (any `cudarc` buffer or view fits a field); FFT buffers hold

@@ -753,15 +753,34 @@ pub fn bwd_workspace_len(shape: EngramGateShape) -> Result<usize> {
 
 /// EngramGateConvFwd (docs/ops.md §4), for `T` = [`crate::f16`] or [`crate::bf16`].
 ///
-/// Inputs (row-major, contiguous, dtype `T`): `h, k, v` `[M,T,d]`; `rms_w_h, rms_w_v` `[d]`;
-/// `conv_w` `[4,d]`. Outputs: `y, vhat` `[M,T,d]` (`T`), `alpha, rrms_h, rrms_k, rrms_v`
-/// `[M,T]` f32. All arithmetic f32, `eps` = [`EPS`]; `y = q(silu(conv) + vh)` with the
+/// [`GateConvFwdInputs`] (row-major, contiguous, dtype `T`): `h, k, v` `[M,T,d]`; `rms_w_h,
+/// rms_w_v` `[d]`; `conv_w` `[4,d]`. [`GateConvFwdOutputs`]: `y, vhat` `[M,T,d]` (`T`), `alpha, rrms_h, rrms_k, rrms_v`
+/// `[M,T]` f32. All arithmetic f32, `eps` = 1e-6; `y = q(silu(conv) + vh)` with the
 /// unrounded `vh`, `u` formed from the rounded `vhat`. Buffers may be larger than needed; a
 /// 16-byte-aligned layout with `d % 8 == 0` takes the vectorised kernels. One launch on
 /// [`Gpu::stream`]; asynchronous.
 ///
-/// Errors: [`Error::Shape`] for a zero size, [`Error::BufferTooSmall`] naming the buffer,
-/// [`Error::Overflow`], or a driver error from the launch.
+/// Errors: [`Error::Shape`] for a zero size, [`Error::BufferTooSmall`] naming the buffer (its
+/// field name), [`Error::Overflow`], or a driver error from the launch.
+///
+/// ```no_run
+/// use rgk::{bf16, Gpu};
+/// use rgk::engram::{gate_conv_fwd, EngramGateShape, GateConvFwdInputs, GateConvFwdOutputs};
+/// # fn main() -> Result<(), rgk::Error> {
+/// let gpu = Gpu::new(0)?;
+/// let s = EngramGateShape { m: 2, t: 64, d: 512 };
+/// let (n, rows) = s.lens()?;
+/// let st = gpu.stream();
+/// let x = st.alloc_zeros::<bf16>(n)?;
+/// let w = st.alloc_zeros::<bf16>(4 * s.d)?;
+/// let (mut y, mut vhat) = (st.alloc_zeros::<bf16>(n)?, st.alloc_zeros::<bf16>(n)?);
+/// let mut f = [(); 4].map(|_| st.alloc_zeros::<f32>(rows).unwrap());
+/// let [alpha, rrms_h, rrms_k, rrms_v] = &mut f;
+/// let inputs = GateConvFwdInputs { h: &x, k: &x, v: &x, rms_w_h: &w, rms_w_v: &w, conv_w: &w };
+/// let outputs = GateConvFwdOutputs { y: &mut y, vhat: &mut vhat, alpha, rrms_h, rrms_k, rrms_v };
+/// gate_conv_fwd(&gpu, s, inputs, outputs)?;
+/// # Ok(()) }
+/// ```
 pub fn gate_conv_fwd<T: Half>(
     gpu: &Gpu,
     shape: EngramGateShape,
@@ -836,13 +855,13 @@ pub unsafe fn gate_conv_fwd_raw<T: Half>(
 /// EngramGateConvBwd (docs/ops.md §5), for `T` = [`crate::f16`] or [`crate::bf16`]: the exact
 /// gradients of `L = Σ dY·Y` with `Y` the f32 forward, the rounding `q` taken as the identity.
 ///
-/// Inputs (dtype `T` unless said): `dy, h, k, v, vhat` `[M,T,d]`; `rms_w_h, rms_w_v` `[d]`;
+/// [`GateConvBwdInputs`] (dtype `T` unless said): `dy, h, k, v, vhat` `[M,T,d]`; `rms_w_h, rms_w_v` `[d]`;
 /// `conv_w` `[4,d]`; `alpha, rrms_h, rrms_k, rrms_v` `[M,T]` f32 as the forward returned them.
 /// Because `q` is the identity here, `vh = alpha·v` and its rrms are recomputed in f32 from
 /// `v` and `alpha`: `vhat` and `rrms_v` (which carry the forward's rounding) are validated but
 /// not read. `workspace`: at least [`bwd_workspace_len`] f32 (contents ignored, overwritten).
-/// Outputs: `dh, dk, dv` `[M,T,d]` (`T`); `drms_w_h, drms_w_v` `[d]`, `dconv_w` `[4,d]` f32,
-/// sums over all M·T rows reduced in a fixed order (bitwise deterministic). Two launches on
+/// [`GateConvBwdOutputs`]: `dh, dk, dv` `[M,T,d]` (`T`); `drms_w_h, drms_w_v` `[d]`, `dconv_w`
+/// `[4,d]` f32, sums over all M·T rows reduced in a fixed order (bitwise deterministic). Two launches on
 /// [`Gpu::stream`]; asynchronous.
 ///
 /// Errors: as [`gate_conv_fwd`], and [`Error::BufferTooSmall`] for `workspace`.
