@@ -94,7 +94,11 @@ fn into_complex<R: Real>(stream: &Arc<CudaStream>, reals: CudaSlice<R>) -> CudaS
     let len = reals.len() / 2;
     // SAFETY: the allocation holds `2·len` reals = `len` complex elements of the same
     // alignment; every bit pattern is a valid `Complex<R>`; ownership moves to the new slice.
-    unsafe { stream.upgrade_device_ptr(reals.leak(), len) }
+    let mut c = unsafe { stream.upgrade_device_ptr::<Complex<R>>(reals.leak(), len) };
+    // Record the new slice's write event after the copy or memset enqueued on `stream`, so a
+    // use on another stream waits for it (the events of `upgrade_device_ptr` start unrecorded).
+    drop(c.device_ptr_mut(stream));
+    c
 }
 
 /// Copies `host` to a new device buffer of complex elements on `stream` (what
