@@ -256,6 +256,39 @@ fn plan_reuse_and_sub_views() {
     }
 }
 
+/// The complex buffer helpers: uploads and downloads round-trip bit for bit, `alloc_zeros`
+/// is zero, and a real buffer viewed as complex addresses the same memory (`len / 2`
+/// elements), so a transform through the view equals one through a complex upload.
+#[test]
+fn complex_buffers_round_trip() {
+    let Some(gpu) = gpu_or_skip("fft::complex_buffers_round_trip") else { return };
+    let mut rng = fresh_rng("fft::complex_buffers_round_trip");
+    let st = gpu.stream();
+    let x = randn_f32(&mut rng, 2 * 512 * 3, 1.0);
+    let cx = complex(&x);
+    let d = fft::clone_htod(st, &cx).unwrap();
+    assert_eq!(d.len(), cx.len());
+    let back = fft::clone_dtoh(st, &d).unwrap();
+    assert!(back.iter().zip(&cx).all(|(a, b)| a.re.to_bits() == b.re.to_bits() && a.im.to_bits() == b.im.to_bits()));
+    let z = fft::alloc_zeros::<f64>(st, 7).unwrap();
+    assert_eq!(fft::clone_dtoh(st, &z).unwrap(), vec![Complex::new(0.0, 0.0); 7]);
+    let dreals = st.clone_htod(&x).unwrap();
+    let odd = dreals.slice(0..x.len() - 1);
+    assert_eq!(fft::view_as_complex(&odd).len(), cx.len() - 1);
+    let mut plan = FftPlan::new(&gpu, 512, 3, Precision::C64).unwrap();
+    let mut y1 = fft::alloc_zeros::<f32>(st, cx.len()).unwrap();
+    plan.execute_c64(&gpu, &d, &mut y1).unwrap();
+    let mut y2 = st.alloc_zeros::<f32>(x.len()).unwrap();
+    plan.execute_c64(
+        &gpu,
+        &fft::view_as_complex(&dreals.slice(..)),
+        &mut fft::view_as_complex_mut(&mut y2.slice_mut(..)),
+    )
+    .unwrap();
+    let (a, b): (Vec<f32>, Vec<f32>) = (reals(&fft::clone_dtoh(st, &y1).unwrap()), st.clone_dtoh(&y2).unwrap());
+    assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "view ≠ complex upload");
+}
+
 #[test]
 fn argument_errors() {
     let Some(gpu) = gpu_or_skip("fft::argument_errors") else { return };

@@ -597,14 +597,16 @@ impl EngramDecodePlan {
         Ok((conv(&raw[..h]), conv(&raw[h..2 * h])))
     }
 
-    /// One decode step under docs/ops.md §6's contract: reads `conv_state`, writes `y_t` and
-    /// `new_conv_state = concat(conv_state[:, 1:], q(u))` (a separate buffer).
+    /// One decode step under docs/ops.md §6's contract: reads [`DecodeInputs`] and
+    /// `conv_state`, writes the [`DecodeOutputs`] `y_t` and `new_conv_state = concat(conv_state[:,
+    /// 1:], q(u))` (a separate buffer).
     ///
     /// Buffers may be larger than the shape needs; 16-byte aligned buffers with `d % 8 == 0`
     /// take the tensor-core kernels. `new_conv_state` must not overlap `conv_state` (use
     /// [`EngramDecodePlan::step_ring`] for an in-place state). Asynchronous on [`Gpu::stream`].
     ///
-    /// Errors: [`Error::BufferTooSmall`] naming the buffer; a driver error from the launch.
+    /// Errors: [`Error::BufferTooSmall`] naming the buffer (its field name, or `conv_state`); a
+    /// driver error from the launch.
     pub fn forward<T: DecodeElem>(
         &mut self,
         gpu: &Gpu,
