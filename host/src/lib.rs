@@ -48,9 +48,15 @@ pub mod verify;
 pub use error::{Error, Result};
 pub use runtime::{cuda_available, Gpu, KERNELS_CUBIN, KERNELS_PTX};
 
-/// The PTX entry names of every op family, looked up once by [`Gpu::new`].
-pub(crate) const ALL_KERNELS: &[&[&str]] =
-    &[mhc::POST_KERNELS, mhc::PRE_KERNELS, fft::KERNELS, engram::GATE_CONV_KERNELS, engram::DECODE_KERNELS];
+/// Every op family and its PTX entry names; a [`Gpu`] looks up a family's functions on its
+/// first launch.
+pub(crate) const KERNEL_FAMILIES: &[(&str, &[&str])] = &[
+    ("mhc_post", mhc::POST_KERNELS),
+    ("mhc_pre", mhc::PRE_KERNELS),
+    ("fft", fft::KERNELS),
+    ("engram_gate_conv", engram::GATE_CONV_KERNELS),
+    ("engram_decode", engram::DECODE_KERNELS),
+];
 
 /// Re-exports of the `cudarc`, `half` and `num-complex` types the API uses.
 pub use cudarc;

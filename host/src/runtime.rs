@@ -1,8 +1,9 @@
-//! The runtime layer: one CUDA context, one stream, the kernel module (sm_90 cubin, or the PTX)
-//! loaded once, and the launch helper every op uses.
+//! The runtime layer: one CUDA context, the kernel module (sm_90 cubin, or the PTX) loaded
+//! once and its functions looked up per op family on first use, the stream of each handle, and
+//! the launch helper every op uses.
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
@@ -26,24 +27,36 @@ pub fn cuda_available() -> bool {
     CudaContext::device_count().map(|n| n > 0).unwrap_or(false)
 }
 
-/// A device with the library's kernels loaded: owns the context, a stream and the module.
+/// A device with the library's kernels loaded, and the stream its safe entries launch on.
 ///
-/// Create one per device and reuse it; creation loads the kernels (a fraction of a second from
-/// the embedded sm_90 machine code; tens of seconds where the driver must compile the PTX),
-/// launches do not allocate on the host beyond the argument array.
+/// Create one per device with [`Gpu::new`] and reuse it. Creation opens the context and loads
+/// the module (a fraction of a second from the embedded sm_90 machine code; tens of seconds
+/// where the driver must compile the PTX); each op family's kernels are looked up on the
+/// family's first launch. [`Gpu::with_stream`] and [`Gpu::new_stream`] give handles that share
+/// the context and the loaded kernels but launch on another stream of that context; cloning
+/// is cheap (two reference counts).
+#[derive(Clone)]
 pub struct Gpu {
-    ctx: Arc<CudaContext>,
+    kernels: Arc<Kernels>,
     stream: Arc<CudaStream>,
+}
+
+/// The context's loaded module and, per op family, its functions once first used.
+struct Kernels {
+    ctx: Arc<CudaContext>,
     module: Arc<CudaModule>,
-    functions: HashMap<&'static str, CudaFunction>,
     from_cubin: bool,
+    /// Entry name → index into [`crate::KERNEL_FAMILIES`].
+    family_of: HashMap<&'static str, usize>,
+    /// Per family: its functions, or the first entry the module lacks.
+    families: Vec<OnceLock<std::result::Result<HashMap<&'static str, CudaFunction>, &'static str>>>,
 }
 
 impl Gpu {
-    /// Opens device `ordinal`, creates a stream and loads the kernels.
+    /// Opens device `ordinal`, creates a stream and loads the kernel module.
     ///
     /// Errors: [`Error::NoDevice`] when no driver or no such device is present; a driver error
-    /// when the PTX fails to load.
+    /// when the module fails to load.
     pub fn new(ordinal: usize) -> Result<Self> {
         if !unsafe { sys::is_culib_present() } {
             return Err(Error::NoDevice("libcuda.so (the NVIDIA driver) was not found".into()));
@@ -66,23 +79,42 @@ impl Gpu {
             Some(m) => m,
             None => ctx.load_module(Ptx::from_src(KERNELS_PTX))?,
         };
-        let mut functions = HashMap::new();
-        for &name in crate::ALL_KERNELS.iter().flat_map(|k| k.iter()) {
-            let f = module.load_function(name).map_err(|_| Error::MissingKernel(name.to_string()))?;
-            functions.insert(name, f);
+        let mut family_of = HashMap::new();
+        for (i, (_, names)) in crate::KERNEL_FAMILIES.iter().enumerate() {
+            for &name in names.iter() {
+                family_of.insert(name, i);
+            }
         }
-        Ok(Self { ctx, stream, module, functions, from_cubin })
+        let families = crate::KERNEL_FAMILIES.iter().map(|_| OnceLock::new()).collect();
+        Ok(Self { kernels: Arc::new(Kernels { ctx, module, from_cubin, family_of, families }), stream })
+    }
+
+    /// A handle on the same device and loaded kernels whose safe entries launch on `stream`.
+    /// Buffers keep their own order across streams (cudarc records and waits on their events).
+    ///
+    /// Errors: [`Error::Shape`] naming `stream` when it belongs to another context.
+    pub fn with_stream(&self, stream: Arc<CudaStream>) -> Result<Self> {
+        if stream.context().cu_ctx() != self.kernels.ctx.cu_ctx() {
+            return Err(Error::Shape { arg: "stream", msg: "belongs to another CUDA context than this Gpu's".into() });
+        }
+        Ok(Self { kernels: self.kernels.clone(), stream })
+    }
+
+    /// A handle on a new stream of the same context, sharing the loaded kernels.
+    pub fn new_stream(&self) -> Result<Self> {
+        let stream = self.kernels.ctx.new_stream()?;
+        Ok(Self { kernels: self.kernels.clone(), stream })
     }
 
     /// Whether the kernels were loaded from the embedded machine code ([`KERNELS_CUBIN`]) rather
     /// than compiled from the PTX at load.
     pub fn kernels_from_cubin(&self) -> bool {
-        self.from_cubin
+        self.kernels.from_cubin
     }
 
     /// The context.
     pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
+        &self.kernels.ctx
     }
 
     /// The stream the safe entries launch on.
@@ -92,12 +124,84 @@ impl Gpu {
 
     /// The loaded module.
     pub fn module(&self) -> &Arc<CudaModule> {
-        &self.module
+        &self.kernels.module
     }
 
-    /// The kernel `name` (a PTX entry), looked up when the module was loaded.
+    /// The op families whose kernels have been looked up so far (a family is on its first
+    /// launch, or when a planner query needs its functions); shared by every handle of this
+    /// context.
+    #[doc(hidden)]
+    pub fn loaded_kernel_families(&self) -> Vec<&'static str> {
+        let k = &self.kernels;
+        crate::KERNEL_FAMILIES.iter().zip(&k.families).filter(|(_, f)| f.get().is_some()).map(|((n, _), _)| *n).collect()
+    }
+
+    /// The kernel `name` (a PTX entry); its family's functions are looked up on first use.
     pub(crate) fn function(&self, name: &'static str) -> Result<&CudaFunction> {
-        self.functions.get(name).ok_or_else(|| Error::MissingKernel(name.to_string()))
+        let k = &*self.kernels;
+        let missing = || Error::MissingKernel(name.to_string());
+        let &fam = k.family_of.get(name).ok_or_else(missing)?;
+        let loaded = k.families[fam].get_or_init(|| {
+            let mut map = HashMap::new();
+            for &entry in crate::KERNEL_FAMILIES[fam].1.iter() {
+                map.insert(entry, k.module.load_function(entry).map_err(|_| entry)?);
+            }
+            Ok(map)
+        });
+        match loaded {
+            Ok(map) => map.get(name).ok_or_else(missing),
+            Err(entry) => Err(Error::MissingKernel(entry.to_string())),
+        }
+    }
+}
+
+/// Orders a plan's uses of its own device memory (workspace, tables) across the streams of
+/// its context: the safe entries may be called with [`Gpu`] handles on different streams, and
+/// a call on a new stream first waits for the work queued on the previous one. Calls on one
+/// stream (the common case) cost nothing. On drop, the stream the plan's memory was allocated
+/// on (and is freed on) waits for the last stream that used it.
+///
+/// Declare it as the plan's first field so that it drops before the plan's buffers.
+pub(crate) struct StreamOrder {
+    home: Arc<CudaStream>,
+    last: Arc<CudaStream>,
+}
+
+impl StreamOrder {
+    /// Memory allocated (and freed) on `home`.
+    pub(crate) fn new(home: &Arc<CudaStream>) -> Self {
+        Self { home: home.clone(), last: home.clone() }
+    }
+
+    /// Called at the start of a use on `stream`, before anything is queued there.
+    /// Errors: [`Error::Shape`] naming `gpu` when `stream` belongs to another context than
+    /// the plan's. A stream being captured into a CUDA graph is left alone: a wait on an event recorded
+    /// outside the capture would invalidate it, and the graph's replays are ordered by the
+    /// stream they are launched on.
+    pub(crate) fn enter(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        if Arc::ptr_eq(&self.last, stream) {
+            return Ok(());
+        }
+        if stream.context().cu_ctx() != self.home.context().cu_ctx() {
+            return Err(Error::Shape { arg: "gpu", msg: "the plan was made on another CUDA context".into() });
+        }
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: `stream` is a live stream of this context.
+        unsafe { sys::cuStreamIsCapturing(stream.cu_stream(), &mut status).result()? };
+        if status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            stream.join(&self.last)?;
+            self.last = stream.clone();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for StreamOrder {
+    fn drop(&mut self) {
+        if !Arc::ptr_eq(&self.last, &self.home) {
+            // A failure here leaves nothing to do better than the driver's own error later.
+            let _ = self.home.join(&self.last);
+        }
     }
 }
 

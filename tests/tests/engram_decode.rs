@@ -407,6 +407,43 @@ fn repeated_calls_are_bitwise_identical() {
     }
 }
 
+/// One plan stepping alternately on two streams of the context, with no host synchronisation
+/// between the steps, gives the bits it gives on one stream (the plan's workspace is reused
+/// by every step: the second stream waits for the first).
+#[test]
+fn plan_alternating_streams_matches_one_stream() {
+    let Some(gpu) = gpu_or_skip("engram_decode::alternating_streams") else { return };
+    let mut rng = fresh_rng("engram_decode::alternating_streams");
+    let other = gpu.new_stream().unwrap();
+    let st = gpu.stream();
+    for s in [EngramDecodeShape::new(4, 1024, 512, 20, 4, 5), EngramDecodeShape::new(8, 512, 256, 18, 4, 3)] {
+        let mut plan = plan_for(&gpu, s);
+        let l = plan.lens();
+        let calls: Vec<(Dev<f16>, CudaSlice<f16>)> = (0..6)
+            .map(|_| {
+                let c = gen::<f16>(&mut rng, s, VARIED);
+                (upload(&gpu, &c), st.clone_htod(&c.state).unwrap())
+            })
+            .collect();
+        let mut outputs = |alternate: bool| -> Vec<(Vec<f16>, Vec<f16>)> {
+            let mut bufs: Vec<_> = calls
+                .iter()
+                .map(|_| (st.clone_htod(&poisoned::<f16>(l.h)).unwrap(), st.clone_htod(&poisoned::<f16>(l.state)).unwrap()))
+                .collect();
+            for (i, ((dev, state), (y, ns))) in calls.iter().zip(bufs.iter_mut()).enumerate() {
+                let handle = if alternate && i % 2 == 0 { &other } else { &gpu };
+                plan.forward(handle, dev.inputs(), state, DecodeOutputs { y_t: y, new_conv_state: ns }).unwrap();
+            }
+            bufs.iter().map(|(y, ns)| (st.clone_dtoh(y).unwrap(), st.clone_dtoh(ns).unwrap())).collect()
+        };
+        let (one, two) = (outputs(false), outputs(true));
+        for (i, (a, b)) in one.iter().zip(&two).enumerate() {
+            assert!(a.0.iter().zip(&b.0).all(|(p, q)| bits(*p) == bits(*q)), "{s:?} call {i}: y_t differs across streams");
+            assert!(a.1.iter().zip(&b.1).all(|(p, q)| bits(*p) == bits(*q)), "{s:?} call {i}: state differs across streams");
+        }
+    }
+}
+
 /// A step's graph is captured on the first call and replayed on the same buffers with new
 /// data: every round matches the reference, at every seed shape.
 #[test]

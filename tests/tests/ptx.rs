@@ -76,6 +76,43 @@ fn sm90_loads_the_embedded_machine_code() {
     }
 }
 
+/// A new `Gpu` looks up no kernel; each op family's functions are looked up on its first use,
+/// once per context, and handles on other streams share them and run the same kernels.
+#[test]
+fn kernel_families_load_on_first_use_and_stream_handles_share_them() {
+    use rgk::fft::{self, FftPlan, Precision};
+    use rgk::mhc::{self, MhcPostInputs, MhcPostOutputs, MhcPostShape};
+    use rgk::{bf16, Complex};
+    let Some(gpu) = rgk_tests::gpu_or_skip("ptx::kernel_families_load_on_first_use") else { return };
+    assert!(gpu.loaded_kernel_families().is_empty(), "Gpu::new looked up {:?}", gpu.loaded_kernel_families());
+    let other = gpu.new_stream().unwrap();
+    let mut plan = FftPlan::new(&other, 4096, 2, Precision::C64).unwrap();
+    assert_eq!(gpu.loaded_kernel_families(), ["fft"]);
+    let x = fft::clone_htod(other.stream(), &vec![Complex::new(1.0f32, 0.0); 8192]).unwrap();
+    let mut y = fft::alloc_zeros::<f32>(other.stream(), 8192).unwrap();
+    plan.execute_c64(&other, &x, &mut y).unwrap();
+    let y = fft::clone_dtoh(other.stream(), &y).unwrap();
+    // The transform of a constant row of ones is 4096 at frequency 0, zero elsewhere.
+    for row in y.chunks(4096) {
+        assert_eq!(row[0], Complex::new(4096.0, 0.0));
+        assert!(row[1..].iter().all(|v| v.norm() == 0.0), "FFT of ones on a second stream");
+    }
+    let s = MhcPostShape { batch: 2, n: 4, c: 64 };
+    let st = gpu.stream();
+    let yl = st.clone_htod(&vec![bf16::from_f32(0.5); s.batch * s.c]).unwrap();
+    let h = st.clone_htod(&vec![2.0f32; s.batch * s.n]).unwrap();
+    let r = st.clone_htod(&vec![bf16::from_f32(0.25); s.batch * s.n * s.c]).unwrap();
+    let mut out = st.alloc_zeros::<bf16>(s.batch * s.n * s.c).unwrap();
+    let inputs = MhcPostInputs { x_layer_out: &yl, h_post: &h, x_res: &r };
+    mhc::post_fwd(&gpu, s, inputs, MhcPostOutputs { x_out: &mut out }).unwrap();
+    assert_eq!(other.loaded_kernel_families(), ["mhc_post", "fft"]);
+    let out: Vec<bf16> = st.clone_dtoh(&out).unwrap();
+    // x_out = q(h_post·x_layer_out + x_res) = 2·0.5 + 0.25, exact in bf16.
+    assert!(out.iter().all(|v| v.to_f32() == 1.25), "MHCPostFwd after FFT on another stream");
+    let foreign = gpu.with_stream(other.stream().clone()).unwrap();
+    assert_eq!(foreign.loaded_kernel_families(), ["mhc_post", "fft"]);
+}
+
 /// Kernels whose collectives the conservative analysis of [`ptx_build::divergence`] cannot
 /// prove uniform. Its findings here are all of one shape: a barrier or shuffle after a
 /// thread-strided loop (`for i in (tid..n).step_by(blockDim)`) nested in an outer loop, which

@@ -15,7 +15,7 @@ use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, Devi
 use half::{bf16, f16};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
+use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, StreamOrder};
 use crate::{Error, Gpu, Result};
 
 /// Every PTX entry of the decode step ([`planned_kernels`] launches each of them).
@@ -456,9 +456,11 @@ impl DecodeGeometry {
 /// device workspace (split partials `[splits, batch, 2, d]` f32 and the reduced projections
 /// `[batch, 2, d]` f32).
 ///
-/// Calls through one plan must be ordered on one stream (the workspace is reused); use a plan
-/// per stream for concurrent steps.
+/// The safe entries may be called on any stream of the context (a [`Gpu`] handle from
+/// [`Gpu::with_stream`]): a call on another stream than the previous one waits for it (the
+/// workspace is reused). Use a plan per stream for concurrent steps.
 pub struct EngramDecodePlan {
+    order: StreamOrder,
     shape: EngramDecodeShape,
     steps: DecodeStepPlans,
     lens: DecodeLens,
@@ -531,6 +533,7 @@ impl EngramDecodePlan {
             None
         };
         Ok(Self {
+            order: StreamOrder::new(st),
             shape,
             steps,
             lens,
@@ -620,6 +623,7 @@ impl EngramDecodePlan {
         check_len("y_t", self.lens.h, y_t.len())?;
         check_len("new_conv_state", self.lens.state, new_conv_state.len())?;
         let st = gpu.stream();
+        self.order.enter(st)?;
         let (raw, _g) = raw_inputs(&inputs, st);
         let (s, _g1) = conv_state.device_ptr(st);
         let (y, _g2) = y_t.device_ptr_mut(st);
@@ -649,6 +653,7 @@ impl EngramDecodePlan {
         check_len("state", self.lens.state, state.len())?;
         check_len("y_t", self.lens.h, y_t.len())?;
         let st = gpu.stream();
+        self.order.enter(st)?;
         let (raw, _g) = raw_inputs(&inputs, st);
         let (s, _g1) = state.device_ptr_mut(st);
         let (y, _g2) = y_t.device_ptr_mut(st);

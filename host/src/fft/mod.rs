@@ -36,7 +36,7 @@ use cudarc::driver::{
 use num_complex::Complex;
 
 use crate::error::check_len;
-use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
+use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, StreamOrder};
 use crate::{Error, Gpu, Result};
 
 #[cfg(test)]
@@ -166,8 +166,11 @@ impl Precision {
 ///
 /// Holds the twiddle tables and the workspace (device memory of the [`Gpu`] it was made on).
 /// Executions of one plan must not overlap in time (they share the workspace): the safe
-/// entries take `&mut self`; the raw entry leaves this to the caller.
+/// entries take `&mut self` and may be called on any stream of the context (a [`Gpu`] handle
+/// from [`Gpu::with_stream`]); an execution on another stream than the previous one waits for
+/// it. The raw entry leaves all of this to the caller.
 pub struct FftPlan {
+    order: StreamOrder,
     n: usize,
     batch: usize,
     precision: Precision,
@@ -288,7 +291,8 @@ impl FftPlan {
         // The tables must be on the device before an execution on any other stream.
         gpu.stream().synchronize()?;
         let ptrs = PlanPtrs { twlo: raw_ptr(gpu, &twlo), twhi: raw_ptr(gpu, &twhi), work: raw_ptr(gpu, &work) };
-        Ok(Self { n, batch, precision, passes, twlo, twhi, work, stw, stw_ptrs, ptrs, graph: GraphReplay::new() })
+        let order = StreamOrder::new(gpu.stream());
+        Ok(Self { order, n, batch, precision, passes, twlo, twhi, work, stw, stw_ptrs, ptrs, graph: GraphReplay::new() })
     }
 
     /// The PTX entry of every pass, in launch order (for tests and reports).
@@ -379,6 +383,7 @@ impl FftPlan {
         check_len("x", self.buffer_len(), x.len())?;
         check_len("y", self.buffer_len(), y.len())?;
         let st = gpu.stream();
+        self.order.enter(st)?;
         let (xp, _g1) = x.device_ptr(st);
         let (yp, _g2) = y.device_ptr_mut(st);
         let cs = st.cu_stream();
@@ -401,6 +406,7 @@ impl FftPlan {
         self.check_precision(R::PRECISION)?;
         check_len("x", self.buffer_len(), xy.len())?;
         let st = gpu.stream();
+        self.order.enter(st)?;
         let (p, _g) = xy.device_ptr_mut(st);
         // SAFETY: the buffer holds the elements the plan addresses.
         unsafe { self.execute_raw(gpu, p, p, st.cu_stream()) }
