@@ -136,7 +136,8 @@ fn run(args: &Args, started: Instant) -> Result<bool, String> {
     let t_new = Instant::now();
     let gpu = Gpu::new(0).map_err(|e| e.to_string())?;
     let new_ms = t_new.elapsed().as_secs_f64() * 1e3;
-    let startup_ms = first_result(&gpu).map_err(|e| format!("start-up FFT: {e}"))?.duration_since(started).as_secs_f64() * 1e3;
+    let startup_ms =
+        first_result(&gpu).map_err(|e| format!("start-up FFT: {e}"))?.duration_since(started).as_secs_f64() * 1e3;
     println!(
         "startup: first op result {startup_ms:.0} ms after the bench started (Gpu::new {new_ms:.0} ms, kernels from {}; then a 4096-point FFT planned, run and copied back; CUPTI on)",
         if gpu.kernels_from_cubin() { "the embedded cubin" } else { "the PTX, compiled by the driver" }

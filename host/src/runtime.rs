@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
+use kernel_abi::KernelArgs;
 
 use crate::{Error, Result};
 
@@ -133,7 +134,12 @@ impl Gpu {
     #[doc(hidden)]
     pub fn loaded_kernel_families(&self) -> Vec<&'static str> {
         let k = &self.kernels;
-        crate::KERNEL_FAMILIES.iter().zip(&k.families).filter(|(_, f)| f.get().is_some()).map(|((n, _), _)| *n).collect()
+        crate::KERNEL_FAMILIES
+            .iter()
+            .zip(&k.families)
+            .filter(|(_, f)| f.get().is_some())
+            .map(|((n, _), _)| *n)
+            .collect()
     }
 
     /// The kernel `name` (a PTX entry); its family's functions are looked up on first use.
@@ -213,7 +219,8 @@ pub(crate) struct LaunchDims {
     pub shared_bytes: u32,
 }
 
-/// Kernel arguments, passed by pointer to `cuLaunchKernel`.
+/// Kernel arguments, passed by pointer to `cuLaunchKernel` (positional parameter lists, being
+/// replaced by one [`KernelArgs`] struct per kernel).
 pub(crate) trait KernelArg {
     fn as_param(&mut self) -> *mut c_void;
 }
@@ -224,12 +231,12 @@ macro_rules! impl_arg {
 }
 impl_arg!(u32, i32, u64, i64, f32, f64);
 
-/// Launches `f` on `stream` with `args` (each a local the caller owns until return).
+/// Launches `f` on `stream` with positional `args` (each a local the caller owns until return).
 ///
 /// # Safety
 /// The arguments must match the kernel's parameters in number, order and type, and every
 /// pointer must be valid for the accesses the kernel makes with these dims.
-pub(crate) unsafe fn launch(
+pub(crate) unsafe fn launch_positional(
     f: &CudaFunction,
     dims: LaunchDims,
     stream: sys::CUstream,
@@ -243,6 +250,30 @@ pub(crate) unsafe fn launch(
         dims.shared_bytes,
         stream,
         &mut params,
+    )?;
+    Ok(())
+}
+
+/// Launches `f` on `stream` with its argument struct (the kernel's parameters are its fields).
+///
+/// # Safety
+/// `A` must be the argument struct of `f` (`kernel_abi` names the kernel each struct is for),
+/// and every pointer in it valid for the accesses the kernel makes with these dims.
+pub(crate) unsafe fn launch<A: KernelArgs>(
+    f: &CudaFunction,
+    dims: LaunchDims,
+    stream: sys::CUstream,
+    args: &A,
+) -> Result<()> {
+    let mut args = *args;
+    let mut params = args.params();
+    cudarc::driver::result::launch_kernel(
+        f.cu_function(),
+        dims.grid,
+        dims.block,
+        dims.shared_bytes,
+        stream,
+        params.as_mut(),
     )?;
     Ok(())
 }
@@ -264,7 +295,8 @@ fn launch_config(dims: LaunchDims, stream: sys::CUstream, attr: &mut sys::CUlaun
     }
 }
 
-/// `cuLaunchKernelEx` of `f` with one launch attribute.
+/// `cuLaunchKernelEx` of `f` with one launch attribute and the kernel parameter array
+/// `params`.
 ///
 /// # Safety
 /// As [`launch`].
@@ -273,12 +305,20 @@ unsafe fn launch_ex(
     dims: LaunchDims,
     stream: sys::CUstream,
     mut attr: sys::CUlaunchAttribute,
-    args: &mut [&mut dyn KernelArg],
+    params: &mut [*mut c_void],
 ) -> Result<()> {
-    let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a.as_param()).collect();
     let cfg = launch_config(dims, stream, &mut attr);
     sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()).result()?;
     Ok(())
+}
+
+/// The launch attribute of a programmatic dependent launch.
+fn programmatic_attribute() -> sys::CUlaunchAttribute {
+    // SAFETY: a plain C struct/union; all-zero is a valid value before the fields are set.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    attr
 }
 
 /// Launches `f` on `stream` as a programmatic dependent launch (`cuLaunchKernelEx` with
@@ -290,16 +330,29 @@ unsafe fn launch_ex(
 ///
 /// # Safety
 /// As [`launch`], plus the kernel's `griddepcontrol.wait` discipline above.
-pub(crate) unsafe fn launch_pdl(
+pub(crate) unsafe fn launch_pdl<A: KernelArgs>(
+    f: &CudaFunction,
+    dims: LaunchDims,
+    stream: sys::CUstream,
+    args: &A,
+) -> Result<()> {
+    let mut args = *args;
+    let mut params = args.params();
+    launch_ex(f, dims, stream, programmatic_attribute(), params.as_mut())
+}
+
+/// [`launch_pdl`] with positional `args` (as [`launch_positional`]).
+///
+/// # Safety
+/// As [`launch_positional`], plus the kernel's `griddepcontrol.wait` discipline.
+pub(crate) unsafe fn launch_pdl_positional(
     f: &CudaFunction,
     dims: LaunchDims,
     stream: sys::CUstream,
     args: &mut [&mut dyn KernelArg],
 ) -> Result<()> {
-    let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
-    launch_ex(f, dims, stream, attr, args)
+    let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a.as_param()).collect();
+    launch_ex(f, dims, stream, programmatic_attribute(), &mut params)
 }
 
 /// One op call's launches as a CUDA graph, replayed while the call's arguments are unchanged.

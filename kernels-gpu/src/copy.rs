@@ -3,6 +3,7 @@
 //! "how close to the limit" is a number measured in the same run, not a datasheet figure.
 
 use crate::prim::*;
+use kernel_abi::DeviceCopyArgs;
 
 /// 16-byte chunks each thread moves per round: all loads are issued before the first store.
 /// Two, with 256-thread blocks and one round per thread, was the fastest copy on 8 of the ten
@@ -16,8 +17,11 @@ pub const COPY_UNROLL: usize = 2;
 ///
 /// Like every pass of a multi-pass FFT it lets its programmatic dependent start at entry and
 /// waits for the grid it depends on (a no-op for an ordinary launch) before the first load.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn device_copy_16b(src: *const u32, dst: *mut u32, chunks: u64) {
+kernel_abi::device_copy_entry!(device_copy_16b, a => { copy_16b(a) });
+
+#[inline(always)]
+unsafe fn copy_16b(a: DeviceCopyArgs) {
+    let DeviceCopyArgs { src, dst, chunks } = a;
     grid_launch_dependents();
     grid_dependency_wait();
     let threads = block_dim_x() as u64;

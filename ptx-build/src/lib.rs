@@ -29,6 +29,8 @@ pub fn inputs() -> Vec<PathBuf> {
     vec![
         root.join("kernels-gpu/src"),
         root.join("kernels-gpu/Cargo.toml"),
+        root.join("kernel-abi/src"),
+        root.join("kernel-abi/Cargo.toml"),
         root.join("nvptx-link/src/main.rs"),
         root.join("rust-toolchain.toml"),
     ]

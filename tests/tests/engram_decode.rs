@@ -428,7 +428,9 @@ fn plan_alternating_streams_matches_one_stream() {
         let mut outputs = |alternate: bool| -> Vec<(Vec<f16>, Vec<f16>)> {
             let mut bufs: Vec<_> = calls
                 .iter()
-                .map(|_| (st.clone_htod(&poisoned::<f16>(l.h)).unwrap(), st.clone_htod(&poisoned::<f16>(l.state)).unwrap()))
+                .map(|_| {
+                    (st.clone_htod(&poisoned::<f16>(l.h)).unwrap(), st.clone_htod(&poisoned::<f16>(l.state)).unwrap())
+                })
                 .collect();
             for (i, ((dev, state), (y, ns))) in calls.iter().zip(bufs.iter_mut()).enumerate() {
                 let handle = if alternate && i % 2 == 0 { &other } else { &gpu };
@@ -438,8 +440,14 @@ fn plan_alternating_streams_matches_one_stream() {
         };
         let (one, two) = (outputs(false), outputs(true));
         for (i, (a, b)) in one.iter().zip(&two).enumerate() {
-            assert!(a.0.iter().zip(&b.0).all(|(p, q)| bits(*p) == bits(*q)), "{s:?} call {i}: y_t differs across streams");
-            assert!(a.1.iter().zip(&b.1).all(|(p, q)| bits(*p) == bits(*q)), "{s:?} call {i}: state differs across streams");
+            assert!(
+                a.0.iter().zip(&b.0).all(|(p, q)| bits(*p) == bits(*q)),
+                "{s:?} call {i}: y_t differs across streams"
+            );
+            assert!(
+                a.1.iter().zip(&b.1).all(|(p, q)| bits(*p) == bits(*q)),
+                "{s:?} call {i}: state differs across streams"
+            );
         }
     }
 }

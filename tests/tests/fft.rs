@@ -407,7 +407,8 @@ fn plan_alternating_streams_matches_one_stream() {
     let st = gpu.stream();
     for (n, batch) in [(1 << 16, 4), (1 << 20, 1), (4096, 64)] {
         let len = n * batch;
-        let xs: Vec<_> = (0..6).map(|_| fft::clone_htod(st, &complex(&randn_f32(&mut rng, 2 * len, 1.0))).unwrap()).collect();
+        let xs: Vec<_> =
+            (0..6).map(|_| fft::clone_htod(st, &complex(&randn_f32(&mut rng, 2 * len, 1.0))).unwrap()).collect();
         let nan = vec![Complex::new(f32::NAN, f32::NAN); len];
         let mut one: Vec<_> = xs.iter().map(|_| fft::clone_htod(st, &nan).unwrap()).collect();
         let mut two: Vec<_> = xs.iter().map(|_| fft::clone_htod(st, &nan).unwrap()).collect();
@@ -421,7 +422,8 @@ fn plan_alternating_streams_matches_one_stream() {
         }
         for (i, (a, b)) in one.iter().zip(&two).enumerate() {
             let (a, b) = (fft::clone_dtoh(st, a).unwrap(), fft::clone_dtoh(other.stream(), b).unwrap());
-            let same = a.iter().zip(&b).all(|(p, q)| p.re.to_bits() == q.re.to_bits() && p.im.to_bits() == q.im.to_bits());
+            let same =
+                a.iter().zip(&b).all(|(p, q)| p.re.to_bits() == q.re.to_bits() && p.im.to_bits() == q.im.to_bits());
             assert!(same, "n={n} batch={batch} call {i}: two streams ≠ one stream");
         }
         println!("n=2^{} batch={batch}: 6 calls on alternating streams, bitwise equal", n.trailing_zeros());

@@ -15,7 +15,7 @@ use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, Devi
 use half::{bf16, f16};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, StreamOrder};
+use crate::runtime::{launch_pdl_positional, launch_positional, GraphReplay, LaunchDims, StreamOrder};
 use crate::{Error, Gpu, Result};
 
 /// Every PTX entry of the decode step ([`planned_kernels`] launches each of them).
@@ -830,7 +830,7 @@ impl EngramDecodePlan {
         // 9.55/12.86/14.50 µs against 8.50/13.84/9.92 for two launches with the warp finish.
         // One launch in one thread-block cluster, finish over distributed shared memory:
         // +1.0/+0.6/+1.4 µs (cluster scheduling costs more than the second launch).
-        launch(f, dims, stream, args!())?;
+        launch_positional(f, dims, stream, args!())?;
         let fin = gpu.function(step.finish.entry(dtype))?;
         // The state shift stays in the projection launch (extra finishing blocks taking it,
         // under PDL while the projection runs: predicted ≤ 0.3 µs at b8, never measured faster).
@@ -850,7 +850,7 @@ impl EngramDecodePlan {
         };
         // The finish as a programmatic dependent (`launch_pdl`): it starts while the projection
         // runs and waits in `griddepcontrol.wait` before it reads the partials.
-        launch_pdl(fin, dims, stream, args!())
+        launch_pdl_positional(fin, dims, stream, args!())
     }
 }
 

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, DevicePtr, DevicePtrMut};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
+use crate::runtime::{launch_pdl_positional, launch_positional, GraphReplay, LaunchDims};
 use crate::verify::Half;
 use crate::{Error, Gpu, Result};
 
@@ -563,7 +563,7 @@ unsafe fn launch_fwd(
             let df = d as f32;
             let (mut inv_d, mut inv_sqrt_d) = (1.0f32 / df, 1.0f32 / df.sqrt());
             let mut magic = fwd_chunk_magic(d as usize);
-            launch(
+            launch_positional(
                 f,
                 plan.dims,
                 stream,
@@ -592,7 +592,7 @@ unsafe fn launch_fwd(
         }
         FwdKernel::SmemGrid1d { .. } | FwdKernel::StreamVec8 | FwdKernel::StreamScalar => {
             let mut nt = plan.ntiles;
-            launch(
+            launch_positional(
                 f,
                 plan.dims,
                 stream,
@@ -642,7 +642,7 @@ unsafe fn launch_bwd(
             // s = 1/√d and 1/d correctly rounded (the bits of the kernels' `div.rn(1, sqrt.rn(d))`)
             let df = plan.d as f32;
             let (mut s, mut inv_d) = (1.0f32 / df.sqrt(), 1.0f32 / df);
-            launch(
+            launch_positional(
                 f,
                 plan.main_dims,
                 stream,
@@ -661,7 +661,7 @@ unsafe fn launch_bwd(
                 workspace + (plan.blocks as usize * 6 * plan.d as usize * 4) as u64
             };
             let mut nt = plan.ntiles;
-            launch(
+            launch_positional(
                 f,
                 plan.main_dims,
                 stream,
@@ -676,7 +676,7 @@ unsafe fn launch_bwd(
     // launch and start-up overlap the main kernel (bitwise the same outputs as a plain launch)
     let f2 = gpu.function(plan.reduce.entry())?;
     let (mut pt2, mut nb, mut d2) = (workspace, plan.blocks, plan.d);
-    launch_pdl(f2, plan.reduce_dims, stream, &mut [&mut pt2, &mut dwh, &mut dwv, &mut dcw, &mut nb, &mut d2])
+    launch_pdl_positional(f2, plan.reduce_dims, stream, &mut [&mut pt2, &mut dwh, &mut dwv, &mut dcw, &mut nb, &mut d2])
 }
 
 /// The inputs of [`gate_conv_fwd`] (docs/ops.md §4; `h` is the op's `H`): `h, k, v` `[M,T,d]`,

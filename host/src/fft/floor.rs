@@ -10,6 +10,7 @@ use super::FftPlan;
 use crate::error::check_len;
 use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
 use crate::{Error, Gpu, Result};
+use kernel_abi::DeviceCopyArgs;
 
 /// The copy kernel (kernels-gpu `copy.rs`).
 pub(crate) const KERNEL: &str = "device_copy_16b";
@@ -101,11 +102,14 @@ impl CopyChain {
         let dims = LaunchDims { grid: (grid, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
         let scratch = self.scratch_ptr;
         for i in 0..self.passes {
-            let mut src = if i == 0 { x } else { scratch };
-            let mut dst = if i + 1 == self.passes { y } else { scratch };
-            let mut n = chunks;
-            let launch_pass = if i > 0 { launch_pdl } else { launch };
-            launch_pass(f, dims, stream, &mut [&mut src, &mut dst, &mut n])?;
+            let src = (if i == 0 { x } else { scratch }) as *const u32;
+            let dst = (if i + 1 == self.passes { y } else { scratch }) as *mut u32;
+            let args = DeviceCopyArgs { src, dst, chunks };
+            if i > 0 {
+                launch_pdl(f, dims, stream, &args)?;
+            } else {
+                launch(f, dims, stream, &args)?;
+            }
         }
         Ok(())
     }

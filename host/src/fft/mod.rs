@@ -36,7 +36,7 @@ use cudarc::driver::{
 use num_complex::Complex;
 
 use crate::error::check_len;
-use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, StreamOrder};
+use crate::runtime::{launch_pdl_positional, launch_positional, GraphReplay, LaunchDims, StreamOrder};
 use crate::{Error, Gpu, Result};
 
 #[cfg(test)]
@@ -292,7 +292,20 @@ impl FftPlan {
         gpu.stream().synchronize()?;
         let ptrs = PlanPtrs { twlo: raw_ptr(gpu, &twlo), twhi: raw_ptr(gpu, &twhi), work: raw_ptr(gpu, &work) };
         let order = StreamOrder::new(gpu.stream());
-        Ok(Self { order, n, batch, precision, passes, twlo, twhi, work, stw, stw_ptrs, ptrs, graph: GraphReplay::new() })
+        Ok(Self {
+            order,
+            n,
+            batch,
+            precision,
+            passes,
+            twlo,
+            twhi,
+            work,
+            stw,
+            stw_ptrs,
+            ptrs,
+            graph: GraphReplay::new(),
+        })
     }
 
     /// The PTX entry of every pass, in launch order (for tests and reports).
@@ -453,7 +466,7 @@ impl FftPlan {
             // Every pass after the first as a programmatic dependent of the one before: its
             // launch, block start-up and twiddle loads overlap the previous pass
             // (longconv-16k 13.57 → 12.99 µs).
-            let launch_pass = if i > 0 { launch_pdl } else { launch };
+            let launch_pass = if i > 0 { launch_pdl_positional } else { launch_positional };
             launch_pass(
                 f,
                 dims,

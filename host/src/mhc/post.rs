@@ -5,6 +5,7 @@ use half::bf16;
 use crate::error::{check_len, check_positive, checked_product};
 use crate::runtime::{launch, LaunchDims};
 use crate::{Gpu, Result};
+use kernel_abi::{PostAnyArgs, PostRowsArgs};
 
 pub(crate) const KERNEL_ROWS: &str = "mhc_post_fwd_bf16_rows";
 pub(crate) const KERNEL_ANY: &str = "mhc_post_fwd_bf16";
@@ -132,17 +133,19 @@ pub unsafe fn post_fwd_raw(
     let aligned = [x_layer_out, x_res, x_out].iter().all(|p| p % 16 == 0);
     let plan = PostKernel::plan(shape, aligned)?;
     let f = gpu.function(plan.kernel())?;
-    let (mut y, mut h, mut r, mut o) = (x_layer_out, h_post, x_res, x_out);
+    let (x_layer_out, h_post, x_res, x_out) =
+        (x_layer_out as *const u16, h_post as *const f32, x_res as *const u16, x_out as *mut u16);
     match plan {
         PostKernel::Rows { grid } => {
-            let (mut n, mut c) = (shape.n as u32, shape.c as u32);
+            let args = PostRowsArgs { x_layer_out, h_post, x_res, x_out, n: shape.n as u32, c: shape.c as u32 };
             let dims = LaunchDims { grid, block: (BLOCK, 1, 1), shared_bytes: 0 };
-            launch(f, dims, stream, &mut [&mut y, &mut h, &mut r, &mut o, &mut n, &mut c])
+            launch(f, dims, stream, &args)
         }
         PostKernel::Any { blocks } => {
+            let (n, c, total) = (shape.n as u64, shape.c as u64, total as u64);
+            let args = PostAnyArgs { x_layer_out, h_post, x_res, x_out, n, c, total };
             let dims = LaunchDims { grid: (blocks, 1, 1), block: (BLOCK, 1, 1), shared_bytes: 0 };
-            let (mut n, mut c, mut t) = (shape.n as u64, shape.c as u64, total as u64);
-            launch(f, dims, stream, &mut [&mut y, &mut h, &mut r, &mut o, &mut n, &mut c, &mut t])
+            launch(f, dims, stream, &args)
         }
     }
 }

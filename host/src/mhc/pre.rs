@@ -9,7 +9,7 @@ use cudarc::driver::{sys, sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr,
 use half::bf16;
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_pdl, GraphReplay, KernelArg, LaunchDims};
+use crate::runtime::{launch_pdl_positional, launch_positional, GraphReplay, KernelArg, LaunchDims};
 use crate::{Error, Gpu, Result};
 
 pub(crate) const KERNEL_PARTIAL_FMA: &str = "mhc_pre_partial_fma";
@@ -765,7 +765,12 @@ pub unsafe fn pre_fwd_raw(
         Partials::MmaFixedPoint(g) | Partials::Mma(g) => {
             let (mut cw, mut bpc) = (g.cols, g.batch_per_group);
             let dims = LaunchDims { grid: (g.grid, g.groups, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
-            launch(f1, dims, stream, &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc])?;
+            launch_positional(
+                f1,
+                dims,
+                stream,
+                &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc],
+            )?;
         }
         Partials::Fma(g) => {
             let (mut cols, mut jc, mut bg) = (g.cols, g.jc, g.bg);
@@ -775,7 +780,7 @@ pub unsafe fn pre_fwd_raw(
             let mut mc_magic = fastdiv_magic(mc);
             let mut jc_magic = fastdiv_magic(g.jc);
             let dims = LaunchDims { grid: (g.grid, 1, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
-            launch(
+            launch_positional(
                 f1,
                 dims,
                 stream,
@@ -825,7 +830,7 @@ pub unsafe fn pre_fwd_raw(
                 &mut eps,
                 &mut inv_sqrt_nc,
             ];
-            launch_pdl(f2, dims, stream, args)
+            launch_pdl_positional(f2, dims, stream, args)
         }
         Mix::SmallN(g) | Mix::AnyN(g) => {
             let (mut tiles, mut jt, mut ls) = (g.tiles, g.jt, g.slices_log2);
@@ -855,7 +860,7 @@ pub unsafe fn pre_fwd_raw(
                 &mut eps,
                 &mut inv_sqrt_nc,
             ];
-            launch_pdl(f2, dims, stream, args)
+            launch_pdl_positional(f2, dims, stream, args)
         }
     }
 }

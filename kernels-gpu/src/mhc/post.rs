@@ -6,18 +6,15 @@
 //! round-to-nearest-even to bf16.
 
 use crate::prim::*;
+use kernel_abi::{PostAnyArgs, PostRowsArgs};
+
+kernel_abi::post_any_entry!(mhc_post_fwd_bf16, a => { post_any(a) });
+kernel_abi::post_rows_entry!(mhc_post_fwd_bf16_rows, a => { post_rows(a) });
 
 /// General path: any `n`, `c`, alignment and size; one element per thread, grid-stride loop.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn mhc_post_fwd_bf16(
-    x_layer_out: *const u16,
-    h_post: *const f32,
-    x_res: *const u16,
-    out: *mut u16,
-    n: u64,
-    c: u64,
-    total: u64,
-) {
+#[inline(always)]
+unsafe fn post_any(a: PostAnyArgs) {
+    let PostAnyArgs { x_layer_out, h_post, x_res, x_out: out, n, c, total } = a;
     let stride = (grid_dim_x() * block_dim_x()) as u64;
     let mut e = (block_idx_x() * block_dim_x() + thread_idx_x()) as u64;
     let row = n * c;
@@ -50,15 +47,9 @@ unsafe fn fma8(h: f32, y: [u32; 4], xr: [u32; 4]) -> [u32; 4] {
 
 /// Vectorised path, division-free 3-D grid: `blockIdx.z = β`, `blockIdx.y = i`, x over the `c/8` chunks of one
 /// row. Requires `c % 8 == 0` and 16-byte aligned pointers.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn mhc_post_fwd_bf16_rows(
-    x_layer_out: *const u16,
-    h_post: *const f32,
-    x_res: *const u16,
-    out: *mut u16,
-    n: u32,
-    c: u32,
-) {
+#[inline(always)]
+unsafe fn post_rows(a: PostRowsArgs) {
+    let PostRowsArgs { x_layer_out, h_post, x_res, x_out: out, n, c } = a;
     let j = (block_idx_x() * block_dim_x() + thread_idx_x()) * 8;
     if j >= c {
         return;

@@ -1,0 +1,1 @@
+//! Engram: the gated causal conv (forward, backward) and the decode step.

@@ -1,0 +1,1 @@
+//! FFTC2CFwd pass kernels.

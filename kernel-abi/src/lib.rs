@@ -1,0 +1,99 @@
+//! The launch contract between the host library (`rgk`) and the kernels (`kernels-gpu`).
+//!
+//! Each kernel's arguments are one struct, declared once here with [`kernel_args!`]. The
+//! declaration also generates the entry macro the device crate declares the kernel with: the
+//! PTX entry takes the struct's fields as its parameters, in declaration order, and rebuilds
+//! the struct for the kernel body; the host fills the same struct and passes
+//! [`KernelArgs::params`] (a pointer to each field, in the same order) to `cuLaunchKernel`.
+//! The two sides therefore cannot disagree on the number, order or type of the arguments.
+//!
+//! The parameters stay separate in PTX (not one by-value aggregate) on purpose: LLVM's NVPTX
+//! back end knows a kernel's pointer parameters address global memory and emits `ld.global` /
+//! `st.global` through them (and `cvta.to.global` once); a pointer read out of a by-value
+//! struct parameter is generic, and every access through it becomes a generic `ld`/`st`.
+//!
+//! Sizes and constants both sides use (shared-memory layouts, per-thread chunk counts) live
+//! here too. `no_std`, no dependencies: the device crate compiles it for
+//! `nvptx64-nvidia-cuda`, the host for the CPU. Pointers are device addresses, typed by what
+//! the kernel reads or writes through them (16-bit floats as their `u16` bits).
+#![no_std]
+
+pub use core::ffi::c_void;
+
+/// A kernel's argument struct, declared by [`kernel_args!`].
+///
+/// # Safety
+/// Implemented only by [`kernel_args!`]: `params` points at every field, in the order of the
+/// kernel's parameters.
+pub unsafe trait KernelArgs: Copy {
+    /// `[*mut c_void; number of fields]`.
+    type Params: AsMut<[*mut c_void]>;
+    /// A pointer to each field in parameter order, valid while `self` is borrowed (the
+    /// `kernelParams` of `cuLaunchKernel`).
+    fn params(&mut self) -> Self::Params;
+}
+
+/// Declares a kernel argument struct and the macro that declares kernels taking it:
+///
+/// ```ignore
+/// kernel_args! {
+///     /// What the kernel computes, its launch contract.
+///     pub struct CopyArgs / copy_entry { pub src: *const u32, pub dst: *mut u32, pub n: u64, }
+/// }
+/// // In the device crate: a PTX entry `my_copy(src, dst, n)` whose body sees `a: CopyArgs`.
+/// kernel_abi::copy_entry!(my_copy, a => { body(a) });
+/// ```
+///
+/// On targets other than nvptx64 the entry is a plain `unsafe fn` of the same name (the CPU
+/// emulation of the kernels calls it).
+#[macro_export]
+macro_rules! kernel_args {
+    (
+        $(#[$m:meta])*
+        pub struct $name:ident / $entry:ident { $($(#[$fm:meta])* pub $f:ident: $t:ty,)* }
+    ) => {
+        $crate::kernel_args!(@emit ($) $(#[$m])* $name $entry { $($(#[$fm])* $f: $t,)* });
+    };
+    (@emit ($d:tt) $(#[$m:meta])* $name:ident $entry:ident { $($(#[$fm:meta])* $f:ident: $t:ty,)* }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug)]
+        pub struct $name {
+            $($(#[$fm])* pub $f: $t,)*
+        }
+
+        // SAFETY: one pointer per field, in declaration order, which is the entry's parameter
+        // order (the entry macro below lists the same fields in the same order).
+        unsafe impl $crate::KernelArgs for $name {
+            type Params = [*mut $crate::c_void; [$(stringify!($f)),*].len()];
+            fn params(&mut self) -> Self::Params {
+                [$(&mut self.$f as *mut $t as *mut $crate::c_void),*]
+            }
+        }
+
+        #[doc = concat!("Declares a kernel taking [`", stringify!($name), "`]: `", stringify!($entry), "!(entry_name, args => { body })`.")]
+        #[macro_export]
+        macro_rules! $entry {
+            ($d kernel:ident, $d args:ident => $d body:block) => {
+                #[cfg(target_arch = "nvptx64")]
+                #[no_mangle]
+                #[allow(clippy::too_many_arguments)]
+                pub unsafe extern "ptx-kernel" fn $d kernel($($f: $t),*) {
+                    let $d args = $crate::$name { $($f),* };
+                    $d body
+                }
+                #[cfg(not(target_arch = "nvptx64"))]
+                #[allow(clippy::too_many_arguments, dead_code)]
+                pub unsafe fn $d kernel($d args: $crate::$name) $d body
+            };
+        }
+    };
+}
+
+pub mod copy;
+pub mod engram;
+pub mod fft;
+pub mod mhc;
+
+// The entry macros name their struct from the crate root.
+pub use copy::*;
+pub use mhc::*;
