@@ -96,4 +96,8 @@ pub mod mhc;
 
 // The entry macros name their struct from the crate root.
 pub use copy::*;
+#[allow(unused_imports)]
+pub use engram::{decode::*, gate::*};
+#[allow(unused_imports)]
+pub use fft::*;
 pub use mhc::*;

@@ -1,0 +1,1 @@
+//! EngramDecodeFwd kernels.

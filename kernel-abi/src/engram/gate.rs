@@ -1,0 +1,1 @@
+//! EngramGateConvFwd / EngramGateConvBwd kernels.
