@@ -1,1 +1,103 @@
 //! FFTC2CFwd pass kernels.
+
+/// Pass flag: the column (transform within the block) in the low thread-index bits, so a
+/// warp's global accesses run over consecutive columns (for `M > 1`).
+pub const COL_MAP: u32 = 1;
+/// Pass flag: the last stage writes shared memory; a final loop stores it with the column
+/// mapping (for a transposed output, `M_out > 1`, from a row-mapped pass).
+pub const OUT_SMEM: u32 = 2;
+/// Pass flag: multiply output `k` of transform `t` by `W_n^{(t mod M_in)·k}` (the four-step
+/// twiddle, from the two-level table `twlo[p mod S]·twhi[p/S]`).
+pub const TW4: u32 = 4;
+/// Pass flag: wait for the previous pass (programmatic dependent launch) at kernel entry,
+/// before the twiddle loads. The planner never sets it: the wait after the twiddle loads
+/// measured faster (longconv-64k 10.34 against 10.88 µs).
+pub const WAIT_FIRST: u32 = 8;
+
+kernel_args! {
+    /// Every FFT pass kernel: `fft_c64_*` (elements are `f32` pairs) and `fft_c128_*` (`f64`
+    /// pairs). One launch is one pass of a plan: `count` transforms of length `2^LOG_L` (the
+    /// entry's), `2^log_c` per block; transform `t` reads element `j` at
+    /// `(t / M_in)·L·M_in + t mod M_in + j·M_in` of `x` and writes output `k` likewise with
+    /// `M_out` into `y` (`M = 2^log_min`, `2^log_mout`). Grid, block and dynamic shared memory
+    /// come from the host planner's pass geometry (`host/src/fft/plan.rs`).
+    pub struct FftPassArgs / fft_pass_entry {
+        /// Input: interleaved complex elements of the kernel's precision.
+        pub x: *const u8,
+        /// Output (may equal `x`: in place).
+        pub y: *mut u8,
+        /// The pass's per-stage twiddle table (host `stage_table`).
+        pub tw: *const u8,
+        /// Four-step twiddles `W_n^i`, `i < 2^log_split` (a valid address in one-pass plans).
+        pub twlo: *const u8,
+        /// Four-step twiddles `W_n^{i·2^log_split}`.
+        pub twhi: *const u8,
+        /// `log2` of the transforms per block.
+        pub log_c: u32,
+        /// `log2 M_in`.
+        pub log_min: u32,
+        /// `log2 M_out`.
+        pub log_mout: u32,
+        /// Transforms in the launch.
+        pub count: u32,
+        /// `log2` of the length of a `W_Lt` twiddle table, read only by a code path no planned
+        /// kernel has.
+        pub log_lt: u32,
+        /// `log2 S` of the four-step table split.
+        pub log_split: u32,
+        /// [`COL_MAP`] | [`OUT_SMEM`] | [`TW4`] | [`WAIT_FIRST`].
+        pub flags: u32,
+        /// Elements of shared memory per transform of the block (its Stockham buffer, padded).
+        pub sm_stride: u32,
+    }
+}
+
+/// The FFT pass kernels, one row per PTX entry: `name: precision, log_l, e, form, max_threads;`
+/// (length `2^log_l`, `e` elements per thread; `form`: `Hoisted` — every stage's twiddles loaded
+/// at kernel entry, `PerStage` — each stage's twiddles after its barrier, `PingPong` — hoisted
+/// with two shared-memory buffers, one barrier per stage, `Staged` — hoisted, the row's input
+/// staged by 16-byte `cp.async`; `max_threads`: the most threads per block the planner gives it,
+/// from its sm_90 registers). Expands to `$cb! { rows }`: the device crate declares each entry
+/// from it (`kernels-gpu/src/fft/stockham.rs`), the host builds its kernel table from it
+/// (`host/src/fft/plan.rs`), so the two cannot list different kernels.
+#[macro_export]
+macro_rules! fft_pass_kernels {
+    ($cb:ident) => {
+        $cb! {
+            fft_c64_l1_tw_hoisted: c64, 1, 2, Hoisted, 512;
+            fft_c64_l2_tw_hoisted: c64, 2, 4, Hoisted, 512;
+            fft_c64_l3_tw_hoisted: c64, 3, 8, Hoisted, 512;
+            fft_c64_l4_tw_hoisted: c64, 4, 16, Hoisted, 512;
+            fft_c64_l5_tw_hoisted: c64, 5, 8, Hoisted, 512;
+            fft_c64_l6_tw_hoisted: c64, 6, 8, Hoisted, 512;
+            fft_c64_l7_tw_hoisted: c64, 7, 16, Hoisted, 512;
+            fft_c64_l8_tw_hoisted: c64, 8, 16, Hoisted, 512;
+            fft_c64_l9_tw_hoisted: c64, 9, 8, Hoisted, 512;
+            fft_c64_l10_tw_hoisted: c64, 10, 16, Hoisted, 256;
+            fft_c64_l11_tw_hoisted: c64, 11, 16, Hoisted, 256;
+            fft_c64_l10_tw_per_stage: c64, 10, 16, PerStage, 512;
+            fft_c64_l11_tw_per_stage: c64, 11, 16, PerStage, 512;
+            fft_c64_l12_tw_per_stage: c64, 12, 16, PerStage, 512;
+            fft_c64_l13_tw_per_stage: c64, 13, 16, PerStage, 512;
+            fft_c64_l10_radix8_ping_pong: c64, 10, 8, PingPong, 512;
+            fft_c64_l12_ping_pong: c64, 12, 16, PingPong, 256;
+            fft_c64_l6_staged: c64, 6, 8, Staged, 512;
+            fft_c64_l9_staged: c64, 9, 8, Staged, 512;
+            fft_c128_l1_tw_hoisted: c128, 1, 2, Hoisted, 512;
+            fft_c128_l2_tw_hoisted: c128, 2, 4, Hoisted, 512;
+            fft_c128_l3_tw_hoisted: c128, 3, 8, Hoisted, 512;
+            fft_c128_l4_tw_hoisted: c128, 4, 8, Hoisted, 512;
+            fft_c128_l5_tw_hoisted: c128, 5, 8, Hoisted, 512;
+            fft_c128_l6_tw_hoisted: c128, 6, 8, Hoisted, 512;
+            fft_c128_l7_tw_hoisted: c128, 7, 8, Hoisted, 256;
+            fft_c128_l8_tw_hoisted: c128, 8, 8, Hoisted, 256;
+            fft_c128_l9_tw_hoisted: c128, 9, 8, Hoisted, 256;
+            fft_c128_l10_tw_hoisted: c128, 10, 8, Hoisted, 256;
+            fft_c128_l11_tw_hoisted: c128, 11, 8, Hoisted, 256;
+            fft_c128_l9_tw_per_stage: c128, 9, 8, PerStage, 512;
+            fft_c128_l10_tw_per_stage: c128, 10, 8, PerStage, 512;
+            fft_c128_l11_tw_per_stage: c128, 11, 8, PerStage, 512;
+            fft_c128_l12_tw_per_stage: c128, 12, 16, PerStage, 256;
+        }
+    };
+}

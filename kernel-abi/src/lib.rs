@@ -98,6 +98,5 @@ pub mod mhc;
 pub use copy::*;
 #[allow(unused_imports)]
 pub use engram::{decode::*, gate::*};
-#[allow(unused_imports)]
 pub use fft::*;
 pub use mhc::*;

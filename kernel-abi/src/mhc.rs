@@ -26,3 +26,154 @@ kernel_args! {
         pub c: u32,
     }
 }
+
+// ---------------------------------------------------------------- MHCPreFwd
+
+/// Batch rows per group of `mhc_pre_partial_fma` (its register slab holds four rows).
+pub const BT: u32 = 4;
+/// Loads in flight per thread in kernel 1's split-K walk and staging, and the x elements per
+/// thread of the `mhc_pre_mix` / `mhc_pre_mix_small_n` tile (the host sizes tiles so that
+/// `n·jt ≤ UN·block`).
+pub const UN: u32 = 8;
+/// Batch rows per group of the tensor-core kernels 1 (the M = 8 rows of the fp64 MMA).
+pub const BTF: u32 = 8;
+/// Largest n of the tensor-core kernels 1 (`⌈(n²+2n)/8⌉ ≤ 3` phi tiles) and of
+/// `mhc_pre_mix_small_n` (one warp holds a padded 4×4 R, one element per lane).
+pub const NMAX_SMALL_N: u32 = 4;
+/// Bytes of `mhc_pre_mix_small_n`'s shared memory before its x tile (`tot[32]` f64, `hs[4]`
+/// f32, `ra[16]` f32, padded).
+pub const MIX_SMALL_N_SMEM_HEAD: u32 = 336;
+/// Limbs per (batch row, logit) accumulator of the fixed-point pair: limb `k` holds bits
+/// `[48k − 64, 48k − 16)` of `|partial|`, each a signed 64-bit sum over the kernel-1 blocks.
+pub const ACC_LIMBS: u32 = 4;
+/// u64 words per accumulator: the [`ACC_LIMBS`] limbs, then a count of partials that were not
+/// finite or not below 2^128 (the logit is then NaN).
+pub const ACC_WORDS: u32 = ACC_LIMBS + 1;
+
+/// The magic of the kernels' division by a divisor fixed per launch: `⌊2^32/d⌋ + 1`, with which
+/// `(a·magic) >> 32 = a / d` exactly for every `a, d ≤ 2^16` (the error
+/// `a·(magic − 2^32/d)/2^32 < 2^-16 ≤ 1/d`). `d ≥ 1`.
+pub const fn fastdiv_magic(d: u32) -> u64 {
+    (1u64 << 32) / d as u64 + 1
+}
+
+/// `mhc_pre_mix_fixed_point`'s dynamic shared memory as launched, bytes: `ssw[32]` f64, then 8
+/// bytes per thread that the kernel does not touch (the measured launch configuration).
+pub const fn mix_fixed_point_smem(block: u32) -> u32 {
+    256 + 8 * block
+}
+
+kernel_args! {
+    /// `mhc_pre_partial_fma` (kernel 1 on FMA pipes, any n): grid `(G, 1, 1)`, block `(T, 1,
+    /// 1)`. Block `b` walks its split-K slice of the `n·c` reduction for batch groups of `bg`
+    /// rows in column chunks of `jc`, and stores the f64 partials
+    /// `part_ws[b, β, q]` (`q < n²+2n` logits, `q = n²+2n` the Σx²). Requires
+    /// `batch·(m+1)·G < 2^31`, `bg ≤ BT`, `jc ≤ cols`, `bg·n·jc ≤ 2^16`.
+    pub struct PrePartialFmaArgs / pre_partial_fma_entry {
+        pub phi: *const f32,
+        pub x: *const u16,
+        pub part_ws: *mut f64,
+        pub batch: u32,
+        pub n: u32,
+        pub c: u32,
+        /// Columns of `n·c` per block (the split-K slice).
+        pub cols: u32,
+        /// Columns per staged chunk.
+        pub jc: u32,
+        /// Batch rows per group (≤ [`BT`]).
+        pub bg: u32,
+        pub ngroups: u32,
+        /// Full `jc` chunks per block slice.
+        pub njc_full: u32,
+        /// Logit columns handled per pass, `min(m + 1, block)`.
+        pub mc: u32,
+        /// [`fastdiv_magic`] of `mc`.
+        pub mc_magic: u64,
+        /// [`fastdiv_magic`] of `jc`.
+        pub jc_magic: u64,
+    }
+}
+
+kernel_args! {
+    /// `mhc_pre_partial_mma` and `mhc_pre_partial_mma_fixed_point` (kernel 1 on fp64 tensor
+    /// cores, n ≤ [`NMAX_SMALL_N`]): grid `(G, groups)`, block `(T, 1, 1)`; block `g` owns the
+    /// channel columns `[g·cw, min((g+1)·cw, c))` of every batch row of its group of `bpc`
+    /// rows. The plain kernel stores f64 partials to `part_ws`; the fixed-point kernel adds them
+    /// as [`ACC_LIMBS`] integer limbs into the accumulators (see `pre_fwd_raw`'s workspace).
+    pub struct PrePartialMmaArgs / pre_partial_mma_entry {
+        pub phi: *const f32,
+        pub x: *const u16,
+        pub part_ws: *mut f64,
+        pub batch: u32,
+        pub n: u32,
+        pub c: u32,
+        /// Channel columns per block.
+        pub cw: u32,
+        /// Batch rows per group (a multiple of [`BTF`]).
+        pub bpc: u32,
+    }
+}
+
+kernel_args! {
+    /// `mhc_pre_mix` (any n) and `mhc_pre_mix_small_n` (n ≤ [`NMAX_SMALL_N`]): kernel 2,
+    /// launched as a programmatic dependent of kernel 1. Grid `(batch·tiles, 1, 1)`, block
+    /// `(T, 1, 1)`; block `b` handles batch row `β = b / tiles` and the columns
+    /// `[tile·jt, min((tile+1)·jt, c))`. Requires `n·jt ≤ UN·T`, `jt ≤ 2^16`.
+    pub struct PreMixArgs / pre_mix_entry {
+        pub x: *const u16,
+        pub bias: *const f32,
+        pub part_ws: *const f64,
+        pub x_res: *mut u16,
+        pub x_layer: *mut u16,
+        pub h_post: *mut f32,
+        pub n: u32,
+        pub c: u32,
+        /// Kernel 1's grid `G` (partials per batch row and logit).
+        pub grid1: u32,
+        pub tiles: u32,
+        /// Columns per tile.
+        pub jt: u32,
+        /// [`fastdiv_magic`] of `jt`.
+        pub jt_magic: u64,
+        /// [`fastdiv_magic`] of the last tile's width.
+        pub jl_magic: u64,
+        /// `log2` of the reduction slices of `mhc_pre_mix`, `(m+1)·2^ls ≤ max(T, m+1)` (unused
+        /// by `mhc_pre_mix_small_n`).
+        pub ls: u32,
+        pub alpha_pre: f32,
+        pub alpha_post: f32,
+        pub alpha_res: f32,
+        /// Sinkhorn iterations.
+        pub repeat: u32,
+        /// Sinkhorn epsilon.
+        pub eps: f32,
+        /// `1/√(n·c)`.
+        pub inv_sqrt_nc: f64,
+    }
+}
+
+kernel_args! {
+    /// `mhc_pre_mix_fixed_point` (kernel 2 of the fixed-point pair, n ≤ [`NMAX_SMALL_N`]),
+    /// launched as a programmatic dependent of kernel 1: grid `(tiles, batch)`, block `(T, 1,
+    /// 1)`, dynamic shared memory [`mix_fixed_point_smem`]`(T)`. Reads the accumulators of the
+    /// epoch's half of `part_ws` (kernel 1 zeroes the other half); block (0, 0) flips the epoch.
+    pub struct PreMixFixedPointArgs / pre_mix_fixed_point_entry {
+        pub x: *const u16,
+        pub bias: *const f32,
+        pub part_ws: *const f64,
+        pub x_res: *mut u16,
+        pub x_layer: *mut u16,
+        pub h_post: *mut f32,
+        pub batch: u32,
+        pub n: u32,
+        pub c: u32,
+        /// Unused by the kernel (kernel 1's grid; the accumulators need no partial count).
+        pub grid1: u32,
+        pub alpha_pre: f32,
+        pub alpha_post: f32,
+        pub alpha_res: f32,
+        pub repeat: u32,
+        pub eps: f32,
+        pub inv_sqrt_nc: f64,
+    }
+}

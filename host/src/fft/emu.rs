@@ -11,6 +11,7 @@ use std::cell::Cell;
 use std::sync::{Arc, Barrier};
 
 use super::plan::{four_step_tables, pass_args, stage_table, Buf, Pass, PassArgs, PlanPtrs};
+use kernel_abi::FftPassArgs;
 
 /// The kernels' primitives, in software (only those the FFT kernels use).
 #[allow(dead_code)]
@@ -95,6 +96,7 @@ pub mod prim {
     pub unsafe fn prefetch_l2<T>(_p: *const T) {}
     /// `griddepcontrol.wait`: nothing to wait for in the emulation.
     pub fn grid_dependency_wait() {}
+    pub fn grid_launch_dependents() {}
     /// # Safety
     /// None needed (no access).
     pub unsafe fn prefetch_l2_evict_last(_p: *const u8) {}
@@ -134,89 +136,42 @@ mod cx;
 #[path = "../../../kernels-gpu/src/fft/stockham.rs"]
 mod stockham;
 
-use dft::Cx;
+/// A pass kernel (the host build of its PTX entry).
+type Kernel = unsafe fn(FftPassArgs);
 
-type Kernel<T> = unsafe fn(
-    *const Cx<T>,
-    *mut Cx<T>,
-    *const Cx<T>,
-    *const Cx<T>,
-    *const Cx<T>,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-);
+/// The host build of the pass kernel named `name` (every row of
+/// `kernel_abi::fft_pass_kernels!`, the list the PTX entries are declared from).
+macro_rules! kernel_by_name {
+    ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
+        fn kernel_named(name: &str) -> Kernel {
+            match name {
+                $(stringify!($name) => stockham::$name,)*
+                _ => panic!("no kernel named {name}"),
+            }
+        }
+    };
+}
+kernel_abi::fft_pass_kernels!(kernel_by_name);
 
-/// A storage precision of the emulation: the kernel entry of a PTX name.
+/// A storage precision of the emulation.
 pub(crate) trait Elem: cx::Mem + Send + Sync + 'static {
-    fn kernel(name: &str) -> Kernel<Self>;
     fn to_f64(self) -> f64;
     const BYTES: usize;
 }
 
-macro_rules! kernels {
-    ($t:ty, $bytes:literal, $($name:ident),*) => {
-        impl Elem for $t {
-            fn kernel(name: &str) -> Kernel<Self> {
-                match name {
-                    $(stringify!($name) => stockham::$name,)*
-                    _ => panic!("no kernel named {name}"),
-                }
-            }
-            fn to_f64(self) -> f64 {
-                self as f64
-            }
-            const BYTES: usize = $bytes;
-        }
-    };
+impl Elem for f32 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    const BYTES: usize = 8;
 }
-kernels!(
-    f32,
-    8,
-    fft_c64_l1_tw_hoisted,
-    fft_c64_l2_tw_hoisted,
-    fft_c64_l3_tw_hoisted,
-    fft_c64_l4_tw_hoisted,
-    fft_c64_l5_tw_hoisted,
-    fft_c64_l6_tw_hoisted,
-    fft_c64_l7_tw_hoisted,
-    fft_c64_l8_tw_hoisted,
-    fft_c64_l9_tw_hoisted,
-    fft_c64_l10_tw_hoisted,
-    fft_c64_l11_tw_hoisted,
-    fft_c64_l10_tw_per_stage,
-    fft_c64_l11_tw_per_stage,
-    fft_c64_l12_tw_per_stage,
-    fft_c64_l13_tw_per_stage,
-    fft_c64_l10_radix8_ping_pong,
-    fft_c64_l12_ping_pong,
-    fft_c64_l6_staged,
-    fft_c64_l9_staged
-);
-kernels!(
-    f64,
-    16,
-    fft_c128_l1_tw_hoisted,
-    fft_c128_l2_tw_hoisted,
-    fft_c128_l3_tw_hoisted,
-    fft_c128_l4_tw_hoisted,
-    fft_c128_l5_tw_hoisted,
-    fft_c128_l6_tw_hoisted,
-    fft_c128_l7_tw_hoisted,
-    fft_c128_l8_tw_hoisted,
-    fft_c128_l9_tw_hoisted,
-    fft_c128_l10_tw_hoisted,
-    fft_c128_l11_tw_hoisted,
-    fft_c128_l9_tw_per_stage,
-    fft_c128_l10_tw_per_stage,
-    fft_c128_l11_tw_per_stage,
-    fft_c128_l12_tw_per_stage
-);
+
+impl Elem for f64 {
+    fn to_f64(self) -> f64 {
+        self
+    }
+    const BYTES: usize = 16;
+}
 
 /// Device memory of the emulation: a 16-byte aligned buffer of `len` complex elements.
 struct DevBuf {
@@ -272,48 +227,40 @@ fn upload_tables<T: Elem>(parts: &[&[f64]]) -> (DevBuf, Vec<u64>) {
 /// Runs one launch: `a.grid` blocks of `a.threads` OS threads (one pool for the whole launch,
 /// every block with its own shared memory, filled with 0xFF bytes: NaN for any float read
 /// before it is written), the kernel's barriers as one `Barrier`.
-fn launch<T: Elem>(k: Kernel<T>, a: &PassArgs) {
+/// A pass's arguments shared by the emulated threads (device addresses into buffers that
+/// outlive the launch; the kernel's own synchronisation orders the accesses).
+struct SendArgs(FftPassArgs);
+// SAFETY: see above; the emulated threads use the pointers as the GPU's threads would.
+unsafe impl Sync for SendArgs {}
+
+fn launch(k: Kernel, a: &PassArgs) {
     let nthreads = a.threads as usize;
     let bar = Arc::new(Barrier::new(nthreads));
     let smem_bytes = (a.smem_bytes as usize).max(16);
     let mut smem: Vec<DevBuf> = (0..a.grid).map(|_| DevBuf::new(smem_bytes, 0xFF)).collect();
     let smem_addrs: Vec<u64> = smem.iter_mut().map(|b| b.addr()).collect();
-    let a = *a;
+    let (grid, threads) = (a.grid, a.threads);
+    let args = SendArgs(a.kernel);
+    let args = &args;
     std::thread::scope(|s| {
-        for tid in 0..a.threads {
+        for tid in 0..threads {
             let bar = bar.clone();
             let smem_addrs = &smem_addrs;
             std::thread::Builder::new()
                 .stack_size(16 << 20)
                 .spawn_scoped(s, move || {
                     prim::TID.with(|c| c.set(tid));
-                    prim::BDIM.with(|c| c.set(a.threads));
-                    prim::GDIM.with(|c| c.set(a.grid));
+                    prim::BDIM.with(|c| c.set(threads));
+                    prim::GDIM.with(|c| c.set(grid));
                     prim::BAR.with(|b| *b.borrow_mut() = Some(bar.clone()));
                     prim::SMEM_LEN.with(|c| c.set(smem_bytes));
-                    for b in 0..a.grid {
+                    for b in 0..grid {
                         prim::BID.with(|c| c.set(b));
                         prim::SMEM.with(|c| c.set(smem_addrs[b as usize] as usize));
                         // SAFETY: the plan's buffers hold every element the pass addresses (the
                         // property under test; an out-of-bounds access is a test failure at
                         // best, as on the GPU).
-                        unsafe {
-                            k(
-                                a.src as *const Cx<T>,
-                                a.dst as *mut Cx<T>,
-                                a.tw as *const Cx<T>,
-                                a.lo as *const Cx<T>,
-                                a.hi as *const Cx<T>,
-                                a.log_c,
-                                a.log_min,
-                                a.log_mout,
-                                a.count,
-                                a.log_lt,
-                                a.log_split,
-                                a.flags,
-                                a.sm_stride,
-                            )
-                        };
+                        unsafe { k(args.0) };
                         // Blocks run one after another (as if each had the whole GPU).
                         bar.wait();
                     }
@@ -368,7 +315,7 @@ pub(crate) fn execute<T: Elem>(
         // Every buffer a pass names is one the plan holds.
         assert!(p.src != Buf::Work || work.is_some(), "{p:?}");
         let kernel = if unaligned { p.unaligned } else { p.kernel };
-        launch(T::kernel(kernel.name), &a);
+        launch(kernel_named(kernel.name), &a);
     }
     if passes.is_empty() {
         return x.iter().map(|&v| T::from_f64(v).to_f64()).collect();

@@ -36,7 +36,7 @@ use cudarc::driver::{
 use num_complex::Complex;
 
 use crate::error::check_len;
-use crate::runtime::{launch_pdl_positional, launch_positional, GraphReplay, LaunchDims, StreamOrder};
+use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, StreamOrder};
 use crate::{Error, Gpu, Result};
 
 #[cfg(test)]
@@ -457,36 +457,17 @@ impl FftPlan {
             let a = plan::pass_args(p, log_n, self.ptrs, stw, x, y);
             // The staged kernels copy 16-byte chunks: an 8-byte aligned `x` (a sub-view) takes
             // the pass's `unaligned` kernel (same table and geometry).
-            let kernel = if a.src.is_multiple_of(16) { p.kernel } else { p.unaligned };
+            let kernel = if (a.kernel.x as u64).is_multiple_of(16) { p.kernel } else { p.unaligned };
             let f = gpu.function(kernel.name)?;
-            let (mut src, mut dst, mut tw, mut lo, mut hi) = (a.src, a.dst, a.tw, a.lo, a.hi);
-            let (mut log_c, mut log_min, mut log_mout, mut count) = (a.log_c, a.log_min, a.log_mout, a.count);
-            let (mut log_lt, mut log_split, mut flags, mut sm_stride) = (a.log_lt, a.log_split, a.flags, a.sm_stride);
             let dims = LaunchDims { grid: (a.grid, 1, 1), block: (a.threads, 1, 1), shared_bytes: a.smem_bytes };
             // Every pass after the first as a programmatic dependent of the one before: its
             // launch, block start-up and twiddle loads overlap the previous pass
             // (longconv-16k 13.57 → 12.99 µs).
-            let launch_pass = if i > 0 { launch_pdl_positional } else { launch_positional };
-            launch_pass(
-                f,
-                dims,
-                stream,
-                &mut [
-                    &mut src,
-                    &mut dst,
-                    &mut tw,
-                    &mut lo,
-                    &mut hi,
-                    &mut log_c,
-                    &mut log_min,
-                    &mut log_mout,
-                    &mut count,
-                    &mut log_lt,
-                    &mut log_split,
-                    &mut flags,
-                    &mut sm_stride,
-                ],
-            )?;
+            if i > 0 {
+                launch_pdl(f, dims, stream, &a.kernel)?;
+            } else {
+                launch(f, dims, stream, &a.kernel)?;
+            }
         }
         Ok(())
     }

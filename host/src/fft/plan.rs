@@ -3,6 +3,7 @@
 //! [`super::FftPlan`] launches. No GPU needed except for the persistent-grid sizes ([`persist`],
 //! given the device's SM count and occupancy); the CPU emulation (`emu.rs`) runs the same plans.
 use super::Precision;
+use kernel_abi::FftPassArgs;
 
 /// Longest transform one block computes, log2, by element size: c64 `2^13` (68 KiB of shared
 /// memory, 512 threads), c128 `2^12` (68 KiB, 256 threads; its registers rule out 512).
@@ -21,10 +22,8 @@ pub(crate) fn max_log_n(elem_bytes: usize) -> u32 {
 /// Most elements (n·batch) one plan addresses (the kernels index with u32).
 pub const MAX_ELEMENTS: usize = 1 << 31;
 
-/// Flags of a pass (the kernel's `flags` argument; kernels-gpu/src/fft/stockham.rs).
-pub(crate) const COL_MAP: u32 = 1;
-pub(crate) const OUT_SMEM: u32 = 2;
-pub(crate) const TW4: u32 = 4;
+/// Flags of a pass (the kernel's `flags` argument).
+pub(crate) use kernel_abi::fft::{COL_MAP, OUT_SMEM, TW4};
 
 /// Threads per block a row pass aims for (before the spreading rule), and the most any pass
 /// plans.
@@ -67,57 +66,31 @@ pub(crate) struct Kernel {
     pub max_threads: u32,
 }
 
-/// The kernel table: `name: c128, log_l, e, form, max_threads;` per PTX entry, giving
-/// [`KERNELS`] and [`PTX_ENTRIES`] (the names once).
+/// The kernel table from `kernel_abi::fft_pass_kernels!` (`name: precision, log_l, e, form,
+/// max_threads;` per PTX entry), giving [`KERNELS`] and [`PTX_ENTRIES`].
 macro_rules! kernel_table {
-    ($($name:ident: $c128:literal, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
+    ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
         /// Every FFT kernel the planner launches (one row per PTX entry).
         pub(crate) const KERNELS: &[Kernel] = &[
-            $(Kernel { name: stringify!($name), c128: $c128, log_l: $log_l, e: $e, form: Form::$form, max_threads: $max },)*
+            $(Kernel {
+                name: stringify!($name),
+                c128: kernel_table!(@c128 $prec),
+                log_l: $log_l,
+                e: $e,
+                form: Form::$form,
+                max_threads: $max,
+            },)*
         ];
         /// The FFT family's PTX entries: the names of [`KERNELS`] and the copy-chain floor's
         /// kernel (`super::CopyChain`).
         pub(crate) const PTX_ENTRIES: &[&str] = &[$(stringify!($name),)* super::floor::KERNEL];
     };
+    (@c128 c64) => { false };
+    (@c128 c128) => { true };
 }
 use Form::{Hoisted, PerStage, PingPong, Staged};
 
-kernel_table! {
-    fft_c64_l1_tw_hoisted: false, 1, 2, Hoisted, 512;
-    fft_c64_l2_tw_hoisted: false, 2, 4, Hoisted, 512;
-    fft_c64_l3_tw_hoisted: false, 3, 8, Hoisted, 512;
-    fft_c64_l4_tw_hoisted: false, 4, 16, Hoisted, 512;
-    fft_c64_l5_tw_hoisted: false, 5, 8, Hoisted, 512;
-    fft_c64_l6_tw_hoisted: false, 6, 8, Hoisted, 512;
-    fft_c64_l7_tw_hoisted: false, 7, 16, Hoisted, 512;
-    fft_c64_l8_tw_hoisted: false, 8, 16, Hoisted, 512;
-    fft_c64_l9_tw_hoisted: false, 9, 8, Hoisted, 512;
-    fft_c64_l10_tw_hoisted: false, 10, 16, Hoisted, 256;
-    fft_c64_l11_tw_hoisted: false, 11, 16, Hoisted, 256;
-    fft_c64_l10_tw_per_stage: false, 10, 16, PerStage, 512;
-    fft_c64_l11_tw_per_stage: false, 11, 16, PerStage, 512;
-    fft_c64_l12_tw_per_stage: false, 12, 16, PerStage, 512;
-    fft_c64_l13_tw_per_stage: false, 13, 16, PerStage, 512;
-    fft_c64_l10_radix8_ping_pong: false, 10, 8, PingPong, 512;
-    fft_c64_l12_ping_pong: false, 12, 16, PingPong, 256;
-    fft_c64_l6_staged: false, 6, 8, Staged, 512;
-    fft_c64_l9_staged: false, 9, 8, Staged, 512;
-    fft_c128_l1_tw_hoisted: true, 1, 2, Hoisted, 512;
-    fft_c128_l2_tw_hoisted: true, 2, 4, Hoisted, 512;
-    fft_c128_l3_tw_hoisted: true, 3, 8, Hoisted, 512;
-    fft_c128_l4_tw_hoisted: true, 4, 8, Hoisted, 512;
-    fft_c128_l5_tw_hoisted: true, 5, 8, Hoisted, 512;
-    fft_c128_l6_tw_hoisted: true, 6, 8, Hoisted, 512;
-    fft_c128_l7_tw_hoisted: true, 7, 8, Hoisted, 256;
-    fft_c128_l8_tw_hoisted: true, 8, 8, Hoisted, 256;
-    fft_c128_l9_tw_hoisted: true, 9, 8, Hoisted, 256;
-    fft_c128_l10_tw_hoisted: true, 10, 8, Hoisted, 256;
-    fft_c128_l11_tw_hoisted: true, 11, 8, Hoisted, 256;
-    fft_c128_l9_tw_per_stage: true, 9, 8, PerStage, 512;
-    fft_c128_l10_tw_per_stage: true, 10, 8, PerStage, 512;
-    fft_c128_l11_tw_per_stage: true, 11, 8, PerStage, 512;
-    fft_c128_l12_tw_per_stage: true, 12, 16, PerStage, 256;
-}
+kernel_abi::fft_pass_kernels!(kernel_table);
 
 /// The kernel of `form` for length `2^log_l`. Panics if there is none: the tuning table names
 /// only existing kernels (`plan::tests::every_row_plans_existing_kernels`).
@@ -462,23 +435,10 @@ pub(crate) fn stage_table(log_l: u32, e: u32) -> Vec<f64> {
     v
 }
 
-/// The arguments of one pass's kernel launch, in the kernel's parameter order
-/// (kernels-gpu/src/fft/stockham.rs `entry!`), and its launch shape.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One pass's kernel launch: its arguments and its launch shape.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct PassArgs {
-    pub src: u64,
-    pub dst: u64,
-    pub tw: u64,
-    pub lo: u64,
-    pub hi: u64,
-    pub log_c: u32,
-    pub log_min: u32,
-    pub log_mout: u32,
-    pub count: u32,
-    pub log_lt: u32,
-    pub log_split: u32,
-    pub flags: u32,
-    pub sm_stride: u32,
+    pub kernel: FftPassArgs,
     pub grid: u32,
     pub threads: u32,
     pub smem_bytes: u32,
@@ -501,22 +461,25 @@ pub(crate) fn pass_args(p: &Pass, log_n: u32, ptrs: PlanPtrs, stw: u64, x: u64, 
         Buf::Work => ptrs.work,
     };
     PassArgs {
-        src: buf(p.src),
-        dst: buf(p.dst),
-        tw: stw,
-        // One-pass plans have no four-step tables (0); pass a valid address all the same. (Not
-        // `twlo.max(stw)`: that picks `stw` whenever the allocator placed the table below it.)
-        lo: if ptrs.twlo != 0 { ptrs.twlo } else { stw },
-        hi: if ptrs.twhi != 0 { ptrs.twhi } else { stw },
-        log_c: p.log_c,
-        log_min: p.log_min,
-        log_mout: p.log_mout,
-        count: p.count,
-        // Read only by the `W_Lt`-table code path, which no planned kernel has.
-        log_lt: p.log_l,
-        log_split: split_log(log_n),
-        flags: p.flags,
-        sm_stride: p.sm_stride,
+        kernel: FftPassArgs {
+            x: buf(p.src) as *const u8,
+            y: buf(p.dst) as *mut u8,
+            tw: stw as *const u8,
+            // One-pass plans have no four-step tables (0); pass a valid address all the same.
+            // (Not `twlo.max(stw)`: that picks `stw` whenever the allocator placed the table
+            // below it.)
+            twlo: (if ptrs.twlo != 0 { ptrs.twlo } else { stw }) as *const u8,
+            twhi: (if ptrs.twhi != 0 { ptrs.twhi } else { stw }) as *const u8,
+            log_c: p.log_c,
+            log_min: p.log_min,
+            log_mout: p.log_mout,
+            count: p.count,
+            // Read only by the `W_Lt`-table code path, which no planned kernel has.
+            log_lt: p.log_l,
+            log_split: split_log(log_n),
+            flags: p.flags,
+            sm_stride: p.sm_stride,
+        },
         grid: p.grid,
         threads: p.threads,
         smem_bytes: p.smem_bytes,
@@ -564,25 +527,27 @@ mod tests {
         }
     }
 
+    /// `(x, y, tw, twlo, twhi)` of a pass's arguments, as addresses.
+    fn addrs(a: &PassArgs) -> (u64, u64, u64, u64, u64) {
+        let k = &a.kernel;
+        (k.x as u64, k.y as u64, k.tw as u64, k.twlo as u64, k.twhi as u64)
+    }
+
     /// The tables reach the kernel whatever the allocator's address order.
     #[test]
     fn pass_args_pass_the_tables_in_any_address_order() {
         let passes = plan(Precision::C64, 15, 2);
         for (stw, twlo, twhi, work) in [(0x1000, 0x2000, 0x3000, 0x4000), (0x9000, 0x2000, 0x3000, 0x4000)] {
             let ptrs = PlanPtrs { twlo, twhi, work };
-            for p in &passes {
-                let a = pass_args(p, 15, ptrs, stw, 0x10_0000, 0x20_0000);
-                assert_eq!((a.tw, a.lo, a.hi), (stw, twlo, twhi));
-            }
             let a = pass_args(&passes[0], 15, ptrs, stw, 0x10_0000, 0x20_0000);
-            assert_eq!((a.src, a.dst), (0x10_0000, work));
+            assert_eq!(addrs(&a), (0x10_0000, work, stw, twlo, twhi));
             let a = pass_args(&passes[1], 15, ptrs, stw, 0x10_0000, 0x20_0000);
-            assert_eq!((a.src, a.dst), (work, 0x20_0000));
+            assert_eq!(addrs(&a), (work, 0x20_0000, stw, twlo, twhi));
         }
         // One-pass plans: no four-step tables, the stage table in their place.
         let one = plan(Precision::C64, 10, 3);
         let a = pass_args(&one[0], 10, PlanPtrs { twlo: 0, twhi: 0, work: 0 }, 0x7000, 1 << 20, 2 << 20);
-        assert_eq!((a.tw, a.lo, a.hi, a.src, a.dst), (0x7000, 0x7000, 0x7000, 1 << 20, 2 << 20));
+        assert_eq!(addrs(&a), (1 << 20, 2 << 20, 0x7000, 0x7000, 0x7000));
     }
 
     /// The stage table holds exactly the entries the kernel's `stage_twiddles` indexes:

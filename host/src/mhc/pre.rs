@@ -9,8 +9,10 @@ use cudarc::driver::{sys, sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr,
 use half::bf16;
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch_pdl_positional, launch_positional, GraphReplay, KernelArg, LaunchDims};
+use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
 use crate::{Error, Gpu, Result};
+use kernel_abi::mhc as abi;
+use kernel_abi::{PreMixArgs, PreMixFixedPointArgs, PrePartialFmaArgs, PrePartialMmaArgs};
 
 pub(crate) const KERNEL_PARTIAL_FMA: &str = "mhc_pre_partial_fma";
 pub(crate) const KERNEL_PARTIAL_MMA: &str = "mhc_pre_partial_mma";
@@ -27,23 +29,23 @@ pub(crate) const KERNELS: &[&str] = &[
     KERNEL_MIX_FIXED_POINT,
 ];
 
-/// Batch rows per group of `mhc_pre_partial_fma` (the kernel's `BT`).
-const BT: usize = 4;
+/// Batch rows per group of `mhc_pre_partial_fma`.
+const BT: usize = abi::BT as usize;
 /// x elements per thread in the staged tile of `mhc_pre_mix` / `mhc_pre_mix_small_n` (the
 /// kernels' `UN`).
-const UN: usize = 8;
+const UN: usize = abi::UN as usize;
 /// Shared-memory budget for the staged x of one `mhc_pre_partial_fma` tile, bytes.
 const XS_BUDGET: usize = 32 * 1024;
 /// Dynamic shared memory available without opting in, bytes.
 const SMEM_DEFAULT: usize = 48 * 1024;
 /// Batch rows per group of the tensor-core kernel 1 (the kernels' `BTF`: the fp64 MMA's M = 8).
-const BTF: usize = 8;
+const BTF: usize = abi::BTF as usize;
 /// Largest n of the tensor-core kernel 1 and of the register-coefficient kernels 2 (the
 /// kernels' `NMAX_FUSED` / `NMAX_MIX4`: ⌈(n²+2n)/8⌉ ≤ 3 phi tiles, a 4×4 R in one warp).
-const NMAX_SMALL_N: usize = 4;
+const NMAX_SMALL_N: usize = abi::NMAX_SMALL_N as usize;
 /// Bytes of `mhc_pre_mix_small_n`'s shared memory before its x tile (`tot[32]` f64, `hs[4]`,
 /// `ra[16]`; the kernel's `MIX4_SMEM_HEAD`).
-const MIX_SMALL_N_SMEM_HEAD: usize = 336;
+const MIX_SMALL_N_SMEM_HEAD: usize = abi::MIX_SMALL_N_SMEM_HEAD as usize;
 /// Largest grid y (CUDA): `mhc_pre_mix_fixed_point` runs one y-block per batch row, the
 /// tensor-core kernel 1 one per group of 8 batch rows.
 const MAX_GRID_Y: usize = 65535;
@@ -51,7 +53,7 @@ const MAX_GRID_Y: usize = 65535;
 /// u64 words per (batch row, logit) accumulator of the fixed-point pair (the kernels'
 /// `ACC_WORDS`: four integer limbs and a count of non-finite partials).
 #[doc(hidden)]
-pub const ACC_WORDS: usize = 5;
+pub const ACC_WORDS: usize = abi::ACC_WORDS as usize;
 
 // ---------------------------------------------------------------- tuning table
 
@@ -413,7 +415,7 @@ pub fn mix_smem_bytes(slices: usize, n: usize, jt: usize) -> usize {
 /// exactly for `a, d ≤ 2^16`.
 #[doc(hidden)]
 pub fn fastdiv_magic(d: u32) -> u64 {
-    (1u64 << 32) / d as u64 + 1
+    abi::fastdiv_magic(d)
 }
 
 /// Whether the tensor-core kernel 1 fits `shape` with `cols` columns per block: n ≤ 4, its
@@ -545,7 +547,11 @@ impl PrePlan {
         }
         let (mix, tiles, workspace) = if class == PreClass::FixedPoint {
             let tiles = c.div_ceil(c.min(mb));
-            let mix = Mix::FixedPoint(ColumnMix { block: mb as u32, tiles: tiles as u32, smem: (256 + 8 * mb) as u32 });
+            let mix = Mix::FixedPoint(ColumnMix {
+                block: mb as u32,
+                tiles: tiles as u32,
+                smem: abi::mix_fixed_point_smem(mb as u32),
+            });
             (mix, tiles, 2 * checked_product("x", &[batch, shape.logits(), ACC_WORDS])? + 1)
         } else {
             let jt = c.min(mb).min(UN * mb / n);
@@ -759,108 +765,92 @@ pub unsafe fn pre_fwd_raw(
     }
     let s = plan.shape;
     let f1 = gpu.function(plan.partials.kernel())?;
-    let (mut phi, mut xp, mut w) = (phi, x, workspace);
-    let (mut batch, mut n, mut c) = (s.batch as u32, s.n as u32, s.c as u32);
+    let (phi, x, part_ws) = (phi as *const f32, x as *const u16, workspace as *mut f64);
+    let (batch, n, c) = (s.batch as u32, s.n as u32, s.c as u32);
     match plan.partials {
         Partials::MmaFixedPoint(g) | Partials::Mma(g) => {
-            let (mut cw, mut bpc) = (g.cols, g.batch_per_group);
+            let args = PrePartialMmaArgs { phi, x, part_ws, batch, n, c, cw: g.cols, bpc: g.batch_per_group };
             let dims = LaunchDims { grid: (g.grid, g.groups, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
-            launch_positional(
-                f1,
-                dims,
-                stream,
-                &mut [&mut phi, &mut xp, &mut w, &mut batch, &mut n, &mut c, &mut cw, &mut bpc],
-            )?;
+            launch(f1, dims, stream, &args)?;
         }
         Partials::Fma(g) => {
-            let (mut cols, mut jc, mut bg) = (g.cols, g.jc, g.bg);
-            let mut ngroups = s.batch.div_ceil(g.bg as usize) as u32;
-            let mut njc_full = g.cols.div_ceil(g.jc);
-            let mut mc = (s.logits() as u32 + 1).min(g.block);
-            let mut mc_magic = fastdiv_magic(mc);
-            let mut jc_magic = fastdiv_magic(g.jc);
+            let mc = (s.logits() as u32 + 1).min(g.block);
+            let args = PrePartialFmaArgs {
+                phi,
+                x,
+                part_ws,
+                batch,
+                n,
+                c,
+                cols: g.cols,
+                jc: g.jc,
+                bg: g.bg,
+                ngroups: s.batch.div_ceil(g.bg as usize) as u32,
+                njc_full: g.cols.div_ceil(g.jc),
+                mc,
+                mc_magic: abi::fastdiv_magic(mc),
+                jc_magic: abi::fastdiv_magic(g.jc),
+            };
             let dims = LaunchDims { grid: (g.grid, 1, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
-            launch_positional(
-                f1,
-                dims,
-                stream,
-                &mut [
-                    &mut phi,
-                    &mut xp,
-                    &mut w,
-                    &mut batch,
-                    &mut n,
-                    &mut c,
-                    &mut cols,
-                    &mut jc,
-                    &mut bg,
-                    &mut ngroups,
-                    &mut njc_full,
-                    &mut mc,
-                    &mut mc_magic,
-                    &mut jc_magic,
-                ],
-            )?;
+            launch(f1, dims, stream, &args)?;
         }
     }
     let f2 = gpu.function(plan.mix.kernel())?;
-    let (mut bp, mut r, mut y, mut h) = (b, x_res, x_layer, h_post);
-    let mut grid1 = plan.partials.grid();
-    let (mut a_pre, mut a_post, mut a_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
-    let (mut rep, mut eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
-    let mut inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
+    let (bias, part_ws) = (b as *const f32, part_ws as *const f64);
+    let (x_res, x_layer, h_post) = (x_res as *mut u16, x_layer as *mut u16, h_post as *mut f32);
+    let grid1 = plan.partials.grid();
+    let (alpha_pre, alpha_post, alpha_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
+    let (repeat, eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
+    let inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
     match plan.mix {
         Mix::FixedPoint(g) => {
+            let args = PreMixFixedPointArgs {
+                x,
+                bias,
+                part_ws,
+                x_res,
+                x_layer,
+                h_post,
+                batch,
+                n,
+                c,
+                grid1,
+                alpha_pre,
+                alpha_post,
+                alpha_res,
+                repeat,
+                eps,
+                inv_sqrt_nc,
+            };
             let dims = LaunchDims { grid: (g.tiles, s.batch as u32, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
-            let args: &mut [&mut dyn KernelArg] = &mut [
-                &mut xp,
-                &mut bp,
-                &mut w,
-                &mut r,
-                &mut y,
-                &mut h,
-                &mut batch,
-                &mut n,
-                &mut c,
-                &mut grid1,
-                &mut a_pre,
-                &mut a_post,
-                &mut a_res,
-                &mut rep,
-                &mut eps,
-                &mut inv_sqrt_nc,
-            ];
-            launch_pdl_positional(f2, dims, stream, args)
+            launch_pdl(f2, dims, stream, &args)
         }
         Mix::SmallN(g) | Mix::AnyN(g) => {
-            let (mut tiles, mut jt, mut ls) = (g.tiles, g.jt, g.slices_log2);
-            let mut jt_magic = fastdiv_magic(g.jt);
-            let mut jl_magic = fastdiv_magic(s.c as u32 - (g.tiles - 1) * g.jt);
+            let args = PreMixArgs {
+                x,
+                bias,
+                part_ws,
+                x_res,
+                x_layer,
+                h_post,
+                n,
+                c,
+                grid1,
+                tiles: g.tiles,
+                jt: g.jt,
+                jt_magic: abi::fastdiv_magic(g.jt),
+                jl_magic: abi::fastdiv_magic(s.c as u32 - (g.tiles - 1) * g.jt),
+                ls: g.slices_log2,
+                alpha_pre,
+                alpha_post,
+                alpha_res,
+                repeat,
+                eps,
+                inv_sqrt_nc,
+            };
             let dims =
                 LaunchDims { grid: (s.batch as u32 * g.tiles, 1, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
-            let args: &mut [&mut dyn KernelArg] = &mut [
-                &mut xp,
-                &mut bp,
-                &mut w,
-                &mut r,
-                &mut y,
-                &mut h,
-                &mut n,
-                &mut c,
-                &mut grid1,
-                &mut tiles,
-                &mut jt,
-                &mut jt_magic,
-                &mut jl_magic,
-                &mut ls,
-                &mut a_pre,
-                &mut a_post,
-                &mut a_res,
-                &mut rep,
-                &mut eps,
-                &mut inv_sqrt_nc,
-            ];
-            launch_pdl_positional(f2, dims, stream, args)
+            launch_pdl(f2, dims, stream, &args)
         }
     }
 }

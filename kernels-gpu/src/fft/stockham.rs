@@ -18,18 +18,7 @@
 use super::cx::{dft, unroll, Cx, Mem};
 use super::prim::*;
 
-/// Thread mapping: the column (transform within the block) in the low thread-index bits, so a
-/// warp's global accesses run over consecutive columns (for `M > 1`).
-pub const COL_MAP: u32 = 1;
-/// The last stage writes shared memory; a final loop stores it with the column mapping (for a
-/// transposed output, `M_out > 1`, from a row-mapped pass).
-pub const OUT_SMEM: u32 = 2;
-/// Multiply output `k` of transform `t` by `W_n^{(t mod M_in)·k}`.
-pub const TW4: u32 = 4;
-/// Wait for the previous pass (programmatic dependent launch) at kernel entry, before the
-/// twiddle loads; without it (what the host launches) the wait follows the twiddle loads
-/// (longconv-64k 10.34 against 10.88 µs).
-pub const WAIT_FIRST: u32 = 8;
+pub use kernel_abi::fft::{COL_MAP, OUT_SMEM, TW4, WAIT_FIRST};
 
 struct Ctx<T: Mem> {
     x: *const Cx<T>,
@@ -518,10 +507,9 @@ unsafe fn fft_block<
     }
 }
 
-/// The PTX entries: `extern "ptx-kernel"` on the GPU; on the host (the CPU emulation of the
-/// host crate's tests, `host/src/fft/emu.rs`, which compiles this file with a software `prim`)
-/// plain functions of the same names and parameters.
-#[cfg(target_arch = "nvptx64")]
+/// The PTX entries (on the host, for the CPU emulation of the host crate's tests,
+/// `host/src/fft/emu.rs`, which compiles this file with a software `prim`: plain functions of
+/// the same names taking the same [`kernel_abi::FftPassArgs`]).
 macro_rules! entry {
     ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal) => {
         entry!($name, $t, $log_l, $e, $st, $hoist, false, false);
@@ -530,118 +518,66 @@ macro_rules! entry {
         entry!($name, $t, $log_l, $e, $st, $hoist, $pp, $stg, 0);
     };
     ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal, $pp:literal, $stg:literal, $sp:literal) => {
-        /// One FFT pass (module doc) of length `2^LOG_L`, `E` elements per thread.
-        #[no_mangle]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe extern "ptx-kernel" fn $name(
-            x: *const Cx<$t>,
-            y: *mut Cx<$t>,
-            tw: *const Cx<$t>,
-            twlo: *const Cx<$t>,
-            twhi: *const Cx<$t>,
-            log_c: u32,
-            log_min: u32,
-            log_mout: u32,
-            count: u32,
-            log_lt: u32,
-            log_split: u32,
-            flags: u32,
-            sm_stride: u32,
-        ) {
+        kernel_abi::fft_pass_entry!($name, a => {
             // Programmatic dependent launch: let the next pass start its blocks now. The wait
             // for the previous pass (a no-op when not launched as its dependent) is in
             // `fft_block`, after the twiddle loads and before any access to `x` or `y`.
-            crate::prim::grid_launch_dependents();
-            if flags & WAIT_FIRST != 0 {
-                crate::prim::grid_dependency_wait();
+            grid_launch_dependents();
+            if a.flags & WAIT_FIRST != 0 {
+                grid_dependency_wait();
             }
             fft_block::<$t, $log_l, $e, $st, $hoist, $pp, $stg, $sp>(
-                x, y, tw, twlo, twhi, log_c, log_min, log_mout, count, log_lt, log_split, flags, sm_stride,
+                a.x as *const Cx<$t>,
+                a.y as *mut Cx<$t>,
+                a.tw as *const Cx<$t>,
+                a.twlo as *const Cx<$t>,
+                a.twhi as *const Cx<$t>,
+                a.log_c,
+                a.log_min,
+                a.log_mout,
+                a.count,
+                a.log_lt,
+                a.log_split,
+                a.flags,
+                a.sm_stride,
             )
-        }
+        });
     };
 }
 
-#[cfg(not(target_arch = "nvptx64"))]
-macro_rules! entry {
-    ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal) => {
-        entry!($name, $t, $log_l, $e, $st, $hoist, false, false);
+/// One entry per row of `kernel_abi::fft_pass_kernels!` (the list the host planner's kernel
+/// table is built from): the precision gives the element type, the form the pass's code paths.
+macro_rules! pass_entries {
+    ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
+        $(pass_entries!(@prec $name, $prec, $log_l, $e, $form);)*
     };
-    ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal, $pp:literal, $stg:literal) => {
-        entry!($name, $t, $log_l, $e, $st, $hoist, $pp, $stg, 0);
+    (@prec $name:ident, c64, $log_l:literal, $e:literal, $form:ident) => {
+        pass_entries!(@form $name, f32, $log_l, $e, $form);
     };
-    ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal, $pp:literal, $stg:literal, $sp:literal) => {
-        /// Host build of the entry (CPU emulation only).
-        #[allow(clippy::too_many_arguments, dead_code)]
-        pub unsafe fn $name(
-            x: *const Cx<$t>,
-            y: *mut Cx<$t>,
-            tw: *const Cx<$t>,
-            twlo: *const Cx<$t>,
-            twhi: *const Cx<$t>,
-            log_c: u32,
-            log_min: u32,
-            log_mout: u32,
-            count: u32,
-            log_lt: u32,
-            log_split: u32,
-            flags: u32,
-            sm_stride: u32,
-        ) {
-            fft_block::<$t, $log_l, $e, $st, $hoist, $pp, $stg, $sp>(
-                x, y, tw, twlo, twhi, log_c, log_min, log_mout, count, log_lt, log_split, flags, sm_stride,
-            )
-        }
+    (@prec $name:ident, c128, $log_l:literal, $e:literal, $form:ident) => {
+        pass_entries!(@form $name, f64, $log_l, $e, $form);
+    };
+    // Every stage's twiddles loaded at kernel entry, in flight with the data loads.
+    (@form $name:ident, $t:ty, $log_l:literal, $e:literal, Hoisted) => {
+        entry!($name, $t, $log_l, $e, true, true);
+    };
+    // Each stage's twiddles loaded after its barrier (the registers of 8192-point c64 /
+    // 4096-point c128 passes at 16 elements, and of the 1024-point and longer passes of
+    // n ≥ 2^20, whose column blocks the hoisted kernels' registers would halve).
+    (@form $name:ident, $t:ty, $log_l:literal, $e:literal, PerStage) => {
+        entry!($name, $t, $log_l, $e, true, false);
+    };
+    // Hoisted, with two shared-memory Stockham buffers (stage s reads buffer (s − 1) mod 2 and
+    // writes s mod 2: one barrier per stage instead of two).
+    (@form $name:ident, $t:ty, $log_l:literal, $e:literal, PingPong) => {
+        entry!($name, $t, $log_l, $e, true, true, true, false);
+    };
+    // Hoisted, the row pass's input staged into shared memory by 16-byte `cp.async`, the
+    // block's next group copied while the current one computes (persistent row passes; the host
+    // falls back to the hoisted kernel when `x` is only 8-byte aligned).
+    (@form $name:ident, $t:ty, $log_l:literal, $e:literal, Staged) => {
+        entry!($name, $t, $log_l, $e, true, true, false, true);
     };
 }
 
-// The pass kernels the host planner launches (host/src/fft/plan.rs `kernel_table!`, whose `e`
-// must match): length 2^LOG_L, E elements per thread, every stage's twiddles from the pass's
-// per-stage table (host `stage_table`, read coalesced).
-//
-// `_tw_hoisted`: every stage's twiddles loaded at kernel entry, in flight with the data loads.
-entry!(fft_c64_l1_tw_hoisted, f32, 1, 2, true, true);
-entry!(fft_c64_l2_tw_hoisted, f32, 2, 4, true, true);
-entry!(fft_c64_l3_tw_hoisted, f32, 3, 8, true, true);
-entry!(fft_c64_l4_tw_hoisted, f32, 4, 16, true, true);
-entry!(fft_c64_l5_tw_hoisted, f32, 5, 8, true, true);
-entry!(fft_c64_l6_tw_hoisted, f32, 6, 8, true, true);
-entry!(fft_c64_l7_tw_hoisted, f32, 7, 16, true, true);
-entry!(fft_c64_l8_tw_hoisted, f32, 8, 16, true, true);
-entry!(fft_c64_l9_tw_hoisted, f32, 9, 8, true, true);
-entry!(fft_c64_l10_tw_hoisted, f32, 10, 16, true, true);
-entry!(fft_c64_l11_tw_hoisted, f32, 11, 16, true, true);
-entry!(fft_c128_l1_tw_hoisted, f64, 1, 2, true, true);
-entry!(fft_c128_l2_tw_hoisted, f64, 2, 4, true, true);
-entry!(fft_c128_l3_tw_hoisted, f64, 3, 8, true, true);
-entry!(fft_c128_l4_tw_hoisted, f64, 4, 8, true, true);
-entry!(fft_c128_l5_tw_hoisted, f64, 5, 8, true, true);
-entry!(fft_c128_l6_tw_hoisted, f64, 6, 8, true, true);
-entry!(fft_c128_l7_tw_hoisted, f64, 7, 8, true, true);
-entry!(fft_c128_l8_tw_hoisted, f64, 8, 8, true, true);
-entry!(fft_c128_l9_tw_hoisted, f64, 9, 8, true, true);
-entry!(fft_c128_l10_tw_hoisted, f64, 10, 8, true, true);
-entry!(fft_c128_l11_tw_hoisted, f64, 11, 8, true, true);
-
-// `_tw_per_stage`: each stage's twiddles loaded after its barrier (the registers of 8192-point
-// c64 / 4096-point c128 passes at 16 elements, and of the 1024-point and longer passes of
-// n ≥ 2^20, whose column blocks the hoisted kernels' registers would halve).
-entry!(fft_c64_l10_tw_per_stage, f32, 10, 16, true, false);
-entry!(fft_c64_l11_tw_per_stage, f32, 11, 16, true, false);
-entry!(fft_c64_l12_tw_per_stage, f32, 12, 16, true, false);
-entry!(fft_c64_l13_tw_per_stage, f32, 13, 16, true, false);
-entry!(fft_c128_l9_tw_per_stage, f64, 9, 8, true, false);
-entry!(fft_c128_l10_tw_per_stage, f64, 10, 8, true, false);
-entry!(fft_c128_l11_tw_per_stage, f64, 11, 8, true, false);
-entry!(fft_c128_l12_tw_per_stage, f64, 12, 16, true, false);
-
-// Hoisted, with two shared-memory Stockham buffers (stage s reads buffer (s − 1) mod 2 and writes
-// s mod 2: one barrier per stage instead of two): c64 1024 at 8 elements per thread (2·8·8·8),
-// c64 4096.
-entry!(fft_c64_l10_radix8_ping_pong, f32, 10, 8, true, true, true, false);
-entry!(fft_c64_l12_ping_pong, f32, 12, 16, true, true, true, false);
-// Hoisted, the row pass's input staged into shared memory by 16-byte `cp.async`, the block's
-// next group copied while the current one computes (persistent row passes; the host falls back
-// to `_tw_hoisted` when `x` is only 8-byte aligned).
-entry!(fft_c64_l6_staged, f32, 6, 8, true, true, false, true);
-entry!(fft_c64_l9_staged, f32, 9, 8, true, true, false, true);
+kernel_abi::fft_pass_kernels!(pass_entries);

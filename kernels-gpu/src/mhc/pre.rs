@@ -35,13 +35,21 @@
 //!
 //! Every sum has a fixed order, so the outputs are bitwise reproducible.
 use crate::prim::*;
+use kernel_abi::{PreMixArgs, PreMixFixedPointArgs, PrePartialFmaArgs, PrePartialMmaArgs};
+
+kernel_abi::pre_partial_fma_entry!(mhc_pre_partial_fma, a => { partial_fma(a) });
+kernel_abi::pre_partial_mma_entry!(mhc_pre_partial_mma, a => { partial_mma(a) });
+kernel_abi::pre_partial_mma_entry!(mhc_pre_partial_mma_fixed_point, a => { partial_mma_fixed_point(a) });
+kernel_abi::pre_mix_entry!(mhc_pre_mix, a => { mix(a) });
+kernel_abi::pre_mix_entry!(mhc_pre_mix_small_n, a => { mix_small_n(a) });
+kernel_abi::pre_mix_fixed_point_entry!(mhc_pre_mix_fixed_point, a => { mix_fixed_point(a) });
 
 /// Batch rows per group in kernel 1 (f64 accumulators per thread).
-pub const BT: u32 = 4;
+pub use kernel_abi::mhc::BT;
 const _: () = assert!(BT == 4, "Slab::fma is written out for four rows");
 /// Loads in flight per thread in kernel 1's split-K walk and staging, and the x elements per
 /// thread of kernel 2's tile (the host sizes tiles so that `n·jt ≤ UN·block`).
-pub const UN: usize = 8;
+pub const UN: usize = kernel_abi::mhc::UN as usize;
 /// Partial loads in flight per thread in kernel 2's reduction.
 pub const UP: usize = 16;
 
@@ -276,24 +284,9 @@ unsafe fn layout1(nt: u32, bg: u32, mq: u32) -> Smem1 {
 /// `(T,1,1)`, `T` a multiple of 32; dynamic shared memory per [`layout1`]. Writes every word of
 /// `part[0 .. batch·(m+1)·G]` (f64), nothing else. Requires `n·c·m < 2^31`, `batch·n·c < 2^31`,
 /// `batch·(m+1)·G < 2^31`, `bg ≤ BT`, `jc ≤ cols`, `bg·n·jc ≤ 2^16`.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_partial_fma(
-    phi: *const f32,
-    x: *const u16,
-    part_ws: *mut f64,
-    batch: u32,
-    n: u32,
-    c: u32,
-    cols: u32,
-    jc: u32,
-    bg: u32,
-    ngroups: u32,
-    njc_full: u32,
-    mc: u32,
-    mc_magic: u64,
-    jc_magic: u64,
-) {
+#[inline(always)]
+unsafe fn partial_fma(a: PrePartialFmaArgs) {
+    let PrePartialFmaArgs { phi, x, part_ws, batch, n, c, cols, jc, bg, ngroups, njc_full, mc, mc_magic, jc_magic } = a;
     // Kernel 2 (launched as a programmatic dependent) may start its prologue now.
     grid_launch_dependents();
     let t = thread_idx_x();
@@ -569,30 +562,30 @@ unsafe fn layout2(mq: u32, slices: u32, n: u32) -> Smem2 {
 /// `[tile·jt, min((tile+1)·jt, c))`, `tile = b mod tiles`. `grid1` = kernel 1's grid `G`,
 /// `slices = 2^ls` with `(m+1)·slices ≤ max(T, m+1)`; `jt_magic`, `jl_magic`: the FastDiv
 /// magics of `jt` and of the last tile's width. Requires `n·jt ≤ UN·T`, `jt ≤ 2^16`.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_mix(
-    x: *const u16,
-    bias: *const f32,
-    part_ws: *const f64,
-    x_res: *mut u16,
-    x_layer: *mut u16,
-    h_post: *mut f32,
-    n: u32,
-    c: u32,
-    grid1: u32,
-    tiles: u32,
-    jt: u32,
-    jt_magic: u64,
-    jl_magic: u64,
-    ls: u32,
-    alpha_pre: f32,
-    alpha_post: f32,
-    alpha_res: f32,
-    repeat: u32,
-    eps: f32,
-    inv_sqrt_nc: f64,
-) {
+#[inline(always)]
+unsafe fn mix(a: PreMixArgs) {
+    let PreMixArgs {
+        x,
+        bias,
+        part_ws,
+        x_res,
+        x_layer,
+        h_post,
+        n,
+        c,
+        grid1,
+        tiles,
+        jt,
+        jt_magic,
+        jl_magic,
+        ls,
+        alpha_pre,
+        alpha_post,
+        alpha_res,
+        repeat,
+        eps,
+        inv_sqrt_nc,
+    } = a;
     let t = thread_idx_x();
     let nt = block_dim_x();
     let b = block_idx_x();
@@ -679,7 +672,7 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix(
 // ================================================================ kernel 2, register coefficients (n ≤ 4)
 
 /// Largest n of [`mhc_pre_mix_small_n`] (one warp holds a padded 4×4 R, one element per lane).
-pub const NMAX_SMALL_N: u32 = 4;
+pub use kernel_abi::mhc::NMAX_SMALL_N;
 /// Partial loads per lane and quantity in flight in [`mhc_pre_mix_small_n`] (`G ≤ 32·GL` in one round).
 const GL: usize = 4;
 /// Quantities per warp in flight in [`mhc_pre_mix_small_n`].
@@ -776,30 +769,30 @@ unsafe fn lane_coefficients(z: f64, valid: bool, lane: u32, repeat: u32, eps: f3
 ///
 /// Sums in fixed orders: bitwise reproducible (not bitwise equal to [`mhc_pre_mix`]: the
 /// butterfly orders differ).
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_mix_small_n(
-    x: *const u16,
-    bias: *const f32,
-    part_ws: *const f64,
-    x_res: *mut u16,
-    x_layer: *mut u16,
-    h_post: *mut f32,
-    n: u32,
-    c: u32,
-    grid1: u32,
-    tiles: u32,
-    jt: u32,
-    jt_magic: u64,
-    jl_magic: u64,
-    _ls: u32,
-    alpha_pre: f32,
-    alpha_post: f32,
-    alpha_res: f32,
-    repeat: u32,
-    eps: f32,
-    inv_sqrt_nc: f64,
-) {
+#[inline(always)]
+unsafe fn mix_small_n(a: PreMixArgs) {
+    let PreMixArgs {
+        x,
+        bias,
+        part_ws,
+        x_res,
+        x_layer,
+        h_post,
+        n,
+        c,
+        grid1,
+        tiles,
+        jt,
+        jt_magic,
+        jl_magic,
+        ls: _,
+        alpha_pre,
+        alpha_post,
+        alpha_res,
+        repeat,
+        eps,
+        inv_sqrt_nc,
+    } = a;
     let t = thread_idx_x();
     let nt = block_dim_x();
     let lane = t & 31;
@@ -962,7 +955,7 @@ fn broadcast_coefficients(sg: f32, v: f32) -> ([f32; NMAX_SMALL_N as usize], [f3
 }
 
 /// Bytes of [`mhc_pre_mix_small_n`]'s shared memory before the x tile.
-pub const MIX_SMALL_N_SMEM_HEAD: u32 = 336;
+pub use kernel_abi::mhc::MIX_SMALL_N_SMEM_HEAD;
 
 // ================================================================ kernel 2 of the fixed-point pair (n ≤ 4)
 
@@ -1014,26 +1007,26 @@ unsafe fn sum4(p: *const f64, count: u32, stride: u32) -> f64 {
 ///
 /// Tile 0, warp 0 writes h_post. Shared memory [`mix_fixed_point_smem`]. `grid1` is unused.
 /// Fixed summation orders: bitwise reproducible.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_mix_fixed_point(
-    x: *const u16,
-    bias: *const f32,
-    part_ws: *const f64,
-    x_res: *mut u16,
-    x_layer: *mut u16,
-    h_post: *mut f32,
-    batch: u32,
-    n: u32,
-    c: u32,
-    _grid1: u32,
-    alpha_pre: f32,
-    alpha_post: f32,
-    alpha_res: f32,
-    repeat: u32,
-    eps: f32,
-    inv_sqrt_nc: f64,
-) {
+#[inline(always)]
+unsafe fn mix_fixed_point(a: PreMixFixedPointArgs) {
+    let PreMixFixedPointArgs {
+        x,
+        bias,
+        part_ws,
+        x_res,
+        x_layer,
+        h_post,
+        batch,
+        n,
+        c,
+        grid1: _,
+        alpha_pre,
+        alpha_post,
+        alpha_res,
+        repeat,
+        eps,
+        inv_sqrt_nc,
+    } = a;
     let t = thread_idx_x();
     let nt = block_dim_x();
     let lane = t & 31;
@@ -1194,10 +1187,10 @@ pub unsafe extern "ptx-kernel" fn mhc_pre_mix_fixed_point(
 /// Limbs per (batch row, logit) accumulator of the fixed-point pair: limb `k` holds bits
 /// `[48k − 64, 48k − 16)` of `|partial|` (so `2^-64 ≤` resolution, range `< 2^128`, the f32
 /// range), each as a signed 64-bit sum over the kernel-1 blocks (≤ 2^15 blocks cannot overflow).
-pub const ACC_LIMBS: u32 = 4;
+pub use kernel_abi::mhc::ACC_LIMBS;
 /// u64 words per accumulator: the [`ACC_LIMBS`] limbs, then a count of partials that were not
 /// finite or not below 2^128 (the logit is then NaN).
-pub const ACC_WORDS: u32 = ACC_LIMBS + 1;
+pub use kernel_abi::mhc::ACC_WORDS;
 
 /// Adds limb `k < ACC_LIMBS` of the f64 block partial `v` to the accumulator `p`
 /// (`red.global.add`, no result): `⌊|v|·2^(64−48k)⌋ mod 2^48`, negated for `v < 0`; limb 0 also
@@ -1253,26 +1246,15 @@ crate::entry_directive!("mhc_pre_partial_mma_fixed_point", ".maxntid 512, 1, 1 .
 /// the first call of a workspace and is then left to the kernels ([`mhc_pre_mix_fixed_point`]
 /// flips the epoch). Every block adds to every accumulator of its batch rows; the integer sums
 /// do not depend on the order. Triggers the dependent launch of kernel 2 at entry.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma_fixed_point(
-    phi: *const f32,
-    x: *const u16,
-    part_ws: *mut f64,
-    batch: u32,
-    n: u32,
-    c: u32,
-    cw: u32,
-    bpc: u32,
-) {
+#[inline(always)]
+unsafe fn partial_mma_fixed_point(a: PrePartialMmaArgs) {
+    let PrePartialMmaArgs { phi, x, part_ws, batch, n, c, cw, bpc } = a;
     partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, true);
 }
 
 /// [`mhc_pre_mix_fixed_point`]'s dynamic shared memory as launched, bytes: `ssw[32]` f64, then
 /// 8 bytes per thread that the kernel does not touch (the measured launch configuration).
-pub const fn mix_fixed_point_smem(block: u32) -> u32 {
-    256 + 8 * block
-}
+pub use kernel_abi::mhc::mix_fixed_point_smem;
 
 // ================================================================ kernel 1 on fp64 tensor cores (n ≤ 4)
 
@@ -1285,10 +1267,10 @@ fn divrem_u32(a: u32, d: u32) -> (u32, u32) {
 }
 
 /// Batch rows per group of the tensor-core kernels 1 (the M = 8 rows of the fp64 MMA).
-pub const BTF: u32 = 8;
+pub use kernel_abi::mhc::BTF;
 /// Largest n of the tensor-core kernels 1: `⌈(n²+2n)/8⌉ ≤ NTMAX` phi tiles of 8 columns. (n = 6
 /// with six tiles failed its GPU test with a single-warp block, not understood: n ≤ 4 only.)
-pub const NMAX_MMA: u32 = 4;
+pub const NMAX_MMA: u32 = kernel_abi::mhc::NMAX_SMALL_N;
 const NTMAX: usize = 3;
 
 /// [`pre_mma_body`]'s shared memory (bytes), mirrored by the host
@@ -1347,18 +1329,9 @@ crate::entry_directive!("mhc_pre_partial_mma", ".maxntid 512, 1, 1 .minnctapersm
 /// of every batch row of its y range to `part[(β·(m+1) + q)·G + g]` (f64), the layout
 /// [`mhc_pre_mix`] and [`mhc_pre_mix_small_n`] read; slab staging, DMMA product and fixed-order
 /// warp sums of [`pre_mma_body`]. Triggers the dependent launch of kernel 2 at entry.
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn mhc_pre_partial_mma(
-    phi: *const f32,
-    x: *const u16,
-    part_ws: *mut f64,
-    batch: u32,
-    n: u32,
-    c: u32,
-    cw: u32,
-    bpc: u32,
-) {
+#[inline(always)]
+unsafe fn partial_mma(a: PrePartialMmaArgs) {
+    let PrePartialMmaArgs { phi, x, part_ws, batch, n, c, cw, bpc } = a;
     partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, false);
 }
 
