@@ -13,9 +13,13 @@
 //! (docs/decisions/engram_decode.md); an [`EngramDecodePlan`] owns the plan and the workspace.
 use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, DevicePtrMut};
 use half::{bf16, f16};
+use kernel_abi::{
+    decode_finish_warp_shared_bytes, decode_project_shared_bytes, EngramDecodeArgs, DECODE_FINISH_BLOCK_SHARED_BYTES,
+    DECODE_MMA_K_STEP, DECODE_MMA_TILE_COLS, DECODE_MODE_FINISH_KV, DECODE_MODE_FINISH_SHARED, DECODE_MODE_PROJECT,
+};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch_pdl_positional, launch_positional, GraphReplay, LaunchDims, StreamOrder};
+use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, StreamOrder};
 use crate::{Error, Gpu, Result};
 
 /// Every PTX entry of the decode step ([`planned_kernels`] launches each of them).
@@ -188,7 +192,7 @@ impl DecodeProjectionKernel {
 pub enum DecodeFinishKernel {
     /// `finish_block_{cols}col`: thread `t` owns columns `[cols·t, cols·t + cols)`; block
     /// reductions, `rsqrt.approx` + Newton and `rcp.approx` (within the tolerance chain, not
-    /// bitwise the warp finish). 640 bytes of dynamic shared memory.
+    /// bitwise the warp finish). `DECODE_FINISH_BLOCK_SHARED_BYTES` of dynamic shared memory.
     Block { cols: u32, threads: u32 },
     /// `finish_warp_{cols}col` (`cols` 8 on the vectorised layout, else 1): the block sums the
     /// row's partials into shared memory (`staged_in_shared`, `8·d` bytes) or into the `kv`
@@ -413,12 +417,14 @@ impl DecodeGeometry {
         }
         let nt = block as usize;
         if mma {
-            let (warps, tiles) = (nt / 32, shape.d.div_ceil(64));
-            let step = 16 * warps;
+            let (warps, tiles) = (nt / 32, shape.d.div_ceil(DECODE_MMA_TILE_COLS as usize));
+            let step = DECODE_MMA_K_STEP as usize * warps;
             let ksteps = shape.d_mem.div_ceil(step * (MAX_BLOCKS / tiles).max(1));
             let rows = (ksteps * step).min(shape.d_mem.div_ceil(step) * step);
             let splits = shape.d_mem.div_ceil(rows);
-            return Self::checked(8, block, 3, tiles, splits, rows, true);
+            // 8 lanes of 8 columns per tile (the ticket mode's tile reduce reads `cl_log`).
+            let cl_log = (DECODE_MMA_TILE_COLS / 8).trailing_zeros();
+            return Self::checked(8, block, cl_log, tiles, splits, rows, true);
         }
         // Column lanes: a warp's row segment is as long as d allows (up to 32 lanes).
         let cl = shape.d.next_power_of_two().min(32);
@@ -444,11 +450,7 @@ impl DecodeGeometry {
 
     /// Dynamic shared memory of one block, bytes.
     pub fn shared_bytes(&self) -> u32 {
-        if self.mma {
-            self.block / 32 * 4096 + 16
-        } else {
-            self.block * 2 * self.vec * 4 + 16
-        }
+        decode_project_shared_bytes(self.block, self.vec, self.mma)
     }
 }
 
@@ -743,16 +745,16 @@ impl EngramDecodePlan {
         s_out: CUdeviceptr,
         y: CUdeviceptr,
         pos: u32,
-        wpos: u32,
-        copy: bool,
+        write_row: u32,
+        shift_state: bool,
         cs: CUstream,
     ) -> Result<()> {
         let pp = self.plan_ptrs(gpu);
         let mut key = vec![dtype as u64, i.e_t, i.h_t, i.w_k, i.w_v, i.rms_w_h, i.rms_w_v, i.conv_w];
-        key.extend([s_in, s_out, y, pos as u64, wpos as u64, copy as u64]);
+        key.extend([s_in, s_out, y, pos as u64, write_row as u64, shift_state as u64]);
         key.extend(pp);
         let mut graph = std::mem::replace(&mut self.graph, GraphReplay::new());
-        let r = graph.run(cs, key, || self.launch(gpu, dtype, i, s_in, s_out, y, pos, wpos, copy, pp, cs));
+        let r = graph.run(cs, key, || self.launch(gpu, dtype, i, s_in, s_out, y, pos, write_row, shift_state, pp, cs));
         self.graph = graph;
         r
     }
@@ -767,8 +769,8 @@ impl EngramDecodePlan {
         s_out: CUdeviceptr,
         y: CUdeviceptr,
         pos: u32,
-        wpos: u32,
-        copy: bool,
+        write_row: u32,
+        shift_state: bool,
         pp: [CUdeviceptr; 3],
         stream: CUstream,
     ) -> Result<()> {
@@ -779,78 +781,78 @@ impl EngramDecodePlan {
         let g = step.geometry;
         let f = gpu.function(step.projection.entry(dtype))?;
         let dims = LaunchDims { grid: (g.tiles, g.splits, 1), block: (g.block, 1, 1), shared_bytes: g.shared_bytes() };
-        let [part, kv, dbg] = pp;
-        let (mut e, mut h, mut si, mut wk, mut wv) = (i.e_t, i.h_t, s_in, i.w_k, i.w_v);
-        let (mut rwh, mut rwv, mut cw, mut y, mut so) = (i.rms_w_h, i.rms_w_v, i.conv_w, y, s_out);
-        // No kernel of the two-launch step takes a ticket: no counters.
-        let (mut part, mut kv, mut cnt, mut dbg) = (part, kv, 0 as CUdeviceptr, dbg);
-        let (mut b, mut dm, mut d) = (s.batch as u32, s.d_mem as u32, s.d as u32);
-        let (mut l, mut k, mut dil) = (s.max_conv_len as u32, s.kernel_size as u32, s.dilation as u32);
-        let (mut pos, mut wpos, mut copy) = (pos, wpos, copy as u32);
-        let (mut splits, mut rs, mut cl_log, mut eps) = (g.splits, g.rows_per_split, g.cl_log, s.eps);
+        let [partials, kv, intermediates] = pp;
+        let ptr = |p: CUdeviceptr| p as *const u16;
         // The projection launch whose finishing kernel is a programmatic dependent: the finish
         // loads its own inputs while the projection runs, so the projection skips their L2
         // prefetch (L2 prefetch kept under PDL: +0.3-0.5 µs on the seed rows).
-        let mut mode = 5u32;
-        macro_rules! args {
-            () => {
-                &mut [
-                    &mut e,
-                    &mut h,
-                    &mut si,
-                    &mut wk,
-                    &mut wv,
-                    &mut rwh,
-                    &mut rwv,
-                    &mut cw,
-                    &mut y,
-                    &mut so,
-                    &mut part,
-                    &mut kv,
-                    &mut cnt,
-                    &mut dbg,
-                    &mut b,
-                    &mut dm,
-                    &mut d,
-                    &mut l,
-                    &mut k,
-                    &mut dil,
-                    &mut pos,
-                    &mut wpos,
-                    &mut copy,
-                    &mut splits,
-                    &mut rs,
-                    &mut cl_log,
-                    &mut eps,
-                    &mut mode,
-                ]
-            };
-        }
-        // One launch with last-block-done tickets (the projection kernels' `mode` 0): b1/b4/b8
-        // 9.55/12.86/14.50 µs against 8.50/13.84/9.92 for two launches with the warp finish.
-        // One launch in one thread-block cluster, finish over distributed shared memory:
+        let projection = EngramDecodeArgs {
+            e_t: ptr(i.e_t),
+            h_t: ptr(i.h_t),
+            conv_state: ptr(s_in),
+            w_k: ptr(i.w_k),
+            w_v: ptr(i.w_v),
+            rms_w_h: ptr(i.rms_w_h),
+            rms_w_v: ptr(i.rms_w_v),
+            conv_w: ptr(i.conv_w),
+            y_t: y as *mut u16,
+            new_conv_state: s_out as *mut u16,
+            partials: partials as *mut f32,
+            kv: kv as *mut f32,
+            // No kernel of the two-launch step takes a ticket: no counters.
+            tickets: std::ptr::null_mut(),
+            intermediates: intermediates as *mut u16,
+            batch: s.batch as u32,
+            d_mem: s.d_mem as u32,
+            d: s.d as u32,
+            max_conv_len: s.max_conv_len as u32,
+            kernel_size: s.kernel_size as u32,
+            dilation: s.dilation as u32,
+            pos,
+            write_row,
+            shift_state: shift_state as u32,
+            splits: g.splits,
+            rows_per_split: g.rows_per_split,
+            col_lanes_log2: g.cl_log,
+            eps: s.eps,
+            mode: DECODE_MODE_PROJECT,
+        };
+        // One launch with last-block-done tickets (the projection kernels' `DECODE_MODE_FUSED`):
+        // b1/b4/b8 9.55/12.86/14.50 µs against 8.50/13.84/9.92 for two launches with the warp
+        // finish. One launch in one thread-block cluster, finish over distributed shared memory:
         // +1.0/+0.6/+1.4 µs (cluster scheduling costs more than the second launch).
-        launch_positional(f, dims, stream, args!())?;
+        launch(f, dims, stream, &projection)?;
         let fin = gpu.function(step.finish.entry(dtype))?;
         // The state shift stays in the projection launch (extra finishing blocks taking it,
         // under PDL while the projection runs: predicted ≤ 0.3 µs at b8, never measured faster).
         // Finish with `1/d` from the host and its loads before the dependent wait: +0.1-0.5 µs
         // under the graph (a longer pre-wait prologue).
-        let dims = match step.finish {
-            DecodeFinishKernel::Block { threads, .. } => {
-                copy = 0;
-                LaunchDims { grid: (b, 1, 1), block: (threads, 1, 1), shared_bytes: 640 }
-            }
+        let batch = projection.batch;
+        let (dims, finish) = match step.finish {
+            DecodeFinishKernel::Block { threads, .. } => (
+                LaunchDims {
+                    grid: (batch, 1, 1),
+                    block: (threads, 1, 1),
+                    shared_bytes: DECODE_FINISH_BLOCK_SHARED_BYTES,
+                },
+                // The block finish reads neither `mode` nor `shift_state`.
+                EngramDecodeArgs { shift_state: 0, ..projection },
+            ),
             DecodeFinishKernel::Warp { threads, staged_in_shared, .. } => {
-                // `mode` 2 stages the row in shared memory, 3 in the `kv` workspace.
-                mode = if staged_in_shared { 2 } else { 3 };
-                let shared_bytes = if staged_in_shared { 8 * d } else { 0 };
-                LaunchDims { grid: (b, 1, 1), block: (threads, 1, 1), shared_bytes }
+                let (mode, shared_bytes) = if staged_in_shared {
+                    (DECODE_MODE_FINISH_SHARED, decode_finish_warp_shared_bytes(projection.d))
+                } else {
+                    (DECODE_MODE_FINISH_KV, 0)
+                };
+                (
+                    LaunchDims { grid: (batch, 1, 1), block: (threads, 1, 1), shared_bytes },
+                    EngramDecodeArgs { mode, ..projection },
+                )
             }
         };
         // The finish as a programmatic dependent (`launch_pdl`): it starts while the projection
         // runs and waits in `griddepcontrol.wait` before it reads the partials.
-        launch_pdl_positional(fin, dims, stream, args!())
+        launch_pdl(fin, dims, stream, &finish)
     }
 }
 

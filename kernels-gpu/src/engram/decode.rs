@@ -1,7 +1,7 @@
 //! EngramDecodeFwd kernels (docs/ops.md §6): one fused decode step in two launches.
 //!
 //! Projection launch (`project_*` entries), grid `(tiles, splits)`: block `(x, y)` owns the
-//! output columns of tile `x` and the `W_K`/`W_V` rows `[y·rs, (y+1)·rs)` of split `y`, and
+//! output columns of tile `x` and the `W_K`/`W_V` rows `[y·rows_per_split, (y+1)·rows_per_split)` of split `y`, and
 //! writes the split's f32 partial `[split][b][k|v][d]` (or `kv [b][k|v][d]` with one split):
 //! - `project_mma` (16-byte aligned layout, `d % 8 == 0`): `mma.sync.m16n8k16` over 64-column
 //!   tiles, the k-reduction inside the MMA, the warps summed through shared memory in order;
@@ -26,16 +26,24 @@
 //! The state shift of the seed contract (`new_conv_state[:, :L-1] = conv_state[:, 1:]`) is
 //! spread over every thread of the projection grid: its first two units are loaded at kernel
 //! start and stored when the thread leaves, so its DRAM latency overlaps the projection. The
-//! ring-buffer step (`copy = 0`) reads the taps at physical rows `(pos + t) mod L` and writes
-//! `q(u)` over slot `wpos = pos` in place.
+//! ring-buffer step (`shift_state = 0`) reads the taps at physical rows `(pos + t) mod L` and
+//! writes `q(u)` over slot `write_row = pos` in place.
+//!
+//! Every entry takes [`EngramDecodeArgs`] (its fields, the `mode` values and the launch
+//! contract of each entry are documented there).
 //!
 //! The kernel bodies also hold paths the host never plans (docs/decisions/engram_decode.md):
-//! the one-launch ticket mode (`mode` 0) and the L2-prefetch mode (`mode` 1) of `decode`, the
+//! the one-launch ticket mode (`DECODE_MODE_FUSED`) and the L2-prefetch mode
+//! (`DECODE_MODE_PROJECT_PREFETCH`) of `decode`, the
 //! state shift in blocks past the batch rows of `finish_wide`, and the `CL` / `SHORT_CHAIN` generic
 //! branches of `project_mma_b8k16` / `finish_wide` (no entry instantiates them with `true`). They
 //! stay until the bodies are regenerated from named policies, so that the kept entries'
 //! machine code is unchanged.
 use crate::prim::*;
+use kernel_abi::{
+    EngramDecodeArgs, DECODE_MMA_TILE_COLS, DECODE_MMA_WARP_SLAB_F32, DECODE_MODE_FINISH_SHARED, DECODE_MODE_PROJECT,
+    DECODE_MODE_PROJECT_PREFETCH,
+};
 
 /// `body` for `$i` = 0, 1, … while `$i < $n` (at most 8), each copy with a constant index:
 /// fully unrolled whatever LLVM's unroll threshold, so small arrays stay in registers.
@@ -61,41 +69,6 @@ use crate::prim::Half16 as Dt;
 #[inline(always)]
 fn q<D: Dt>(v: f32) -> f32 {
     D::to_f32(D::from_f32(v))
-}
-
-/// Every argument of the kernel (the entry points below take them in this order).
-#[derive(Clone, Copy)]
-struct Args {
-    e: *const u16,
-    h: *const u16,
-    s_in: *const u16,
-    wk: *const u16,
-    wv: *const u16,
-    rwh: *const u16,
-    rwv: *const u16,
-    cw: *const u16,
-    y: *mut u16,
-    s_out: *mut u16,
-    part: *mut f32,
-    kv: *mut f32,
-    cnt: *mut u32,
-    dbg: *mut u16,
-    b: u32,
-    dm: u32,
-    d: u32,
-    l: u32,
-    k: u32,
-    dil: u32,
-    pos: u32,
-    wpos: u32,
-    copy: u32,
-    splits: u32,
-    rs: u32,
-    cl_log: u32,
-    eps: f32,
-    /// 0: the fused one-launch step (tickets); 1: projection only (the first of two launches);
-    /// in the finishing kernel, 2: the row's `kk, vv` staged in shared memory, 3: in `kv`.
-    mode: u32,
 }
 
 /// `VEC` read-only elements (16-byte `ld.global.nc` when `VEC = 8`), widened to f32.
@@ -234,21 +207,21 @@ struct Unit<const VEC: usize> {
 /// Loads copy unit `g` of the seed contract's shift: `new[b, t] = old[b, t + 1]` for
 /// `t < L − 1`, in units of `VEC` elements along `d`.
 #[inline(always)]
-unsafe fn copy_load<const VEC: usize>(a: &Args, g: u32) -> Unit<VEC> {
+unsafe fn copy_load<const VEC: usize>(a: &EngramDecodeArgs, g: u32) -> Unit<VEC> {
     let nch = a.d / VEC as u32;
-    let per = (a.l - 1) * nch;
+    let per = (a.max_conv_len - 1) * nch;
     // `per > 0` whenever a unit exists (L ≥ 2); `checked_div` keeps the kernel free of a panic path.
     let b = g.checked_div(per).unwrap_or(0);
     let r = g - b * per;
-    let dst = (b * a.l * a.d) as usize + (r as usize) * VEC;
+    let dst = (b * a.max_conv_len * a.d) as usize + (r as usize) * VEC;
     let src = dst + a.d as usize;
     let mut u = Unit { dst, w: [0; 4], s: [0; VEC] };
     if VEC == 8 {
-        u.w = ld_nc_v4(a.s_in.add(src) as *const u32);
+        u.w = ld_nc_v4(a.conv_state.add(src) as *const u32);
     } else {
         let mut v = 0;
         while v < VEC {
-            u.s[v] = *a.s_in.add(src + v);
+            u.s[v] = *a.conv_state.add(src + v);
             v += 1;
         }
     }
@@ -256,13 +229,13 @@ unsafe fn copy_load<const VEC: usize>(a: &Args, g: u32) -> Unit<VEC> {
 }
 
 #[inline(always)]
-unsafe fn copy_store<const VEC: usize>(a: &Args, u: &Unit<VEC>) {
+unsafe fn copy_store<const VEC: usize>(a: &EngramDecodeArgs, u: &Unit<VEC>) {
     if VEC == 8 {
-        st_v4(a.s_out.add(u.dst) as *mut u32, u.w);
+        st_v4(a.new_conv_state.add(u.dst) as *mut u32, u.w);
     } else {
         let mut v = 0;
         while v < VEC {
-            *a.s_out.add(u.dst + v) = u.s[v];
+            *a.new_conv_state.add(u.dst + v) = u.s[v];
             v += 1;
         }
     }
@@ -271,7 +244,13 @@ unsafe fn copy_store<const VEC: usize>(a: &Args, u: &Unit<VEC>) {
 /// Stores this thread's preloaded copy units (`first` = unit `g`, `second` = unit `g + total`)
 /// and does any further units (grid-stride), then the thread is done with the shift.
 #[inline(always)]
-unsafe fn copy_finish<const VEC: usize>(a: &Args, pre: &[(Unit<VEC>, bool); 2], g: u32, total: u32, n: u32) {
+unsafe fn copy_finish<const VEC: usize>(
+    a: &EngramDecodeArgs,
+    pre: &[(Unit<VEC>, bool); 2],
+    g: u32,
+    total: u32,
+    n: u32,
+) {
     if pre[0].1 {
         copy_store(a, &pre[0].0);
     }
@@ -303,15 +282,15 @@ fn phys_row(pos: u32, t: u32, l: u32) -> u32 {
 /// (batch row, lane) pair, `b = j / 32`, and the lane takes lines `lane, lane + 32, …` of each
 /// of the row's taps.
 #[inline(always)]
-unsafe fn prefetch_tail(a: &Args, g: u32, total: u32) {
+unsafe fn prefetch_tail(a: &EngramDecodeArgs, g: u32, total: u32) {
     let row_bytes = a.d as u64 * 2;
     let lines = |bytes: u64| bytes.div_ceil(128) + 1;
-    let nh = lines(row_bytes * a.b as u64);
+    let nh = lines(row_bytes * a.batch as u64);
     let nw = lines(row_bytes);
-    let nc = lines(row_bytes * a.k as u64);
-    let taps = a.k - 1;
+    let nc = lines(row_bytes * a.kernel_size as u64);
+    let taps = a.kernel_size - 1;
     let nl = lines(row_bytes);
-    let nt = if taps > 0 { 32 * a.b as u64 } else { 0 };
+    let nt = if taps > 0 { 32 * a.batch as u64 } else { 0 };
     let all = nh + 2 * nw + nc + nt;
     let at = |p: *const u16, bytes: u64, line: u64| {
         let off = (line * 128).min(bytes - 1);
@@ -321,26 +300,26 @@ unsafe fn prefetch_tail(a: &Args, g: u32, total: u32) {
     while i < all {
         let mut j = i;
         if j < nh {
-            at(a.h, row_bytes * a.b as u64, j);
+            at(a.h_t, row_bytes * a.batch as u64, j);
         } else {
             j -= nh;
             if j < nw {
-                at(a.rwh, row_bytes, j);
+                at(a.rms_w_h, row_bytes, j);
             } else if j < 2 * nw {
-                at(a.rwv, row_bytes, j - nw);
+                at(a.rms_w_v, row_bytes, j - nw);
             } else {
                 j -= 2 * nw;
                 if j < nc {
-                    at(a.cw, row_bytes * a.k as u64, j);
+                    at(a.conv_w, row_bytes * a.kernel_size as u64, j);
                 } else {
                     j -= nc;
                     let b = (j >> 5) as u32;
                     let lane = j & 31;
                     let mut p = 0u32;
                     while p < taps {
-                        let t = a.l - (taps - p) * a.dil;
-                        let row = phys_row(a.pos, t, a.l);
-                        let base = a.s_in.add(((b * a.l + row) * a.d) as usize);
+                        let t = a.max_conv_len - (taps - p) * a.dilation;
+                        let row = phys_row(a.pos, t, a.max_conv_len);
+                        let base = a.conv_state.add(((b * a.max_conv_len + row) * a.d) as usize);
                         let mut line = lane;
                         while line < nl {
                             at(base, row_bytes, line);
@@ -359,31 +338,31 @@ unsafe fn prefetch_tail(a: &Args, g: u32, total: u32) {
 /// Writes `part[split][b][k|v][col]` (or `kv[b][k|v][col]` when there is one split).
 #[inline(always)]
 unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(
-    a: &Args,
+    a: &EngramDecodeArgs,
     smem: *mut f32,
     hook: &mut impl FnMut(),
 ) {
     let mut hooked = false;
     let nt = block_dim_x();
     let tid = thread_idx_x();
-    let cl = 1u32 << a.cl_log;
-    let rl = nt >> a.cl_log;
+    let cl = 1u32 << a.col_lanes_log2;
+    let rl = nt >> a.col_lanes_log2;
     let lc = tid & (cl - 1);
-    let lr = tid >> a.cl_log;
+    let lr = tid >> a.col_lanes_log2;
     let tile = block_idx_x();
     let split = block_idx_y();
     let nch = a.d / VEC as u32;
     let c = tile * cl + lc;
     let col_ok = c < nch;
     let j0 = (c as usize) * VEC;
-    let r0 = split * a.rs;
-    let r1 = if r0 + a.rs < a.dm { r0 + a.rs } else { a.dm };
+    let r0 = split * a.rows_per_split;
+    let r1 = if r0 + a.rows_per_split < a.d_mem { r0 + a.rows_per_split } else { a.d_mem };
     let clv = cl * VEC as u32;
-    let clv_log = a.cl_log + VEC.trailing_zeros();
+    let clv_log = a.col_lanes_log2 + VEC.trailing_zeros();
     let d = a.d as usize;
-    let dm = a.dm as usize;
+    let dm = a.d_mem as usize;
     let mut b0 = 0u32;
-    while b0 < a.b {
+    while b0 < a.batch {
         let mut ak = [[0f32; VEC]; BB];
         let mut av = [[0f32; VEC]; BB];
         if col_ok {
@@ -398,12 +377,12 @@ unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(
                 while u < U {
                     let r = i + u as u32 * rl;
                     if r < r1 {
-                        wk[u] = ld_raw::<VEC>(a.wk.add(r as usize * d + j0));
-                        wv[u] = ld_raw::<VEC>(a.wv.add(r as usize * d + j0));
+                        wk[u] = ld_raw::<VEC>(a.w_k.add(r as usize * d + j0));
+                        wv[u] = ld_raw::<VEC>(a.w_v.add(r as usize * d + j0));
                         let mut bb = 0;
                         while bb < BB {
-                            if b0 + (bb as u32) < a.b {
-                                ev[u][bb] = D::to_f32(*a.e.add((b0 as usize + bb) * dm + r as usize));
+                            if b0 + (bb as u32) < a.batch {
+                                ev[u][bb] = D::to_f32(*a.e_t.add((b0 as usize + bb) * dm + r as usize));
                             }
                             bb += 1;
                         }
@@ -436,7 +415,7 @@ unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(
         let mut bb = 0;
         while bb < BB {
             let b = b0 + bb as u32;
-            if b >= a.b {
+            if b >= a.batch {
                 break;
             }
             sync_threads();
@@ -462,7 +441,7 @@ unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(
                         r += 1;
                     }
                     let dst = if a.splits > 1 {
-                        a.part.add((((split * a.b + b) * 2 + m) * a.d + col) as usize)
+                        a.partials.add((((split * a.batch + b) * 2 + m) * a.d + col) as usize)
                     } else {
                         a.kv.add(((b * 2 + m) * a.d + col) as usize)
                     };
@@ -487,7 +466,7 @@ unsafe fn project<D: Dt, const VEC: usize, const BB: usize, const U: usize>(
 /// each), and `prmt` pairs the rows' halves into A fragments. The k-reduction happens inside
 /// the MMA; the warps are summed through shared memory in warp order.
 #[inline(always)]
-unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32, hook: &mut impl FnMut()) {
+unsafe fn project_mma<D: Dt>(a: &EngramDecodeArgs, smem: *mut f32, hook: &mut impl FnMut()) {
     let mut hooked = false;
     let nt = block_dim_x();
     let nw = nt >> 5;
@@ -497,19 +476,19 @@ unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32, hook: &mut impl FnMut()) 
     let tq = lane & 3;
     let tile = block_idx_x();
     let split = block_idx_y();
-    let c0 = tile * 64;
+    let c0 = tile * DECODE_MMA_TILE_COLS;
     let col = c0 + 8 * g;
     let col_ok = col < a.d;
-    let r0 = split * a.rs;
-    let r1 = if r0 + a.rs < a.dm { r0 + a.rs } else { a.dm };
+    let r0 = split * a.rows_per_split;
+    let r1 = if r0 + a.rows_per_split < a.d_mem { r0 + a.rows_per_split } else { a.d_mem };
     let d = a.d as usize;
-    let dm = a.dm as usize;
+    let dm = a.d_mem as usize;
     let mut b0 = 0u32;
-    while b0 < a.b {
+    while b0 < a.batch {
         let mut acc = [[[0f32; 4]; 4]; 2];
         let b = b0 + g;
-        let b_ok = b < a.b;
-        let erow = a.e.add(if b_ok { b as usize * dm } else { 0 });
+        let b_ok = b < a.batch;
+        let erow = a.e_t.add(if b_ok { b as usize * dm } else { 0 });
         let mut i0 = r0 + 16 * warp;
         while i0 < r1 {
             let mut wk = [[0u32; 4]; 8];
@@ -522,8 +501,8 @@ unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32, hook: &mut impl FnMut()) 
                     let row = rows[r];
                     if col_ok && row < r1 {
                         let off = row as usize * d + col as usize;
-                        wk[4 * s + r] = ld_nc_v4(a.wk.add(off) as *const u32);
-                        wv[4 * s + r] = ld_nc_v4(a.wv.add(off) as *const u32);
+                        wk[4 * s + r] = ld_nc_v4(a.w_k.add(off) as *const u32);
+                        wv[4 * s + r] = ld_nc_v4(a.w_v.add(off) as *const u32);
                     }
                 });
                 let mut ew = [0u32; 4];
@@ -567,7 +546,7 @@ unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32, hook: &mut impl FnMut()) 
         }
         // Warp partials → shared [warp][k|v][b 0..8][col 0..64], then summed in warp order.
         sync_threads();
-        let wbase = smem.add((warp * 1024) as usize);
+        let wbase = smem.add((warp * DECODE_MMA_WARP_SLAB_F32) as usize);
         unroll8!(m, 2, {
             unroll8!(u, 4, {
                 let p = wbase.add(m * 512 + (8 * g + 2 * u as u32) as usize);
@@ -580,20 +559,20 @@ unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32, hook: &mut impl FnMut()) 
         });
         sync_threads();
         let mut o = thread_idx_x();
-        while o < 1024 {
+        while o < DECODE_MMA_WARP_SLAB_F32 {
             let m = o >> 9;
             let bl = (o >> 6) & 7;
             let c = c0 + (o & 63);
             let b = b0 + bl;
-            if b < a.b && c < a.d {
+            if b < a.batch && c < a.d {
                 let mut sum = 0f32;
                 let mut w = 0;
                 while w < nw {
-                    sum += *smem.add((w * 1024 + o) as usize);
+                    sum += *smem.add((w * DECODE_MMA_WARP_SLAB_F32 + o) as usize);
                     w += 1;
                 }
                 let dst = if a.splits > 1 {
-                    a.part.add((((split * a.b + b) * 2 + m) * a.d + c) as usize)
+                    a.partials.add((((split * a.batch + b) * 2 + m) * a.d + c) as usize)
                 } else {
                     a.kv.add(((b * 2 + m) * a.d + c) as usize)
                 };
@@ -610,17 +589,17 @@ unsafe fn project_mma<D: Dt>(a: &Args, smem: *mut f32, hook: &mut impl FnMut()) 
 /// `s[3]` = (`2t + 1`, `c + 1`) with `c = c0 + 8g + 2u` (the D fragment under the column map of
 /// [`project_mma`]); two 8-byte stores, batch rows `≥ B` and columns `≥ d` skipped.
 #[inline(always)]
-unsafe fn store_partial_pair(a: &Args, split: u32, m: u32, c: u32, tq: u32, s: [f32; 4]) {
+unsafe fn store_partial_pair(a: &EngramDecodeArgs, split: u32, m: u32, c: u32, tq: u32, s: [f32; 4]) {
     if c >= a.d {
         return;
     }
     let (ba, bb) = (2 * tq, 2 * tq + 1);
-    let base = if a.splits > 1 { a.part.add((split * a.b * 2 * a.d) as usize) } else { a.kv };
-    if ba < a.b {
+    let base = if a.splits > 1 { a.partials.add((split * a.batch * 2 * a.d) as usize) } else { a.kv };
+    if ba < a.batch {
         let p = base.add(((ba * 2 + m) * a.d + c) as usize) as *mut u64;
         *p = s[0].to_bits() as u64 | (s[2].to_bits() as u64) << 32;
     }
-    if bb < a.b {
+    if bb < a.batch {
         let p = base.add(((bb * 2 + m) * a.d + c) as usize) as *mut u64;
         *p = s[1].to_bits() as u64 | (s[3].to_bits() as u64) << 32;
     }
@@ -640,11 +619,11 @@ unsafe fn store_partial_pair(a: &Args, split: u32, m: u32, c: u32, tq: u32, s: [
 ///   as two 8-byte stores. One warp per block: straight from the registers.
 ///
 /// `CL` (not instantiated; the one-launch cluster step): the grid is one thread-block cluster of `tiles · splits`
-/// blocks along x (block `i` = tile `i & (tiles − 1)`, split `i >> cl_log`, `tiles = 2^cl_log`);
+/// blocks along x (block `i` = tile `i & (tiles − 1)`, split `i >> col_lanes_log2`, `tiles = 2^col_lanes_log2`);
 /// the reduced partials stay in the block's shared memory and [`cluster_finish`] finishes the
 /// step inside the cluster (no second launch).
 #[inline(always)]
-unsafe fn project_mma_b8k16<D: Dt, const CL: bool>(a: Args) {
+unsafe fn project_mma_b8k16<D: Dt, const CL: bool>(a: EngramDecodeArgs) {
     if !CL {
         grid_launch_dependents();
     }
@@ -656,21 +635,21 @@ unsafe fn project_mma_b8k16<D: Dt, const CL: bool>(a: Args) {
     let g = lane >> 2;
     let tq = lane & 3;
     let (tile, split) = if CL {
-        (block_idx_x() & ((1 << a.cl_log) - 1), block_idx_x() >> a.cl_log)
+        (block_idx_x() & ((1 << a.col_lanes_log2) - 1), block_idx_x() >> a.col_lanes_log2)
     } else {
         (block_idx_x(), block_idx_y())
     };
-    let c0 = tile * 64;
+    let c0 = tile * DECODE_MMA_TILE_COLS;
     let col = c0 + 8 * g;
-    let r0 = split * a.rs;
-    let r1 = if r0 + a.rs < a.dm { r0 + a.rs } else { a.dm };
+    let r0 = split * a.rows_per_split;
+    let r1 = if r0 + a.rows_per_split < a.d_mem { r0 + a.rows_per_split } else { a.d_mem };
     let d = a.d;
     // Lanes past the row or the batch read valid data whose products are never stored.
     let colc = if col < d { col } else { 0 };
-    let bc = if g < a.b { g } else { 0 };
-    let wkp = a.wk.add(colc as usize);
-    let wvp = a.wv.add(colc as usize);
-    let ep = a.e.add((bc * a.dm + 2 * tq) as usize);
+    let bc = if g < a.batch { g } else { 0 };
+    let wkp = a.w_k.add(colc as usize);
+    let wvp = a.w_v.add(colc as usize);
+    let ep = a.e_t.add((bc * a.d_mem + 2 * tq) as usize);
     let offs = [0, d, 8 * d, 9 * d];
     // One 16-row k-step: W rows base + {2t, 2t+1, 2t+8, 2t+9} × 8 columns, e pairs.
     let load = |base: u32| -> ([[u32; 4]; 4], [[u32; 4]; 4], [u32; 2]) {
@@ -711,18 +690,18 @@ unsafe fn project_mma_b8k16<D: Dt, const CL: bool>(a: Args) {
     let first = i0 < r1;
     let (wk0, wv0, e0) = if first { load(i0) } else { ([[0; 4]; 4], [[0; 4]; 4], [0; 2]) };
     // The state shift's units (stored on the way out) and the L2 prefetch, behind the W loads.
-    let tiles = if CL { 1 << a.cl_log } else { grid_dim_x() };
+    let tiles = if CL { 1 << a.col_lanes_log2 } else { grid_dim_x() };
     let blocks = if CL { grid_dim_x() } else { tiles * grid_dim_y() };
     let gt = (split * tiles + tile) * nt + tid;
     let total = blocks * nt;
-    let ncopy = if a.copy != 0 { a.b * (a.l - 1) * (a.d / 8) } else { 0 };
+    let ncopy = if a.shift_state != 0 { a.batch * (a.max_conv_len - 1) * (a.d / 8) } else { 0 };
     let none = Unit { dst: 0, w: [0; 4], s: [0; 8] };
     let g2 = gt as u64 + total as u64;
     let pre = [
         if gt < ncopy { (copy_load::<8>(&a, gt), true) } else { (none, false) },
         if g2 < ncopy as u64 { (copy_load::<8>(&a, g2 as u32), true) } else { (none, false) },
     ];
-    if a.mode != 5 {
+    if a.mode != DECODE_MODE_PROJECT {
         prefetch_tail(&a, gt, total);
     }
     if first {
@@ -752,7 +731,7 @@ unsafe fn project_mma_b8k16<D: Dt, const CL: bool>(a: Args) {
     }
     let smem = dyn_smem::<f32>();
     if nw == 1 {
-        if 2 * tq < a.b {
+        if 2 * tq < a.batch {
             unroll8!(m, 2, {
                 unroll8!(u, 4, {
                     store_partial_pair(&a, split, m as u32, col + 2 * u as u32, tq, acc[m][u]);
@@ -761,7 +740,7 @@ unsafe fn project_mma_b8k16<D: Dt, const CL: bool>(a: Args) {
         }
     } else {
         // Fragment order: item (m, u, lane) at float4 index (m·4 + u)·32 + lane of the warp's slab.
-        let wbase = smem.add((warp * 1024 + lane * 4) as usize);
+        let wbase = smem.add((warp * DECODE_MMA_WARP_SLAB_F32 + lane * 4) as usize);
         unroll8!(m, 2, {
             unroll8!(u, 4, {
                 let v = acc[m][u];
@@ -774,11 +753,11 @@ unsafe fn project_mma_b8k16<D: Dt, const CL: bool>(a: Args) {
         while it < 256 {
             let ln = it & 31;
             let tq2 = ln & 3;
-            if 2 * tq2 < a.b {
+            if 2 * tq2 < a.batch {
                 let mut sum = [0f32; 4];
                 let mut w = 0;
                 while w < nw {
-                    let v = ld_v4(smem.add((w * 1024 + it * 4) as usize) as *const u32);
+                    let v = ld_v4(smem.add((w * DECODE_MMA_WARP_SLAB_F32 + it * 4) as usize) as *const u32);
                     unroll8!(i, 4, {
                         sum[i] += f32::from_bits(v[i]);
                     });
@@ -787,11 +766,11 @@ unsafe fn project_mma_b8k16<D: Dt, const CL: bool>(a: Args) {
                 let (m, u) = (it >> 7, (it >> 5) & 3);
                 if CL {
                     // [b][k|v][64 columns] of the tile in this block's shared memory.
-                    let pt = smem.add((nw * 1024 + m * 64 + 8 * (ln >> 2) + 2 * u) as usize);
+                    let pt = smem.add((nw * DECODE_MMA_WARP_SLAB_F32 + m * 64 + 8 * (ln >> 2) + 2 * u) as usize);
                     let (ba, bb) = (2 * tq2, 2 * tq2 + 1);
                     *pt.add((ba * 128) as usize) = sum[0];
                     *pt.add((ba * 128 + 1) as usize) = sum[2];
-                    if bb < a.b {
+                    if bb < a.batch {
                         *pt.add((bb * 128) as usize) = sum[1];
                         *pt.add((bb * 128 + 1) as usize) = sum[3];
                     }
@@ -803,7 +782,7 @@ unsafe fn project_mma_b8k16<D: Dt, const CL: bool>(a: Args) {
         }
     }
     if CL {
-        cluster_finish::<D>(&a, smem.add((nw * 1024) as usize), blocks >> a.cl_log);
+        cluster_finish::<D>(&a, smem.add((nw * DECODE_MMA_WARP_SLAB_F32) as usize), blocks >> a.col_lanes_log2);
     }
     copy_finish(&a, &pre, gt, total, ncopy);
     if CL {
@@ -822,31 +801,31 @@ unsafe fn project_mma_b8k16<D: Dt, const CL: bool>(a: Args) {
 /// Inputs are loaded between the barrier's arrive and wait. Shared memory after `pt`: 4096 bytes
 /// of partials, then 640 of reduction slots.
 #[inline(always)]
-unsafe fn cluster_finish<D: Dt>(a: &Args, pt: *mut f32, splits: u32) {
+unsafe fn cluster_finish<D: Dt>(a: &EngramDecodeArgs, pt: *mut f32, splits: u32) {
     cluster_arrive();
     let rank = block_idx_x();
-    let fin = rank < a.b;
+    let fin = rank < a.batch;
     let bu = rank as usize;
     let d = a.d as usize;
-    let l = a.l as usize;
+    let l = a.max_conv_len as usize;
     let j = thread_idx_x() as usize;
     let on = fin && j < d;
-    let taps = a.k - 1;
+    let taps = a.kernel_size - 1;
     let z = [0u32; 2];
     let (mut hw, mut whw, mut wvw, mut clw) = (z, z, z, z);
     let mut sw = [z; 3];
     let mut cww = [z; 3];
     if on {
-        hw = ld_e_nc::<1>(a.h.add(bu * d + j));
-        whw = ld_e_nc::<1>(a.rwh.add(j));
-        wvw = ld_e_nc::<1>(a.rwv.add(j));
-        clw = ld_e_nc::<1>(a.cw.add(taps as usize * d + j));
+        hw = ld_e_nc::<1>(a.h_t.add(bu * d + j));
+        whw = ld_e_nc::<1>(a.rms_w_h.add(j));
+        wvw = ld_e_nc::<1>(a.rms_w_v.add(j));
+        clw = ld_e_nc::<1>(a.conv_w.add(taps as usize * d + j));
         unroll8!(p, 3, {
             if (p as u32) < taps {
-                let t = a.l - (taps - p as u32) * a.dil;
-                let row = phys_row(a.pos, t, a.l) as usize;
-                sw[p] = ld_e_cg::<1>(a.s_in.add((bu * l + row) * d + j));
-                cww[p] = ld_e_nc::<1>(a.cw.add(p * d + j));
+                let t = a.max_conv_len - (taps - p as u32) * a.dilation;
+                let row = phys_row(a.pos, t, a.max_conv_len) as usize;
+                sw[p] = ld_e_cg::<1>(a.conv_state.add((bu * l + row) * d + j));
+                cww[p] = ld_e_nc::<1>(a.conv_w.add(p * d + j));
             }
         });
     }
@@ -859,7 +838,7 @@ unsafe fn cluster_finish<D: Dt>(a: &Args, pt: *mut f32, splits: u32) {
     let mut pk = [0f32; 16];
     let mut pv = [0f32; 16];
     if on {
-        let tiles_log = a.cl_log;
+        let tiles_log = a.col_lanes_log2;
         let off = bu * 128 + (j & 63);
         unroll8!(hi, 2, {
             unroll8!(lo, 8, {
@@ -893,8 +872,8 @@ unsafe fn cluster_finish<D: Dt>(a: &Args, pt: *mut f32, splits: u32) {
         let qk = q::<D>(kk);
         sk = fma(qk, qk, sk);
         dot = fma(hww, qk, dot);
-        if !a.dbg.is_null() {
-            st_e::<D, 1>(a.dbg.add(bu * d + j), &[qk]);
+        if !a.intermediates.is_null() {
+            st_e::<D, 1>(a.intermediates.add(bu * d + j), &[qk]);
         }
     }
     let red = pt.add(1024);
@@ -905,8 +884,8 @@ unsafe fn cluster_finish<D: Dt>(a: &Args, pt: *mut f32, splits: u32) {
     let vh = alpha * vv;
     let qv = q::<D>(vh);
     let sv = fma(qv, qv, 0f32);
-    if on && !a.dbg.is_null() {
-        st_e::<D, 1>(a.dbg.add((a.b as usize + bu) * d + j), &[vh]);
+    if on && !a.intermediates.is_null() {
+        st_e::<D, 1>(a.intermediates.add((a.batch as usize + bu) * d + j), &[vh]);
     }
     let rv = rrms_fast(block_sum1_par(red.add(128), sv), inv_d, a.eps);
     if !on {
@@ -921,16 +900,16 @@ unsafe fn cluster_finish<D: Dt>(a: &Args, pt: *mut f32, splits: u32) {
     });
     let mut p = 3u32;
     while p < taps {
-        let t = a.l - (taps - p) * a.dil;
-        let row = phys_row(a.pos, t, a.l) as usize;
-        let s = ld_e_cg::<1>(a.s_in.add((bu * l + row) * d + j));
-        let c = ld_e_nc::<1>(a.cw.add(p as usize * d + j));
+        let t = a.max_conv_len - (taps - p) * a.dilation;
+        let row = phys_row(a.pos, t, a.max_conv_len) as usize;
+        let s = ld_e_cg::<1>(a.conv_state.add((bu * l + row) * d + j));
+        let c = ld_e_nc::<1>(a.conv_w.add(p as usize * d + j));
         out = fma(wide_e::<D>(&c, 0), wide_e::<D>(&s, 0), out);
         p += 1;
     }
     out = out * sigmoid_fast(out) + vh;
-    st_e::<D, 1>(a.y.add(bu * d + j), &[out]);
-    st_e::<D, 1>(a.s_out.add((bu * l + a.wpos as usize) * d + j), &[u]);
+    st_e::<D, 1>(a.y_t.add(bu * d + j), &[out]);
+    st_e::<D, 1>(a.new_conv_state.add((bu * l + a.write_row as usize) * d + j), &[u]);
 }
 
 /// `arr[bb]` through compile-time indices only (a runtime index would put `arr` on the stack).
@@ -974,21 +953,21 @@ unsafe fn ticket(c: *mut u32, target: u32, flag: *mut u32) -> bool {
 /// in split order, for the tile's columns. With `VEC = 8`, one thread sums four columns with
 /// 16-byte loads, up to 16 splits in flight.
 #[inline(always)]
-unsafe fn tile_reduce<const VEC: usize>(a: &Args) {
+unsafe fn tile_reduce<const VEC: usize>(a: &EngramDecodeArgs) {
     let nt = block_dim_x();
-    let clv_log = a.cl_log + VEC.trailing_zeros();
+    let clv_log = a.col_lanes_log2 + VEC.trailing_zeros();
     let clv = 1u32 << clv_log;
     let tile = block_idx_x();
-    let stride = (a.b * 2 * a.d) as usize;
+    let stride = (a.batch * 2 * a.d) as usize;
     if VEC == 8 {
         let q_log = clv_log - 2;
-        let items = (a.b * 2) << q_log;
+        let items = (a.batch * 2) << q_log;
         let mut o = thread_idx_x();
         while o < items {
             let bm = o >> q_log;
             let col = tile * clv + ((o & ((1 << q_log) - 1)) << 2);
             if col < a.d {
-                let p = a.part.add((bm * a.d + col) as usize);
+                let p = a.partials.add((bm * a.d + col) as usize);
                 let mut sum = [0f32; 4];
                 let mut sp = 0u32;
                 while sp < a.splits {
@@ -1021,13 +1000,13 @@ unsafe fn tile_reduce<const VEC: usize>(a: &Args) {
         }
         return;
     }
-    let items = a.b * 2 * clv;
+    let items = a.batch * 2 * clv;
     let mut o = thread_idx_x();
     while o < items {
         let bm = o >> clv_log;
         let col = tile * clv + (o & (clv - 1));
         if col < a.d {
-            let p = a.part.add((bm * a.d + col) as usize);
+            let p = a.partials.add((bm * a.d + col) as usize);
             let mut sum = 0f32;
             let mut sp = 0u32;
             // Eight loads in flight, then their sums in split order.
@@ -1072,27 +1051,27 @@ struct RowIn {
 
 /// Issues every load of [`RowIn`] for batch row `bu` (no wait: the words are used later).
 #[inline(always)]
-unsafe fn row_inputs(a: &Args, bu: usize, lane: u32) -> RowIn {
+unsafe fn row_inputs(a: &EngramDecodeArgs, bu: usize, lane: u32) -> RowIn {
     let nch = a.d / 8;
     let d = a.d as usize;
-    let l = a.l as usize;
-    let taps = a.k - 1;
+    let l = a.max_conv_len as usize;
+    let taps = a.kernel_size - 1;
     let z = [0u32; 4];
     let mut r = RowIn { hw: [z; 2], whw: [z; 2], wvw: [z; 2], clw: [z; 2], sw: [[z; 3]; 2], cww: [[z; 3]; 2] };
     unroll8!(m, 2, {
         let c = lane + 32 * m as u32;
         if c < nch {
             let j = c as usize * 8;
-            r.hw[m] = ld_nc_v4(a.h.add(bu * d + j) as *const u32);
-            r.whw[m] = ld_nc_v4(a.rwh.add(j) as *const u32);
-            r.wvw[m] = ld_nc_v4(a.rwv.add(j) as *const u32);
-            r.clw[m] = ld_nc_v4(a.cw.add(taps as usize * d + j) as *const u32);
+            r.hw[m] = ld_nc_v4(a.h_t.add(bu * d + j) as *const u32);
+            r.whw[m] = ld_nc_v4(a.rms_w_h.add(j) as *const u32);
+            r.wvw[m] = ld_nc_v4(a.rms_w_v.add(j) as *const u32);
+            r.clw[m] = ld_nc_v4(a.conv_w.add(taps as usize * d + j) as *const u32);
             unroll8!(p, 3, {
                 if (p as u32) < taps {
-                    let t = a.l - (taps - p as u32) * a.dil;
-                    let row = phys_row(a.pos, t, a.l) as usize;
-                    r.sw[m][p] = ld_cg_v4_u32(a.s_in.add((bu * l + row) * d + j) as *const u32);
-                    r.cww[m][p] = ld_nc_v4(a.cw.add(p * d + j) as *const u32);
+                    let t = a.max_conv_len - (taps - p as u32) * a.dilation;
+                    let row = phys_row(a.pos, t, a.max_conv_len) as usize;
+                    r.sw[m][p] = ld_cg_v4_u32(a.conv_state.add((bu * l + row) * d + j) as *const u32);
+                    r.cww[m][p] = ld_nc_v4(a.conv_w.add(p * d + j) as *const u32);
                 }
             });
         }
@@ -1108,7 +1087,7 @@ unsafe fn row_inputs(a: &Args, bu: usize, lane: u32) -> RowIn {
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn finish_row_cached<D: Dt>(
-    a: &Args,
+    a: &EngramDecodeArgs,
     bu: usize,
     lane: u32,
     inv_d: f32,
@@ -1120,8 +1099,8 @@ unsafe fn finish_row_cached<D: Dt>(
 ) {
     let nch = a.d / 8;
     let d = a.d as usize;
-    let l = a.l as usize;
-    let taps = a.k - 1;
+    let l = a.max_conv_len as usize;
+    let taps = a.kernel_size - 1;
     let mut kk = [[0f32; 8]; 2];
     let mut vv = [[0f32; 8]; 2];
     unroll8!(m, 2, {
@@ -1145,8 +1124,8 @@ unsafe fn finish_row_cached<D: Dt>(
                 sk = fma(qk[v], qk[v], sk);
                 dot = fma(h * w * w, qk[v], dot);
             });
-            if !a.dbg.is_null() {
-                st_out::<D, 8>(a.dbg.add(bu * d + (lane as usize + 32 * m) * 8), &qk);
+            if !a.intermediates.is_null() {
+                st_out::<D, 8>(a.intermediates.add(bu * d + (lane as usize + 32 * m) * 8), &qk);
             }
         }
     });
@@ -1162,8 +1141,8 @@ unsafe fn finish_row_cached<D: Dt>(
                 let qv = q::<D>(vh[m][v]);
                 sv = fma(qv, qv, sv);
             });
-            if !a.dbg.is_null() {
-                st_out::<D, 8>(a.dbg.add((a.b as usize + bu) * d + (lane as usize + 32 * m) * 8), &vh[m]);
+            if !a.intermediates.is_null() {
+                st_out::<D, 8>(a.intermediates.add((a.batch as usize + bu) * d + (lane as usize + 32 * m) * 8), &vh[m]);
             }
         }
     });
@@ -1183,22 +1162,22 @@ unsafe fn finish_row_cached<D: Dt>(
                 });
                 out[v] = conv * sigmoid(conv) + vh[m][v];
             });
-            st_out::<D, 8>(a.y.add(bu * d + j), &out);
-            st_out::<D, 8>(a.s_out.add((bu * l + a.wpos as usize) * d + j), &u);
+            st_out::<D, 8>(a.y_t.add(bu * d + j), &out);
+            st_out::<D, 8>(a.new_conv_state.add((bu * l + a.write_row as usize) * d + j), &u);
         }
     });
 }
 
 /// Phase 3 (the last block of the grid): gating, norms, conv, outputs; one warp per batch row.
 #[inline(always)]
-unsafe fn finish<D: Dt, const VEC: usize>(a: &Args) {
+unsafe fn finish<D: Dt, const VEC: usize>(a: &EngramDecodeArgs) {
     let warp = thread_idx_x() >> 5;
     let nw = block_dim_x() >> 5;
     let lane = lane_id();
     let d = a.d as usize;
     let (inv_d, inv_sqrt_d) = row_scales(a);
     let mut b = warp;
-    while b < a.b {
+    while b < a.batch {
         let bu = b as usize;
         let (kk_row, vv_row) = (a.kv.add(bu * 2 * d) as *const f32, a.kv.add((bu * 2 + 1) * d) as *const f32);
         if cached_row::<VEC>(a) {
@@ -1213,21 +1192,21 @@ unsafe fn finish<D: Dt, const VEC: usize>(a: &Args) {
 
 /// `1/d` and `1/sqrt(d)`, correctly rounded.
 #[inline(always)]
-fn row_scales(a: &Args) -> (f32, f32) {
+fn row_scales(a: &EngramDecodeArgs) -> (f32, f32) {
     (div_rn(1.0, a.d as f32), div_rn(1.0, sqrt_rn(a.d as f32)))
 }
 
 /// Whether a row's finish keeps every input in registers ([`finish_row_cached`]).
 #[inline(always)]
-fn cached_row<const VEC: usize>(a: &Args) -> bool {
-    VEC == 8 && a.d / 8 <= 64 && a.k <= 4
+fn cached_row<const VEC: usize>(a: &EngramDecodeArgs) -> bool {
+    VEC == 8 && a.d / 8 <= 64 && a.kernel_size <= 4
 }
 
 /// One batch row of phase 3 in three passes over the columns (any `d`, `K`, layout): one warp.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn finish_row_passes<D: Dt, const VEC: usize>(
-    a: &Args,
+    a: &EngramDecodeArgs,
     bu: usize,
     lane: u32,
     inv_d: f32,
@@ -1238,16 +1217,16 @@ unsafe fn finish_row_passes<D: Dt, const VEC: usize>(
 ) {
     let nch = a.d / VEC as u32;
     let d = a.d as usize;
-    let l = a.l as usize;
-    let taps = a.k - 1;
+    let l = a.max_conv_len as usize;
+    let taps = a.kernel_size - 1;
     // Pass 1: Σh², Σq(kk)², Σ h·q(kk)·w_h² (the hn·kn dot without its two rrms factors).
     let (mut sh, mut sk, mut dot) = (0f32, 0f32, 0f32);
     let mut c = lane;
     while c < nch {
         let j = c as usize * VEC;
         let kk = ld_kv::<VEC>(kk_row.add(j), shared);
-        let hv = ld_in::<D, VEC>(a.h.add(bu * d + j));
-        let wh = ld_in::<D, VEC>(a.rwh.add(j));
+        let hv = ld_in::<D, VEC>(a.h_t.add(bu * d + j));
+        let wh = ld_in::<D, VEC>(a.rms_w_h.add(j));
         let mut qk = [0f32; VEC];
         let mut v = 0;
         while v < VEC {
@@ -1257,8 +1236,8 @@ unsafe fn finish_row_passes<D: Dt, const VEC: usize>(
             dot = fma(hv[v] * wh[v] * wh[v], qk[v], dot);
             v += 1;
         }
-        if !a.dbg.is_null() {
-            st_out::<D, VEC>(a.dbg.add(bu * d + j), &qk);
+        if !a.intermediates.is_null() {
+            st_out::<D, VEC>(a.intermediates.add(bu * d + j), &qk);
         }
         c += 32;
     }
@@ -1282,8 +1261,8 @@ unsafe fn finish_row_passes<D: Dt, const VEC: usize>(
             sv = fma(qv, qv, sv);
             v += 1;
         }
-        if !a.dbg.is_null() {
-            st_out::<D, VEC>(a.dbg.add((a.b as usize + bu) * d + j), &vh);
+        if !a.intermediates.is_null() {
+            st_out::<D, VEC>(a.intermediates.add((a.batch as usize + bu) * d + j), &vh);
         }
         c += 32;
     }
@@ -1293,8 +1272,8 @@ unsafe fn finish_row_passes<D: Dt, const VEC: usize>(
     while c < nch {
         let j = c as usize * VEC;
         let vv = ld_kv::<VEC>(vv_row.add(j), shared);
-        let wv = ld_in::<D, VEC>(a.rwv.add(j));
-        let cl = ld_in::<D, VEC>(a.cw.add(taps as usize * d + j));
+        let wv = ld_in::<D, VEC>(a.rms_w_v.add(j));
+        let cl = ld_in::<D, VEC>(a.conv_w.add(taps as usize * d + j));
         let mut vh = [0f32; VEC];
         let mut u = [0f32; VEC];
         let mut conv = [0f32; VEC];
@@ -1307,10 +1286,10 @@ unsafe fn finish_row_passes<D: Dt, const VEC: usize>(
         }
         let mut p = 0u32;
         while p < taps {
-            let t = a.l - (taps - p) * a.dil;
-            let row = phys_row(a.pos, t, a.l) as usize;
-            let sv = ld_state::<D, VEC>(a.s_in.add((bu * l + row) * d + j));
-            let cp = ld_in::<D, VEC>(a.cw.add(p as usize * d + j));
+            let t = a.max_conv_len - (taps - p) * a.dilation;
+            let row = phys_row(a.pos, t, a.max_conv_len) as usize;
+            let sv = ld_state::<D, VEC>(a.conv_state.add((bu * l + row) * d + j));
+            let cp = ld_in::<D, VEC>(a.conv_w.add(p as usize * d + j));
             let mut v = 0;
             while v < VEC {
                 conv[v] = fma(cp[v], sv[v], conv[v]);
@@ -1324,15 +1303,15 @@ unsafe fn finish_row_passes<D: Dt, const VEC: usize>(
             out[v] = conv[v] * sigmoid(conv[v]) + vh[v];
             v += 1;
         }
-        st_out::<D, VEC>(a.y.add(bu * d + j), &out);
-        st_out::<D, VEC>(a.s_out.add((bu * l + a.wpos as usize) * d + j), &u);
+        st_out::<D, VEC>(a.y_t.add(bu * d + j), &out);
+        st_out::<D, VEC>(a.new_conv_state.add((bu * l + a.write_row as usize) * d + j), &u);
         c += 32;
     }
 }
 
 #[inline(always)]
-unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const MMA: bool>(a: Args) {
-    // A finishing kernel launched as a programmatic dependent (`mode` 5) may start its
+unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const MMA: bool>(a: EngramDecodeArgs) {
+    // A finishing kernel launched as a programmatic dependent (`DECODE_MODE_PROJECT`) may start its
     // prologue now; it waits in `griddepcontrol.wait` before reading this launch's partials.
     grid_launch_dependents();
     let nt = block_dim_x();
@@ -1341,7 +1320,7 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const
     let g = (block_idx_y() * tiles + block_idx_x()) * nt + thread_idx_x();
     let total = blocks * nt;
     // The state shift: this thread's first two units are loaded now and stored on the way out.
-    let ncopy = if a.copy != 0 { a.b * (a.l - 1) * (a.d / VEC as u32) } else { 0 };
+    let ncopy = if a.shift_state != 0 { a.batch * (a.max_conv_len - 1) * (a.d / VEC as u32) } else { 0 };
     // Up to two units per thread are loaded up front (serving-b8 has 4352 units for 4096
     // threads: a second unit loaded only on the way out would be a serial DRAM round trip).
     // They (and the L2 prefetch) are issued right after the projection's first W loads (`hook`).
@@ -1353,15 +1332,15 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const
             if g < ncopy { (copy_load::<VEC>(&a, g), true) } else { (none, false) },
             if g2 < ncopy as u64 { (copy_load::<VEC>(&a, g2 as u32), true) } else { (none, false) },
         ];
-        // `mode` 5: the finishing kernel is a programmatic dependent that loads its inputs
+        // `DECODE_MODE_PROJECT`: the finishing kernel is a programmatic dependent that loads its inputs
         // itself while this launch runs; no L2 prefetch for it.
-        if a.mode != 5 {
+        if a.mode != DECODE_MODE_PROJECT {
             prefetch_tail(&a, g, total);
         }
     };
     let smem = dyn_smem::<f32>();
     let flag = if MMA {
-        smem.add(((nt >> 5) * 1024) as usize) as *mut u32
+        smem.add(((nt >> 5) * DECODE_MMA_WARP_SLAB_F32) as usize) as *mut u32
     } else {
         smem.add((nt * 2 * VEC as u32) as usize) as *mut u32
     };
@@ -1370,19 +1349,19 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const
     } else {
         project::<D, VEC, BB, U>(&a, smem, &mut hook);
     }
-    if a.mode == 1 || a.mode == 5 {
+    if a.mode == DECODE_MODE_PROJECT_PREFETCH || a.mode == DECODE_MODE_PROJECT {
         // The first of two launches: the finishing kernel sums the partials.
         copy_finish(&a, &pre, g, total, ncopy);
         return;
     }
     if a.splits > 1 {
-        if !ticket(a.cnt.add(block_idx_x() as usize), a.splits - 1, flag) {
+        if !ticket(a.tickets.add(block_idx_x() as usize), a.splits - 1, flag) {
             copy_finish(&a, &pre, g, total, ncopy);
             return;
         }
         tile_reduce::<VEC>(&a);
     }
-    if !ticket(a.cnt.add(tiles as usize), tiles - 1, flag) {
+    if !ticket(a.tickets.add(tiles as usize), tiles - 1, flag) {
         copy_finish(&a, &pre, g, total, ncopy);
         return;
     }
@@ -1395,12 +1374,12 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const
 /// block. With one split the projection wrote `kv` itself, which is copied unchanged (as the
 /// one-launch finish reads it).
 #[inline(always)]
-unsafe fn sum_splits_row<const VEC: usize>(a: &Args, b: u32, dst: *mut f32) {
+unsafe fn sum_splits_row<const VEC: usize>(a: &EngramDecodeArgs, b: u32, dst: *mut f32) {
     let nt = block_dim_x();
     let n2 = (2 * a.d) as usize;
-    let (src, splits) = if a.splits > 1 { (a.part as *const f32, a.splits) } else { (a.kv as *const f32, 1) };
+    let (src, splits) = if a.splits > 1 { (a.partials as *const f32, a.splits) } else { (a.kv as *const f32, 1) };
     let row = src.add(b as usize * n2);
-    let stride = a.b as usize * n2;
+    let stride = a.batch as usize * n2;
     if VEC == 8 {
         // 4 floats per item (d % 8 == 0: 16-byte aligned), up to 16 splits in flight.
         let items = (2 * a.d) >> 2;
@@ -1466,17 +1445,18 @@ unsafe fn sum_splits_row<const VEC: usize>(a: &Args, b: u32, dst: *mut f32) {
 }
 
 /// The warp finishing launch (`finish_warp_*`): block `b` finishes
-/// batch row `b`. Warp 0 issues the row's input loads first (prefetched into L2 by the
-/// projection launch); the whole block sums the split partials of the row (`mode` 2: into
-/// shared memory, `2·d` f32; 3: into `kv`); after one barrier warp 0 finishes the row.
+/// batch row `b`. Warp 0 issues the row's input loads first (before the dependent wait, so
+/// they overlap the projection launch); the whole block sums the split partials of the row
+/// (`DECODE_MODE_FINISH_SHARED`: into shared memory, `2·d` f32; any other `mode`: into `kv`);
+/// after one barrier warp 0 finishes the row.
 #[inline(always)]
-unsafe fn finish_launch<D: Dt, const VEC: usize>(a: Args) {
+unsafe fn finish_launch<D: Dt, const VEC: usize>(a: EngramDecodeArgs) {
     let b = block_idx_x();
     let bu = b as usize;
     let d = a.d as usize;
     let lane = lane_id();
     let warp0 = thread_idx_x() < 32;
-    let shared = a.mode == 2;
+    let shared = a.mode == DECODE_MODE_FINISH_SHARED;
     let cached = cached_row::<VEC>(&a);
     let z = [0u32; 4];
     let inp = if warp0 && cached {
@@ -1725,18 +1705,18 @@ unsafe fn block_sum1_par(red: *mut f32, mut x: f32) -> f32 {
 /// `SHORT_CHAIN` (not instantiated; measured slower under the graph): bitwise the same outputs from a shorter
 /// chain — no arithmetic between the input loads and the partial loads (Σh², h·w_h² after the
 /// partials are issued, so the inputs' and the partials' round trips overlap), `1/d` and
-/// `1/sqrt(d)` from the host (the bits of `rs` and `cl_log`, unused by a finishing launch,
+/// `1/sqrt(d)` from the host (the bits of `rows_per_split` and `col_lanes_log2`, unused by a finishing launch,
 /// correctly rounded there as `div_rn`/`sqrt_rn` round them here), and the block sums read the
 /// warps' slots with independent loads ([`block_sum3_par`], [`block_sum1_par`]).
 #[inline(always)]
-unsafe fn finish_wide<D: Dt, const E: usize, const SHORT_CHAIN: bool>(a: Args) {
-    if block_idx_x() >= a.b {
+unsafe fn finish_wide<D: Dt, const E: usize, const SHORT_CHAIN: bool>(a: EngramDecodeArgs) {
+    if block_idx_x() >= a.batch {
         // Blocks past the batch rows (the host launches none): the seed contract's state
         // shift, one 16-byte unit per thread (grid-stride beyond).
         let nt = block_dim_x();
-        let n = a.b * (a.l - 1) * (a.d / 8);
-        let total = (grid_dim_x() - a.b) * nt;
-        let mut k = (block_idx_x() - a.b) * nt + thread_idx_x();
+        let n = a.batch * (a.max_conv_len - 1) * (a.d / 8);
+        let total = (grid_dim_x() - a.batch) * nt;
+        let mut k = (block_idx_x() - a.batch) * nt + thread_idx_x();
         while k < n {
             let u = copy_load::<8>(&a, k);
             copy_store(&a, &u);
@@ -1746,12 +1726,12 @@ unsafe fn finish_wide<D: Dt, const E: usize, const SHORT_CHAIN: bool>(a: Args) {
     }
     let bu = block_idx_x() as usize;
     let d = a.d as usize;
-    let l = a.l as usize;
+    let l = a.max_conv_len as usize;
     let j0 = thread_idx_x() as usize * E;
     let on = j0 < d;
-    let taps = a.k - 1;
-    let (src, splits) = if a.splits > 1 { (a.part as *const f32, a.splits) } else { (a.kv as *const f32, 1) };
-    let stride = a.b as usize * 2 * d;
+    let taps = a.kernel_size - 1;
+    let (src, splits) = if a.splits > 1 { (a.partials as *const f32, a.splits) } else { (a.kv as *const f32, 1) };
+    let stride = a.batch as usize * 2 * d;
     let krow = src.add(bu * 2 * d + j0);
     let vrow = krow.add(d);
     // 1. The loads that do not depend on the projection launch (inputs only), up front.
@@ -1760,21 +1740,21 @@ unsafe fn finish_wide<D: Dt, const E: usize, const SHORT_CHAIN: bool>(a: Args) {
     let mut sw = [z; 3];
     let mut cww = [z; 3];
     if on {
-        hw = ld_e_nc::<E>(a.h.add(bu * d + j0));
-        whw = ld_e_nc::<E>(a.rwh.add(j0));
-        wvw = ld_e_nc::<E>(a.rwv.add(j0));
-        clw = ld_e_nc::<E>(a.cw.add(taps as usize * d + j0));
+        hw = ld_e_nc::<E>(a.h_t.add(bu * d + j0));
+        whw = ld_e_nc::<E>(a.rms_w_h.add(j0));
+        wvw = ld_e_nc::<E>(a.rms_w_v.add(j0));
+        clw = ld_e_nc::<E>(a.conv_w.add(taps as usize * d + j0));
         unroll8!(p, 3, {
             if (p as u32) < taps {
-                let t = a.l - (taps - p as u32) * a.dil;
-                let row = phys_row(a.pos, t, a.l) as usize;
-                sw[p] = ld_e_cg::<E>(a.s_in.add((bu * l + row) * d + j0));
-                cww[p] = ld_e_nc::<E>(a.cw.add(p * d + j0));
+                let t = a.max_conv_len - (taps - p as u32) * a.dilation;
+                let row = phys_row(a.pos, t, a.max_conv_len) as usize;
+                sw[p] = ld_e_cg::<E>(a.conv_state.add((bu * l + row) * d + j0));
+                cww[p] = ld_e_nc::<E>(a.conv_w.add(p * d + j0));
             }
         });
     }
     let (inv_d, inv_sqrt_d) =
-        if SHORT_CHAIN { (f32::from_bits(a.rs), f32::from_bits(a.cl_log)) } else { row_scales(&a) };
+        if SHORT_CHAIN { (f32::from_bits(a.rows_per_split), f32::from_bits(a.col_lanes_log2)) } else { row_scales(&a) };
     // Σh² and h·w_h² need only the inputs: computed before the wait (same operations, same bits);
     // `SHORT_CHAIN` computes them after issuing the partials' loads.
     let mut sh = 0f32;
@@ -1847,8 +1827,8 @@ unsafe fn finish_wide<D: Dt, const E: usize, const SHORT_CHAIN: bool>(a: Args) {
             sk = fma(qk[v], qk[v], sk);
             dot = fma(hww[v], qk[v], dot);
         });
-        if !a.dbg.is_null() {
-            st_e::<D, E>(a.dbg.add(bu * d + j0), &qk);
+        if !a.intermediates.is_null() {
+            st_e::<D, E>(a.intermediates.add(bu * d + j0), &qk);
         }
     }
     let red = dyn_smem::<f32>();
@@ -1864,8 +1844,8 @@ unsafe fn finish_wide<D: Dt, const E: usize, const SHORT_CHAIN: bool>(a: Args) {
         let qv = q::<D>(vh[v]);
         sv = fma(qv, qv, sv);
     });
-    if on && !a.dbg.is_null() {
-        st_e::<D, E>(a.dbg.add((a.b as usize + bu) * d + j0), &vh);
+    if on && !a.intermediates.is_null() {
+        st_e::<D, E>(a.intermediates.add((a.batch as usize + bu) * d + j0), &vh);
     }
     let ssv = if SHORT_CHAIN { block_sum1_par(red.add(128), sv) } else { block_sum1(red.add(128), sv) };
     let rv = rrms_fast(ssv, inv_d, a.eps);
@@ -1887,10 +1867,10 @@ unsafe fn finish_wide<D: Dt, const E: usize, const SHORT_CHAIN: bool>(a: Args) {
     });
     let mut p = 3u32;
     while p < taps {
-        let t = a.l - (taps - p) * a.dil;
-        let row = phys_row(a.pos, t, a.l) as usize;
-        let s = ld_e_cg::<E>(a.s_in.add((bu * l + row) * d + j0));
-        let c = ld_e_nc::<E>(a.cw.add(p as usize * d + j0));
+        let t = a.max_conv_len - (taps - p) * a.dilation;
+        let row = phys_row(a.pos, t, a.max_conv_len) as usize;
+        let s = ld_e_cg::<E>(a.conv_state.add((bu * l + row) * d + j0));
+        let c = ld_e_nc::<E>(a.conv_w.add(p as usize * d + j0));
         unroll8!(v, E, {
             out[v] = fma(wide_e::<D>(&c, v), wide_e::<D>(&s, v), out[v]);
         });
@@ -1899,97 +1879,23 @@ unsafe fn finish_wide<D: Dt, const E: usize, const SHORT_CHAIN: bool>(a: Args) {
     unroll8!(v, E, {
         out[v] = out[v] * sigmoid_fast(out[v]) + vh[v];
     });
-    st_e::<D, E>(a.y.add(bu * d + j0), &out);
-    st_e::<D, E>(a.s_out.add((bu * l + a.wpos as usize) * d + j0), &u);
+    st_e::<D, E>(a.y_t.add(bu * d + j0), &out);
+    st_e::<D, E>(a.new_conv_state.add((bu * l + a.write_row as usize) * d + j0), &u);
 }
 
-macro_rules! decode_entry {
-    ($name:ident, $body:expr) => {
-        /// EngramDecodeFwd (see the module docs). `project_*` entries: the projection launch
-        /// (`mode` 5), grid `(tiles, splits)`, block a multiple of 32 with `block ≥ col_lanes`;
-        /// dynamic shared memory `block·2·4 + 16` bytes (`(block/32)·4096 + 16` for the MMA
-        /// entries, whose tiles are 64 columns and splits a multiple of 16 rows).
-        /// `finish_warp_*`: grid `(batch)`, any block ≥ 32; `mode` 2 needs `8·d` bytes of
-        /// dynamic shared memory, `mode` 3 none. `finish_block_*`: grid `(batch)`, one thread
-        /// per `E` columns, 640 bytes of dynamic shared memory.
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(
-            e: *const u16,
-            h: *const u16,
-            s_in: *const u16,
-            wk: *const u16,
-            wv: *const u16,
-            rwh: *const u16,
-            rwv: *const u16,
-            cw: *const u16,
-            y: *mut u16,
-            s_out: *mut u16,
-            part: *mut f32,
-            kv: *mut f32,
-            cnt: *mut u32,
-            dbg: *mut u16,
-            b: u32,
-            dm: u32,
-            d: u32,
-            l: u32,
-            k: u32,
-            dil: u32,
-            pos: u32,
-            wpos: u32,
-            copy: u32,
-            splits: u32,
-            rs: u32,
-            cl_log: u32,
-            eps: f32,
-            mode: u32,
-        ) {
-            $body(Args {
-                e,
-                h,
-                s_in,
-                wk,
-                wv,
-                rwh,
-                rwv,
-                cw,
-                y,
-                s_out,
-                part,
-                kv,
-                cnt,
-                dbg,
-                b,
-                dm,
-                d,
-                l,
-                k,
-                dil,
-                pos,
-                wpos,
-                copy,
-                splits,
-                rs,
-                cl_log,
-                eps,
-                mode,
-            })
-        }
-    };
-}
-
-decode_entry!(engram_decode_f16_project_scalar, decode::<F16, 1, 4, 4, false>);
-decode_entry!(engram_decode_bf16_project_scalar, decode::<Bf16, 1, 4, 4, false>);
-decode_entry!(engram_decode_f16_project_mma, decode::<F16, 8, 8, 2, true>);
-decode_entry!(engram_decode_bf16_project_mma, decode::<Bf16, 8, 8, 2, true>);
-decode_entry!(engram_decode_f16_project_mma_b8k16, project_mma_b8k16::<F16, false>);
-decode_entry!(engram_decode_bf16_project_mma_b8k16, project_mma_b8k16::<Bf16, false>);
-decode_entry!(engram_decode_f16_finish_warp_8col, finish_launch::<F16, 8>);
-decode_entry!(engram_decode_f16_finish_warp_1col, finish_launch::<F16, 1>);
-decode_entry!(engram_decode_bf16_finish_warp_8col, finish_launch::<Bf16, 8>);
-decode_entry!(engram_decode_bf16_finish_warp_1col, finish_launch::<Bf16, 1>);
-decode_entry!(engram_decode_f16_finish_block_4col, finish_wide::<F16, 4, false>);
-decode_entry!(engram_decode_f16_finish_block_2col, finish_wide::<F16, 2, false>);
-decode_entry!(engram_decode_f16_finish_block_1col, finish_wide::<F16, 1, false>);
-decode_entry!(engram_decode_bf16_finish_block_4col, finish_wide::<Bf16, 4, false>);
-decode_entry!(engram_decode_bf16_finish_block_2col, finish_wide::<Bf16, 2, false>);
-decode_entry!(engram_decode_bf16_finish_block_1col, finish_wide::<Bf16, 1, false>);
+kernel_abi::engram_decode_entry!(engram_decode_f16_project_scalar, a => { decode::<F16, 1, 4, 4, false>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_project_scalar, a => { decode::<Bf16, 1, 4, 4, false>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_project_mma, a => { decode::<F16, 8, 8, 2, true>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_project_mma, a => { decode::<Bf16, 8, 8, 2, true>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_project_mma_b8k16, a => { project_mma_b8k16::<F16, false>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_project_mma_b8k16, a => { project_mma_b8k16::<Bf16, false>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_finish_warp_8col, a => { finish_launch::<F16, 8>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_finish_warp_1col, a => { finish_launch::<F16, 1>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_warp_8col, a => { finish_launch::<Bf16, 8>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_warp_1col, a => { finish_launch::<Bf16, 1>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_finish_block_4col, a => { finish_wide::<F16, 4, false>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_finish_block_2col, a => { finish_wide::<F16, 2, false>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_finish_block_1col, a => { finish_wide::<F16, 1, false>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_block_4col, a => { finish_wide::<Bf16, 4, false>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_block_2col, a => { finish_wide::<Bf16, 2, false>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_block_1col, a => { finish_wide::<Bf16, 1, false>(a) });
