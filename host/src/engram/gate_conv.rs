@@ -18,7 +18,8 @@ use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
 use crate::verify::Half;
 use crate::{Error, Gpu, Result};
 use kernel_abi::engram::gate::layout::{
-    bwd_smem_bytes, bwd_split_smem_bytes, dpad, fwd_smem_bytes, fwd_stream_smem_floats, FWD_SMEM_WL,
+    bwd_smem_bytes, bwd_split_smem_bytes, dpad, fwd_smem_bytes, fwd_stream_smem_floats, CONV_TAPS, FWD_SMEM_WL,
+    GRAD_ROWS,
 };
 use kernel_abi::engram::gate::{chunk_row_magic, warp_row_magic};
 use kernel_abi::{GateBwdArgs, GateBwdReduceArgs, GateBwdSplitArgs, GateFwdArgs, GateFwdSmemArgs};
@@ -26,7 +27,7 @@ use kernel_abi::{GateBwdArgs, GateBwdReduceArgs, GateBwdSplitArgs, GateFwdArgs, 
 /// `eps` of the three rmsnorms (docs/ops.md §4).
 pub const EPS: f32 = 1e-6;
 /// Causal conv kernel size (docs/ops.md §4).
-pub const KERNEL_SIZE: usize = 4;
+pub const KERNEL_SIZE: usize = CONV_TAPS;
 
 /// Every PTX entry of the family (each launched by some plan: [`planned_kernels`]).
 pub(crate) const KERNELS: &[&str] = &[
@@ -357,7 +358,7 @@ pub(crate) fn plan_bwd(shape: EngramGateShape, aligned: bool, workspace_aligned:
     let nblocks = shape.m * ntiles;
     let blocks = u32::try_from(nblocks).map_err(|_| Error::Overflow { arg: "m", msg: format!("{nblocks} blocks") })?;
     let in_smem = bwd_scratch_in_smem(d, r);
-    let mut workspace_len = checked_product("workspace", &[nblocks, 6, d])?;
+    let mut workspace_len = checked_product("workspace", &[nblocks, GRAD_ROWS, d])?;
     if !in_smem {
         workspace_len += checked_product("workspace", &[nblocks, r as usize + 3, dpad(d)])?;
     }
@@ -383,11 +384,11 @@ pub(crate) fn plan_bwd(shape: EngramGateShape, aligned: bool, workspace_aligned:
     };
     let (reduce, reduce_dims) = match tune.reduce_vec4_threads {
         Some(xw) if d.is_multiple_of(4) && workspace_aligned => {
-            let grid = ((6 * d / 4).div_ceil(xw as usize) as u32, 1, 1);
+            let grid = ((GRAD_ROWS * d / 4).div_ceil(xw as usize) as u32, 1, 1);
             (BwdReduce::Vec4, LaunchDims { grid, block: (xw, sg, 1), shared_bytes: 16 * xw * sg })
         }
         _ => {
-            let grid = ((6 * d).div_ceil(32) as u32, 1, 1);
+            let grid = ((GRAD_ROWS * d).div_ceil(32) as u32, 1, 1);
             (BwdReduce::Scalar, LaunchDims { grid, block: (32, sg, 1), shared_bytes: 4 * 32 * sg })
         }
     };
@@ -490,17 +491,14 @@ const fn bwd_u_fits(d: usize, r: u32) -> bool {
     bwd_scratch_in_smem(d, r) && bwd_smem_bytes(d, r, true) + 4 * (r as usize + 6) * dpad(d) <= SMEM_DEFAULT
 }
 
-/// `ceil(2^16 / wpr)`: the split backward's warp → row map `i = (w·magic) >> 16` equals
-/// `w / wpr` for every warp `w < 32` and `1 ≤ wpr ≤ 32` (the error `w·(magic − 2^16/wpr)/2^16
-/// < 2^-11` never reaches the next multiple of `1/wpr`; checked exhaustively by a CPU test).
+/// The split backward's warp → row multiplier for `wpr` warps per row
+/// (`kernel_abi::engram::gate::warp_row_magic`).
 #[doc(hidden)]
 pub fn bwd_warp_row_magic(wpr: u32) -> u32 {
     warp_row_magic(wpr)
 }
 
-/// `ceil(2^32 / ceil(d/8))` (d ≥ 16): the 2-D-grid forward's phase 2 takes the row index of
-/// element chunk `e` as the high word of `e·magic`, which equals `e / ceil(d/8)` whenever
-/// `e·ceil(d/8) < 2^32` (always here: `e < 29·128`).
+/// The 2-D-grid forward's chunk → row multiplier for `d` (`kernel_abi::engram::gate::chunk_row_magic`).
 #[doc(hidden)]
 pub fn fwd_chunk_magic(d: usize) -> u32 {
     chunk_row_magic(d)
@@ -682,7 +680,7 @@ unsafe fn launch_bwd(
             let scratch = if plan.dconv_in_smem {
                 std::ptr::null_mut()
             } else {
-                part.wrapping_add(plan.blocks as usize * 6 * d as usize)
+                part.wrapping_add(plan.blocks as usize * GRAD_ROWS * d as usize)
             };
             let args = GateBwdArgs {
                 dy,

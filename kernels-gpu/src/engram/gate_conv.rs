@@ -118,7 +118,7 @@ unsafe fn prefetch_conv_weights(cw: *const u16, wv: *const u16, c: u32, d: u32) 
     let j = (c * 8) as usize;
     if j < d as usize {
         prefetch_l1(wv.add(j) as *const u8);
-        for p in 0..4usize {
+        for p in 0..CONV_TAPS {
             prefetch_l1(cw.add(p * d as usize + j) as *const u8);
         }
     }
@@ -303,7 +303,7 @@ unsafe fn fwd<D: Dt, const FAST: bool, const NV: usize>(
             let wvv = ld8::<D, FAST>(wv, c, d);
             let mut conv = [0f32; 8];
             let mut vt = [0f32; 8];
-            for p in 0..4u32 {
+            for p in 0..CONV_TAPS as u32 {
                 // u of row t − 3 + p (tile row io + p)
                 if t + p >= 3 {
                     let tp = t + p - 3;
@@ -630,7 +630,7 @@ unsafe fn fwd_smem<D: Dt, const NV: usize, const GRID_2D: bool>(
         let t = t0 + io;
         if t < t_len {
             let mut conv = [0f32; 8];
-            for p in 0..4u32 {
+            for p in 0..CONV_TAPS as u32 {
                 let (cwp, uu) = if GRID_2D {
                     (
                         unpack8::<D>(lds_v4(a_w + 2 * ((p + 1) * dpad as u32 + 8 * c))),
@@ -836,7 +836,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
             if has_g {
                 let wvv = ld8::<D, FAST>(wv, c, d);
                 let mut conv = [0f32; 8];
-                for p in 0..4u32 {
+                for p in 0..CONV_TAPS as u32 {
                     if tu + p >= 3 {
                         let uu = u_of(i - 3 + p, c, &wvv);
                         let cwp = wld8(2 + p, c);
@@ -859,7 +859,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
     // du of tile row i (scratch rows i−3..i hold dconv of t..t+3): Σ_p cw[p]·dconv[t+3−p]
     let du_of = |ii: u32, c: u32| -> F8 {
         let mut o = [0f32; 8];
-        for p in 0..4u32 {
+        for p in 0..CONV_TAPS as u32 {
             let cwp = wld8(2 + p, c);
             let dc = ld8_f32(scr.add((ii - p) as usize * dpad), c);
             for q in 0..8 {
@@ -931,7 +931,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
     // ---- stage 4: this block's partial weight gradients, column chunks over the owned rows
     // in increasing t (fixed order).
     let nown = if t0 + r <= t_len { r } else { t_len - t0 };
-    let pb = part.add(blk * 6 * d as usize);
+    let pb = part.add(blk * GRAD_ROWS * d as usize);
     let s_w = core::ptr::null::<u16>();
     bwd_weight_partials::<D, false, false>(
         pb, d, dpad, t0, nown, base, wrow, s_w, s_u, scr, s_rv, s_ch, alpha, v, h, k,
@@ -1307,7 +1307,7 @@ unsafe fn bwd_split<D: Dt, const NV: usize>(
             let mut dc = [0f32; 8];
             if has_g {
                 let mut conv = [0f32; 8];
-                for p in 0..4u32 {
+                for p in 0..CONV_TAPS as u32 {
                     if tu + p >= 3 {
                         let uu = lds8_f32(a_u + 4 * ((i - 3 + p) * dpad + c * 8));
                         let cwp = wld8(2 + p, c);
@@ -1335,7 +1335,7 @@ unsafe fn bwd_split<D: Dt, const NV: usize>(
         // s1 = Σ du·wv·vh, du[t] = Σ_p cw[p]·dconv[t+3−p]
         each_chunk_s!(NV, c0, cs, nch, |n, c| {
             let mut du = [0f32; 8];
-            for p in 0..4u32 {
+            for p in 0..CONV_TAPS as u32 {
                 let cwp = wld8(2 + p, c);
                 let dc = lds8_f32(a_scr + 4 * ((i - p) * dpad + c * 8));
                 for q in 0..8 {
@@ -1393,7 +1393,7 @@ unsafe fn bwd_split<D: Dt, const NV: usize>(
     // ---- stage 4: this block's partial weight gradients, as bwd_weight_partials (a thread
     // per column, the owned rows in increasing t, the same operations) with shared-window reads
     let nown = if t0 + r <= t_len { r } else { t_len - t0 };
-    let pb = part.add(blk * 6 * d as usize);
+    let pb = part.add(blk * GRAD_ROWS * d as usize);
     let ld1 = |p: *const u16, j: u32| D::to_f32(*p.add(j as usize));
     let mut j = thread_idx_x();
     while j < d {
@@ -1461,7 +1461,7 @@ kernel_abi::gate_bwd_reduce_entry!(engram_gate_bwd_reduce, a => {
     let yy = thread_idx_y();
     let sgs = block_dim_y();
     let e = block_idx_x() * 32 + x;
-    let n6 = 6 * d;
+    let n6 = GRAD_ROWS as u32 * d;
     let sm = dyn_smem::<f32>();
     // launched as a programmatic dependent of the main kernel: its partials are complete and
     // visible after this (returns at once under an ordinary launch)
@@ -1515,7 +1515,7 @@ kernel_abi::gate_bwd_reduce_entry!(engram_gate_bwd_reduce_vec4, a => {
     let sgs = block_dim_y();
     let g = block_idx_x() * xw + x;
     let e = 4 * g;
-    let n6 = 6 * d;
+    let n6 = GRAD_ROWS as u32 * d;
     let sm = dyn_smem_u32();
     grid_dependency_wait();
     let mut acc = [0f32; 4];
@@ -1583,8 +1583,14 @@ macro_rules! fwd_stream_entry {
     ($name:ident, $dt:ty, $fast:expr) => {
         // EngramGateConvFwd, streaming rows (see [`fwd`]).
         kernel_abi::gate_fwd_entry!($name, a => {
-            let GateFwdArgs { h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block, ntiles, eps } = a;
-            fwd::<$dt, $fast, 0>(h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block, ntiles, eps)
+            let GateFwdArgs {
+                h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block,
+                ntiles, eps
+            } = a;
+            fwd::<$dt, $fast, 0>(
+                h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block,
+                ntiles, eps
+            )
         });
     };
 }
@@ -1594,8 +1600,14 @@ macro_rules! fwd_smem_grid1d_entry {
         // EngramGateConvFwd, `u` in shared memory, 1-D grid, constants computed in the kernel
         // (see [`fwd_smem`]).
         kernel_abi::gate_fwd_entry!($name, a => {
-            let GateFwdArgs { h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block, ntiles, eps } = a;
-            fwd_smem::<$dt, $nv, false>(h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block, ntiles, eps, NO_HOST_CONSTS)
+            let GateFwdArgs {
+                h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block,
+                ntiles, eps
+            } = a;
+            fwd_smem::<$dt, $nv, false>(
+                h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block,
+                ntiles, eps, NO_HOST_CONSTS
+            )
         });
     };
 }
@@ -1607,9 +1619,15 @@ macro_rules! fwd_smem_entry {
         // the host, shared memory through 32-bit addresses, the ftz `ex2`/`rcp`/`rsqrt` forms;
         // bitwise the 1-D-grid kernel where |conv| and |alpha's logit| < 87.
         kernel_abi::gate_fwd_smem_entry!($name, a => {
-            let GateFwdSmemArgs { h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block, inv_d, inv_sqrt_d, chunk_magic: nch_magic, eps } = a;
+            let GateFwdSmemArgs {
+                h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block,
+                inv_d, inv_sqrt_d, chunk_magic: nch_magic, eps
+            } = a;
             let lc = FwdHostConsts { inv_d, inv_sqrt_d, nch_magic };
-            fwd_smem::<$dt, $nv, true>(h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block, 0, eps, lc)
+            fwd_smem::<$dt, $nv, true>(
+                h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block, 0,
+                eps, lc
+            )
         });
     };
 }
@@ -1618,8 +1636,14 @@ macro_rules! bwd_entry {
     ($name:ident, $dt:ty, $fast:expr, $nv:expr) => {
         // EngramGateConvBwd main entry, one warp per tile row (see [`bwd`]).
         kernel_abi::gate_bwd_entry!($name, a => {
-            let GateBwdArgs { dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k, dh, dk, dv, part, scratch, t_len, d, rows_per_block, ntiles, eps } = a;
-            bwd::<$dt, $fast, $nv>(dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k, dh, dk, dv, part, scratch, t_len, d, rows_per_block, ntiles, eps)
+            let GateBwdArgs {
+                dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k, dh, dk, dv, part, scratch, t_len, d,
+                rows_per_block, ntiles, eps
+            } = a;
+            bwd::<$dt, $fast, $nv>(
+                dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k, dh, dk, dv, part, scratch, t_len, d,
+                rows_per_block, ntiles, eps
+            )
         });
     };
 }
@@ -1628,8 +1652,14 @@ macro_rules! bwd_split_entry {
     ($name:ident, $dt:ty, $nv:expr) => {
         // EngramGateConvBwd main entry, tile rows split over warps (see [`bwd_split`]).
         kernel_abi::gate_bwd_split_entry!($name, a => {
-            let GateBwdSplitArgs { dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k, dh, dk, dv, part, t_len, d, rows_per_block, warps_per_row, warp_row_magic, inv_sqrt_d, inv_d, eps } = a;
-            bwd_split::<$dt, $nv>(dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k, dh, dk, dv, part, t_len, d, rows_per_block, warps_per_row, warp_row_magic, inv_sqrt_d, inv_d, eps)
+            let GateBwdSplitArgs {
+                dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k, dh, dk, dv, part, t_len, d,
+                rows_per_block, warps_per_row, warp_row_magic, inv_sqrt_d, inv_d, eps
+            } = a;
+            bwd_split::<$dt, $nv>(
+                dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k, dh, dk, dv, part, t_len, d,
+                rows_per_block, warps_per_row, warp_row_magic, inv_sqrt_d, inv_d, eps
+            )
         });
     };
 }
