@@ -21,7 +21,7 @@ use kernel_abi::engram::gate::layout::{
     bwd_smem_bytes, bwd_split_smem_bytes, dpad, fwd_smem_bytes, fwd_stream_smem_floats, CONV_TAPS, FWD_SMEM_WL,
     GRAD_ROWS,
 };
-use kernel_abi::engram::gate::{chunk_row_magic, warp_row_magic};
+use kernel_abi::engram::gate::{chunk_row_magic, warp_row_magic, DconvScratch};
 use kernel_abi::{GateBwdArgs, GateBwdReduceArgs, GateBwdSplitArgs, GateFwdArgs, GateFwdSmemArgs};
 
 /// `eps` of the three rmsnorms (docs/ops.md §4).
@@ -676,12 +676,13 @@ unsafe fn launch_bwd(
             launch(f, plan.main_dims, stream, &args)?;
         }
         BwdMain::RowWarp { .. } | BwdMain::StreamVec8 | BwdMain::StreamScalar => {
-            // dconv in shared memory (null scratch), else in the workspace after the partials
+            // dconv in shared memory, else in the workspace after the partials
             let scratch = if plan.dconv_in_smem {
-                std::ptr::null_mut()
+                DconvScratch::Shared
             } else {
-                part.wrapping_add(plan.blocks as usize * GRAD_ROWS * d as usize)
+                DconvScratch::Global(part.wrapping_add(plan.blocks as usize * GRAD_ROWS * d as usize))
             };
+            let scratch = scratch.arg();
             let args = GateBwdArgs {
                 dy,
                 h,

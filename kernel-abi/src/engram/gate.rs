@@ -130,8 +130,7 @@ kernel_args! {
         pub dv: *mut u16,
         /// `[blocks, 6, d]` f32: each block's partial `drms_w_h`, `drms_w_v`, `dconv_w[0..4]`.
         pub part: *mut f32,
-        /// Null: `dconv` of the tile in dynamic shared memory after the row scalars. Else
-        /// global f32 `[blocks, R+3, ceil(d/8)·8]` (each block uses its own slice).
+        /// Where `dconv` of the tile lives: [`DconvScratch::arg`].
         pub scratch: *mut f32,
         /// `T`: rows per sequence.
         pub t_len: u32,
@@ -141,6 +140,26 @@ kernel_args! {
         /// `ceil(T/R)`: tiles per sequence.
         pub ntiles: u32,
         pub eps: f32,
+    }
+}
+
+/// Where the kernels taking [`GateBwdArgs`] keep `dconv` of a block's tile (its `scratch`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DconvScratch {
+    /// Dynamic shared memory after the row scalars ([`layout::bwd_smem_bytes`] with
+    /// `with_dconv`).
+    Shared,
+    /// Global f32 `[blocks, R+3, ceil(d/8)·8]`, each block using its own slice.
+    Global(*mut f32),
+}
+
+impl DconvScratch {
+    /// The `scratch` argument: null for [`DconvScratch::Shared`], the buffer otherwise.
+    pub const fn arg(self) -> *mut f32 {
+        match self {
+            Self::Shared => core::ptr::null_mut(),
+            Self::Global(p) => p,
+        }
     }
 }
 
