@@ -14,20 +14,20 @@ use std::collections::BTreeSet;
 use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, DevicePtr, DevicePtrMut};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch_pdl_positional, launch_positional, GraphReplay, LaunchDims};
+use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
 use crate::verify::Half;
 use crate::{Error, Gpu, Result};
-
-/// The kernels' shared-memory layouts and per-thread limits (the device crate's own file).
-#[allow(dead_code)]
-#[path = "../../../kernels-gpu/src/engram/gate_layout.rs"]
-mod layout;
-use layout::{bwd_smem_bytes, bwd_split_smem_bytes, dpad, fwd_smem_bytes, fwd_stream_smem_floats, FWD_SMEM_WL};
+use kernel_abi::engram::gate::layout::{
+    bwd_smem_bytes, bwd_split_smem_bytes, dpad, fwd_smem_bytes, fwd_stream_smem_floats, CONV_TAPS, FWD_SMEM_WL,
+    GRAD_ROWS,
+};
+use kernel_abi::engram::gate::{chunk_row_magic, warp_row_magic, DconvScratch};
+use kernel_abi::{GateBwdArgs, GateBwdReduceArgs, GateBwdSplitArgs, GateFwdArgs, GateFwdSmemArgs};
 
 /// `eps` of the three rmsnorms (docs/ops.md §4).
 pub const EPS: f32 = 1e-6;
 /// Causal conv kernel size (docs/ops.md §4).
-pub const KERNEL_SIZE: usize = 4;
+pub const KERNEL_SIZE: usize = CONV_TAPS;
 
 /// Every PTX entry of the family (each launched by some plan: [`planned_kernels`]).
 pub(crate) const KERNELS: &[&str] = &[
@@ -358,7 +358,7 @@ pub(crate) fn plan_bwd(shape: EngramGateShape, aligned: bool, workspace_aligned:
     let nblocks = shape.m * ntiles;
     let blocks = u32::try_from(nblocks).map_err(|_| Error::Overflow { arg: "m", msg: format!("{nblocks} blocks") })?;
     let in_smem = bwd_scratch_in_smem(d, r);
-    let mut workspace_len = checked_product("workspace", &[nblocks, 6, d])?;
+    let mut workspace_len = checked_product("workspace", &[nblocks, GRAD_ROWS, d])?;
     if !in_smem {
         workspace_len += checked_product("workspace", &[nblocks, r as usize + 3, dpad(d)])?;
     }
@@ -384,11 +384,11 @@ pub(crate) fn plan_bwd(shape: EngramGateShape, aligned: bool, workspace_aligned:
     };
     let (reduce, reduce_dims) = match tune.reduce_vec4_threads {
         Some(xw) if d.is_multiple_of(4) && workspace_aligned => {
-            let grid = ((6 * d / 4).div_ceil(xw as usize) as u32, 1, 1);
+            let grid = ((GRAD_ROWS * d / 4).div_ceil(xw as usize) as u32, 1, 1);
             (BwdReduce::Vec4, LaunchDims { grid, block: (xw, sg, 1), shared_bytes: 16 * xw * sg })
         }
         _ => {
-            let grid = ((6 * d).div_ceil(32) as u32, 1, 1);
+            let grid = ((GRAD_ROWS * d).div_ceil(32) as u32, 1, 1);
             (BwdReduce::Scalar, LaunchDims { grid, block: (32, sg, 1), shared_bytes: 4 * 32 * sg })
         }
     };
@@ -491,21 +491,17 @@ const fn bwd_u_fits(d: usize, r: u32) -> bool {
     bwd_scratch_in_smem(d, r) && bwd_smem_bytes(d, r, true) + 4 * (r as usize + 6) * dpad(d) <= SMEM_DEFAULT
 }
 
-/// `ceil(2^16 / wpr)`: the split backward's warp → row map `i = (w·magic) >> 16` equals
-/// `w / wpr` for every warp `w < 32` and `1 ≤ wpr ≤ 32` (the error `w·(magic − 2^16/wpr)/2^16
-/// < 2^-11` never reaches the next multiple of `1/wpr`; checked exhaustively by a CPU test).
+/// The split backward's warp → row multiplier for `wpr` warps per row
+/// (`kernel_abi::engram::gate::warp_row_magic`).
 #[doc(hidden)]
 pub fn bwd_warp_row_magic(wpr: u32) -> u32 {
-    65536u32.div_ceil(wpr.max(1))
+    warp_row_magic(wpr)
 }
 
-/// `ceil(2^32 / ceil(d/8))` (d ≥ 16): the 2-D-grid forward's phase 2 takes the row index of
-/// element chunk `e` as the high word of `e·magic`, which equals `e / ceil(d/8)` whenever
-/// `e·ceil(d/8) < 2^32` (always here: `e < 29·128`).
+/// The 2-D-grid forward's chunk → row multiplier for `d` (`kernel_abi::engram::gate::chunk_row_magic`).
 #[doc(hidden)]
 pub fn fwd_chunk_magic(d: usize) -> u32 {
-    let nch = d.div_ceil(8).max(2) as u64;
-    (1u64 << 32).div_ceil(nch) as u32
+    chunk_row_magic(d)
 }
 
 /// Where the row-warp backward keeps `dconv` of a block's tile: shared memory when it fits in
@@ -538,6 +534,13 @@ fn is_bf16<T: Half>() -> Result<bool> {
     }
 }
 
+/// `(1/d, 1/√d)` correctly rounded: the bits of the kernels' `div.rn(1, d)` and
+/// `div.rn(1, sqrt.rn(d))`.
+fn recip_d(d: u32) -> (f32, f32) {
+    let df = d as f32;
+    (1.0 / df, 1.0 / df.sqrt())
+}
+
 /// Launches a forward plan. `inputs` = `[h, k, v, rms_w_h, rms_w_v, conv_w]`, `outputs` =
 /// `[y, vhat, alpha, rrms_h, rrms_k, rrms_v]`.
 ///
@@ -553,54 +556,59 @@ unsafe fn launch_fwd(
 ) -> Result<()> {
     let f = gpu.function(plan.kernel.entry(bf16))?;
     check_block_fits(f, plan.dims.block.0)?;
-    let [mut a0, mut a1, mut a2, mut a3, mut a4, mut a5] = inputs;
-    let [mut o0, mut o1, mut o2, mut o3, mut o4, mut o5] = outputs;
-    let (mut tl, mut d, mut rr, mut eps) = (plan.t_len, plan.d, plan.rows_per_block, EPS);
+    let [h, k, v, rms_w_h, rms_w_v, conv_w] = inputs.map(|p| p as *const u16);
+    let [y, vhat, alpha, rrms_h, rrms_k, rrms_v] = outputs;
+    let (y, vhat) = (y as *mut u16, vhat as *mut u16);
+    let [alpha, rrms_h, rrms_k, rrms_v] = [alpha, rrms_h, rrms_k, rrms_v].map(|p| p as *mut f32);
+    let (t_len, d, rows_per_block, eps) = (plan.t_len, plan.d, plan.rows_per_block, EPS);
     match plan.kernel {
         FwdKernel::Smem { .. } => {
-            // 1/d and 1/√d correctly rounded (the bits of the other kernels' `div.rn(1, d)`,
-            // `div.rn(1, sqrt.rn(d))`); ceil(2^32 / ceil(d/8)) for phase 2's row index
-            let df = d as f32;
-            let (mut inv_d, mut inv_sqrt_d) = (1.0f32 / df, 1.0f32 / df.sqrt());
-            let mut magic = fwd_chunk_magic(d as usize);
-            launch_positional(
-                f,
-                plan.dims,
-                stream,
-                &mut [
-                    &mut a0,
-                    &mut a1,
-                    &mut a2,
-                    &mut a3,
-                    &mut a4,
-                    &mut a5,
-                    &mut o0,
-                    &mut o1,
-                    &mut o2,
-                    &mut o3,
-                    &mut o4,
-                    &mut o5,
-                    &mut tl,
-                    &mut d,
-                    &mut rr,
-                    &mut inv_d,
-                    &mut inv_sqrt_d,
-                    &mut magic,
-                    &mut eps,
-                ],
-            )
+            let (inv_d, inv_sqrt_d) = recip_d(d);
+            let chunk_magic = chunk_row_magic(d as usize);
+            let args = GateFwdSmemArgs {
+                h,
+                k,
+                v,
+                rms_w_h,
+                rms_w_v,
+                conv_w,
+                y,
+                vhat,
+                alpha,
+                rrms_h,
+                rrms_k,
+                rrms_v,
+                t_len,
+                d,
+                rows_per_block,
+                inv_d,
+                inv_sqrt_d,
+                chunk_magic,
+                eps,
+            };
+            launch(f, plan.dims, stream, &args)
         }
         FwdKernel::SmemGrid1d { .. } | FwdKernel::StreamVec8 | FwdKernel::StreamScalar => {
-            let mut nt = plan.ntiles;
-            launch_positional(
-                f,
-                plan.dims,
-                stream,
-                &mut [
-                    &mut a0, &mut a1, &mut a2, &mut a3, &mut a4, &mut a5, &mut o0, &mut o1, &mut o2, &mut o3, &mut o4,
-                    &mut o5, &mut tl, &mut d, &mut rr, &mut nt, &mut eps,
-                ],
-            )
+            let args = GateFwdArgs {
+                h,
+                k,
+                v,
+                rms_w_h,
+                rms_w_v,
+                conv_w,
+                y,
+                vhat,
+                alpha,
+                rrms_h,
+                rrms_k,
+                rrms_v,
+                t_len,
+                d,
+                rows_per_block,
+                ntiles: plan.ntiles,
+                eps,
+            };
+            launch(f, plan.dims, stream, &args)
         }
     }
 }
@@ -625,11 +633,13 @@ unsafe fn launch_bwd(
 ) -> Result<()> {
     let f = gpu.function(plan.main.entry(bf16))?;
     check_block_fits(f, plan.main_dims.block.0)?;
-    let [mut g, mut h, mut k, mut v, mut wh, mut wv, mut cw] = inputs;
-    let [mut a, mut rh, mut rk] = saved;
-    let [mut dh, mut dk, mut dv, mut dwh, mut dwv, mut dcw] = outputs;
-    let mut pt = workspace;
-    let (mut tl, mut dd, mut rr, mut eps) = (plan.t_len, plan.d, plan.rows_per_block, EPS);
+    let [dy, h, k, v, rms_w_h, rms_w_v, conv_w] = inputs.map(|p| p as *const u16);
+    let [alpha, rrms_h, rrms_k] = saved.map(|p| p as *const f32);
+    let [dh, dk, dv, drms_w_h, drms_w_v, dconv_w] = outputs;
+    let [dh, dk, dv] = [dh, dk, dv].map(|p| p as *mut u16);
+    let [drms_w_h, drms_w_v, dconv_w] = [drms_w_h, drms_w_v, dconv_w].map(|p| p as *mut f32);
+    let part = workspace as *mut f32;
+    let (t_len, d, rows_per_block, eps) = (plan.t_len, plan.d, plan.rows_per_block, EPS);
     match plan.main {
         BwdMain::Split { warps_per_row, .. } => {
             // the split kernel's shared memory may pass 48 KiB (d = 768, R = 3: ≈ 54 KiB)
@@ -638,45 +648,71 @@ unsafe fn launch_bwd(
             if bytes > SMEM_DEFAULT && f.get_attribute(attr)? < bytes as i32 {
                 f.set_attribute(attr, bytes as i32)?;
             }
-            let (mut w, mut wm) = (warps_per_row, bwd_warp_row_magic(warps_per_row));
-            // s = 1/√d and 1/d correctly rounded (the bits of the kernels' `div.rn(1, sqrt.rn(d))`)
-            let df = plan.d as f32;
-            let (mut s, mut inv_d) = (1.0f32 / df.sqrt(), 1.0f32 / df);
-            launch_positional(
-                f,
-                plan.main_dims,
-                stream,
-                &mut [
-                    &mut g, &mut h, &mut k, &mut v, &mut wh, &mut wv, &mut cw, &mut a, &mut rh, &mut rk, &mut dh,
-                    &mut dk, &mut dv, &mut pt, &mut tl, &mut dd, &mut rr, &mut w, &mut wm, &mut s, &mut inv_d,
-                    &mut eps,
-                ],
-            )?;
+            let (inv_d, inv_sqrt_d) = recip_d(d);
+            let args = GateBwdSplitArgs {
+                dy,
+                h,
+                k,
+                v,
+                rms_w_h,
+                rms_w_v,
+                conv_w,
+                alpha,
+                rrms_h,
+                rrms_k,
+                dh,
+                dk,
+                dv,
+                part,
+                t_len,
+                d,
+                rows_per_block,
+                warps_per_row,
+                warp_row_magic: warp_row_magic(warps_per_row),
+                inv_sqrt_d,
+                inv_d,
+                eps,
+            };
+            launch(f, plan.main_dims, stream, &args)?;
         }
         BwdMain::RowWarp { .. } | BwdMain::StreamVec8 | BwdMain::StreamScalar => {
-            // dconv in shared memory (null scratch), else in the workspace after the partials
-            let mut sc: CUdeviceptr = if plan.dconv_in_smem {
-                0
+            // dconv in shared memory, else in the workspace after the partials
+            let scratch = if plan.dconv_in_smem {
+                DconvScratch::Shared
             } else {
-                workspace + (plan.blocks as usize * 6 * plan.d as usize * 4) as u64
+                DconvScratch::Global(part.wrapping_add(plan.blocks as usize * GRAD_ROWS * d as usize))
             };
-            let mut nt = plan.ntiles;
-            launch_positional(
-                f,
-                plan.main_dims,
-                stream,
-                &mut [
-                    &mut g, &mut h, &mut k, &mut v, &mut wh, &mut wv, &mut cw, &mut a, &mut rh, &mut rk, &mut dh,
-                    &mut dk, &mut dv, &mut pt, &mut sc, &mut tl, &mut dd, &mut rr, &mut nt, &mut eps,
-                ],
-            )?;
+            let scratch = scratch.arg();
+            let args = GateBwdArgs {
+                dy,
+                h,
+                k,
+                v,
+                rms_w_h,
+                rms_w_v,
+                conv_w,
+                alpha,
+                rrms_h,
+                rrms_k,
+                dh,
+                dk,
+                dv,
+                part,
+                scratch,
+                t_len,
+                d,
+                rows_per_block,
+                ntiles: plan.ntiles,
+                eps,
+            };
+            launch(f, plan.main_dims, stream, &args)?;
         }
     }
     // the reduce kernel waits for the main kernel's partials with `griddepcontrol.wait`; its
     // launch and start-up overlap the main kernel (bitwise the same outputs as a plain launch)
     let f2 = gpu.function(plan.reduce.entry())?;
-    let (mut pt2, mut nb, mut d2) = (workspace, plan.blocks, plan.d);
-    launch_pdl_positional(f2, plan.reduce_dims, stream, &mut [&mut pt2, &mut dwh, &mut dwv, &mut dcw, &mut nb, &mut d2])
+    let args = GateBwdReduceArgs { part, drms_w_h, drms_w_v, dconv_w, nblocks: plan.blocks, d };
+    launch_pdl(f2, plan.reduce_dims, stream, &args)
 }
 
 /// The inputs of [`gate_conv_fwd`] (docs/ops.md §4; `h` is the op's `H`): `h, k, v` `[M,T,d]`,

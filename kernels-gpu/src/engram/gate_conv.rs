@@ -17,8 +17,10 @@
 //!
 //! Halo rows recompute exactly what their owner computes (the same instructions on the same
 //! data), so `q(alpha·v)` of a halo row is bitwise the `vhat` its owner writes.
-use super::gate_layout::*;
 use crate::prim::*;
+use kernel_abi::engram::gate::layout::*;
+use kernel_abi::engram::gate::{CHUNK_ROW_SHIFT, WARP_ROW_SHIFT};
+use kernel_abi::{GateBwdArgs, GateBwdReduceArgs, GateBwdSplitArgs, GateFwdArgs, GateFwdSmemArgs};
 
 // ---------------------------------------------------------------- storage dtypes
 
@@ -116,7 +118,7 @@ unsafe fn prefetch_conv_weights(cw: *const u16, wv: *const u16, c: u32, d: u32) 
     let j = (c * 8) as usize;
     if j < d as usize {
         prefetch_l1(wv.add(j) as *const u8);
-        for p in 0..4usize {
+        for p in 0..CONV_TAPS {
             prefetch_l1(cw.add(p * d as usize + j) as *const u8);
         }
     }
@@ -185,9 +187,8 @@ unsafe fn res<const NV: usize>(a: &[Raw; NV], n: usize) -> Raw {
 
 // ---------------------------------------------------------------- forward
 
-/// EngramGateConvFwd. Grid `M·ntiles` (block b: m = b / ntiles, tile b % ntiles, ntiles = ceil(T/R)), block `(R+3)·32` threads, dynamic smem
-/// `fwd_stream_smem_floats(R)·4` bytes. Pointers: `h, k, v, y, vhat` `[M,T,d]`; `wh, wv` `[d]`;
-/// `cw` `[4,d]`; `alpha, rh, rk, rv` `[M,T]` f32.
+/// EngramGateConvFwd, rows streamed (launch contract: [`GateFwdArgs`]); block `b` owns tile
+/// `b % ntiles` of sequence `b / ntiles`. `wh, wv, cw` are `rms_w_h, rms_w_v, conv_w`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn fwd<D: Dt, const FAST: bool, const NV: usize>(
@@ -302,7 +303,7 @@ unsafe fn fwd<D: Dt, const FAST: bool, const NV: usize>(
             let wvv = ld8::<D, FAST>(wv, c, d);
             let mut conv = [0f32; 8];
             let mut vt = [0f32; 8];
-            for p in 0..4u32 {
+            for p in 0..CONV_TAPS as u32 {
                 // u of row t − 3 + p (tile row io + p)
                 if t + p >= 3 {
                     let tp = t + p - 3;
@@ -405,7 +406,7 @@ unsafe fn sts8(a: u32, v: F8) {
 }
 
 /// EngramGateConvFwd with `u` in shared memory (resident, 16-byte layout only: `d % 8 == 0`,
-/// `ceil(d/8) ≤ 32·NV`, aligned). Same pointers as [`fwd`]; dynamic smem [`fwd_smem_bytes`].
+/// `ceil(d/8) ≤ 32·NV`, aligned; launch contracts: [`GateFwdArgs`], [`GateFwdSmemArgs`]).
 /// Differences from the streaming [`fwd`]: (1) the block loads `rms_w_v` and `conv_w` for real
 /// (16-byte loads, into smem) instead of prefetching them; (2) phase 1 writes
 /// `u = q(alpha·v)·rv·wv` of its row (and `vh` of owned rows) to smem, so phase 2 is 4 FMAs
@@ -624,12 +625,12 @@ unsafe fn fwd_smem<D: Dt, const NV: usize, const GRID_2D: bool>(
     while e < total {
         // owned row index 0..R (tile row io + 3); GRID_2D: e / nch by a multiply-high with the
         // host's ceil(2^32 / nch) (exact for e·nch < 2^32)
-        let io = if GRID_2D { ((e as u64 * lc.nch_magic as u64) >> 32) as u32 } else { e / nch };
+        let io = if GRID_2D { ((e as u64 * lc.nch_magic as u64) >> CHUNK_ROW_SHIFT) as u32 } else { e / nch };
         let c = e - io * nch;
         let t = t0 + io;
         if t < t_len {
             let mut conv = [0f32; 8];
-            for p in 0..4u32 {
+            for p in 0..CONV_TAPS as u32 {
                 let (cwp, uu) = if GRID_2D {
                     (
                         unpack8::<D>(lds_v4(a_w + 2 * ((p + 1) * dpad as u32 + 8 * c))),
@@ -685,11 +686,9 @@ fn wrow_g(wv: *const u16, wh: *const u16, cw: *const u16, d: u32, wr: u32) -> *c
     }
 }
 
-/// EngramGateConvBwd, main kernel. Grid `M·ntiles` (block b: m = b / ntiles, tile b % ntiles, ntiles = ceil(T/R)), block `(R+6)·32` threads.
-/// `scratch`: null → `dconv` rows live in dynamic smem after the scalars; else a global
-/// buffer of `gridDim.x·(R+3)·ceil(d/8)·8` f32 (this block's slice is used).
-/// `part`: `[blocks, 6, d]` f32 per-block partial weight gradients
-/// (`drms_w_h, drms_w_v, dconv_w[0..4]`), reduced by [`engram_gate_bwd_reduce`].
+/// EngramGateConvBwd, main kernel, one warp per tile row (launch contract, `scratch` and
+/// `part`: [`GateBwdArgs`]); block `b` owns tile `b % ntiles` of sequence `b / ntiles`. `g` is
+/// `dy`; `wh, wv, cw` are `rms_w_h, rms_w_v, conv_w`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
@@ -837,7 +836,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
             if has_g {
                 let wvv = ld8::<D, FAST>(wv, c, d);
                 let mut conv = [0f32; 8];
-                for p in 0..4u32 {
+                for p in 0..CONV_TAPS as u32 {
                     if tu + p >= 3 {
                         let uu = u_of(i - 3 + p, c, &wvv);
                         let cwp = wld8(2 + p, c);
@@ -860,7 +859,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
     // du of tile row i (scratch rows i−3..i hold dconv of t..t+3): Σ_p cw[p]·dconv[t+3−p]
     let du_of = |ii: u32, c: u32| -> F8 {
         let mut o = [0f32; 8];
-        for p in 0..4u32 {
+        for p in 0..CONV_TAPS as u32 {
             let cwp = wld8(2 + p, c);
             let dc = ld8_f32(scr.add((ii - p) as usize * dpad), c);
             for q in 0..8 {
@@ -932,7 +931,7 @@ unsafe fn bwd<D: Dt, const FAST: bool, const NV: usize>(
     // ---- stage 4: this block's partial weight gradients, column chunks over the owned rows
     // in increasing t (fixed order).
     let nown = if t0 + r <= t_len { r } else { t_len - t0 };
-    let pb = part.add(blk * 6 * d as usize);
+    let pb = part.add(blk * GRAD_ROWS * d as usize);
     let s_w = core::ptr::null::<u16>();
     bwd_weight_partials::<D, false, false>(
         pb, d, dpad, t0, nown, base, wrow, s_w, s_u, scr, s_rv, s_ch, alpha, v, h, k,
@@ -1126,11 +1125,9 @@ fn rrms_fast_ftz(sum: f32, inv_d: f32, eps: f32) -> f32 {
 /// (its butterfly beside the other two). The closed form has no cancellation (checked against
 /// the f64 reference, and in f64 against the two-pass form by a CPU test). One barrier fewer;
 /// the dv/dH/dk stores in one pass.
-/// Grid `(ntiles, M)`, block `(R+6)·wpr·32` threads; dynamic smem: the scalars
+/// Launch contract: [`GateBwdSplitArgs`]. Dynamic smem: the scalars
 /// ([`bwd_smem_scalar_floats`]), `u` `[R+6][dpad]` and `dconv` `[R+3][dpad]` f32, the weights
-/// `[6][dpad]` u16, then [`bwd_split_sum_floats`] f32. `part`: `[blocks, 6, d]` f32 per-block
-/// partial weight gradients, reduced by [`engram_gate_bwd_reduce`] /
-/// [`engram_gate_bwd_reduce_vec4`]. Deterministic.
+/// `[6][dpad]` u16, then [`bwd_split_sum_floats`] f32. Deterministic.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn bwd_split<D: Dt, const NV: usize>(
@@ -1160,7 +1157,7 @@ unsafe fn bwd_split<D: Dt, const NV: usize>(
     grid_launch_dependents();
     let lane = lane_id();
     let wi = thread_idx_x() / 32;
-    let i = (wi * wmagic) >> 16;
+    let i = (wi * wmagic) >> WARP_ROW_SHIFT;
     let sub = wi - i * wpr;
     let m = block_idx_y();
     let t0 = block_idx_x() * r;
@@ -1310,7 +1307,7 @@ unsafe fn bwd_split<D: Dt, const NV: usize>(
             let mut dc = [0f32; 8];
             if has_g {
                 let mut conv = [0f32; 8];
-                for p in 0..4u32 {
+                for p in 0..CONV_TAPS as u32 {
                     if tu + p >= 3 {
                         let uu = lds8_f32(a_u + 4 * ((i - 3 + p) * dpad + c * 8));
                         let cwp = wld8(2 + p, c);
@@ -1338,7 +1335,7 @@ unsafe fn bwd_split<D: Dt, const NV: usize>(
         // s1 = Σ du·wv·vh, du[t] = Σ_p cw[p]·dconv[t+3−p]
         each_chunk_s!(NV, c0, cs, nch, |n, c| {
             let mut du = [0f32; 8];
-            for p in 0..4u32 {
+            for p in 0..CONV_TAPS as u32 {
                 let cwp = wld8(2 + p, c);
                 let dc = lds8_f32(a_scr + 4 * ((i - p) * dpad + c * 8));
                 for q in 0..8 {
@@ -1396,7 +1393,7 @@ unsafe fn bwd_split<D: Dt, const NV: usize>(
     // ---- stage 4: this block's partial weight gradients, as bwd_weight_partials (a thread
     // per column, the owned rows in increasing t, the same operations) with shared-window reads
     let nown = if t0 + r <= t_len { r } else { t_len - t0 };
-    let pb = part.add(blk * 6 * d as usize);
+    let pb = part.add(blk * GRAD_ROWS * d as usize);
     let ld1 = |p: *const u16, j: u32| D::to_f32(*p.add(j as usize));
     let mut j = thread_idx_x();
     while j < d {
@@ -1454,24 +1451,17 @@ unsafe fn bwd_split<D: Dt, const NV: usize>(
     }
 }
 
-/// Deterministic reduction of the per-block partials: `out[e] = Σ_b part[b, e]` over
-/// `e < 6·d`, written to `drms_w_h` (e < d), `drms_w_v` (d ≤ e < 2d), `dconv_w` (2d ≤ e).
-/// Block `(32, S)`: thread (x, y) sums blocks `b ≡ y (mod S)` in increasing b; then y = 0
-/// adds the S partial sums in order. Grid `ceil(6d/32)`. Smem: `32·S` f32.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn engram_gate_bwd_reduce(
-    part: *const f32,
-    drms_w_h: *mut f32,
-    drms_w_v: *mut f32,
-    dconv_w: *mut f32,
-    nblocks: u32,
-    d: u32,
-) {
+// Deterministic reduction of the per-block partials (launch contract: [`GateBwdReduceArgs`]):
+// `out[e] = Σ_b part[b, e]` over `e < 6·d`, written to `drms_w_h` (e < d), `drms_w_v`
+// (d ≤ e < 2d), `dconv_w` (2d ≤ e). Thread (x, y) of block `(32, S)` sums blocks
+// `b ≡ y (mod S)` in increasing b; then y = 0 adds the S partial sums in order.
+kernel_abi::gate_bwd_reduce_entry!(engram_gate_bwd_reduce, a => {
+    let GateBwdReduceArgs { part, drms_w_h, drms_w_v, dconv_w, nblocks, d } = a;
     let x = thread_idx_x();
     let yy = thread_idx_y();
     let sgs = block_dim_y();
     let e = block_idx_x() * 32 + x;
-    let n6 = 6 * d;
+    let n6 = GRAD_ROWS as u32 * d;
     let sm = dyn_smem::<f32>();
     // launched as a programmatic dependent of the main kernel: its partials are complete and
     // visible after this (returns at once under an ordinary launch)
@@ -1509,31 +1499,23 @@ pub unsafe extern "ptx-kernel" fn engram_gate_bwd_reduce(
             *dconv_w.add((e - 2 * d) as usize) = tot;
         }
     }
-}
+});
 
-/// [`engram_gate_bwd_reduce`] with 16-byte loads, bitwise its result for the same `S`: thread
-/// `(x, y)` of block `(XW, S)` owns the 4 outputs `e = 4·(blockIdx.x·XW + x) .. +4` and sums
-/// blocks `b ≡ y (mod S)` in increasing b, issuing up to 4 of its 16-byte loads at once (the
-/// last batch padded with +0, which leaves a sum begun at +0 bitwise unchanged: such a sum is
-/// never −0); then y = 0 adds the S sums in increasing y. Needs `d % 4 == 0` (a group of 4
-/// never straddles two outputs) and `part` 16-byte aligned. Grid `ceil(6d/4/XW)`; smem
-/// `16·XW·S` bytes.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn engram_gate_bwd_reduce_vec4(
-    part: *const f32,
-    drms_w_h: *mut f32,
-    drms_w_v: *mut f32,
-    dconv_w: *mut f32,
-    nblocks: u32,
-    d: u32,
-) {
+// `engram_gate_bwd_reduce` with 16-byte loads, bitwise its result for the same `S`: thread `(x, y)` of
+// block `(XW, S)` owns the 4 outputs `e = 4·(blockIdx.x·XW + x) .. +4` and sums blocks
+// `b ≡ y (mod S)` in increasing b, issuing up to 4 of its 16-byte loads at once (the last
+// batch padded with +0, which leaves a sum begun at +0 bitwise unchanged: such a sum is never
+// −0); then y = 0 adds the S sums in increasing y. `d % 4 == 0`: a group of 4 never straddles
+// two outputs.
+kernel_abi::gate_bwd_reduce_entry!(engram_gate_bwd_reduce_vec4, a => {
+    let GateBwdReduceArgs { part, drms_w_h, drms_w_v, dconv_w, nblocks, d } = a;
     let x = thread_idx_x();
     let yy = thread_idx_y();
     let xw = block_dim_x();
     let sgs = block_dim_y();
     let g = block_idx_x() * xw + x;
     let e = 4 * g;
-    let n6 = 6 * d;
+    let n6 = GRAD_ROWS as u32 * d;
     let sm = dyn_smem_u32();
     grid_dependency_wait();
     let mut acc = [0f32; 4];
@@ -1589,7 +1571,7 @@ pub unsafe extern "ptx-kernel" fn engram_gate_bwd_reduce_vec4(
             *o.add((j + c as u32) as usize) = tot[c];
         }
     }
-}
+});
 
 // ---------------------------------------------------------------- entries
 //
@@ -1599,180 +1581,86 @@ pub unsafe extern "ptx-kernel" fn engram_gate_bwd_reduce_vec4(
 
 macro_rules! fwd_stream_entry {
     ($name:ident, $dt:ty, $fast:expr) => {
-        /// EngramGateConvFwd, streaming rows (see [`fwd`] for the launch contract).
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(
-            h: *const u16,
-            k: *const u16,
-            v: *const u16,
-            wh: *const u16,
-            wv: *const u16,
-            cw: *const u16,
-            y: *mut u16,
-            vhat: *mut u16,
-            alpha: *mut f32,
-            rh: *mut f32,
-            rk: *mut f32,
-            rv: *mut f32,
-            t_len: u32,
-            d: u32,
-            r: u32,
-            ntiles: u32,
-            eps: f32,
-        ) {
-            fwd::<$dt, $fast, 0>(h, k, v, wh, wv, cw, y, vhat, alpha, rh, rk, rv, t_len, d, r, ntiles, eps)
-        }
+        // EngramGateConvFwd, streaming rows (see [`fwd`]).
+        kernel_abi::gate_fwd_entry!($name, a => {
+            let GateFwdArgs {
+                h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block,
+                ntiles, eps
+            } = a;
+            fwd::<$dt, $fast, 0>(
+                h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block,
+                ntiles, eps
+            )
+        });
     };
 }
 
 macro_rules! fwd_smem_grid1d_entry {
     ($name:ident, $dt:ty, $nv:expr) => {
-        /// EngramGateConvFwd, `u` in shared memory, 1-D grid, constants computed in the kernel
-        /// (see [`fwd_smem`] for the launch contract).
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(
-            h: *const u16,
-            k: *const u16,
-            v: *const u16,
-            wh: *const u16,
-            wv: *const u16,
-            cw: *const u16,
-            y: *mut u16,
-            vhat: *mut u16,
-            alpha: *mut f32,
-            rh: *mut f32,
-            rk: *mut f32,
-            rv: *mut f32,
-            t_len: u32,
-            d: u32,
-            r: u32,
-            ntiles: u32,
-            eps: f32,
-        ) {
+        // EngramGateConvFwd, `u` in shared memory, 1-D grid, constants computed in the kernel
+        // (see [`fwd_smem`]).
+        kernel_abi::gate_fwd_entry!($name, a => {
+            let GateFwdArgs {
+                h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block,
+                ntiles, eps
+            } = a;
             fwd_smem::<$dt, $nv, false>(
-                h,
-                k,
-                v,
-                wh,
-                wv,
-                cw,
-                y,
-                vhat,
-                alpha,
-                rh,
-                rk,
-                rv,
-                t_len,
-                d,
-                r,
-                ntiles,
-                eps,
-                NO_HOST_CONSTS,
+                h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block,
+                ntiles, eps, NO_HOST_CONSTS
             )
-        }
+        });
     };
 }
 
 macro_rules! fwd_smem_entry {
     ($name:ident, $dt:ty, $nv:expr) => {
-        /// EngramGateConvFwd, `u` in shared memory: [`fwd_smem`] with `GRID_2D` — grid
-        /// `(ntiles, M)`, the per-launch constants from the host, shared memory through 32-bit
-        /// addresses, the ftz `ex2`/`rcp`/`rsqrt` forms; bitwise the 1-D-grid kernel where
-        /// |conv| and |alpha's logit| < 87.
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(
-            h: *const u16,
-            k: *const u16,
-            v: *const u16,
-            wh: *const u16,
-            wv: *const u16,
-            cw: *const u16,
-            y: *mut u16,
-            vhat: *mut u16,
-            alpha: *mut f32,
-            rh: *mut f32,
-            rk: *mut f32,
-            rv: *mut f32,
-            t_len: u32,
-            d: u32,
-            r: u32,
-            inv_d: f32,
-            inv_sqrt_d: f32,
-            nch_magic: u32,
-            eps: f32,
-        ) {
+        // EngramGateConvFwd, `u` in shared memory: [`fwd_smem`] with `GRID_2D` — grid
+        // `(ntiles, M)` (no tile count: blockIdx.x is the tile), the per-launch constants from
+        // the host, shared memory through 32-bit addresses, the ftz `ex2`/`rcp`/`rsqrt` forms;
+        // bitwise the 1-D-grid kernel where |conv| and |alpha's logit| < 87.
+        kernel_abi::gate_fwd_smem_entry!($name, a => {
+            let GateFwdSmemArgs {
+                h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block,
+                inv_d, inv_sqrt_d, chunk_magic: nch_magic, eps
+            } = a;
             let lc = FwdHostConsts { inv_d, inv_sqrt_d, nch_magic };
-            fwd_smem::<$dt, $nv, true>(h, k, v, wh, wv, cw, y, vhat, alpha, rh, rk, rv, t_len, d, r, 0, eps, lc)
-        }
+            fwd_smem::<$dt, $nv, true>(
+                h, k, v, rms_w_h, rms_w_v, conv_w, y, vhat, alpha, rrms_h, rrms_k, rrms_v, t_len, d, rows_per_block, 0,
+                eps, lc
+            )
+        });
     };
 }
 
 macro_rules! bwd_entry {
     ($name:ident, $dt:ty, $fast:expr, $nv:expr) => {
-        /// EngramGateConvBwd main entry, one warp per tile row (see [`bwd`] for the launch contract).
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(
-            g: *const u16,
-            h: *const u16,
-            k: *const u16,
-            v: *const u16,
-            wh: *const u16,
-            wv: *const u16,
-            cw: *const u16,
-            alpha: *const f32,
-            rh: *const f32,
-            rk: *const f32,
-            dh: *mut u16,
-            dk: *mut u16,
-            dv: *mut u16,
-            part: *mut f32,
-            scratch: *mut f32,
-            t_len: u32,
-            d: u32,
-            r: u32,
-            ntiles: u32,
-            eps: f32,
-        ) {
+        // EngramGateConvBwd main entry, one warp per tile row (see [`bwd`]).
+        kernel_abi::gate_bwd_entry!($name, a => {
+            let GateBwdArgs {
+                dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k, dh, dk, dv, part, scratch, t_len, d,
+                rows_per_block, ntiles, eps
+            } = a;
             bwd::<$dt, $fast, $nv>(
-                g, h, k, v, wh, wv, cw, alpha, rh, rk, dh, dk, dv, part, scratch, t_len, d, r, ntiles, eps,
+                dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k, dh, dk, dv, part, scratch, t_len, d,
+                rows_per_block, ntiles, eps
             )
-        }
+        });
     };
 }
 
 macro_rules! bwd_split_entry {
     ($name:ident, $dt:ty, $nv:expr) => {
-        /// EngramGateConvBwd main entry, tile rows split over warps (see [`bwd_split`] for the
-        /// launch contract).
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(
-            g: *const u16,
-            h: *const u16,
-            k: *const u16,
-            v: *const u16,
-            wh: *const u16,
-            wv: *const u16,
-            cw: *const u16,
-            alpha: *const f32,
-            rh: *const f32,
-            rk: *const f32,
-            dh: *mut u16,
-            dk: *mut u16,
-            dv: *mut u16,
-            part: *mut f32,
-            t_len: u32,
-            d: u32,
-            r: u32,
-            wpr: u32,
-            wmagic: u32,
-            s: f32,
-            inv_d: f32,
-            eps: f32,
-        ) {
+        // EngramGateConvBwd main entry, tile rows split over warps (see [`bwd_split`]).
+        kernel_abi::gate_bwd_split_entry!($name, a => {
+            let GateBwdSplitArgs {
+                dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k, dh, dk, dv, part, t_len, d,
+                rows_per_block, warps_per_row, warp_row_magic, inv_sqrt_d, inv_d, eps
+            } = a;
             bwd_split::<$dt, $nv>(
-                g, h, k, v, wh, wv, cw, alpha, rh, rk, dh, dk, dv, part, t_len, d, r, wpr, wmagic, s, inv_d, eps,
+                dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k, dh, dk, dv, part, t_len, d,
+                rows_per_block, warps_per_row, warp_row_magic, inv_sqrt_d, inv_d, eps
             )
-        }
+        });
     };
 }
 

@@ -1,4 +1,3 @@
 //! Engram kernels: gated causal conv forward/backward (docs/ops.md §4–§5), decode step (§6).
 pub mod decode;
 pub mod gate_conv;
-pub mod gate_layout;

@@ -1,8 +1,16 @@
-//! Launch-contract sizes of the gated-conv kernels (`gate_conv.rs`): dynamic shared memory
-//! layouts and the forward's per-thread weight chunks. `no_std`, free of the device
-//! primitives: the host compiles this file too (`#[path]` in `host/src/engram/gate_conv.rs`), so
-//! the sizes it launches with are the kernels' own. Byte counts are `usize` (the host evaluates
-//! them for any valid `d`); `dpad = ceil(d/8)·8`.
+//! Launch-contract sizes of the gated-conv kernels: dynamic shared memory layouts and the
+//! forward's per-thread weight chunks. The kernels lay out their shared memory by these
+//! functions and the host launches with them. Byte counts are `usize` (the host evaluates them
+//! for any valid `d`); `dpad = ceil(d/8)·8`.
+
+/// Taps of the causal depthwise conv (docs/ops.md §4: kernel size 4): `conv_w` is
+/// `[CONV_TAPS, d]`, and a tile reads `CONV_TAPS − 1` halo rows on each side it needs.
+pub const CONV_TAPS: usize = 4;
+
+/// Rows of the backward's per-block partial weight gradients `part` `[blocks, GRAD_ROWS, d]`:
+/// `drms_w_h`, `drms_w_v`, `dconv_w[0..CONV_TAPS]`, in this order (also the order of the
+/// reduced outputs).
+pub const GRAD_ROWS: usize = 2 + CONV_TAPS;
 
 /// Weight chunks (16 B) one thread of the 1-D-grid shared-memory forward holds while phase 1
 /// runs: a block needs `5·ceil(d/8) ≤ FWD_SMEM_WL·threads`.
