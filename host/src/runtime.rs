@@ -219,41 +219,6 @@ pub(crate) struct LaunchDims {
     pub shared_bytes: u32,
 }
 
-/// Kernel arguments, passed by pointer to `cuLaunchKernel` (positional parameter lists, being
-/// replaced by one [`KernelArgs`] struct per kernel).
-pub(crate) trait KernelArg {
-    fn as_param(&mut self) -> *mut c_void;
-}
-macro_rules! impl_arg {
-    ($($t:ty),*) => {$(impl KernelArg for $t {
-        fn as_param(&mut self) -> *mut c_void { self as *mut $t as *mut c_void }
-    })*};
-}
-impl_arg!(u32, i32, u64, i64, f32, f64);
-
-/// Launches `f` on `stream` with positional `args` (each a local the caller owns until return).
-///
-/// # Safety
-/// The arguments must match the kernel's parameters in number, order and type, and every
-/// pointer must be valid for the accesses the kernel makes with these dims.
-pub(crate) unsafe fn launch_positional(
-    f: &CudaFunction,
-    dims: LaunchDims,
-    stream: sys::CUstream,
-    args: &mut [&mut dyn KernelArg],
-) -> Result<()> {
-    let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a.as_param()).collect();
-    cudarc::driver::result::launch_kernel(
-        f.cu_function(),
-        dims.grid,
-        dims.block,
-        dims.shared_bytes,
-        stream,
-        &mut params,
-    )?;
-    Ok(())
-}
-
 /// Launches `f` on `stream` with its argument struct (the kernel's parameters are its fields).
 ///
 /// # Safety
@@ -339,20 +304,6 @@ pub(crate) unsafe fn launch_pdl<A: KernelArgs>(
     let mut args = *args;
     let mut params = args.params();
     launch_ex(f, dims, stream, programmatic_attribute(), params.as_mut())
-}
-
-/// [`launch_pdl`] with positional `args` (as [`launch_positional`]).
-///
-/// # Safety
-/// As [`launch_positional`], plus the kernel's `griddepcontrol.wait` discipline.
-pub(crate) unsafe fn launch_pdl_positional(
-    f: &CudaFunction,
-    dims: LaunchDims,
-    stream: sys::CUstream,
-    args: &mut [&mut dyn KernelArg],
-) -> Result<()> {
-    let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| a.as_param()).collect();
-    launch_ex(f, dims, stream, programmatic_attribute(), &mut params)
 }
 
 /// One op call's launches as a CUDA graph, replayed while the call's arguments are unchanged.

@@ -96,7 +96,6 @@ pub mod mhc;
 
 // The entry macros name their struct from the crate root.
 pub use copy::*;
-#[allow(unused_imports)]
 pub use engram::{decode::*, gate::*};
 pub use fft::*;
 pub use mhc::*;
