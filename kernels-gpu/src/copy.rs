@@ -13,12 +13,12 @@ use kernel_abi::DeviceCopyArgs;
 /// docs/decisions/fft.md).
 pub const COPY_UNROLL: usize = 2;
 
+kernel_abi::device_copy_entry!(device_copy_16b, a => { copy_16b(a) });
+
 /// `dst[i] = src[i]` for `chunks` 16-byte chunks (both 16-byte aligned, not overlapping).
 ///
 /// Like every pass of a multi-pass FFT it lets its programmatic dependent start at entry and
 /// waits for the grid it depends on (a no-op for an ordinary launch) before the first load.
-kernel_abi::device_copy_entry!(device_copy_16b, a => { copy_16b(a) });
-
 #[inline(always)]
 unsafe fn copy_16b(a: DeviceCopyArgs) {
     let DeviceCopyArgs { src, dst, chunks } = a;
