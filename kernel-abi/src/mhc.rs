@@ -27,6 +27,20 @@ kernel_args! {
     }
 }
 
+/// MHCPostFwd's kernels, one row per PTX entry: `name: kernel, body, entry_macro;` (`Rows`:
+/// 8 elements per thread on a `(chunks, n, batch)` grid, needs `c % 8 == 0` and 16-byte
+/// alignment; `Any`: one element per thread, any shape). Expands to `$cb! { rows }` for the
+/// device's entries and the host's names.
+#[macro_export]
+macro_rules! mhc_post_kernels {
+    ($cb:ident) => {
+        $cb! {
+            mhc_post_fwd_bf16_rows: Rows, post_rows, post_rows_entry;
+            mhc_post_fwd_bf16: Any, post_any, post_any_entry;
+        }
+    };
+}
+
 // ---------------------------------------------------------------- MHCPreFwd
 
 /// Batch rows per group of `mhc_pre_partial_fma` (its register slab holds four rows).
@@ -176,4 +190,25 @@ kernel_args! {
         pub eps: f32,
         pub inv_sqrt_nc: f64,
     }
+}
+
+/// MHCPreFwd's kernels, one row per PTX entry: `name: kernel, body, entry_macro;` (`body`: the
+/// device function the entry runs; `entry_macro`: the argument struct's entry macro). Kernel 1
+/// (split-K partials of the logits and Σx²): `PartialFma` (FMA pipes, any n), `PartialMma`
+/// (fp64 tensor cores, n ≤ 4), `PartialMmaFixedPoint` (the same, accumulating integer limbs);
+/// kernel 2 (coefficients and mixing): `Mix` (any n), `MixSmallN` (coefficients in registers,
+/// n ≤ 4), `MixFixedPoint` (reads the limb accumulators). Expands to `$cb! { rows }`: the device
+/// crate declares each entry from it, the host names its kernels from it.
+#[macro_export]
+macro_rules! mhc_pre_kernels {
+    ($cb:ident) => {
+        $cb! {
+            mhc_pre_partial_fma: PartialFma, partial_fma, pre_partial_fma_entry;
+            mhc_pre_partial_mma: PartialMma, partial_mma, pre_partial_mma_entry;
+            mhc_pre_partial_mma_fixed_point: PartialMmaFixedPoint, partial_mma_fixed_point, pre_partial_mma_entry;
+            mhc_pre_mix: Mix, mix, pre_mix_entry;
+            mhc_pre_mix_small_n: MixSmallN, mix_small_n, pre_mix_entry;
+            mhc_pre_mix_fixed_point: MixFixedPoint, mix_fixed_point, pre_mix_fixed_point_entry;
+        }
+    };
 }

@@ -447,3 +447,33 @@ fn one_pass_stage3_closed_form_matches_two_passes() {
         }
     }
 }
+
+// ---------------------------------------------------------------- planner ↔ kernel list
+
+/// Every plan of every valid width `d ≤ 1100` (and a few streaming widths), both layouts,
+/// both dtypes, one and 65536 sequences, names an entry of `kernel_abi::gate_kernels!` (the
+/// list the PTX entries are declared from), and every name is one of the module's entries.
+#[test]
+fn every_plan_names_a_declared_kernel() {
+    let module = rgk_tests::module_entries();
+    let mut seen = std::collections::BTreeSet::new();
+    for d in (1..=1100).chain([2048, 4096, 4100, 8192]) {
+        for m in [1, 65536] {
+            let s = EngramGateShape { m, t: 5, d };
+            for (aligned, workspace_aligned, bf16) in itertools_product() {
+                let names = rgk::engram::gate_conv_planned_entries(s, bf16, aligned, workspace_aligned)
+                    .unwrap_or_else(|e| panic!("{s:?} aligned={aligned} bf16={bf16}: {e}"));
+                for n in names {
+                    assert!(module.contains(n), "{n} is planned but not in the PTX module");
+                    seen.insert(n);
+                }
+            }
+        }
+    }
+    println!("{} of the module's gate entries planned", seen.len());
+}
+
+/// `(aligned, workspace_aligned, bf16)` over all eight combinations.
+fn itertools_product() -> impl Iterator<Item = (bool, bool, bool)> {
+    (0..8).map(|i| (i & 1 != 0, i & 2 != 0, i & 4 != 0))
+}

@@ -29,62 +29,50 @@ pub const EPS: f32 = 1e-6;
 /// Causal conv kernel size (docs/ops.md §4).
 pub const KERNEL_SIZE: usize = CONV_TAPS;
 
-/// Every PTX entry of the family (each launched by some plan: [`planned_kernels`]).
-pub(crate) const KERNELS: &[&str] = &[
-    "engram_gate_fwd_smem_bf16_r1",
-    "engram_gate_fwd_smem_bf16_r2",
-    "engram_gate_fwd_smem_bf16_r3",
-    "engram_gate_fwd_smem_bf16_r4",
-    "engram_gate_fwd_smem_f16_r1",
-    "engram_gate_fwd_smem_f16_r2",
-    "engram_gate_fwd_smem_f16_r3",
-    "engram_gate_fwd_smem_f16_r4",
-    "engram_gate_fwd_smem_grid1d_bf16_r1",
-    "engram_gate_fwd_smem_grid1d_bf16_r2",
-    "engram_gate_fwd_smem_grid1d_bf16_r3",
-    "engram_gate_fwd_smem_grid1d_bf16_r4",
-    "engram_gate_fwd_smem_grid1d_f16_r1",
-    "engram_gate_fwd_smem_grid1d_f16_r2",
-    "engram_gate_fwd_smem_grid1d_f16_r3",
-    "engram_gate_fwd_smem_grid1d_f16_r4",
-    "engram_gate_fwd_stream_vec8_bf16",
-    "engram_gate_fwd_stream_scalar_bf16",
-    "engram_gate_fwd_stream_vec8_f16",
-    "engram_gate_fwd_stream_scalar_f16",
-    "engram_gate_bwd_split_bf16_r1",
-    "engram_gate_bwd_split_bf16_r2",
-    "engram_gate_bwd_split_f16_r1",
-    "engram_gate_bwd_split_f16_r2",
-    "engram_gate_bwd_rowwarp_bf16_r1",
-    "engram_gate_bwd_rowwarp_bf16_r2",
-    "engram_gate_bwd_rowwarp_bf16_r3",
-    "engram_gate_bwd_rowwarp_bf16_r4",
-    "engram_gate_bwd_rowwarp_f16_r1",
-    "engram_gate_bwd_rowwarp_f16_r2",
-    "engram_gate_bwd_rowwarp_f16_r3",
-    "engram_gate_bwd_rowwarp_f16_r4",
-    "engram_gate_bwd_stream_vec8_bf16",
-    "engram_gate_bwd_stream_scalar_bf16",
-    "engram_gate_bwd_stream_vec8_f16",
-    "engram_gate_bwd_stream_scalar_f16",
-    "engram_gate_bwd_reduce",
-    "engram_gate_bwd_reduce_vec4",
-];
+/// The family's PTX entries, from `kernel_abi::gate_kernels!` (the list the kernels are
+/// declared from): [`KERNELS`] (each launched by some plan: [`planned_kernels`]) and the entry
+/// of each `(kernel, dtype, nv)`.
+macro_rules! gate_entry_table {
+    ($($name:ident: $kind:ident, $dt:ident, $nv:literal;)*) => {
+        /// Every PTX entry of the family.
+        pub(crate) const KERNELS: &[&str] = &[$(stringify!($name),)*];
 
-/// The entry `<prefix>_<dtype>_r<nv>` (`nv` = 8-element chunks per lane of a resident row).
-macro_rules! resident_entry {
-    ($prefix:literal, $bf16:expr, $nv:expr) => {
-        match ($bf16, $nv) {
-            (true, 1) => concat!($prefix, "_bf16_r1"),
-            (true, 2) => concat!($prefix, "_bf16_r2"),
-            (true, 3) => concat!($prefix, "_bf16_r3"),
-            (true, _) => concat!($prefix, "_bf16_r4"),
-            (false, 1) => concat!($prefix, "_f16_r1"),
-            (false, 2) => concat!($prefix, "_f16_r2"),
-            (false, 3) => concat!($prefix, "_f16_r3"),
-            (false, _) => concat!($prefix, "_f16_r4"),
+        /// The entry of `kind` for `dtype` (`bf16`: bf16, else f16; ignored by the reductions)
+        /// with `nv` chunks per lane of a resident row (0 for the others); `None` where the
+        /// family has no such kernel.
+        fn entry_of(kind: Entry, bf16: bool, nv: usize) -> Option<&'static str> {
+            $(if kind == Entry::$kind && gate_entry_table!(@dtype $dt, bf16) && nv == $nv {
+                return Some(stringify!($name));
+            })*
+            None
         }
     };
+    (@dtype bf16, $bf16:ident) => { $bf16 };
+    (@dtype f16, $bf16:ident) => { !$bf16 };
+    (@dtype f32, $bf16:ident) => { true };
+}
+kernel_abi::gate_kernels!(gate_entry_table);
+
+/// The kernel column of `kernel_abi::gate_kernels!`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Entry {
+    FwdSmem,
+    FwdSmemGrid1d,
+    FwdStreamVec8,
+    FwdStreamScalar,
+    BwdSplit,
+    BwdRowWarp,
+    BwdStreamVec8,
+    BwdStreamScalar,
+    BwdReduceScalar,
+    BwdReduceVec4,
+}
+
+/// [`entry_of`], or [`Error::MissingKernel`] naming what the plan asked for (a planner/table
+/// mismatch, which the planner sweep test would show).
+fn entry(kind: Entry, bf16: bool, nv: usize) -> Result<&'static str> {
+    entry_of(kind, bf16, nv)
+        .ok_or_else(|| Error::MissingKernel(format!("{kind:?} {} nv={nv}", if bf16 { "bf16" } else { "f16" })))
 }
 
 /// Largest dynamic shared memory used without opting in (bytes).
@@ -219,14 +207,12 @@ pub(crate) enum FwdKernel {
 }
 
 impl FwdKernel {
-    fn entry(self, bf16: bool) -> &'static str {
-        match (self, bf16) {
-            (Self::Smem { nv }, _) => resident_entry!("engram_gate_fwd_smem", bf16, nv),
-            (Self::SmemGrid1d { nv }, _) => resident_entry!("engram_gate_fwd_smem_grid1d", bf16, nv),
-            (Self::StreamVec8, true) => "engram_gate_fwd_stream_vec8_bf16",
-            (Self::StreamVec8, false) => "engram_gate_fwd_stream_vec8_f16",
-            (Self::StreamScalar, true) => "engram_gate_fwd_stream_scalar_bf16",
-            (Self::StreamScalar, false) => "engram_gate_fwd_stream_scalar_f16",
+    fn entry(self, bf16: bool) -> Result<&'static str> {
+        match self {
+            Self::Smem { nv } => entry(Entry::FwdSmem, bf16, nv),
+            Self::SmemGrid1d { nv } => entry(Entry::FwdSmemGrid1d, bf16, nv),
+            Self::StreamVec8 => entry(Entry::FwdStreamVec8, bf16, 0),
+            Self::StreamScalar => entry(Entry::FwdStreamScalar, bf16, 0),
         }
     }
 }
@@ -291,17 +277,12 @@ pub(crate) enum BwdMain {
 }
 
 impl BwdMain {
-    fn entry(self, bf16: bool) -> &'static str {
-        match (self, bf16) {
-            (Self::Split { nv: 1, .. }, true) => "engram_gate_bwd_split_bf16_r1",
-            (Self::Split { .. }, true) => "engram_gate_bwd_split_bf16_r2",
-            (Self::Split { nv: 1, .. }, false) => "engram_gate_bwd_split_f16_r1",
-            (Self::Split { .. }, false) => "engram_gate_bwd_split_f16_r2",
-            (Self::RowWarp { nv }, _) => resident_entry!("engram_gate_bwd_rowwarp", bf16, nv),
-            (Self::StreamVec8, true) => "engram_gate_bwd_stream_vec8_bf16",
-            (Self::StreamVec8, false) => "engram_gate_bwd_stream_vec8_f16",
-            (Self::StreamScalar, true) => "engram_gate_bwd_stream_scalar_bf16",
-            (Self::StreamScalar, false) => "engram_gate_bwd_stream_scalar_f16",
+    fn entry(self, bf16: bool) -> Result<&'static str> {
+        match self {
+            Self::Split { nv, .. } => entry(Entry::BwdSplit, bf16, nv),
+            Self::RowWarp { nv } => entry(Entry::BwdRowWarp, bf16, nv),
+            Self::StreamVec8 => entry(Entry::BwdStreamVec8, bf16, 0),
+            Self::StreamScalar => entry(Entry::BwdStreamScalar, bf16, 0),
         }
     }
 }
@@ -317,10 +298,10 @@ pub(crate) enum BwdReduce {
 }
 
 impl BwdReduce {
-    fn entry(self) -> &'static str {
+    fn entry(self) -> Result<&'static str> {
         match self {
-            Self::Vec4 => "engram_gate_bwd_reduce_vec4",
-            Self::Scalar => "engram_gate_bwd_reduce",
+            Self::Vec4 => entry(Entry::BwdReduceVec4, true, 0),
+            Self::Scalar => entry(Entry::BwdReduceScalar, true, 0),
         }
     }
 }
@@ -422,13 +403,13 @@ pub fn planned_kernels(gpu: &Gpu) -> Result<BTreeSet<&'static str>> {
                 for aligned in [true, false] {
                     for bf16 in [true, false] {
                         let f = plan_fwd(shape, aligned)?;
-                        set.insert(f.kernel.entry(bf16));
-                        check_block_fits(gpu.function(f.kernel.entry(bf16))?, f.dims.block.0)?;
+                        set.insert(f.kernel.entry(bf16)?);
+                        check_block_fits(gpu.function(f.kernel.entry(bf16)?)?, f.dims.block.0)?;
                         for workspace_aligned in [true, false] {
                             let p = plan_bwd(shape, aligned, workspace_aligned)?;
-                            set.insert(p.main.entry(bf16));
-                            set.insert(p.reduce.entry());
-                            check_block_fits(gpu.function(p.main.entry(bf16))?, p.main_dims.block.0)?;
+                            set.insert(p.main.entry(bf16)?);
+                            set.insert(p.reduce.entry()?);
+                            check_block_fits(gpu.function(p.main.entry(bf16)?)?, p.main_dims.block.0)?;
                         }
                     }
                 }
@@ -450,7 +431,7 @@ pub fn planned_entries(
     workspace_aligned: bool,
 ) -> Result<[&'static str; 3]> {
     let p = plan_bwd(shape, aligned, workspace_aligned)?;
-    Ok([plan_fwd(shape, aligned)?.kernel.entry(bf16), p.main.entry(bf16), p.reduce.entry()])
+    Ok([plan_fwd(shape, aligned)?.kernel.entry(bf16)?, p.main.entry(bf16)?, p.reduce.entry()?])
 }
 
 /// Most threads per block of the split backward's two-chunk kernels (`_r2`, NV = 2): they use
@@ -554,7 +535,7 @@ unsafe fn launch_fwd(
     outputs: [CUdeviceptr; 6],
     stream: CUstream,
 ) -> Result<()> {
-    let f = gpu.function(plan.kernel.entry(bf16))?;
+    let f = gpu.function(plan.kernel.entry(bf16)?)?;
     check_block_fits(f, plan.dims.block.0)?;
     let [h, k, v, rms_w_h, rms_w_v, conv_w] = inputs.map(|p| p as *const u16);
     let [y, vhat, alpha, rrms_h, rrms_k, rrms_v] = outputs;
@@ -631,7 +612,7 @@ unsafe fn launch_bwd(
     outputs: [CUdeviceptr; 6],
     stream: CUstream,
 ) -> Result<()> {
-    let f = gpu.function(plan.main.entry(bf16))?;
+    let f = gpu.function(plan.main.entry(bf16)?)?;
     check_block_fits(f, plan.main_dims.block.0)?;
     let [dy, h, k, v, rms_w_h, rms_w_v, conv_w] = inputs.map(|p| p as *const u16);
     let [alpha, rrms_h, rrms_k] = saved.map(|p| p as *const f32);
@@ -710,7 +691,7 @@ unsafe fn launch_bwd(
     }
     // the reduce kernel waits for the main kernel's partials with `griddepcontrol.wait`; its
     // launch and start-up overlap the main kernel (bitwise the same outputs as a plain launch)
-    let f2 = gpu.function(plan.reduce.entry())?;
+    let f2 = gpu.function(plan.reduce.entry()?)?;
     let args = GateBwdReduceArgs { part, drms_w_h, drms_w_v, dconv_w, nblocks: plan.blocks, d };
     launch_pdl(f2, plan.reduce_dims, stream, &args)
 }

@@ -20,7 +20,7 @@ pub use pre::{
 use crate::{Gpu, Result};
 
 /// PTX entries of MHCPostFwd.
-pub(crate) const POST_KERNELS: &[&str] = &[post::KERNEL_ROWS, post::KERNEL_ANY];
+pub(crate) const POST_KERNELS: &[&str] = post::KERNELS;
 /// PTX entries of MHCPreFwd.
 pub(crate) const PRE_KERNELS: &[&str] = pre::KERNELS;
 

@@ -7,8 +7,23 @@ use crate::runtime::{launch, LaunchDims};
 use crate::{Gpu, Result};
 use kernel_abi::{PostAnyArgs, PostRowsArgs};
 
-pub(crate) const KERNEL_ROWS: &str = "mhc_post_fwd_bf16_rows";
-pub(crate) const KERNEL_ANY: &str = "mhc_post_fwd_bf16";
+/// The PTX entries of `kernel_abi::mhc_post_kernels!` (the list the kernels are declared
+/// from): `KERNELS`, and the entry of each [`PostKernel`] variant.
+macro_rules! post_kernel_table {
+    ($($name:ident: $kind:ident, $body:ident, $entry:ident;)*) => {
+        /// Every PTX entry of MHCPostFwd.
+        pub(crate) const KERNELS: &[&str] = &[$(stringify!($name),)*];
+        impl PostKernel {
+            /// The PTX entry of the plan's kernel.
+            pub fn kernel(&self) -> &'static str {
+                match self {
+                    $(Self::$kind { .. } => stringify!($name),)*
+                }
+            }
+        }
+    };
+}
+kernel_abi::mhc_post_kernels!(post_kernel_table);
 
 /// Threads per block of both kernels: 128. 64…256 measured within one 32 ns CUPTI tick once the
 /// grid is division-free (1.15 / 1.22 / 1.38 µs on the seed rows at 128).
@@ -39,14 +54,6 @@ impl PostKernel {
         } else {
             Self::Any { blocks: total.div_ceil(BLOCK as usize).min(132 * 16) as u32 }
         })
-    }
-
-    /// The PTX entry.
-    pub fn kernel(&self) -> &'static str {
-        match self {
-            Self::Rows { .. } => KERNEL_ROWS,
-            Self::Any { .. } => KERNEL_ANY,
-        }
     }
 }
 

@@ -14,20 +14,28 @@ use crate::{Error, Gpu, Result};
 use kernel_abi::mhc as abi;
 use kernel_abi::{PreMixArgs, PreMixFixedPointArgs, PrePartialFmaArgs, PrePartialMmaArgs};
 
-pub(crate) const KERNEL_PARTIAL_FMA: &str = "mhc_pre_partial_fma";
-pub(crate) const KERNEL_PARTIAL_MMA: &str = "mhc_pre_partial_mma";
-pub(crate) const KERNEL_PARTIAL_MMA_FIXED_POINT: &str = "mhc_pre_partial_mma_fixed_point";
-pub(crate) const KERNEL_MIX: &str = "mhc_pre_mix";
-pub(crate) const KERNEL_MIX_SMALL_N: &str = "mhc_pre_mix_small_n";
-pub(crate) const KERNEL_MIX_FIXED_POINT: &str = "mhc_pre_mix_fixed_point";
-pub(crate) const KERNELS: &[&str] = &[
-    KERNEL_PARTIAL_FMA,
-    KERNEL_PARTIAL_MMA,
-    KERNEL_PARTIAL_MMA_FIXED_POINT,
-    KERNEL_MIX,
-    KERNEL_MIX_SMALL_N,
-    KERNEL_MIX_FIXED_POINT,
-];
+/// MHCPreFwd's kernels from `kernel_abi::mhc_pre_kernels!` (the list the PTX entries are
+/// declared from): [`PreKernel`] and [`KERNELS`].
+macro_rules! pre_kernel_table {
+    ($($name:ident: $kind:ident, $body:ident, $entry:ident;)*) => {
+        /// A kernel of MHCPreFwd (the kernel column of `kernel_abi::mhc_pre_kernels!`).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub(crate) enum PreKernel {
+            $($kind,)*
+        }
+        impl PreKernel {
+            /// The PTX entry.
+            pub(crate) const fn name(self) -> &'static str {
+                match self {
+                    $(Self::$kind => stringify!($name),)*
+                }
+            }
+        }
+        /// Every PTX entry of MHCPreFwd.
+        pub(crate) const KERNELS: &[&str] = &[$(stringify!($name),)*];
+    };
+}
+kernel_abi::mhc_pre_kernels!(pre_kernel_table);
 
 /// Batch rows per group of `mhc_pre_partial_fma`.
 const BT: usize = abi::BT as usize;
@@ -342,9 +350,9 @@ impl Partials {
     /// The PTX entry.
     pub fn kernel(&self) -> &'static str {
         match self {
-            Self::MmaFixedPoint(_) => KERNEL_PARTIAL_MMA_FIXED_POINT,
-            Self::Mma(_) => KERNEL_PARTIAL_MMA,
-            Self::Fma(_) => KERNEL_PARTIAL_FMA,
+            Self::MmaFixedPoint(_) => PreKernel::PartialMmaFixedPoint.name(),
+            Self::Mma(_) => PreKernel::PartialMma.name(),
+            Self::Fma(_) => PreKernel::PartialFma.name(),
         }
     }
 
@@ -369,9 +377,9 @@ impl Mix {
     /// The PTX entry.
     pub fn kernel(&self) -> &'static str {
         match self {
-            Self::FixedPoint(_) => KERNEL_MIX_FIXED_POINT,
-            Self::SmallN(_) => KERNEL_MIX_SMALL_N,
-            Self::AnyN(_) => KERNEL_MIX,
+            Self::FixedPoint(_) => PreKernel::MixFixedPoint.name(),
+            Self::SmallN(_) => PreKernel::MixSmallN.name(),
+            Self::AnyN(_) => PreKernel::Mix.name(),
         }
     }
 

@@ -229,3 +229,61 @@ kernel_args! {
         pub d: u32,
     }
 }
+
+/// The gated-conv kernels, one row per PTX entry: `name: kernel, dtype, nv;`. `kernel`:
+/// `FwdSmem` (forward, `u` in shared memory, grid `(ntiles, M)`, constants from the host),
+/// `FwdSmemGrid1d` (the same on a 1-D grid, constants computed in the kernel),
+/// `FwdStreamVec8` / `FwdStreamScalar` (forward, rows streamed with 16-byte / scalar accesses),
+/// `BwdSplit` (backward, tile rows split over warps), `BwdRowWarp` (backward, one warp per
+/// row resident in registers), `BwdStreamVec8` / `BwdStreamScalar` (backward, one warp per
+/// streamed row), `BwdReduceScalar` / `BwdReduceVec4` (the backward's partial-sum reduction);
+/// `dtype`: the 16-bit element type (`f32` for the reductions); `nv`: the 8-element chunks per
+/// lane of a register-resident row (`ceil(d/8) ≤ 32·nv`; 0 where the row is not resident).
+/// Expands to `$cb! { rows }`: the device crate declares each entry from it
+/// (`kernels-gpu/src/engram/gate_conv.rs`), the host derives its entry names from it
+/// (`host/src/engram/gate_conv.rs`).
+#[macro_export]
+macro_rules! gate_kernels {
+    ($cb:ident) => {
+        $cb! {
+            engram_gate_fwd_smem_bf16_r1: FwdSmem, bf16, 1;
+            engram_gate_fwd_smem_bf16_r2: FwdSmem, bf16, 2;
+            engram_gate_fwd_smem_bf16_r3: FwdSmem, bf16, 3;
+            engram_gate_fwd_smem_bf16_r4: FwdSmem, bf16, 4;
+            engram_gate_fwd_smem_f16_r1: FwdSmem, f16, 1;
+            engram_gate_fwd_smem_f16_r2: FwdSmem, f16, 2;
+            engram_gate_fwd_smem_f16_r3: FwdSmem, f16, 3;
+            engram_gate_fwd_smem_f16_r4: FwdSmem, f16, 4;
+            engram_gate_fwd_smem_grid1d_bf16_r1: FwdSmemGrid1d, bf16, 1;
+            engram_gate_fwd_smem_grid1d_bf16_r2: FwdSmemGrid1d, bf16, 2;
+            engram_gate_fwd_smem_grid1d_bf16_r3: FwdSmemGrid1d, bf16, 3;
+            engram_gate_fwd_smem_grid1d_bf16_r4: FwdSmemGrid1d, bf16, 4;
+            engram_gate_fwd_smem_grid1d_f16_r1: FwdSmemGrid1d, f16, 1;
+            engram_gate_fwd_smem_grid1d_f16_r2: FwdSmemGrid1d, f16, 2;
+            engram_gate_fwd_smem_grid1d_f16_r3: FwdSmemGrid1d, f16, 3;
+            engram_gate_fwd_smem_grid1d_f16_r4: FwdSmemGrid1d, f16, 4;
+            engram_gate_fwd_stream_vec8_bf16: FwdStreamVec8, bf16, 0;
+            engram_gate_fwd_stream_scalar_bf16: FwdStreamScalar, bf16, 0;
+            engram_gate_fwd_stream_vec8_f16: FwdStreamVec8, f16, 0;
+            engram_gate_fwd_stream_scalar_f16: FwdStreamScalar, f16, 0;
+            engram_gate_bwd_split_bf16_r1: BwdSplit, bf16, 1;
+            engram_gate_bwd_split_bf16_r2: BwdSplit, bf16, 2;
+            engram_gate_bwd_split_f16_r1: BwdSplit, f16, 1;
+            engram_gate_bwd_split_f16_r2: BwdSplit, f16, 2;
+            engram_gate_bwd_rowwarp_bf16_r1: BwdRowWarp, bf16, 1;
+            engram_gate_bwd_rowwarp_bf16_r2: BwdRowWarp, bf16, 2;
+            engram_gate_bwd_rowwarp_bf16_r3: BwdRowWarp, bf16, 3;
+            engram_gate_bwd_rowwarp_bf16_r4: BwdRowWarp, bf16, 4;
+            engram_gate_bwd_rowwarp_f16_r1: BwdRowWarp, f16, 1;
+            engram_gate_bwd_rowwarp_f16_r2: BwdRowWarp, f16, 2;
+            engram_gate_bwd_rowwarp_f16_r3: BwdRowWarp, f16, 3;
+            engram_gate_bwd_rowwarp_f16_r4: BwdRowWarp, f16, 4;
+            engram_gate_bwd_stream_vec8_bf16: BwdStreamVec8, bf16, 0;
+            engram_gate_bwd_stream_scalar_bf16: BwdStreamScalar, bf16, 0;
+            engram_gate_bwd_stream_vec8_f16: BwdStreamVec8, f16, 0;
+            engram_gate_bwd_stream_scalar_f16: BwdStreamScalar, f16, 0;
+            engram_gate_bwd_reduce: BwdReduceScalar, f32, 0;
+            engram_gate_bwd_reduce_vec4: BwdReduceVec4, f32, 0;
+        }
+    };
+}

@@ -1664,40 +1664,28 @@ macro_rules! bwd_split_entry {
     };
 }
 
-fwd_smem_entry!(engram_gate_fwd_smem_bf16_r1, Bf16, 1);
-fwd_smem_entry!(engram_gate_fwd_smem_bf16_r2, Bf16, 2);
-fwd_smem_entry!(engram_gate_fwd_smem_bf16_r3, Bf16, 3);
-fwd_smem_entry!(engram_gate_fwd_smem_bf16_r4, Bf16, 4);
-fwd_smem_entry!(engram_gate_fwd_smem_f16_r1, F16, 1);
-fwd_smem_entry!(engram_gate_fwd_smem_f16_r2, F16, 2);
-fwd_smem_entry!(engram_gate_fwd_smem_f16_r3, F16, 3);
-fwd_smem_entry!(engram_gate_fwd_smem_f16_r4, F16, 4);
-fwd_smem_grid1d_entry!(engram_gate_fwd_smem_grid1d_bf16_r1, Bf16, 1);
-fwd_smem_grid1d_entry!(engram_gate_fwd_smem_grid1d_bf16_r2, Bf16, 2);
-fwd_smem_grid1d_entry!(engram_gate_fwd_smem_grid1d_bf16_r3, Bf16, 3);
-fwd_smem_grid1d_entry!(engram_gate_fwd_smem_grid1d_bf16_r4, Bf16, 4);
-fwd_smem_grid1d_entry!(engram_gate_fwd_smem_grid1d_f16_r1, F16, 1);
-fwd_smem_grid1d_entry!(engram_gate_fwd_smem_grid1d_f16_r2, F16, 2);
-fwd_smem_grid1d_entry!(engram_gate_fwd_smem_grid1d_f16_r3, F16, 3);
-fwd_smem_grid1d_entry!(engram_gate_fwd_smem_grid1d_f16_r4, F16, 4);
-fwd_stream_entry!(engram_gate_fwd_stream_vec8_bf16, Bf16, true);
-fwd_stream_entry!(engram_gate_fwd_stream_scalar_bf16, Bf16, false);
-fwd_stream_entry!(engram_gate_fwd_stream_vec8_f16, F16, true);
-fwd_stream_entry!(engram_gate_fwd_stream_scalar_f16, F16, false);
+/// One entry per row of `kernel_abi::gate_kernels!` (the list the host derives its entry names
+/// from); the reductions are declared above.
+macro_rules! gate_entries {
+    ($($name:ident: $kind:ident, $dt:ident, $nv:literal;)*) => {
+        $(gate_entries!(@ $kind $name, $dt, $nv);)*
+    };
+    (@ FwdSmem $name:ident, $dt:ident, $nv:literal) => { fwd_smem_entry!($name, gate_entries!(@t $dt), $nv); };
+    (@ FwdSmemGrid1d $name:ident, $dt:ident, $nv:literal) => {
+        fwd_smem_grid1d_entry!($name, gate_entries!(@t $dt), $nv);
+    };
+    (@ FwdStreamVec8 $name:ident, $dt:ident, $nv:literal) => { fwd_stream_entry!($name, gate_entries!(@t $dt), true); };
+    (@ FwdStreamScalar $name:ident, $dt:ident, $nv:literal) => {
+        fwd_stream_entry!($name, gate_entries!(@t $dt), false);
+    };
+    (@ BwdSplit $name:ident, $dt:ident, $nv:literal) => { bwd_split_entry!($name, gate_entries!(@t $dt), $nv); };
+    (@ BwdRowWarp $name:ident, $dt:ident, $nv:literal) => { bwd_entry!($name, gate_entries!(@t $dt), true, $nv); };
+    (@ BwdStreamVec8 $name:ident, $dt:ident, $nv:literal) => { bwd_entry!($name, gate_entries!(@t $dt), true, 0); };
+    (@ BwdStreamScalar $name:ident, $dt:ident, $nv:literal) => { bwd_entry!($name, gate_entries!(@t $dt), false, 0); };
+    (@ BwdReduceScalar $name:ident, $dt:ident, $nv:literal) => {};
+    (@ BwdReduceVec4 $name:ident, $dt:ident, $nv:literal) => {};
+    (@t bf16) => { Bf16 };
+    (@t f16) => { F16 };
+}
 
-bwd_split_entry!(engram_gate_bwd_split_bf16_r1, Bf16, 1);
-bwd_split_entry!(engram_gate_bwd_split_bf16_r2, Bf16, 2);
-bwd_split_entry!(engram_gate_bwd_split_f16_r1, F16, 1);
-bwd_split_entry!(engram_gate_bwd_split_f16_r2, F16, 2);
-bwd_entry!(engram_gate_bwd_rowwarp_bf16_r1, Bf16, true, 1);
-bwd_entry!(engram_gate_bwd_rowwarp_bf16_r2, Bf16, true, 2);
-bwd_entry!(engram_gate_bwd_rowwarp_bf16_r3, Bf16, true, 3);
-bwd_entry!(engram_gate_bwd_rowwarp_bf16_r4, Bf16, true, 4);
-bwd_entry!(engram_gate_bwd_stream_vec8_bf16, Bf16, true, 0);
-bwd_entry!(engram_gate_bwd_stream_scalar_bf16, Bf16, false, 0);
-bwd_entry!(engram_gate_bwd_rowwarp_f16_r1, F16, true, 1);
-bwd_entry!(engram_gate_bwd_rowwarp_f16_r2, F16, true, 2);
-bwd_entry!(engram_gate_bwd_rowwarp_f16_r3, F16, true, 3);
-bwd_entry!(engram_gate_bwd_rowwarp_f16_r4, F16, true, 4);
-bwd_entry!(engram_gate_bwd_stream_vec8_f16, F16, true, 0);
-bwd_entry!(engram_gate_bwd_stream_scalar_f16, F16, false, 0);
+kernel_abi::gate_kernels!(gate_entries);

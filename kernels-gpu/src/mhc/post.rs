@@ -8,8 +8,14 @@
 use crate::prim::*;
 use kernel_abi::{PostAnyArgs, PostRowsArgs};
 
-kernel_abi::post_any_entry!(mhc_post_fwd_bf16, a => { post_any(a) });
-kernel_abi::post_rows_entry!(mhc_post_fwd_bf16_rows, a => { post_rows(a) });
+/// The PTX entries: one per row of `kernel_abi::mhc_post_kernels!` (the list the host names its
+/// kernels from).
+macro_rules! post_entries {
+    ($($name:ident: $kind:ident, $body:ident, $entry:ident;)*) => {
+        $(kernel_abi::$entry!($name, a => { $body(a) });)*
+    };
+}
+kernel_abi::mhc_post_kernels!(post_entries);
 
 /// General path: any `n`, `c`, alignment and size; one element per thread, grid-stride loop.
 #[inline(always)]

@@ -37,12 +37,14 @@
 use crate::prim::*;
 use kernel_abi::{PreMixArgs, PreMixFixedPointArgs, PrePartialFmaArgs, PrePartialMmaArgs};
 
-kernel_abi::pre_partial_fma_entry!(mhc_pre_partial_fma, a => { partial_fma(a) });
-kernel_abi::pre_partial_mma_entry!(mhc_pre_partial_mma, a => { partial_mma(a) });
-kernel_abi::pre_partial_mma_entry!(mhc_pre_partial_mma_fixed_point, a => { partial_mma_fixed_point(a) });
-kernel_abi::pre_mix_entry!(mhc_pre_mix, a => { mix(a) });
-kernel_abi::pre_mix_entry!(mhc_pre_mix_small_n, a => { mix_small_n(a) });
-kernel_abi::pre_mix_fixed_point_entry!(mhc_pre_mix_fixed_point, a => { mix_fixed_point(a) });
+/// The PTX entries: one per row of `kernel_abi::mhc_pre_kernels!` (the list the host names
+/// its kernels from).
+macro_rules! pre_entries {
+    ($($name:ident: $kind:ident, $body:ident, $entry:ident;)*) => {
+        $(kernel_abi::$entry!($name, a => { $body(a) });)*
+    };
+}
+kernel_abi::mhc_pre_kernels!(pre_entries);
 
 /// Batch rows per group in kernel 1 (f64 accumulators per thread).
 pub use kernel_abi::mhc::BT;
