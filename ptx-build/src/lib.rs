@@ -150,20 +150,28 @@ pub fn find_ptxas() -> Option<PathBuf> {
         let p = PathBuf::from(p);
         return p.exists().then_some(p);
     }
+    find_cuda_tool("ptxas")
+}
+
+/// A CUDA command-line tool (`ptxas`, `cuobjdump`, `nvdisasm`): on `PATH`, in
+/// `/usr/local/cuda/bin`, or in an `nvidia-cuda-*` wheel of the `python3` on `PATH`.
+pub fn find_cuda_tool(name: &str) -> Option<PathBuf> {
     if let Some(path) = env::var_os("PATH") {
         for dir in env::split_paths(&path) {
-            let p = dir.join("ptxas");
+            let p = dir.join(name);
             if p.is_file() {
                 return Some(p);
             }
         }
     }
-    let cuda = PathBuf::from("/usr/local/cuda/bin/ptxas");
+    let cuda = PathBuf::from("/usr/local/cuda/bin").join(name);
     if cuda.is_file() {
         return Some(cuda);
     }
-    let py = "import nvidia, os\nfor d in nvidia.__path__:\n  for sub in ('cu13', 'cuda_nvcc'):\n    p = os.path.join(d, sub, 'bin', 'ptxas')\n    if os.path.isfile(p): print(p)";
-    let out = Command::new("python3").args(["-c", py]).output().ok()?;
+    let py = format!(
+        "import nvidia, os\nfor d in nvidia.__path__:\n  for sub in ('cu13', 'cuda_nvcc', 'cuda_cuobjdump', 'cuda_nvdisasm'):\n    p = os.path.join(d, sub, 'bin', '{name}')\n    if os.path.isfile(p): print(p)"
+    );
+    let out = Command::new("python3").args(["-c", &py]).output().ok()?;
     let s = String::from_utf8_lossy(&out.stdout);
     s.lines().next().map(PathBuf::from).filter(|p| p.is_file())
 }

@@ -174,3 +174,68 @@ fn module_entries_are_exactly_the_planned_kernels() {
     assert!(unplanned.is_empty(), "PTX entries no planner launches: {unplanned:?}");
     assert!(missing.is_empty(), "planned kernels missing from the module: {missing:?}");
 }
+
+/// `(name, log_l, e, form)` of every FFT pass kernel, from the list the entries are declared
+/// from.
+macro_rules! fft_pass_rows {
+    ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
+        &[$((stringify!($name), $log_l, $e, stringify!($form)),)*]
+    };
+}
+
+/// Per function of the embedded cubin's SASS (`nvdisasm`), its instruction lines.
+fn sass_functions(nvdisasm: &std::path::Path) -> std::collections::BTreeMap<String, Vec<String>> {
+    let dir = std::env::temp_dir().join(format!("rgk-sass-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cubin = dir.join("kernels.cubin");
+    std::fs::write(&cubin, rgk::KERNELS_CUBIN).unwrap();
+    let out = std::process::Command::new(nvdisasm).arg("-c").arg(&cubin).output().expect("running nvdisasm");
+    assert!(out.status.success(), "nvdisasm failed: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_dir_all(&dir).ok();
+    let mut funcs = std::collections::BTreeMap::new();
+    let mut cur: Option<String> = None;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(name) = line.strip_prefix(".text.").and_then(|l| l.strip_suffix(':')) {
+            cur = Some(name.to_string());
+            funcs.insert(name.to_string(), Vec::new());
+        } else if let (Some(c), Some(i)) = (&cur, line.trim_start().strip_prefix("/*")) {
+            if let Some((_, ins)) = i.split_once("*/") {
+                funcs.get_mut(c).unwrap().push(ins.trim().to_string());
+            }
+        }
+    }
+    funcs
+}
+
+/// Every FFT pass whose stage twiddles are loaded at kernel entry (`Hoisted`, `PingPong`, more
+/// than one stage) issues some of those loads before it waits for the previous pass
+/// (`griddepcontrol.wait`, SASS `ACQBULK`), so their DRAM trips overlap the previous pass's
+/// tail. The order is ptxas's: an unconditional wait gets hoisted above the loads, the
+/// measured-slower schedule (longconv-64k +0.43 µs); the wait's runtime branch prevents it.
+#[test]
+fn fft_hoisted_twiddle_loads_precede_the_grid_dependency_wait() {
+    if rgk::KERNELS_CUBIN.is_empty() {
+        println!(
+            "fft_hoisted_twiddle_loads_precede_the_grid_dependency_wait: skipped: no cubin (the build found no ptxas)"
+        );
+        return;
+    }
+    let Some(nvdisasm) = ptx_build::find_cuda_tool("nvdisasm") else {
+        println!("fft_hoisted_twiddle_loads_precede_the_grid_dependency_wait: skipped: no nvdisasm (pip install nvidia-cuda-nvdisasm)");
+        return;
+    };
+    let funcs = sass_functions(&nvdisasm);
+    let rows: &[(&str, u32, u32, &str)] = kernel_abi::fft_pass_kernels!(fft_pass_rows);
+    let mut checked = 0;
+    for &(name, log_l, e, form) in rows {
+        let sass = funcs.get(name).unwrap_or_else(|| panic!("{name} is not in the cubin"));
+        let wait = sass.iter().rposition(|i| i.starts_with("ACQBULK")).unwrap_or_else(|| panic!("{name}: no ACQBULK"));
+        let loads_before = sass[..wait].iter().filter(|i| i.contains("LDG.") && !i.contains("LDGSTS")).count();
+        if matches!(form, "Hoisted" | "PingPong") && log_l > e.trailing_zeros() {
+            assert!(loads_before > 0, "{name}: no twiddle load is issued before the grid dependency wait");
+            checked += 1;
+        }
+        println!("{name}: {loads_before} global loads before the wait");
+    }
+    assert!(checked >= 15, "only {checked} hoisted multi-stage kernels found");
+}
