@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (no Rust there), from the repository root, after `cargo xtask device-pack`:
-#   bash .device/run.sh [tests|sanitize|bench|all] [ARGS for rgk-bench]
+#   bash .device/run.sh [tests|sanitize|bench|all|ab] [ARGS for rgk-bench]
 # tests: every test executable; sanitize: the sanitizer set under compute-sanitizer memcheck,
 # racecheck, synccheck and initcheck (fails on any report); bench: the benchmark, one process per op (a failing op cannot
 # take the others down), rows merged into $OUT/h200.json.
@@ -93,6 +93,22 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
     [ $rc -eq 0 ] || fail=1
   done
   grep -a -E "^(│|┌|└|╞)" "$out/bench.log" | cut -c1-200
+fi
+if [ "$mode" = ab ]; then
+  # A/B of the bench built at a base commit (.device/base-rgk-bench, `cargo xtask device-pack
+  # --base REV`) against this one: A1 B1 B2 A2, no alternatives, the same inputs; the table
+  # (times, output digests, rows beyond 3 % and 0.1 µs) goes to ab.md.
+  if [ ! -x .device/base-rgk-bench ]; then
+    echo "ab: no .device/base-rgk-bench (cargo xtask device-pack --base REV)"; exit 2
+  fi
+  for t in A1 B1 B2 A2; do
+    exe=.device/base-rgk-bench; case $t in B*) exe=.device/rgk-bench;; esac
+    $exe --no-alternatives --out "$out/$t.json" --work-dir "/tmp/rgk-ab-$t" "$@" >"$out/$t.log" 2>&1
+    rc=$?
+    echo "ab $t: rc=$rc"
+    [ $rc -eq 0 ] || fail=1
+  done
+  python3 bench/ab_compare.py "$out" | tee "$out/ab.md"
 fi
 echo "run.sh: $([ $fail -eq 0 ] && echo PASSED || echo FAILED)"
 exit $fail

@@ -15,7 +15,10 @@
 //!   with `.device/run.sh`, which runs on a GPU machine without Rust: the GPU tests, the
 //!   sanitizer set (`tests/sanitize.list`) under compute-sanitizer memcheck, racecheck,
 //!   synccheck and initcheck, then the bench; the peers' pack
-//!   travels with it (made by `peers` first when missing).
+//!   travels with it (made by `peers` first when missing). `device-pack --base REV` also builds
+//!   the bench at git revision REV (in a worktree under `target/ab-base`, its own target
+//!   directory) as `.device/base-rgk-bench`, for `run.sh ab`: the two binaries timed A B B A on
+//!   the same inputs, their output digests compared (`bench/ab_compare.py`).
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -29,12 +32,19 @@ fn main() {
         Some("build") => build(&root),
         Some("test") => cargo(&[&["test", "--workspace"], &strs(&args[1..])[..]].concat()),
         Some("bench") => bench(&root, &args[1..]),
-        Some("device-pack") => device_pack(&root),
+        Some("device-pack") => match args.get(1).map(String::as_str) {
+            None => device_pack(&root),
+            Some("--base") => match args.get(2) {
+                Some(rev) => device_pack(&root).and_then(|()| pack_base_bench(&root, rev)),
+                None => Err("device-pack --base needs a revision".into()),
+            },
+            Some(other) => Err(format!("device-pack: unknown argument {other}")),
+        },
         Some("peers") => peers(&root),
         Some("table") => table(&root, args.get(1).map(String::as_str)),
         _ => {
             eprintln!(
-                "usage: cargo xtask build | test [ARGS] | bench [ARGS] | peers | device-pack | table [RESULTS.json]"
+                "usage: cargo xtask build | test [ARGS] | bench [ARGS] | peers | device-pack [--base REV] | table [RESULTS.json]"
             );
             exit(2);
         }
@@ -90,6 +100,40 @@ fn print_resources(report: &str) {
             current = None;
         }
     }
+}
+
+/// Builds `rgk-bench` at git revision `rev` in the worktree `target/ab-base` and copies it to
+/// `.device/base-rgk-bench`.
+fn pack_base_bench(root: &Path, rev: &str) -> Result<(), String> {
+    let wt = root.join("target/ab-base");
+    let git = |args: &[&str], dir: &Path| -> Result<(), String> {
+        let ok = Command::new("git").args(args).current_dir(dir).status().map_err(|e| e.to_string())?.success();
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("git {} failed", args.join(" ")))
+        }
+    };
+    if wt.join(".git").exists() {
+        git(&["checkout", "--quiet", "--detach", rev], &wt)?;
+    } else {
+        git(&["worktree", "add", "--quiet", "--detach", &wt.to_string_lossy(), rev], root)?;
+    }
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--release", "--quiet", "-p", "rgk-bench"])
+        .current_dir(&wt)
+        .env("CARGO_TARGET_DIR", wt.join("target"))
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("building rgk-bench at {rev} failed"));
+    }
+    let dest = root.join(".device/base-rgk-bench");
+    fs::copy(wt.join("target/release/rgk-bench"), &dest).map_err(|e| e.to_string())?;
+    let _ = Command::new("strip").arg(&dest).status();
+    println!("base bench at {rev}: {}", dest.display());
+    Ok(())
 }
 
 fn bench(root: &Path, args: &[String]) -> Result<(), String> {
