@@ -179,11 +179,13 @@ impl StreamOrder {
         Self { home: home.clone(), last: home.clone() }
     }
 
-    /// Called at the start of a use on `stream`, before anything is queued there.
-    /// Errors: [`Error::Shape`] naming `gpu` when `stream` belongs to another context than
-    /// the plan's. A stream being captured into a CUDA graph is left alone: a wait on an event recorded
-    /// outside the capture would invalidate it, and the graph's replays are ordered by the
-    /// stream they are launched on.
+    /// Called at the start of a use on `stream`, before anything is queued there. A stream
+    /// being captured into a CUDA graph is left alone: a wait on an event recorded outside the
+    /// capture would invalidate it, and the graph's replays are ordered by the stream they are
+    /// launched on.
+    ///
+    /// Errors: [`Error::Shape`] naming `gpu` when `stream` belongs to another context than the
+    /// plan's.
     pub(crate) fn enter(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         if Arc::ptr_eq(&self.last, stream) {
             return Ok(());

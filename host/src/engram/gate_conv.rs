@@ -41,15 +41,15 @@ macro_rules! gate_entry_table {
         /// with `nv` chunks per lane of a resident row (0 for the others); `None` where the
         /// family has no such kernel.
         fn entry_of(kind: Entry, bf16: bool, nv: usize) -> Option<&'static str> {
-            $(if kind == Entry::$kind && gate_entry_table!(@dtype $dt, bf16) && nv == $nv {
-                return Some(stringify!($name));
-            })*
-            None
+            match (kind, bf16, nv) {
+                $((Entry::$kind, gate_entry_table!(@bf16 $dt), $nv) => Some(stringify!($name)),)*
+                _ => None,
+            }
         }
     };
-    (@dtype bf16, $bf16:ident) => { $bf16 };
-    (@dtype f16, $bf16:ident) => { !$bf16 };
-    (@dtype f32, $bf16:ident) => { true };
+    (@bf16 bf16) => { true };
+    (@bf16 f16) => { false };
+    (@bf16 f32) => { _ };
 }
 kernel_abi::gate_kernels!(gate_entry_table);
 
@@ -470,19 +470,6 @@ const fn split_nv(d: usize, w: u32) -> usize {
 /// Whether the split backward's `u` and `dconv` (with the scalars) fit in 48 KiB.
 const fn bwd_u_fits(d: usize, r: u32) -> bool {
     bwd_scratch_in_smem(d, r) && bwd_smem_bytes(d, r, true) + 4 * (r as usize + 6) * dpad(d) <= SMEM_DEFAULT
-}
-
-/// The split backward's warp → row multiplier for `wpr` warps per row
-/// (`kernel_abi::engram::gate::warp_row_magic`).
-#[doc(hidden)]
-pub fn bwd_warp_row_magic(wpr: u32) -> u32 {
-    warp_row_magic(wpr)
-}
-
-/// The 2-D-grid forward's chunk → row multiplier for `d` (`kernel_abi::engram::gate::chunk_row_magic`).
-#[doc(hidden)]
-pub fn fwd_chunk_magic(d: usize) -> u32 {
-    chunk_row_magic(d)
 }
 
 /// Where the row-warp backward keeps `dconv` of a block's tile: shared memory when it fits in

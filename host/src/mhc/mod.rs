@@ -9,10 +9,12 @@ pub use pre::{pre_fwd_raw, MhcPre, MhcPreInputs, MhcPreLens, MhcPreOutputs, MhcP
 
 // Planner internals the tests and the bench inspect: not part of the API.
 #[doc(hidden)]
+pub use kernel_abi::mhc::fastdiv_magic;
+#[doc(hidden)]
 pub use post::PostKernel;
 #[doc(hidden)]
 pub use pre::{
-    fastdiv_magic, mix_smem_bytes as pre_mix_smem_bytes, mma_block as pre_mma_block, mma_fits as pre_mma_fits,
+    mix_smem_bytes as pre_mix_smem_bytes, mma_block as pre_mma_block, mma_fits as pre_mma_fits,
     mma_partial_smem_bytes as pre_mma_partial_smem_bytes, partial_smem_bytes as pre_partial_smem_bytes, ColumnMix,
     FmaPartialGrid, Mix, MmaPartialGrid, Partials, PreClass, TileMix, ACC_WORDS,
 };

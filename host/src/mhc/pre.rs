@@ -419,13 +419,6 @@ pub fn mix_smem_bytes(slices: usize, n: usize, jt: usize) -> usize {
     (8 * (mq * slices + mq + n * n) + 4 * (2 * n * n + n) + 2 * n * jt).next_multiple_of(16)
 }
 
-/// The kernels' `FastDiv` magic for divisor `d`: `⌊2^32/d⌋ + 1`; `(a·magic) >> 32 = a / d`
-/// exactly for `a, d ≤ 2^16`.
-#[doc(hidden)]
-pub fn fastdiv_magic(d: u32) -> u64 {
-    abi::fastdiv_magic(d)
-}
-
 /// Whether the tensor-core kernel 1 fits `shape` with `cols` columns per block: n ≤ 4, its
 /// shared memory within `max_smem`, and its multiply-high indices ≤ 2^16.
 #[doc(hidden)]
