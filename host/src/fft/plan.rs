@@ -474,8 +474,6 @@ pub(crate) fn pass_args(p: &Pass, log_n: u32, ptrs: PlanPtrs, stw: u64, x: u64, 
             log_min: p.log_min,
             log_mout: p.log_mout,
             count: p.count,
-            // Read only by the `W_Lt`-table code path, which no planned kernel has.
-            log_lt: p.log_l,
             log_split: split_log(log_n),
             flags: p.flags,
             sm_stride: p.sm_stride,

@@ -18,17 +18,15 @@
 use super::cx::{dft, unroll, Cx, Mem};
 use super::prim::*;
 
-pub use kernel_abi::fft::{COL_MAP, OUT_SMEM, TW4, WAIT_FIRST};
+pub use kernel_abi::fft::{COL_MAP, OUT_SMEM, TW4};
 
 struct Ctx<T: Mem> {
     x: *const Cx<T>,
     y: *mut Cx<T>,
-    tw: *const Cx<T>,
     twlo: *const Cx<T>,
     twhi: *const Cx<T>,
     log_l: u32,
     log_tpt: u32,
-    log_lt: u32,
     log_split: u32,
     log_mout: u32,
     flags: u32,
@@ -39,50 +37,9 @@ struct Ctx<T: Mem> {
     base_in: u32,
     base_out: u32,
     log_min: u32,
-    /// No entry instantiates `SP > 0` (the split passes lost: docs/decisions/fft.md); the code
-    /// stays because removing it renumbers every entry's PTX registers.
-    /// `SP`: the pass computes, for transform `T = t / R` (`R = 2^log_r`, length `n = R·L`),
-    /// the outputs `k ≡ r = t mod R` (mod R), as the length-`L` DFT of
-    /// `a_j = W_n^{r·j} · Σ_m x[T·n + j + m·L] · W_R^{r·m}` (one decimation-in-frequency
-    /// radix-R step fused into the first stage's loads; the host passes `log_mout = log_r`, so
-    /// output `k` goes to `y[T·n + k·R + r]`). 0: a plain pass.
-    log_r: u32,
     /// Shared-window byte address (32-bit, `dyn_smem_u32`-based) of this transform's slot in
     /// the first Stockham buffer.
     smc: u32,
-}
-
-/// `v · (−i)^q` (q < 4): exact.
-#[inline(always)]
-fn rot<T: Mem>(v: Cx<T>, q: u32) -> Cx<T> {
-    let w = if q & 1 != 0 { v.mul_neg_i() } else { v };
-    if q & 2 != 0 {
-        Cx { re: -w.re, im: -w.im }
-    } else {
-        w
-    }
-}
-
-/// The split pass's input element `idx` (see `Ctx::log_r`; `R ≤ 4`, so `W_R^{r·m}` is a
-/// quarter turn): `R` independent loads, exact rotations, one twiddle from the four-step
-/// tables.
-#[inline(always)]
-unsafe fn split_input<T: Mem>(c: &Ctx<T>, idx: u32) -> Cx<T> {
-    let r = c.t & ((1 << c.log_r) - 1);
-    let l = 1u32 << c.log_l;
-    let mut xs = [Cx::<T>::zero(); 4];
-    unroll!(4, m, {
-        if (m as u32) < (1 << c.log_r) {
-            xs[m] = T::ld_ro(c.x.add((c.base_in + idx + m as u32 * l) as usize));
-        }
-    });
-    let mut a = xs[0];
-    unroll!(4, m, {
-        if m >= 1 && (m as u32) < (1 << c.log_r) {
-            a = a.cadd(rot(xs[m], ((r * m as u32) << (2 - c.log_r)) & 3));
-        }
-    });
-    tw4(c, a, r, idx)
 }
 
 /// Shared-memory slot of element `i` of a transform: one pad element after every 16, so the
@@ -201,9 +158,10 @@ unsafe fn stage_twiddles<T: Mem, const E: usize>(tw: *const Cx<T>, jt: u32, ls: 
     w
 }
 
-/// One Stockham stage of radix `R` (a no-op unless `R ≤ E`); `ls = log2 Ns`. With `pre`
-/// (stage tables; then `R = E` for every stage with `ls > 0`), `w` holds this stage's
-/// twiddles (`stage_twiddles`) instead of loading them from the `W_Lt` table.
+/// One Stockham stage of radix `R` (a no-op unless `R ≤ E`); `ls = log2 Ns`. `w` holds this
+/// stage's twiddles from the pass's stage table (`stage_twiddles`; `R = E` for every stage with
+/// `ls > 0`). (A per-launch `W_Lt` table indexed in the stage lost to the stage tables:
+/// docs/decisions/fft.md.)
 #[inline(always)]
 unsafe fn stage<T: Mem, const E: usize, const R: usize>(
     c: &Ctx<T>,
@@ -211,7 +169,6 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
     ls: u32,
     from_global: bool,
     to_global: bool,
-    pre: bool,
     w: &[Cx<T>; E],
     bufs: Bufs,
 ) {
@@ -234,8 +191,6 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
                 Cx::zero()
             } else if bufs.staged {
                 T::lds(saddr::<T>(bufs.stg, idx))
-            } else if c.log_r > 0 {
-                split_input(c, idx)
             } else {
                 T::ld_ro(c.x.add((c.base_in + (idx << c.log_min)) as usize))
             }
@@ -249,19 +204,10 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
     }
     // Twiddle and butterfly.
     let ns_mask = (1u32 << ls) - 1;
-    if ls > 0 && pre {
+    if ls > 0 {
         unroll!(E, e, {
             if e % R != 0 {
                 v[e] = v[e].cmul(w[e]);
-            }
-        });
-    } else if ls > 0 {
-        let sh = c.log_lt - ls - lr;
-        unroll!(E, e, {
-            let r = (e % R) as u32;
-            if r != 0 {
-                let k = (c.jt + (e / R) as u32 * tpt) & ns_mask;
-                v[e] = v[e].cmul(T::ld_ro(c.tw.add(((r * k) << sh) as usize)));
             }
         });
     }
@@ -307,16 +253,7 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
 /// thread, block size `C·L/E` threads.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn fft_block<
-    T: Mem,
-    const LOG_L: u32,
-    const E: usize,
-    const ST: bool,
-    const HOIST: bool,
-    const PP: bool,
-    const STG: bool,
-    const SP: u32,
->(
+unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const HOIST: bool, const PP: bool, const STG: bool>(
     x: *const Cx<T>,
     y: *mut Cx<T>,
     tw: *const Cx<T>,
@@ -326,7 +263,6 @@ unsafe fn fft_block<
     log_min: u32,
     log_mout: u32,
     count: u32,
-    log_lt: u32,
     log_split: u32,
     flags: u32,
     sm_stride: u32,
@@ -348,18 +284,15 @@ unsafe fn fft_block<
     // an L2 flush they would otherwise cost one DRAM round trip per stage).
     let nthreads = block_dim_x();
     let esz = core::mem::size_of::<Cx<T>>() as u32;
-    if !ST {
-        prefetch_table(tw as *const u8, esz << log_lt, tid, nthreads, true);
-    }
-    if flags & TW4 != 0 || SP > 0 {
-        let log_n = log_l + if SP > 0 { SP } else { log_min };
+    if flags & TW4 != 0 {
+        let log_n = log_l + log_min;
         prefetch_table(twlo as *const u8, esz << log_split, tid, nthreads, true);
         prefetch_table(twhi as *const u8, esz << log_n.saturating_sub(log_split), tid, nthreads, true);
     }
     let nst = (LOG_L as usize).div_ceil(log_e as usize);
     let first = log_l - log_e * (nst as u32 - 1);
     let out_smem = flags & OUT_SMEM != 0;
-    // Stage tables (`ST`): stage s ≥ 1 (radix E, Ns = 2^(first + log_e·(s−1))) starts at
+    // Stage tables: stage s ≥ 1 (radix E, Ns = 2^(first + log_e·(s−1))) starts at
     // `off[s − 1] = Σ_{s' < s} (E − 1)·Ns'`. With `HOIST` every stage's twiddles are loaded here,
     // once, before any data: no twiddle load waits behind a barrier (they depend only on `jt`).
     let mut off = [0u32; 3];
@@ -369,7 +302,7 @@ unsafe fn fft_block<
         }
     });
     let mut tws = [[Cx::<T>::zero(); E]; 3];
-    if ST && HOIST {
+    if HOIST {
         unroll!(nst, s, {
             if s >= 1 && s <= 3 {
                 tws[s - 1] = stage_twiddles::<T, E>(tw, jt, first + log_e * (s as u32 - 1), off[s - 1]);
@@ -394,9 +327,8 @@ unsafe fn fft_block<
     let mut sbuf = 0u32;
     // Programmatic dependent launch: the twiddle tables (written at plan time, never by a
     // pass) are already on their way; wait for the previous pass before touching `x` or `y`.
-    if flags & WAIT_FIRST == 0 {
-        grid_dependency_wait();
-    }
+    // (Waiting at kernel entry, before the twiddle loads: longconv-64k 10.88 against 10.34 µs.)
+    grid_dependency_wait();
     if STG && g < ngroups {
         stage_copy(x, g, log_c, log_l, count, stg0, tid, nthreads);
     }
@@ -426,12 +358,10 @@ unsafe fn fft_block<
         let c = Ctx {
             x,
             y,
-            tw,
             twlo,
             twhi,
             log_l,
             log_tpt,
-            log_lt,
             log_split,
             log_mout,
             flags,
@@ -439,10 +369,9 @@ unsafe fn fft_block<
             t,
             min_mask: (1 << log_min) - 1,
             valid: t < count,
-            base_in: if SP > 0 { (t >> SP) << (log_l + SP) } else { base(t, log_l, log_min) },
+            base_in: base(t, log_l, log_min),
             base_out: base(t, log_l, log_mout),
             log_min,
-            log_r: SP,
             smc: saddr::<T>(sm32, ci * sm_stride),
         };
         let smc_b = saddr::<T>(sm_b, ci * sm_stride);
@@ -453,7 +382,7 @@ unsafe fn fft_block<
             let ls = if s == 0 { 0 } else { first + log_e * (s as u32 - 1) };
             let from_global = s == 0;
             let to_global = s == nst - 1 && !out_smem;
-            let w = if ST && !HOIST && s >= 1 && s <= 3 {
+            let w = if !HOIST && s >= 1 && s <= 3 {
                 stage_twiddles::<T, E>(tw, jt, ls, off[s - 1])
             } else if s >= 1 && s <= 3 {
                 tws[s - 1]
@@ -470,11 +399,11 @@ unsafe fn fft_block<
             };
             let b = Bufs { rd, wr, stg, staged: STG, ping_pong: PP };
             match lr {
-                1 => stage::<T, E, 2>(&c, &mut v, ls, from_global, to_global, ST, &w, b),
-                2 => stage::<T, E, 4>(&c, &mut v, ls, from_global, to_global, ST, &w, b),
-                3 => stage::<T, E, 8>(&c, &mut v, ls, from_global, to_global, ST, &w, b),
-                4 => stage::<T, E, 16>(&c, &mut v, ls, from_global, to_global, ST, &w, b),
-                _ => stage::<T, E, 32>(&c, &mut v, ls, from_global, to_global, ST, &w, b),
+                1 => stage::<T, E, 2>(&c, &mut v, ls, from_global, to_global, &w, b),
+                2 => stage::<T, E, 4>(&c, &mut v, ls, from_global, to_global, &w, b),
+                3 => stage::<T, E, 8>(&c, &mut v, ls, from_global, to_global, &w, b),
+                4 => stage::<T, E, 16>(&c, &mut v, ls, from_global, to_global, &w, b),
+                _ => stage::<T, E, 32>(&c, &mut v, ls, from_global, to_global, &w, b),
             }
         });
         if out_smem {
@@ -511,22 +440,13 @@ unsafe fn fft_block<
 /// `host/src/fft/emu.rs`, which compiles this file with a software `prim`: plain functions of
 /// the same names taking the same [`kernel_abi::FftPassArgs`]).
 macro_rules! entry {
-    ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal) => {
-        entry!($name, $t, $log_l, $e, $st, $hoist, false, false);
-    };
-    ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal, $pp:literal, $stg:literal) => {
-        entry!($name, $t, $log_l, $e, $st, $hoist, $pp, $stg, 0);
-    };
-    ($name:ident, $t:ty, $log_l:literal, $e:literal, $st:literal, $hoist:literal, $pp:literal, $stg:literal, $sp:literal) => {
+    ($name:ident, $t:ty, $log_l:literal, $e:literal, $hoist:literal, $pp:literal, $stg:literal) => {
         kernel_abi::fft_pass_entry!($name, a => {
             // Programmatic dependent launch: let the next pass start its blocks now. The wait
             // for the previous pass (a no-op when not launched as its dependent) is in
             // `fft_block`, after the twiddle loads and before any access to `x` or `y`.
             grid_launch_dependents();
-            if a.flags & WAIT_FIRST != 0 {
-                grid_dependency_wait();
-            }
-            fft_block::<$t, $log_l, $e, $st, $hoist, $pp, $stg, $sp>(
+            fft_block::<$t, $log_l, $e, $hoist, $pp, $stg>(
                 a.x as *const Cx<$t>,
                 a.y as *mut Cx<$t>,
                 a.tw as *const Cx<$t>,
@@ -536,7 +456,6 @@ macro_rules! entry {
                 a.log_min,
                 a.log_mout,
                 a.count,
-                a.log_lt,
                 a.log_split,
                 a.flags,
                 a.sm_stride,
@@ -559,24 +478,24 @@ macro_rules! pass_entries {
     };
     // Every stage's twiddles loaded at kernel entry, in flight with the data loads.
     (@form $name:ident, $t:ty, $log_l:literal, $e:literal, Hoisted) => {
-        entry!($name, $t, $log_l, $e, true, true);
+        entry!($name, $t, $log_l, $e, true, false, false);
     };
     // Each stage's twiddles loaded after its barrier (the registers of 8192-point c64 /
     // 4096-point c128 passes at 16 elements, and of the 1024-point and longer passes of
     // n ≥ 2^20, whose column blocks the hoisted kernels' registers would halve).
     (@form $name:ident, $t:ty, $log_l:literal, $e:literal, PerStage) => {
-        entry!($name, $t, $log_l, $e, true, false);
+        entry!($name, $t, $log_l, $e, false, false, false);
     };
     // Hoisted, with two shared-memory Stockham buffers (stage s reads buffer (s − 1) mod 2 and
     // writes s mod 2: one barrier per stage instead of two).
     (@form $name:ident, $t:ty, $log_l:literal, $e:literal, PingPong) => {
-        entry!($name, $t, $log_l, $e, true, true, true, false);
+        entry!($name, $t, $log_l, $e, true, true, false);
     };
     // Hoisted, the row pass's input staged into shared memory by 16-byte `cp.async`, the
     // block's next group copied while the current one computes (persistent row passes; the host
     // falls back to the hoisted kernel when `x` is only 8-byte aligned).
     (@form $name:ident, $t:ty, $log_l:literal, $e:literal, Staged) => {
-        entry!($name, $t, $log_l, $e, true, true, false, true);
+        entry!($name, $t, $log_l, $e, true, false, true);
     };
 }
 
