@@ -15,7 +15,7 @@ use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, Devi
 use half::{bf16, f16};
 use kernel_abi::{
     decode_finish_warp_shared_bytes, decode_project_shared_bytes, EngramDecodeArgs, DECODE_FINISH_BLOCK_SHARED_BYTES,
-    DECODE_MMA_K_STEP, DECODE_MMA_TILE_COLS, DECODE_MODE_FINISH_KV, DECODE_MODE_FINISH_SHARED, DECODE_MODE_PROJECT,
+    DECODE_MMA_K_STEP, DECODE_MMA_TILE_COLS,
 };
 
 use crate::error::{check_len, check_positive, checked_product};
@@ -30,10 +30,14 @@ pub(crate) const KERNELS: &[&str] = &[
     "engram_decode_bf16_project_mma",
     "engram_decode_f16_project_mma_b8k16",
     "engram_decode_bf16_project_mma_b8k16",
-    "engram_decode_f16_finish_warp_8col",
-    "engram_decode_f16_finish_warp_1col",
-    "engram_decode_bf16_finish_warp_8col",
-    "engram_decode_bf16_finish_warp_1col",
+    "engram_decode_f16_finish_warp_8col_shared",
+    "engram_decode_f16_finish_warp_8col_kv",
+    "engram_decode_f16_finish_warp_1col_shared",
+    "engram_decode_f16_finish_warp_1col_kv",
+    "engram_decode_bf16_finish_warp_8col_shared",
+    "engram_decode_bf16_finish_warp_8col_kv",
+    "engram_decode_bf16_finish_warp_1col_shared",
+    "engram_decode_bf16_finish_warp_1col_kv",
     "engram_decode_f16_finish_block_4col",
     "engram_decode_f16_finish_block_2col",
     "engram_decode_f16_finish_block_1col",
@@ -194,9 +198,10 @@ pub enum DecodeFinishKernel {
     /// reductions, `rsqrt.approx` + Newton and `rcp.approx` (within the tolerance chain, not
     /// bitwise the warp finish). `DECODE_FINISH_BLOCK_SHARED_BYTES` of dynamic shared memory.
     Block { cols: u32, threads: u32 },
-    /// `finish_warp_{cols}col` (`cols` 8 on the vectorised layout, else 1): the block sums the
-    /// row's partials into shared memory (`staged_in_shared`, `8·d` bytes) or into the `kv`
-    /// workspace, then warp 0 finishes the row with correctly rounded sqrt and division.
+    /// `finish_warp_{cols}col_shared` / `_kv` (`cols` 8 on the vectorised layout, else 1): the
+    /// block sums the row's partials into shared memory (`staged_in_shared`, `8·d` bytes) or
+    /// into the `kv` workspace, then warp 0 finishes the row with correctly rounded sqrt and
+    /// division.
     Warp { cols: u32, threads: u32, staged_in_shared: bool },
 }
 
@@ -210,10 +215,14 @@ impl DecodeFinishKernel {
             (Self::Block { cols: 4, .. }, Bf16) => "engram_decode_bf16_finish_block_4col",
             (Self::Block { cols: 2, .. }, Bf16) => "engram_decode_bf16_finish_block_2col",
             (Self::Block { .. }, Bf16) => "engram_decode_bf16_finish_block_1col",
-            (Self::Warp { cols: 8, .. }, F16) => "engram_decode_f16_finish_warp_8col",
-            (Self::Warp { .. }, F16) => "engram_decode_f16_finish_warp_1col",
-            (Self::Warp { cols: 8, .. }, Bf16) => "engram_decode_bf16_finish_warp_8col",
-            (Self::Warp { .. }, Bf16) => "engram_decode_bf16_finish_warp_1col",
+            (Self::Warp { cols: 8, staged_in_shared: true, .. }, F16) => "engram_decode_f16_finish_warp_8col_shared",
+            (Self::Warp { cols: 8, staged_in_shared: false, .. }, F16) => "engram_decode_f16_finish_warp_8col_kv",
+            (Self::Warp { staged_in_shared: true, .. }, F16) => "engram_decode_f16_finish_warp_1col_shared",
+            (Self::Warp { staged_in_shared: false, .. }, F16) => "engram_decode_f16_finish_warp_1col_kv",
+            (Self::Warp { cols: 8, staged_in_shared: true, .. }, Bf16) => "engram_decode_bf16_finish_warp_8col_shared",
+            (Self::Warp { cols: 8, staged_in_shared: false, .. }, Bf16) => "engram_decode_bf16_finish_warp_8col_kv",
+            (Self::Warp { staged_in_shared: true, .. }, Bf16) => "engram_decode_bf16_finish_warp_1col_shared",
+            (Self::Warp { staged_in_shared: false, .. }, Bf16) => "engram_decode_bf16_finish_warp_1col_kv",
         }
     }
 }
@@ -422,7 +431,7 @@ impl DecodeGeometry {
             let ksteps = shape.d_mem.div_ceil(step * (MAX_BLOCKS / tiles).max(1));
             let rows = (ksteps * step).min(shape.d_mem.div_ceil(step) * step);
             let splits = shape.d_mem.div_ceil(rows);
-            // 8 lanes of 8 columns per tile (the ticket mode's tile reduce reads `cl_log`).
+            // 8 lanes of 8 columns per tile (no MMA kernel reads `cl_log`).
             let cl_log = (DECODE_MMA_TILE_COLS / 8).trailing_zeros();
             return Self::checked(8, block, cl_log, tiles, splits, rows, true);
         }
@@ -783,9 +792,8 @@ impl EngramDecodePlan {
         let dims = LaunchDims { grid: (g.tiles, g.splits, 1), block: (g.block, 1, 1), shared_bytes: g.shared_bytes() };
         let [partials, kv, intermediates] = pp;
         let ptr = |p: CUdeviceptr| p as *const u16;
-        // The projection launch whose finishing kernel is a programmatic dependent: the finish
-        // loads its own inputs while the projection runs, so the projection skips their L2
-        // prefetch (L2 prefetch kept under PDL: +0.3-0.5 µs on the seed rows).
+        // The projection launch; its finishing kernel is a programmatic dependent.
+        // L2 prefetch of the finish's inputs by the projection under PDL: 4.86/5.89/5.02 µs vs 4.56/5.36/4.48.
         let projection = EngramDecodeArgs {
             e_t: ptr(i.e_t),
             h_t: ptr(i.h_t),
@@ -799,8 +807,6 @@ impl EngramDecodePlan {
             new_conv_state: s_out as *mut u16,
             partials: partials as *mut f32,
             kv: kv as *mut f32,
-            // No kernel of the two-launch step takes a ticket: no counters.
-            tickets: std::ptr::null_mut(),
             intermediates: intermediates as *mut u16,
             batch: s.batch as u32,
             d_mem: s.d_mem as u32,
@@ -815,18 +821,13 @@ impl EngramDecodePlan {
             rows_per_split: g.rows_per_split,
             col_lanes_log2: g.cl_log,
             eps: s.eps,
-            mode: DECODE_MODE_PROJECT,
         };
-        // One launch with last-block-done tickets (the projection kernels' `DECODE_MODE_FUSED`):
-        // b1/b4/b8 9.55/12.86/14.50 µs against 8.50/13.84/9.92 for two launches with the warp
-        // finish. One launch in one thread-block cluster, finish over distributed shared memory:
-        // +1.0/+0.6/+1.4 µs (cluster scheduling costs more than the second launch).
+        // One launch with last-block-done tickets: b1/b4/b8 9.55/12.86/14.50 µs vs 8.50/13.84/9.92 (warp finish).
+        // One launch in one thread-block cluster, finish over distributed shared memory: 5.54/5.92/5.92 µs.
         launch(f, dims, stream, &projection)?;
         let fin = gpu.function(step.finish.entry(dtype))?;
-        // The state shift stays in the projection launch (extra finishing blocks taking it,
-        // under PDL while the projection runs: predicted ≤ 0.3 µs at b8, never measured faster).
-        // Finish with `1/d` from the host and its loads before the dependent wait: +0.1-0.5 µs
-        // under the graph (a longer pre-wait prologue).
+        // State shift in extra blocks of the block finish, under PDL: predicted −0.1…−0.3 µs at b8, never faster.
+        // Finish with `1/d` from the host and its loads before the dependent wait: 4.69/5.76/4.99 µs (+0.1–0.5).
         let batch = projection.batch;
         let (dims, finish) = match step.finish {
             DecodeFinishKernel::Block { threads, .. } => (
@@ -835,19 +836,12 @@ impl EngramDecodePlan {
                     block: (threads, 1, 1),
                     shared_bytes: DECODE_FINISH_BLOCK_SHARED_BYTES,
                 },
-                // The block finish reads neither `mode` nor `shift_state`.
+                // The block finish does not read `shift_state`.
                 EngramDecodeArgs { shift_state: 0, ..projection },
             ),
             DecodeFinishKernel::Warp { threads, staged_in_shared, .. } => {
-                let (mode, shared_bytes) = if staged_in_shared {
-                    (DECODE_MODE_FINISH_SHARED, decode_finish_warp_shared_bytes(projection.d))
-                } else {
-                    (DECODE_MODE_FINISH_KV, 0)
-                };
-                (
-                    LaunchDims { grid: (batch, 1, 1), block: (threads, 1, 1), shared_bytes },
-                    EngramDecodeArgs { mode, ..projection },
-                )
+                let shared_bytes = if staged_in_shared { decode_finish_warp_shared_bytes(projection.d) } else { 0 };
+                (LaunchDims { grid: (batch, 1, 1), block: (threads, 1, 1), shared_bytes }, projection)
             }
         };
         // The finish as a programmatic dependent (`launch_pdl`): it starts while the projection

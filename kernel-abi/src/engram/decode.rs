@@ -1,23 +1,24 @@
 //! EngramDecodeFwd kernels (docs/ops.md §6): the projection launch (`engram_decode_*_project_*`)
 //! and the finishing launch (`engram_decode_*_finish_*`) of one decode step, all taking
-//! [`EngramDecodeArgs`]; the `mode` values and the dynamic shared memory sizes both sides use.
+//! [`EngramDecodeArgs`]; the dynamic shared memory sizes both sides use.
 
 kernel_args! {
     /// Every `engram_decode_*` entry (`{f16,bf16}` × `project_scalar`, `project_mma`,
-    /// `project_mma_b8k16`, `finish_warp_{8,1}col`, `finish_block_{4,2,1}col`). Tensors are
+    /// `project_mma_b8k16`, `finish_warp_{8,1}col_{shared,kv}`, `finish_block_{4,2,1}col`).
+    /// Tensors are
     /// row-major and contiguous in the entry's 16-bit dtype, sizes as in docs/ops.md §6.
     ///
     /// Launch contract:
-    /// - `project_*`: the projection launch ([`DECODE_MODE_PROJECT`]), grid `(tiles, splits)`,
-    ///   block a multiple of 32 with `block ≥ 2^col_lanes_log2`; dynamic shared memory
+    /// - `project_*`: the projection launch, grid `(tiles, splits)`, block a multiple of 32
+    ///   with `block ≥ 2^col_lanes_log2`; dynamic shared memory
     ///   [`decode_project_shared_bytes`]. The MMA entries (`d % 8 == 0`, every tensor 16-byte
     ///   aligned) take [`DECODE_MMA_TILE_COLS`]-column tiles and splits of a multiple of
-    ///   [`DECODE_MMA_K_STEP`] rows per warp; `project_mma_b8k16` also needs `batch ≤ 8` and
-    ///   `d_mem % 16 == 0`.
-    /// - `finish_warp_{8,1}col`: grid `(batch)`, any block ≥ 32, launched as a programmatic
-    ///   dependent of the projection; `mode` [`DECODE_MODE_FINISH_SHARED`] needs
-    ///   [`decode_finish_warp_shared_bytes`] of dynamic shared memory,
-    ///   [`DECODE_MODE_FINISH_KV`] none. `8col` needs the 16-byte aligned layout.
+    ///   [`DECODE_MMA_K_STEP`] rows per warp; `project_mma_b8k16` also needs `batch ≤ 8`,
+    ///   `d_mem % 16 == 0` and a block of at least two warps.
+    /// - `finish_warp_{8,1}col_{shared,kv}`: grid `(batch)`, any block ≥ 32, launched as a
+    ///   programmatic dependent of the projection; `_shared` (the row staged in shared memory)
+    ///   needs [`decode_finish_warp_shared_bytes`] of dynamic shared memory, `_kv` (the row
+    ///   staged in `kv`) none. `8col` needs the 16-byte aligned layout.
     /// - `finish_block_{4,2,1}col`: grid `(batch)`, one thread per `E` columns (`E` = 4, 2, 1;
     ///   `d % E == 0`, inputs `2E`-byte aligned), [`DECODE_FINISH_BLOCK_SHARED_BYTES`] of
     ///   dynamic shared memory, launched as a programmatic dependent of the projection.
@@ -48,12 +49,8 @@ kernel_args! {
         /// `splits == 1`: the projection then writes `kv` directly).
         pub partials: *mut f32,
         /// The reduced projections, f32 `[batch, k|v, d]`: written by a one-split projection,
-        /// read by the finish in that case, and the warp finish's row staging in
-        /// [`DECODE_MODE_FINISH_KV`].
+        /// read by the finish in that case, and the row staging of `finish_warp_*_kv`.
         pub kv: *mut f32,
-        /// Last-block-done ticket counters (`tiles + 1` u32, zeroed), used only by
-        /// [`DECODE_MODE_FUSED`]; the host passes 0.
-        pub tickets: *mut u32,
         /// Test capture: when not null, the finish also writes `q(kk)` and `q(vh)` as
         /// `[2, batch, d]` in the entry's dtype (`EngramDecodePlan::intermediates`).
         pub intermediates: *mut u16,
@@ -78,39 +75,14 @@ kernel_args! {
         /// Row splits of the projection (`grid.y`); the finish sums this many partials per
         /// element (from `kv` when 1).
         pub splits: u32,
-        /// `W` rows per split. (A finishing launch does not read it; the finish's
-        /// `SHORT_CHAIN` form, which no entry instantiates, would read the bits of `1/d` here.)
+        /// `W` rows per split (read by the projection entries only).
         pub rows_per_split: u32,
-        /// log2 of the column lanes per projection block (`project_scalar`; the MMA entries
-        /// read it only in their unlaunched ticket/cluster forms). (A finishing launch does not
-        /// read it; the finish's `SHORT_CHAIN` form would read the bits of `1/sqrt(d)` here.)
+        /// log2 of the column lanes per block (read by `project_scalar` only).
         pub col_lanes_log2: u32,
         /// The rmsnorm epsilon.
         pub eps: f32,
-        /// What the launch does: one of the `DECODE_MODE_*` constants.
-        pub mode: u32,
     }
 }
-
-/// `mode` of a `project_scalar` / `project_mma` launch that does the whole step in one launch:
-/// the projection, then last-block-done tickets on `tickets`, the tile reduce of the partials
-/// and the finish in the last block, with an L2 prefetch of the finish's inputs. (For
-/// `project_mma_b8k16` it acts as [`DECODE_MODE_PROJECT_PREFETCH`], for `finish_warp_*` as
-/// [`DECODE_MODE_FINISH_KV`].)
-pub const DECODE_MODE_FUSED: u32 = 0;
-/// `mode` of a projection launch whose finish is a separate, ordinary launch: the projection
-/// also prefetches into L2 what the finish will read.
-pub const DECODE_MODE_PROJECT_PREFETCH: u32 = 1;
-/// `mode` of a `finish_warp_*` launch that sums the row's partials into dynamic shared memory
-/// ([`decode_finish_warp_shared_bytes`]).
-pub const DECODE_MODE_FINISH_SHARED: u32 = 2;
-/// `mode` of a `finish_warp_*` launch that sums the row's partials into `kv` (rows too wide
-/// for the shared-memory staging).
-pub const DECODE_MODE_FINISH_KV: u32 = 3;
-/// `mode` of a projection launch whose finish is its programmatic dependent: the finish loads
-/// its own inputs while the projection runs, so the projection prefetches nothing. The
-/// `finish_block_*` entries do not read `mode`.
-pub const DECODE_MODE_PROJECT: u32 = 5;
 
 /// Columns of one MMA projection tile (`grid.x = ceil(d / 64)`).
 pub const DECODE_MMA_TILE_COLS: u32 = 64;
@@ -119,23 +91,23 @@ pub const DECODE_MMA_K_STEP: u32 = 16;
 /// f32 of one warp's partials in shared memory in the MMA projections:
 /// `[k|v][8 batch rows][64 columns]`.
 pub const DECODE_MMA_WARP_SLAB_F32: u32 = 1024;
-/// Bytes after a projection block's reduction area: the one-launch mode's ticket flag, 16 to
-/// keep the size a multiple of 16.
-pub const DECODE_PROJECT_FLAG_BYTES: u32 = 16;
 /// Dynamic shared memory of a `finish_block_*` launch: the 3-value block sum's slots (4 f32
 /// per warp, up to 32 warps) then the 1-value block sum's (1 f32 per warp).
 pub const DECODE_FINISH_BLOCK_SHARED_BYTES: u32 = (4 * 32 + 32) * 4;
 
 /// Dynamic shared memory of a projection block of `block` threads, bytes: the MMA entries
 /// one [`DECODE_MMA_WARP_SLAB_F32`] per warp, `project_scalar` (`vec` = 1 column per lane)
-/// `2·vec` f32 per thread; then the ticket flag.
+/// `2·vec` f32 per thread.
 pub const fn decode_project_shared_bytes(block: u32, vec: u32, mma: bool) -> u32 {
-    let area = if mma { block / 32 * DECODE_MMA_WARP_SLAB_F32 * 4 } else { block * 2 * vec * 4 };
-    area + DECODE_PROJECT_FLAG_BYTES
+    if mma {
+        block / 32 * DECODE_MMA_WARP_SLAB_F32 * 4
+    } else {
+        block * 2 * vec * 4
+    }
 }
 
-/// Dynamic shared memory of a `finish_warp_*` launch in [`DECODE_MODE_FINISH_SHARED`], bytes:
-/// the row's `kk, vv` (`2·d` f32).
+/// Dynamic shared memory of a `finish_warp_*_shared` launch, bytes: the row's `kk, vv` (`2·d`
+/// f32).
 pub const fn decode_finish_warp_shared_bytes(d: u32) -> u32 {
     2 * d * 4
 }

@@ -13,15 +13,15 @@
 //!   through shared memory in a fixed order.
 //!
 //! Finishing launch (`finish_*` entries), one block per batch row, launched as a programmatic
-//! dependent: it loads its inputs while the projection runs, waits in `griddepcontrol.wait`,
-//! sums the row's split partials in split order, then the rmsnorms of `h_t` and `q(kk)`, the
+//! dependent (the block finish loads its inputs while the projection runs): it waits in
+//! `griddepcontrol.wait`, sums the row's split partials in split order, then the rmsnorms of `h_t` and `q(kk)`, the
 //! gate `alpha`, `vh = alpha·vv`, `u = rmsnorm(q(vh))`, the dilated conv over the state taps,
 //! `y_t = q(silu(conv) + vh)` and the state row `q(u)`:
 //! - `finish_block_{1,2,4}col`: every thread owns 1, 2 or 4 columns, block reductions, the
 //!   scalar chain through `rsqrt.approx` + Newton and `rcp.approx`;
-//! - `finish_warp_{8,1}col` (rows wider than the block finish takes): the block sums the
-//!   partials into shared memory (or `kv` for `d > 4096`) and warp 0 finishes the row with
-//!   correctly rounded sqrt and division.
+//! - `finish_warp_{8,1}col_{shared,kv}` (rows wider than the block finish takes): the block
+//!   sums the partials into shared memory (`_shared`) or `kv` (`_kv`, rows too wide for the
+//!   staging) and warp 0 finishes the row with correctly rounded sqrt and division.
 //!
 //! The state shift of the seed contract (`new_conv_state[:, :L-1] = conv_state[:, 1:]`) is
 //! spread over every thread of the projection grid: its first two units are loaded at kernel
@@ -29,21 +29,10 @@
 //! ring-buffer step (`shift_state = 0`) reads the taps at physical rows `(pos + t) mod L` and
 //! writes `q(u)` over slot `write_row = pos` in place.
 //!
-//! Every entry takes [`EngramDecodeArgs`] (its fields, the `mode` values and the launch
-//! contract of each entry are documented there).
-//!
-//! The kernel bodies also hold paths the host never plans (docs/decisions/engram_decode.md):
-//! the one-launch ticket mode (`DECODE_MODE_FUSED`) and the L2-prefetch mode
-//! (`DECODE_MODE_PROJECT_PREFETCH`) of `decode`, the
-//! state shift in blocks past the batch rows of `finish_wide`, and the `CL` / `SHORT_CHAIN` generic
-//! branches of `project_mma_b8k16` / `finish_wide` (no entry instantiates them with `true`). They
-//! stay until the bodies are regenerated from named policies, so that the kept entries'
-//! machine code is unchanged.
+//! Every entry takes [`EngramDecodeArgs`] (its fields and the launch contract of each entry
+//! are documented there).
 use crate::prim::*;
-use kernel_abi::{
-    EngramDecodeArgs, DECODE_MMA_TILE_COLS, DECODE_MMA_WARP_SLAB_F32, DECODE_MODE_FINISH_SHARED, DECODE_MODE_PROJECT,
-    DECODE_MODE_PROJECT_PREFETCH,
-};
+use kernel_abi::{EngramDecodeArgs, DECODE_MMA_TILE_COLS, DECODE_MMA_WARP_SLAB_F32};
 
 /// `body` for `$i` = 0, 1, … while `$i < $n` (at most 8), each copy with a constant index:
 /// fully unrolled whatever LLVM's unroll threshold, so small arrays stay in registers.
@@ -273,64 +262,6 @@ fn phys_row(pos: u32, t: u32, l: u32) -> u32 {
         r - l
     } else {
         r
-    }
-}
-
-/// Prefetches into L2 the lines of everything the finishing block reads from the inputs:
-/// `h_t`, `rms_w_h`, `rms_w_v`, `conv_w` and the `K−1` state tap rows of every batch row.
-/// No divisions (it runs before the W loads of the threads that do it): a tap item is one
-/// (batch row, lane) pair, `b = j / 32`, and the lane takes lines `lane, lane + 32, …` of each
-/// of the row's taps.
-#[inline(always)]
-unsafe fn prefetch_tail(a: &EngramDecodeArgs, g: u32, total: u32) {
-    let row_bytes = a.d as u64 * 2;
-    let lines = |bytes: u64| bytes.div_ceil(128) + 1;
-    let nh = lines(row_bytes * a.batch as u64);
-    let nw = lines(row_bytes);
-    let nc = lines(row_bytes * a.kernel_size as u64);
-    let taps = a.kernel_size - 1;
-    let nl = lines(row_bytes);
-    let nt = if taps > 0 { 32 * a.batch as u64 } else { 0 };
-    let all = nh + 2 * nw + nc + nt;
-    let at = |p: *const u16, bytes: u64, line: u64| {
-        let off = (line * 128).min(bytes - 1);
-        prefetch_global_l2((p as *const u8).add(off as usize));
-    };
-    let mut i = g as u64;
-    while i < all {
-        let mut j = i;
-        if j < nh {
-            at(a.h_t, row_bytes * a.batch as u64, j);
-        } else {
-            j -= nh;
-            if j < nw {
-                at(a.rms_w_h, row_bytes, j);
-            } else if j < 2 * nw {
-                at(a.rms_w_v, row_bytes, j - nw);
-            } else {
-                j -= 2 * nw;
-                if j < nc {
-                    at(a.conv_w, row_bytes * a.kernel_size as u64, j);
-                } else {
-                    j -= nc;
-                    let b = (j >> 5) as u32;
-                    let lane = j & 31;
-                    let mut p = 0u32;
-                    while p < taps {
-                        let t = a.max_conv_len - (taps - p) * a.dilation;
-                        let row = phys_row(a.pos, t, a.max_conv_len);
-                        let base = a.conv_state.add(((b * a.max_conv_len + row) * a.d) as usize);
-                        let mut line = lane;
-                        while line < nl {
-                            at(base, row_bytes, line);
-                            line += 32;
-                        }
-                        p += 1;
-                    }
-                }
-            }
-        }
-        i += total as u64;
     }
 }
 
@@ -610,23 +541,16 @@ unsafe fn store_partial_pair(a: &EngramDecodeArgs, split: u32, m: u32, c: u32, t
 /// - the first k-step's `W` loads are the kernel's first instructions (32-bit offsets, no
 ///   bounds: every k-step is whole; a lane past `d` or `B` loads column 0 / batch row 0 instead
 ///   and its D entries, which only feed unstored outputs, are dropped); the state-shift units
-///   and the L2 prefetch are issued after them;
+///   are issued after them;
 /// - `e_t` pairs come as one 4-byte load each (rows `2t, 2t+1` and `2t+8, 2t+9` of the B
 ///   fragment are adjacent in memory);
 /// - the warp partials go through shared memory as eight 16-byte stores per lane in fragment
 ///   order (`[warp][m][u][lane]`); after one barrier thread `i` sums fragment item `i` (and
 ///   `i + block`, …; 256 items) over the warps in warp order with 16-byte loads and writes it
-///   as two 8-byte stores. One warp per block: straight from the registers.
-///
-/// `CL` (not instantiated; the one-launch cluster step): the grid is one thread-block cluster of `tiles · splits`
-/// blocks along x (block `i` = tile `i & (tiles − 1)`, split `i >> col_lanes_log2`, `tiles = 2^col_lanes_log2`);
-/// the reduced partials stay in the block's shared memory and [`cluster_finish`] finishes the
-/// step inside the cluster (no second launch).
+///   as two 8-byte stores. The block has at least two warps (blocks of 128 or 256 threads).
 #[inline(always)]
-unsafe fn project_mma_b8k16<D: Dt, const CL: bool>(a: EngramDecodeArgs) {
-    if !CL {
-        grid_launch_dependents();
-    }
+unsafe fn project_mma_b8k16<D: Dt>(a: EngramDecodeArgs) {
+    grid_launch_dependents();
     let nt = block_dim_x();
     let nw = nt >> 5;
     let tid = thread_idx_x();
@@ -634,11 +558,7 @@ unsafe fn project_mma_b8k16<D: Dt, const CL: bool>(a: EngramDecodeArgs) {
     let lane = tid & 31;
     let g = lane >> 2;
     let tq = lane & 3;
-    let (tile, split) = if CL {
-        (block_idx_x() & ((1 << a.col_lanes_log2) - 1), block_idx_x() >> a.col_lanes_log2)
-    } else {
-        (block_idx_x(), block_idx_y())
-    };
+    let (tile, split) = (block_idx_x(), block_idx_y());
     let c0 = tile * DECODE_MMA_TILE_COLS;
     let col = c0 + 8 * g;
     let r0 = split * a.rows_per_split;
@@ -689,9 +609,9 @@ unsafe fn project_mma_b8k16<D: Dt, const CL: bool>(a: EngramDecodeArgs) {
     let i0 = r0 + 16 * warp;
     let first = i0 < r1;
     let (wk0, wv0, e0) = if first { load(i0) } else { ([[0; 4]; 4], [[0; 4]; 4], [0; 2]) };
-    // The state shift's units (stored on the way out) and the L2 prefetch, behind the W loads.
-    let tiles = if CL { 1 << a.col_lanes_log2 } else { grid_dim_x() };
-    let blocks = if CL { grid_dim_x() } else { tiles * grid_dim_y() };
+    // The state shift's units (stored on the way out), behind the W loads.
+    let tiles = grid_dim_x();
+    let blocks = tiles * grid_dim_y();
     let gt = (split * tiles + tile) * nt + tid;
     let total = blocks * nt;
     let ncopy = if a.shift_state != 0 { a.batch * (a.max_conv_len - 1) * (a.d / 8) } else { 0 };
@@ -701,9 +621,6 @@ unsafe fn project_mma_b8k16<D: Dt, const CL: bool>(a: EngramDecodeArgs) {
         if gt < ncopy { (copy_load::<8>(&a, gt), true) } else { (none, false) },
         if g2 < ncopy as u64 { (copy_load::<8>(&a, g2 as u32), true) } else { (none, false) },
     ];
-    if a.mode != DECODE_MODE_PROJECT {
-        prefetch_tail(&a, gt, total);
-    }
     if first {
         // Further steps (rare: deeper splits) two at a time, the next pair's loads issued before
         // the current pair's MMAs; MMA order = step order (bitwise `project_mma`'s chain).
@@ -730,186 +647,36 @@ unsafe fn project_mma_b8k16<D: Dt, const CL: bool>(a: EngramDecodeArgs) {
         }
     }
     let smem = dyn_smem::<f32>();
-    if nw == 1 {
-        if 2 * tq < a.batch {
-            unroll8!(m, 2, {
-                unroll8!(u, 4, {
-                    store_partial_pair(&a, split, m as u32, col + 2 * u as u32, tq, acc[m][u]);
-                });
-            });
-        }
-    } else {
-        // Fragment order: item (m, u, lane) at float4 index (m·4 + u)·32 + lane of the warp's slab.
-        let wbase = smem.add((warp * DECODE_MMA_WARP_SLAB_F32 + lane * 4) as usize);
-        unroll8!(m, 2, {
-            unroll8!(u, 4, {
-                let v = acc[m][u];
-                let w = [v[0].to_bits(), v[1].to_bits(), v[2].to_bits(), v[3].to_bits()];
-                st_v4_generic(wbase.add((m * 4 + u) * 128) as *mut u32, w);
-            });
+    // Fragment order: item (m, u, lane) at float4 index (m·4 + u)·32 + lane of the warp's slab.
+    let wbase = smem.add((warp * DECODE_MMA_WARP_SLAB_F32 + lane * 4) as usize);
+    unroll8!(m, 2, {
+        unroll8!(u, 4, {
+            let v = acc[m][u];
+            let w = [v[0].to_bits(), v[1].to_bits(), v[2].to_bits(), v[3].to_bits()];
+            st_v4_generic(wbase.add((m * 4 + u) * 128) as *mut u32, w);
         });
-        sync_threads();
-        let mut it = tid;
-        while it < 256 {
-            let ln = it & 31;
-            let tq2 = ln & 3;
-            if 2 * tq2 < a.batch {
-                let mut sum = [0f32; 4];
-                let mut w = 0;
-                while w < nw {
-                    let v = ld_v4(smem.add((w * DECODE_MMA_WARP_SLAB_F32 + it * 4) as usize) as *const u32);
-                    unroll8!(i, 4, {
-                        sum[i] += f32::from_bits(v[i]);
-                    });
-                    w += 1;
-                }
-                let (m, u) = (it >> 7, (it >> 5) & 3);
-                if CL {
-                    // [b][k|v][64 columns] of the tile in this block's shared memory.
-                    let pt = smem.add((nw * DECODE_MMA_WARP_SLAB_F32 + m * 64 + 8 * (ln >> 2) + 2 * u) as usize);
-                    let (ba, bb) = (2 * tq2, 2 * tq2 + 1);
-                    *pt.add((ba * 128) as usize) = sum[0];
-                    *pt.add((ba * 128 + 1) as usize) = sum[2];
-                    if bb < a.batch {
-                        *pt.add((bb * 128) as usize) = sum[1];
-                        *pt.add((bb * 128 + 1) as usize) = sum[3];
-                    }
-                } else {
-                    store_partial_pair(&a, split, m, c0 + 8 * (ln >> 2) + 2 * u, tq2, sum);
-                }
+    });
+    sync_threads();
+    let mut it = tid;
+    while it < 256 {
+        let ln = it & 31;
+        let tq2 = ln & 3;
+        if 2 * tq2 < a.batch {
+            let mut sum = [0f32; 4];
+            let mut w = 0;
+            while w < nw {
+                let v = ld_v4(smem.add((w * DECODE_MMA_WARP_SLAB_F32 + it * 4) as usize) as *const u32);
+                unroll8!(i, 4, {
+                    sum[i] += f32::from_bits(v[i]);
+                });
+                w += 1;
             }
-            it += nt;
+            let (m, u) = (it >> 7, (it >> 5) & 3);
+            store_partial_pair(&a, split, m, c0 + 8 * (ln >> 2) + 2 * u, tq2, sum);
         }
-    }
-    if CL {
-        cluster_finish::<D>(&a, smem.add((nw * DECODE_MMA_WARP_SLAB_F32) as usize), blocks >> a.col_lanes_log2);
+        it += nt;
     }
     copy_finish(&a, &pre, gt, total, ncopy);
-    if CL {
-        // No block leaves while a finishing block may still read its shared memory.
-        cluster_arrive();
-        cluster_wait();
-    }
-}
-
-/// The finish of the one-launch cluster step (`CL`, not instantiated): after a cluster barrier (every block's
-/// reduced partial tile `[b][k|v][64]` at `pt` in its shared memory), block `b < B` finishes
-/// batch row `b` with one thread per column (`d ≤ block`): the row's `splits` partials of each
-/// column are read from the tile's blocks (distributed shared memory, all issued at once) and
-/// summed in split order from 0, then exactly the arithmetic of the block finish (`SHORT_CHAIN`, E = 1):
-/// bitwise its outputs for the same projection geometry when its block has as many warps.
-/// Inputs are loaded between the barrier's arrive and wait. Shared memory after `pt`: 4096 bytes
-/// of partials, then 640 of reduction slots.
-#[inline(always)]
-unsafe fn cluster_finish<D: Dt>(a: &EngramDecodeArgs, pt: *mut f32, splits: u32) {
-    cluster_arrive();
-    let rank = block_idx_x();
-    let fin = rank < a.batch;
-    let bu = rank as usize;
-    let d = a.d as usize;
-    let l = a.max_conv_len as usize;
-    let j = thread_idx_x() as usize;
-    let on = fin && j < d;
-    let taps = a.kernel_size - 1;
-    let z = [0u32; 2];
-    let (mut hw, mut whw, mut wvw, mut clw) = (z, z, z, z);
-    let mut sw = [z; 3];
-    let mut cww = [z; 3];
-    if on {
-        hw = ld_e_nc::<1>(a.h_t.add(bu * d + j));
-        whw = ld_e_nc::<1>(a.rms_w_h.add(j));
-        wvw = ld_e_nc::<1>(a.rms_w_v.add(j));
-        clw = ld_e_nc::<1>(a.conv_w.add(taps as usize * d + j));
-        unroll8!(p, 3, {
-            if (p as u32) < taps {
-                let t = a.max_conv_len - (taps - p as u32) * a.dilation;
-                let row = phys_row(a.pos, t, a.max_conv_len) as usize;
-                sw[p] = ld_e_cg::<1>(a.conv_state.add((bu * l + row) * d + j));
-                cww[p] = ld_e_nc::<1>(a.conv_w.add(p * d + j));
-            }
-        });
-    }
-    let (inv_d, inv_sqrt_d) = if fin { row_scales(a) } else { (0.0, 0.0) };
-    cluster_wait();
-    if !fin {
-        return;
-    }
-    // kk, vv: the splits' partials of column j (tile j / 64), all loads in flight, split order.
-    let mut pk = [0f32; 16];
-    let mut pv = [0f32; 16];
-    if on {
-        let tiles_log = a.col_lanes_log2;
-        let off = bu * 128 + (j & 63);
-        unroll8!(hi, 2, {
-            unroll8!(lo, 8, {
-                let sp = (hi * 8 + lo) as u32;
-                if sp < splits {
-                    let src = (sp << tiles_log) + (j >> 6) as u32;
-                    pk[hi * 8 + lo] = *mapa(pt.add(off) as *const f32, src);
-                    pv[hi * 8 + lo] = *mapa(pt.add(off + 64) as *const f32, src);
-                }
-            });
-        });
-    }
-    let (mut kk, mut vv) = (0f32, 0f32);
-    let (mut sh, mut hww) = (0f32, 0f32);
-    if on {
-        unroll8!(hi, 2, {
-            unroll8!(lo, 8, {
-                if ((hi * 8 + lo) as u32) < splits {
-                    kk += pk[hi * 8 + lo];
-                    vv += pv[hi * 8 + lo];
-                }
-            });
-        });
-        let h = wide_e::<D>(&hw, 0);
-        let w = wide_e::<D>(&whw, 0);
-        sh = fma(h, h, sh);
-        hww = h * w * w;
-    }
-    let (mut sk, mut dot) = (0f32, 0f32);
-    if on {
-        let qk = q::<D>(kk);
-        sk = fma(qk, qk, sk);
-        dot = fma(hww, qk, dot);
-        if !a.intermediates.is_null() {
-            st_e::<D, 1>(a.intermediates.add(bu * d + j), &[qk]);
-        }
-    }
-    let red = pt.add(1024);
-    let (sh, sk, dot) = block_sum3_par(red, sh, sk, dot);
-    let rh = rrms_fast(sh, inv_d, a.eps);
-    let rk = rrms_fast(sk, inv_d, a.eps);
-    let alpha = sigmoid_fast(dot * rh * rk * inv_sqrt_d);
-    let vh = alpha * vv;
-    let qv = q::<D>(vh);
-    let sv = fma(qv, qv, 0f32);
-    if on && !a.intermediates.is_null() {
-        st_e::<D, 1>(a.intermediates.add((a.batch as usize + bu) * d + j), &[vh]);
-    }
-    let rv = rrms_fast(block_sum1_par(red.add(128), sv), inv_d, a.eps);
-    if !on {
-        return;
-    }
-    let u = qv * rv * wide_e::<D>(&wvw, 0);
-    let mut out = wide_e::<D>(&clw, 0) * u;
-    unroll8!(p, 3, {
-        if (p as u32) < taps {
-            out = fma(wide_e::<D>(&cww[p], 0), wide_e::<D>(&sw[p], 0), out);
-        }
-    });
-    let mut p = 3u32;
-    while p < taps {
-        let t = a.max_conv_len - (taps - p) * a.dilation;
-        let row = phys_row(a.pos, t, a.max_conv_len) as usize;
-        let s = ld_e_cg::<1>(a.conv_state.add((bu * l + row) * d + j));
-        let c = ld_e_nc::<1>(a.conv_w.add(p as usize * d + j));
-        out = fma(wide_e::<D>(&c, 0), wide_e::<D>(&s, 0), out);
-        p += 1;
-    }
-    out = out * sigmoid_fast(out) + vh;
-    st_e::<D, 1>(a.y_t.add(bu * d + j), &[out]);
-    st_e::<D, 1>(a.new_conv_state.add((bu * l + a.write_row as usize) * d + j), &[u]);
 }
 
 /// `arr[bb]` through compile-time indices only (a runtime index would put `arr` on the stack).
@@ -926,268 +693,10 @@ fn pick<const BB: usize, const VEC: usize>(arr: &[[f32; VEC]; BB], bb: usize) ->
     o
 }
 
-/// Last-block-done ticket on counter `c`: true in the block that arrives as number `target`
-/// (0-based). That block resets the counter for the next call and, after the acquire fence,
-/// sees every write the other blocks made before their tickets.
-#[inline(always)]
-unsafe fn ticket(c: *mut u32, target: u32, flag: *mut u32) -> bool {
-    fence_gpu();
-    sync_threads();
-    if thread_idx_x() == 0 {
-        let t = atomic_add_u32(c, 1);
-        let last = t == target;
-        if last {
-            core::ptr::write_volatile(c, 0);
-        }
-        core::ptr::write_volatile(flag, last as u32);
-    }
-    sync_threads();
-    let last = core::ptr::read_volatile(flag) != 0;
-    if last {
-        fence_gpu();
-    }
-    last
-}
-
-/// Phase 2 (the last block of a tile): `kv[b][k|v][col] = Σ_split part[split][b][k|v][col]`
-/// in split order, for the tile's columns. With `VEC = 8`, one thread sums four columns with
-/// 16-byte loads, up to 16 splits in flight.
-#[inline(always)]
-unsafe fn tile_reduce<const VEC: usize>(a: &EngramDecodeArgs) {
-    let nt = block_dim_x();
-    let clv_log = a.col_lanes_log2 + VEC.trailing_zeros();
-    let clv = 1u32 << clv_log;
-    let tile = block_idx_x();
-    let stride = (a.batch * 2 * a.d) as usize;
-    if VEC == 8 {
-        let q_log = clv_log - 2;
-        let items = (a.batch * 2) << q_log;
-        let mut o = thread_idx_x();
-        while o < items {
-            let bm = o >> q_log;
-            let col = tile * clv + ((o & ((1 << q_log) - 1)) << 2);
-            if col < a.d {
-                let p = a.partials.add((bm * a.d + col) as usize);
-                let mut sum = [0f32; 4];
-                let mut sp = 0u32;
-                while sp < a.splits {
-                    let mut t = [[0u32; 4]; 16];
-                    unroll8!(k, 8, {
-                        if sp + (k as u32) < a.splits {
-                            t[k] = ld_cg_v4_u32(p.add((sp as usize + k) * stride) as *const u32);
-                        }
-                    });
-                    unroll8!(k, 8, {
-                        if sp + (k as u32) + 8 < a.splits {
-                            t[k + 8] = ld_cg_v4_u32(p.add((sp as usize + k + 8) * stride) as *const u32);
-                        }
-                    });
-                    let mut k = 0;
-                    while k < 16 {
-                        if sp + (k as u32) < a.splits {
-                            unroll8!(i, 4, {
-                                sum[i] += f32::from_bits(t[k][i]);
-                            });
-                        }
-                        k += 1;
-                    }
-                    sp += 16;
-                }
-                let w = [sum[0].to_bits(), sum[1].to_bits(), sum[2].to_bits(), sum[3].to_bits()];
-                st_v4(a.kv.add((bm * a.d + col) as usize) as *mut u32, w);
-            }
-            o += nt;
-        }
-        return;
-    }
-    let items = a.batch * 2 * clv;
-    let mut o = thread_idx_x();
-    while o < items {
-        let bm = o >> clv_log;
-        let col = tile * clv + (o & (clv - 1));
-        if col < a.d {
-            let p = a.partials.add((bm * a.d + col) as usize);
-            let mut sum = 0f32;
-            let mut sp = 0u32;
-            // Eight loads in flight, then their sums in split order.
-            while sp < a.splits {
-                let mut t = [0f32; 8];
-                unroll8!(k, 8, {
-                    if sp + (k as u32) < a.splits {
-                        t[k] = ld_cg_f32(p.add((sp as usize + k) * stride));
-                    }
-                });
-                unroll8!(k, 8, {
-                    if sp + (k as u32) < a.splits {
-                        sum += t[k];
-                    }
-                });
-                sp += 8;
-            }
-            *a.kv.add((bm * a.d + col) as usize) = sum;
-        }
-        o += nt;
-    }
-}
-
 /// `1/sqrt(mean + eps)` with correctly rounded sqrt and division.
 #[inline(always)]
 fn rrms(sum_sq: f32, inv_d: f32, eps: f32) -> f32 {
     div_rn(1.0, sqrt_rn(fma(sum_sq, inv_d, eps)))
-}
-
-/// The inputs of one batch row's finish other than `kk, vv` (`VEC = 8`, `d ≤ 512`, `K ≤ 4`):
-/// `h_t`, the rms weights, the newest conv tap's weights, and the `K−1` state taps with their
-/// weights, as raw 16-byte words of lane columns `lane + 32m`.
-#[derive(Clone, Copy)]
-struct RowIn {
-    hw: [[u32; 4]; 2],
-    whw: [[u32; 4]; 2],
-    wvw: [[u32; 4]; 2],
-    clw: [[u32; 4]; 2],
-    sw: [[[u32; 4]; 3]; 2],
-    cww: [[[u32; 4]; 3]; 2],
-}
-
-/// Issues every load of [`RowIn`] for batch row `bu` (no wait: the words are used later).
-#[inline(always)]
-unsafe fn row_inputs(a: &EngramDecodeArgs, bu: usize, lane: u32) -> RowIn {
-    let nch = a.d / 8;
-    let d = a.d as usize;
-    let l = a.max_conv_len as usize;
-    let taps = a.kernel_size - 1;
-    let z = [0u32; 4];
-    let mut r = RowIn { hw: [z; 2], whw: [z; 2], wvw: [z; 2], clw: [z; 2], sw: [[z; 3]; 2], cww: [[z; 3]; 2] };
-    unroll8!(m, 2, {
-        let c = lane + 32 * m as u32;
-        if c < nch {
-            let j = c as usize * 8;
-            r.hw[m] = ld_nc_v4(a.h_t.add(bu * d + j) as *const u32);
-            r.whw[m] = ld_nc_v4(a.rms_w_h.add(j) as *const u32);
-            r.wvw[m] = ld_nc_v4(a.rms_w_v.add(j) as *const u32);
-            r.clw[m] = ld_nc_v4(a.conv_w.add(taps as usize * d + j) as *const u32);
-            unroll8!(p, 3, {
-                if (p as u32) < taps {
-                    let t = a.max_conv_len - (taps - p as u32) * a.dilation;
-                    let row = phys_row(a.pos, t, a.max_conv_len) as usize;
-                    r.sw[m][p] = ld_cg_v4_u32(a.conv_state.add((bu * l + row) * d + j) as *const u32);
-                    r.cww[m][p] = ld_nc_v4(a.conv_w.add(p * d + j) as *const u32);
-                }
-            });
-        }
-    });
-    r
-}
-
-/// One batch row of phase 3 with every load issued up front (`VEC = 8`, `d ≤ 512`, `K ≤ 4`):
-/// one round trip instead of three; the arithmetic and its order are those of the three-pass
-/// loop in [`finish_row_passes`] (bitwise the same results). `kk_row`, `vv_row`: the row's
-/// reduced projections (shared memory when `shared`, else the workspace); `inp`: its
-/// [`row_inputs`].
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn finish_row_cached<D: Dt>(
-    a: &EngramDecodeArgs,
-    bu: usize,
-    lane: u32,
-    inv_d: f32,
-    inv_sqrt_d: f32,
-    kk_row: *const f32,
-    vv_row: *const f32,
-    shared: bool,
-    inp: &RowIn,
-) {
-    let nch = a.d / 8;
-    let d = a.d as usize;
-    let l = a.max_conv_len as usize;
-    let taps = a.kernel_size - 1;
-    let mut kk = [[0f32; 8]; 2];
-    let mut vv = [[0f32; 8]; 2];
-    unroll8!(m, 2, {
-        let c = lane + 32 * m as u32;
-        if c < nch {
-            let j = c as usize * 8;
-            kk[m] = ld_kv::<8>(kk_row.add(j), shared);
-            vv[m] = ld_kv::<8>(vv_row.add(j), shared);
-        }
-    });
-    let RowIn { hw, whw, wvw, clw, sw, cww } = *inp;
-    let (mut sh, mut sk, mut dot) = (0f32, 0f32, 0f32);
-    unroll8!(m, 2, {
-        if lane + 32 * (m as u32) < nch {
-            let mut qk = [0f32; 8];
-            unroll8!(v, 8, {
-                let h = widen::<D, 8>(&hw[m], v);
-                let w = widen::<D, 8>(&whw[m], v);
-                qk[v] = q::<D>(kk[m][v]);
-                sh = fma(h, h, sh);
-                sk = fma(qk[v], qk[v], sk);
-                dot = fma(h * w * w, qk[v], dot);
-            });
-            if !a.intermediates.is_null() {
-                st_out::<D, 8>(a.intermediates.add(bu * d + (lane as usize + 32 * m) * 8), &qk);
-            }
-        }
-    });
-    let rh = rrms(warp_sum_f32(sh), inv_d, a.eps);
-    let rk = rrms(warp_sum_f32(sk), inv_d, a.eps);
-    let alpha = sigmoid(warp_sum_f32(dot) * rh * rk * inv_sqrt_d);
-    let mut vh = [[0f32; 8]; 2];
-    let mut sv = 0f32;
-    unroll8!(m, 2, {
-        if lane + 32 * (m as u32) < nch {
-            unroll8!(v, 8, {
-                vh[m][v] = alpha * vv[m][v];
-                let qv = q::<D>(vh[m][v]);
-                sv = fma(qv, qv, sv);
-            });
-            if !a.intermediates.is_null() {
-                st_out::<D, 8>(a.intermediates.add((a.batch as usize + bu) * d + (lane as usize + 32 * m) * 8), &vh[m]);
-            }
-        }
-    });
-    let rv = rrms(warp_sum_f32(sv), inv_d, a.eps);
-    unroll8!(m, 2, {
-        if lane + 32 * (m as u32) < nch {
-            let j = (lane as usize + 32 * m) * 8;
-            let mut u = [0f32; 8];
-            let mut out = [0f32; 8];
-            unroll8!(v, 8, {
-                u[v] = q::<D>(vh[m][v]) * rv * widen::<D, 8>(&wvw[m], v);
-                let mut conv = widen::<D, 8>(&clw[m], v) * u[v];
-                unroll8!(p, 3, {
-                    if (p as u32) < taps {
-                        conv = fma(widen::<D, 8>(&cww[m][p], v), widen::<D, 8>(&sw[m][p], v), conv);
-                    }
-                });
-                out[v] = conv * sigmoid(conv) + vh[m][v];
-            });
-            st_out::<D, 8>(a.y_t.add(bu * d + j), &out);
-            st_out::<D, 8>(a.new_conv_state.add((bu * l + a.write_row as usize) * d + j), &u);
-        }
-    });
-}
-
-/// Phase 3 (the last block of the grid): gating, norms, conv, outputs; one warp per batch row.
-#[inline(always)]
-unsafe fn finish<D: Dt, const VEC: usize>(a: &EngramDecodeArgs) {
-    let warp = thread_idx_x() >> 5;
-    let nw = block_dim_x() >> 5;
-    let lane = lane_id();
-    let d = a.d as usize;
-    let (inv_d, inv_sqrt_d) = row_scales(a);
-    let mut b = warp;
-    while b < a.batch {
-        let bu = b as usize;
-        let (kk_row, vv_row) = (a.kv.add(bu * 2 * d) as *const f32, a.kv.add((bu * 2 + 1) * d) as *const f32);
-        if cached_row::<VEC>(a) {
-            let inp = row_inputs(a, bu, lane);
-            finish_row_cached::<D>(a, bu, lane, inv_d, inv_sqrt_d, kk_row, vv_row, false, &inp);
-        } else {
-            finish_row_passes::<D, VEC>(a, bu, lane, inv_d, inv_sqrt_d, kk_row, vv_row, false);
-        }
-        b += nw;
-    }
 }
 
 /// `1/d` and `1/sqrt(d)`, correctly rounded.
@@ -1196,13 +705,7 @@ fn row_scales(a: &EngramDecodeArgs) -> (f32, f32) {
     (div_rn(1.0, a.d as f32), div_rn(1.0, sqrt_rn(a.d as f32)))
 }
 
-/// Whether a row's finish keeps every input in registers ([`finish_row_cached`]).
-#[inline(always)]
-fn cached_row<const VEC: usize>(a: &EngramDecodeArgs) -> bool {
-    VEC == 8 && a.d / 8 <= 64 && a.kernel_size <= 4
-}
-
-/// One batch row of phase 3 in three passes over the columns (any `d`, `K`, layout): one warp.
+/// One batch row of the warp finish in three passes over the columns (any `d`, `K`, layout): one warp.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn finish_row_passes<D: Dt, const VEC: usize>(
@@ -1309,10 +812,15 @@ unsafe fn finish_row_passes<D: Dt, const VEC: usize>(
     }
 }
 
+/// The projection launch (`project_scalar`, `project_mma`): the partials of [`project`] or
+/// [`project_mma`] and the seed contract's state shift; the finishing launch, a programmatic
+/// dependent, sums the partials.
 #[inline(always)]
-unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const MMA: bool>(a: EngramDecodeArgs) {
-    // A finishing kernel launched as a programmatic dependent (`DECODE_MODE_PROJECT`) may start its
-    // prologue now; it waits in `griddepcontrol.wait` before reading this launch's partials.
+unsafe fn project_launch<D: Dt, const VEC: usize, const BB: usize, const U: usize, const MMA: bool>(
+    a: EngramDecodeArgs,
+) {
+    // The finishing kernel, launched as a programmatic dependent, may start its prologue now; it
+    // waits in `griddepcontrol.wait` before reading this launch's partials.
     grid_launch_dependents();
     let nt = block_dim_x();
     let tiles = grid_dim_x();
@@ -1323,7 +831,7 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const
     let ncopy = if a.shift_state != 0 { a.batch * (a.max_conv_len - 1) * (a.d / VEC as u32) } else { 0 };
     // Up to two units per thread are loaded up front (serving-b8 has 4352 units for 4096
     // threads: a second unit loaded only on the way out would be a serial DRAM round trip).
-    // They (and the L2 prefetch) are issued right after the projection's first W loads (`hook`).
+    // They are issued right after the projection's first W loads (`hook`).
     let none = Unit { dst: 0, w: [0; 4], s: [0; VEC] };
     let g2 = g as u64 + total as u64;
     let mut pre = [(none, false), (none, false)];
@@ -1332,47 +840,19 @@ unsafe fn decode<D: Dt, const VEC: usize, const BB: usize, const U: usize, const
             if g < ncopy { (copy_load::<VEC>(&a, g), true) } else { (none, false) },
             if g2 < ncopy as u64 { (copy_load::<VEC>(&a, g2 as u32), true) } else { (none, false) },
         ];
-        // `DECODE_MODE_PROJECT`: the finishing kernel is a programmatic dependent that loads its inputs
-        // itself while this launch runs; no L2 prefetch for it.
-        if a.mode != DECODE_MODE_PROJECT {
-            prefetch_tail(&a, g, total);
-        }
     };
     let smem = dyn_smem::<f32>();
-    let flag = if MMA {
-        smem.add(((nt >> 5) * DECODE_MMA_WARP_SLAB_F32) as usize) as *mut u32
-    } else {
-        smem.add((nt * 2 * VEC as u32) as usize) as *mut u32
-    };
     if MMA {
         project_mma::<D>(&a, smem, &mut hook);
     } else {
         project::<D, VEC, BB, U>(&a, smem, &mut hook);
     }
-    if a.mode == DECODE_MODE_PROJECT_PREFETCH || a.mode == DECODE_MODE_PROJECT {
-        // The first of two launches: the finishing kernel sums the partials.
-        copy_finish(&a, &pre, g, total, ncopy);
-        return;
-    }
-    if a.splits > 1 {
-        if !ticket(a.tickets.add(block_idx_x() as usize), a.splits - 1, flag) {
-            copy_finish(&a, &pre, g, total, ncopy);
-            return;
-        }
-        tile_reduce::<VEC>(&a);
-    }
-    if !ticket(a.tickets.add(tiles as usize), tiles - 1, flag) {
-        copy_finish(&a, &pre, g, total, ncopy);
-        return;
-    }
-    finish::<D, VEC>(&a);
     copy_finish(&a, &pre, g, total, ncopy);
 }
 
 /// The finishing kernel's phase A: `kv` row `b` (`[k|v][d]`, f32) into `dst` as the sum of
-/// the split partials in split order from 0 (bitwise [`tile_reduce`]'s sums), by the whole
-/// block. With one split the projection wrote `kv` itself, which is copied unchanged (as the
-/// one-launch finish reads it).
+/// the split partials in split order from 0, by the whole block. With one split the projection
+/// wrote `kv` itself, which is copied unchanged.
 #[inline(always)]
 unsafe fn sum_splits_row<const VEC: usize>(a: &EngramDecodeArgs, b: u32, dst: *mut f32) {
     let nt = block_dim_x();
@@ -1444,31 +924,22 @@ unsafe fn sum_splits_row<const VEC: usize>(a: &EngramDecodeArgs, b: u32, dst: *m
     }
 }
 
-/// The warp finishing launch (`finish_warp_*`): block `b` finishes
-/// batch row `b`. Warp 0 issues the row's input loads first (before the dependent wait, so
-/// they overlap the projection launch); the whole block sums the split partials of the row
-/// (`DECODE_MODE_FINISH_SHARED`: into shared memory, `2·d` f32; any other `mode`: into `kv`);
-/// after one barrier warp 0 finishes the row.
+/// The warp finishing launch (`finish_warp_{8,1}col_{shared,kv}`): block `b` finishes batch row
+/// `b`. After the dependent wait the whole block sums the split partials of the row into
+/// `2·d` f32 of dynamic shared memory (`SHARED`) or into the row of `kv` (which a one-split
+/// projection wrote itself); after one barrier warp 0 finishes the row in three passes.
 #[inline(always)]
-unsafe fn finish_launch<D: Dt, const VEC: usize>(a: EngramDecodeArgs) {
+unsafe fn finish_launch<D: Dt, const VEC: usize, const SHARED: bool>(a: EngramDecodeArgs) {
     let b = block_idx_x();
     let bu = b as usize;
     let d = a.d as usize;
     let lane = lane_id();
     let warp0 = thread_idx_x() < 32;
-    let shared = a.mode == DECODE_MODE_FINISH_SHARED;
-    let cached = cached_row::<VEC>(&a);
-    let z = [0u32; 4];
-    let inp = if warp0 && cached {
-        row_inputs(&a, bu, lane)
-    } else {
-        RowIn { hw: [z; 2], whw: [z; 2], wvw: [z; 2], clw: [z; 2], sw: [[z; 3]; 2], cww: [[z; 3]; 2] }
-    };
-    let row = if shared { dyn_smem::<f32>() } else { a.kv.add(bu * 2 * d) };
-    // Launched as a programmatic dependent: the input loads above overlapped the projection
-    // launch; its partials are read only after it has completed.
+    let row = if SHARED { dyn_smem::<f32>() } else { a.kv.add(bu * 2 * d) };
+    // Launched as a programmatic dependent: the partials are read only after the projection
+    // launch has completed.
     grid_dependency_wait();
-    if shared || a.splits > 1 {
+    if SHARED || a.splits > 1 {
         sum_splits_row::<VEC>(&a, b, row);
     }
     sync_threads();
@@ -1477,11 +948,9 @@ unsafe fn finish_launch<D: Dt, const VEC: usize>(a: EngramDecodeArgs) {
     }
     let (inv_d, inv_sqrt_d) = row_scales(&a);
     let (kk_row, vv_row) = (row as *const f32, row.add(d) as *const f32);
-    if cached {
-        finish_row_cached::<D>(&a, bu, lane, inv_d, inv_sqrt_d, kk_row, vv_row, shared, &inp);
-    } else {
-        finish_row_passes::<D, VEC>(&a, bu, lane, inv_d, inv_sqrt_d, kk_row, vv_row, shared);
-    }
+    // Rows of d ≤ 512 with every input loaded into registers before the wait: never planned (the
+    // 8-column warp finish takes d > 1024).
+    finish_row_passes::<D, VEC>(&a, bu, lane, inv_d, inv_sqrt_d, kk_row, vv_row, SHARED);
 }
 
 // ---------------------------------------------------------------- block finish
@@ -1625,105 +1094,15 @@ unsafe fn block_sum1(red: *mut f32, mut x: f32) -> f32 {
     s
 }
 
-/// [`block_sum3`] with the warps' sums read by independent 16-byte shared loads issued
-/// together (up to 16 warps), then added in warp order: bitwise its result, one shared-memory
-/// latency instead of one per warp.
-#[inline(always)]
-unsafe fn block_sum3_par(red: *mut f32, mut x: f32, mut y: f32, mut z: f32) -> (f32, f32, f32) {
-    let mut m = 16;
-    while m > 0 {
-        let (sx, sy, sz) = (shfl_xor_f32(x, m), shfl_xor_f32(y, m), shfl_xor_f32(z, m));
-        x += sx;
-        y += sy;
-        z += sz;
-        m >>= 1;
-    }
-    let warp = thread_idx_x() >> 5;
-    if lane_id() == 0 {
-        st_v4_generic(red.add(4 * warp as usize) as *mut u32, [x.to_bits(), y.to_bits(), z.to_bits(), 0]);
-    }
-    sync_threads();
-    let nw = (block_dim_x() >> 5) as usize;
-    let mut v = [[0u32; 4]; 16];
-    unroll8!(hi, 2, {
-        unroll8!(lo, 8, {
-            if hi * 8 + lo < nw {
-                v[hi * 8 + lo] = ld_v4(red.add(4 * (hi * 8 + lo)) as *const u32);
-            }
-        });
-    });
-    let (mut sx, mut sy, mut sz) = (0f32, 0f32, 0f32);
-    unroll8!(hi, 2, {
-        unroll8!(lo, 8, {
-            if hi * 8 + lo < nw {
-                let w = v[hi * 8 + lo];
-                sx += f32::from_bits(w[0]);
-                sy += f32::from_bits(w[1]);
-                sz += f32::from_bits(w[2]);
-            }
-        });
-    });
-    (sx, sy, sz)
-}
-
-/// [`block_sum1`] with the warps' sums read by four independent 16-byte shared loads (up to 16
-/// warps), added in warp order: bitwise its result. `red` 16-byte aligned.
-#[inline(always)]
-unsafe fn block_sum1_par(red: *mut f32, mut x: f32) -> f32 {
-    x = warp_sum_f32(x);
-    let warp = thread_idx_x() >> 5;
-    if lane_id() == 0 {
-        *red.add(warp as usize) = x;
-    }
-    sync_threads();
-    let nw = (block_dim_x() >> 5) as usize;
-    let mut v = [[0u32; 4]; 4];
-    unroll8!(i, 4, {
-        if 4 * i < nw {
-            v[i] = ld_v4(red.add(4 * i) as *const u32);
-        }
-    });
-    let mut s = 0f32;
-    unroll8!(i, 4, {
-        unroll8!(j, 4, {
-            if 4 * i + j < nw {
-                s += f32::from_bits(v[i][j]);
-            }
-        });
-    });
-    s
-}
-
 /// The block finishing launch (`finish_block_*`): block `b` finishes batch row `b` with all
 /// its threads; thread `t` owns columns `[E·t, E·t + E)` (`block·E ≥ d`, `d % E == 0`, the
 /// inputs `2E`-byte aligned). Every load of the thread's columns (the split partials of `kk` and
 /// `vv`, up to 16 splits; `h_t`, the weights, the state taps for `K ≤ 4`) is issued up front;
-/// the partials are summed in split order from 0 (bitwise [`tile_reduce`]'s `kv`), the three
+/// the partials are summed in split order from 0 (bitwise [`sum_splits_row`]'s `kv`), the three
 /// row sums and `Σ q(vh)²` are block reductions (warp butterflies + one barrier each), and the
 /// scalar chain uses `rsqrt.approx` + Newton and `rcp.approx`. Dynamic shared memory: 640 bytes.
-///
-/// `SHORT_CHAIN` (not instantiated; measured slower under the graph): bitwise the same outputs from a shorter
-/// chain — no arithmetic between the input loads and the partial loads (Σh², h·w_h² after the
-/// partials are issued, so the inputs' and the partials' round trips overlap), `1/d` and
-/// `1/sqrt(d)` from the host (the bits of `rows_per_split` and `col_lanes_log2`, unused by a finishing launch,
-/// correctly rounded there as `div_rn`/`sqrt_rn` round them here), and the block sums read the
-/// warps' slots with independent loads ([`block_sum3_par`], [`block_sum1_par`]).
 #[inline(always)]
-unsafe fn finish_wide<D: Dt, const E: usize, const SHORT_CHAIN: bool>(a: EngramDecodeArgs) {
-    if block_idx_x() >= a.batch {
-        // Blocks past the batch rows (the host launches none): the seed contract's state
-        // shift, one 16-byte unit per thread (grid-stride beyond).
-        let nt = block_dim_x();
-        let n = a.batch * (a.max_conv_len - 1) * (a.d / 8);
-        let total = (grid_dim_x() - a.batch) * nt;
-        let mut k = (block_idx_x() - a.batch) * nt + thread_idx_x();
-        while k < n {
-            let u = copy_load::<8>(&a, k);
-            copy_store(&a, &u);
-            k += total;
-        }
-        return;
-    }
+unsafe fn finish_wide<D: Dt, const E: usize>(a: EngramDecodeArgs) {
     let bu = block_idx_x() as usize;
     let d = a.d as usize;
     let l = a.max_conv_len as usize;
@@ -1753,13 +1132,11 @@ unsafe fn finish_wide<D: Dt, const E: usize, const SHORT_CHAIN: bool>(a: EngramD
             }
         });
     }
-    let (inv_d, inv_sqrt_d) =
-        if SHORT_CHAIN { (f32::from_bits(a.rows_per_split), f32::from_bits(a.col_lanes_log2)) } else { row_scales(&a) };
-    // Σh² and h·w_h² need only the inputs: computed before the wait (same operations, same bits);
-    // `SHORT_CHAIN` computes them after issuing the partials' loads.
+    let (inv_d, inv_sqrt_d) = row_scales(&a);
+    // Σh² and h·w_h² need only the inputs: computed before the wait.
     let mut sh = 0f32;
     let mut hww = [0f32; E];
-    if on && !SHORT_CHAIN {
+    if on {
         unroll8!(v, E, {
             let h = wide_e::<D>(&hw, v);
             let w = wide_e::<D>(&whw, v);
@@ -1810,14 +1187,6 @@ unsafe fn finish_wide<D: Dt, const E: usize, const SHORT_CHAIN: bool>(a: EngramD
             sp += 16;
         }
     }
-    if on && SHORT_CHAIN {
-        unroll8!(v, E, {
-            let h = wide_e::<D>(&hw, v);
-            let w = wide_e::<D>(&whw, v);
-            sh = fma(h, h, sh);
-            hww[v] = h * w * w;
-        });
-    }
     // 3. Σh², Σq(kk)², Σ h·w_h²·q(kk) → alpha.
     let (mut sk, mut dot) = (0f32, 0f32);
     let mut qk = [0f32; E];
@@ -1832,7 +1201,7 @@ unsafe fn finish_wide<D: Dt, const E: usize, const SHORT_CHAIN: bool>(a: EngramD
         }
     }
     let red = dyn_smem::<f32>();
-    let (sh, sk, dot) = if SHORT_CHAIN { block_sum3_par(red, sh, sk, dot) } else { block_sum3(red, sh, sk, dot) };
+    let (sh, sk, dot) = block_sum3(red, sh, sk, dot);
     let rh = rrms_fast(sh, inv_d, a.eps);
     let rk = rrms_fast(sk, inv_d, a.eps);
     let alpha = sigmoid_fast(dot * rh * rk * inv_sqrt_d);
@@ -1847,7 +1216,7 @@ unsafe fn finish_wide<D: Dt, const E: usize, const SHORT_CHAIN: bool>(a: EngramD
     if on && !a.intermediates.is_null() {
         st_e::<D, E>(a.intermediates.add((a.batch as usize + bu) * d + j0), &vh);
     }
-    let ssv = if SHORT_CHAIN { block_sum1_par(red.add(128), sv) } else { block_sum1(red.add(128), sv) };
+    let ssv = block_sum1(red.add(128), sv);
     let rv = rrms_fast(ssv, inv_d, a.eps);
     if !on {
         return;
@@ -1883,19 +1252,23 @@ unsafe fn finish_wide<D: Dt, const E: usize, const SHORT_CHAIN: bool>(a: EngramD
     st_e::<D, E>(a.new_conv_state.add((bu * l + a.write_row as usize) * d + j0), &u);
 }
 
-kernel_abi::engram_decode_entry!(engram_decode_f16_project_scalar, a => { decode::<F16, 1, 4, 4, false>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_project_scalar, a => { decode::<Bf16, 1, 4, 4, false>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_f16_project_mma, a => { decode::<F16, 8, 8, 2, true>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_project_mma, a => { decode::<Bf16, 8, 8, 2, true>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_f16_project_mma_b8k16, a => { project_mma_b8k16::<F16, false>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_project_mma_b8k16, a => { project_mma_b8k16::<Bf16, false>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_f16_finish_warp_8col, a => { finish_launch::<F16, 8>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_f16_finish_warp_1col, a => { finish_launch::<F16, 1>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_warp_8col, a => { finish_launch::<Bf16, 8>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_warp_1col, a => { finish_launch::<Bf16, 1>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_f16_finish_block_4col, a => { finish_wide::<F16, 4, false>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_f16_finish_block_2col, a => { finish_wide::<F16, 2, false>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_f16_finish_block_1col, a => { finish_wide::<F16, 1, false>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_block_4col, a => { finish_wide::<Bf16, 4, false>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_block_2col, a => { finish_wide::<Bf16, 2, false>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_block_1col, a => { finish_wide::<Bf16, 1, false>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_project_scalar, a => { project_launch::<F16, 1, 4, 4, false>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_project_scalar, a => { project_launch::<Bf16, 1, 4, 4, false>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_project_mma, a => { project_launch::<F16, 8, 8, 2, true>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_project_mma, a => { project_launch::<Bf16, 8, 8, 2, true>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_project_mma_b8k16, a => { project_mma_b8k16::<F16>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_project_mma_b8k16, a => { project_mma_b8k16::<Bf16>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_finish_warp_8col_shared, a => { finish_launch::<F16, 8, true>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_finish_warp_8col_kv, a => { finish_launch::<F16, 8, false>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_finish_warp_1col_shared, a => { finish_launch::<F16, 1, true>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_finish_warp_1col_kv, a => { finish_launch::<F16, 1, false>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_warp_8col_shared, a => { finish_launch::<Bf16, 8, true>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_warp_8col_kv, a => { finish_launch::<Bf16, 8, false>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_warp_1col_shared, a => { finish_launch::<Bf16, 1, true>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_warp_1col_kv, a => { finish_launch::<Bf16, 1, false>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_finish_block_4col, a => { finish_wide::<F16, 4>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_finish_block_2col, a => { finish_wide::<F16, 2>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_f16_finish_block_1col, a => { finish_wide::<F16, 1>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_block_4col, a => { finish_wide::<Bf16, 4>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_block_2col, a => { finish_wide::<Bf16, 2>(a) });
+kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_block_1col, a => { finish_wide::<Bf16, 1>(a) });
