@@ -370,7 +370,7 @@ fn every_planned_kernel_matches_reference() {
     for (batch, d_mem, d, l, k, dil) in PLAN_SHAPES {
         let s = EngramDecodeShape::new(batch, d_mem, d, l, k, dil);
         let steps = plan_decode_steps(&s).unwrap();
-        println!("{s:?}: {:?}", steps.vectorised.unwrap().entries(DecodeDtype::F16));
+        println!("{s:?}: {:?}", steps.vectorised.unwrap().entries(DecodeDtype::F16).unwrap());
         worst = worst.max(one::<f16>(&gpu, &mut rng, s, VARIED));
         worst = worst.max(one::<bf16>(&gpu, &mut rng, s, SEED_SCALES));
         worst = worst.max(one::<bf16>(&gpu, &mut rng, s, VARIED));

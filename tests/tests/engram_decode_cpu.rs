@@ -793,7 +793,7 @@ fn planner_reaches_every_decode_entry() {
             for d in [7, 8, 256, 264, 512, 520, 1024, 1032, 4096, 4104] {
                 for p in plans(&EngramDecodeShape::new(batch, d_mem, d, 4, 2, 1)) {
                     for dtype in [DecodeDtype::F16, DecodeDtype::Bf16] {
-                        planned.extend(p.entries(dtype));
+                        planned.extend(p.entries(dtype).unwrap());
                     }
                 }
             }
@@ -802,4 +802,30 @@ fn planner_reaches_every_decode_entry() {
     let in_module: std::collections::BTreeSet<&str> =
         rgk_tests::module_entries().into_iter().filter(|name| name.starts_with("engram_decode_")).collect();
     assert_eq!(planned, in_module);
+}
+
+/// Every plan of a wide grid of shapes (d = 1..1100 and streaming widths, several batches and
+/// `d_mem`), on both layouts and in both dtypes, names a kernel of `kernel_abi::decode_kernels!`
+/// (the list the PTX entries are declared from) that the module holds.
+#[test]
+fn every_plan_names_a_declared_kernel() {
+    let module = rgk_tests::module_entries();
+    let mut seen = std::collections::BTreeSet::new();
+    for batch in [1, 2, 4, 8, 9, 16] {
+        for d_mem in [16, 40, 512, 520] {
+            for d in (1..=1100).chain([2048, 4096, 4104, 8192]) {
+                let s = EngramDecodeShape::new(batch, d_mem, d, 4, 2, 1);
+                let steps = plan_decode_steps(&s).unwrap_or_else(|e| panic!("{s:?}: {e}"));
+                for p in steps.vectorised.iter().chain([&steps.any_layout]) {
+                    for dtype in [DecodeDtype::F16, DecodeDtype::Bf16] {
+                        for n in p.entries(dtype).unwrap_or_else(|e| panic!("{s:?} {dtype:?}: {e}")) {
+                            assert!(module.contains(n), "{n} is planned but not in the PTX module");
+                            seen.insert(n);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    println!("{} of the module's decode entries planned", seen.len());
 }

@@ -22,29 +22,44 @@ use crate::error::{check_len, check_positive, checked_product};
 use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, StreamOrder};
 use crate::{Error, Gpu, Result};
 
-/// Every PTX entry of the decode step ([`planned_kernels`] launches each of them).
-pub(crate) const KERNELS: &[&str] = &[
-    "engram_decode_f16_project_scalar",
-    "engram_decode_bf16_project_scalar",
-    "engram_decode_f16_project_mma",
-    "engram_decode_bf16_project_mma",
-    "engram_decode_f16_project_mma_b8k16",
-    "engram_decode_bf16_project_mma_b8k16",
-    "engram_decode_f16_finish_warp_8col_shared",
-    "engram_decode_f16_finish_warp_8col_kv",
-    "engram_decode_f16_finish_warp_1col_shared",
-    "engram_decode_f16_finish_warp_1col_kv",
-    "engram_decode_bf16_finish_warp_8col_shared",
-    "engram_decode_bf16_finish_warp_8col_kv",
-    "engram_decode_bf16_finish_warp_1col_shared",
-    "engram_decode_bf16_finish_warp_1col_kv",
-    "engram_decode_f16_finish_block_4col",
-    "engram_decode_f16_finish_block_2col",
-    "engram_decode_f16_finish_block_1col",
-    "engram_decode_bf16_finish_block_4col",
-    "engram_decode_bf16_finish_block_2col",
-    "engram_decode_bf16_finish_block_1col",
-];
+/// The decode step's PTX entries, from `kernel_abi::decode_kernels!` (the list the kernels are
+/// declared from): [`KERNELS`] ([`planned_kernels`] launches each of them) and the entry of
+/// each `(kernel, dtype, cols)`.
+macro_rules! decode_entry_table {
+    ($($name:ident: $kind:ident, $dt:ident, $cols:literal;)*) => {
+        /// Every PTX entry of the decode step.
+        pub(crate) const KERNELS: &[&str] = &[$(stringify!($name),)*];
+
+        /// The entry of `kind` in `dtype` with `cols` columns per lane or thread; `None` where
+        /// the family has no such kernel.
+        fn entry_of(kind: Entry, dtype: DecodeDtype, cols: u32) -> Option<&'static str> {
+            $(if kind == Entry::$kind && dtype == decode_entry_table!(@dtype $dt) && cols == $cols {
+                return Some(stringify!($name));
+            })*
+            None
+        }
+    };
+    (@dtype f16) => { DecodeDtype::F16 };
+    (@dtype bf16) => { DecodeDtype::Bf16 };
+}
+kernel_abi::decode_kernels!(decode_entry_table);
+
+/// The kernel column of `kernel_abi::decode_kernels!`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Entry {
+    ProjectScalar,
+    ProjectMma,
+    ProjectMmaB8K16,
+    FinishWarpShared,
+    FinishWarpKv,
+    FinishBlock,
+}
+
+/// [`entry_of`], or [`Error::MissingKernel`] naming what the plan asked for (a planner/table
+/// mismatch, which the planner sweep tests would show).
+fn entry(kind: Entry, dtype: DecodeDtype, cols: u32) -> Result<&'static str> {
+    entry_of(kind, dtype, cols).ok_or_else(|| Error::MissingKernel(format!("{kind:?} {dtype:?} cols={cols}")))
+}
 
 /// The storage dtype of one EngramDecodeFwd call (every tensor has it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,15 +191,11 @@ pub enum DecodeProjectionKernel {
 }
 
 impl DecodeProjectionKernel {
-    fn entry(self, dtype: DecodeDtype) -> &'static str {
-        use DecodeDtype::{Bf16, F16};
-        match (self, dtype) {
-            (Self::MmaB8K16, F16) => "engram_decode_f16_project_mma_b8k16",
-            (Self::MmaB8K16, Bf16) => "engram_decode_bf16_project_mma_b8k16",
-            (Self::Mma, F16) => "engram_decode_f16_project_mma",
-            (Self::Mma, Bf16) => "engram_decode_bf16_project_mma",
-            (Self::Scalar, F16) => "engram_decode_f16_project_scalar",
-            (Self::Scalar, Bf16) => "engram_decode_bf16_project_scalar",
+    fn entry(self, dtype: DecodeDtype) -> Result<&'static str> {
+        match self {
+            Self::MmaB8K16 => entry(Entry::ProjectMmaB8K16, dtype, 8),
+            Self::Mma => entry(Entry::ProjectMma, dtype, 8),
+            Self::Scalar => entry(Entry::ProjectScalar, dtype, 1),
         }
     }
 }
@@ -206,23 +217,11 @@ pub enum DecodeFinishKernel {
 }
 
 impl DecodeFinishKernel {
-    fn entry(self, dtype: DecodeDtype) -> &'static str {
-        use DecodeDtype::{Bf16, F16};
-        match (self, dtype) {
-            (Self::Block { cols: 4, .. }, F16) => "engram_decode_f16_finish_block_4col",
-            (Self::Block { cols: 2, .. }, F16) => "engram_decode_f16_finish_block_2col",
-            (Self::Block { .. }, F16) => "engram_decode_f16_finish_block_1col",
-            (Self::Block { cols: 4, .. }, Bf16) => "engram_decode_bf16_finish_block_4col",
-            (Self::Block { cols: 2, .. }, Bf16) => "engram_decode_bf16_finish_block_2col",
-            (Self::Block { .. }, Bf16) => "engram_decode_bf16_finish_block_1col",
-            (Self::Warp { cols: 8, staged_in_shared: true, .. }, F16) => "engram_decode_f16_finish_warp_8col_shared",
-            (Self::Warp { cols: 8, staged_in_shared: false, .. }, F16) => "engram_decode_f16_finish_warp_8col_kv",
-            (Self::Warp { staged_in_shared: true, .. }, F16) => "engram_decode_f16_finish_warp_1col_shared",
-            (Self::Warp { staged_in_shared: false, .. }, F16) => "engram_decode_f16_finish_warp_1col_kv",
-            (Self::Warp { cols: 8, staged_in_shared: true, .. }, Bf16) => "engram_decode_bf16_finish_warp_8col_shared",
-            (Self::Warp { cols: 8, staged_in_shared: false, .. }, Bf16) => "engram_decode_bf16_finish_warp_8col_kv",
-            (Self::Warp { staged_in_shared: true, .. }, Bf16) => "engram_decode_bf16_finish_warp_1col_shared",
-            (Self::Warp { staged_in_shared: false, .. }, Bf16) => "engram_decode_bf16_finish_warp_1col_kv",
+    fn entry(self, dtype: DecodeDtype) -> Result<&'static str> {
+        match self {
+            Self::Block { cols, .. } => entry(Entry::FinishBlock, dtype, cols),
+            Self::Warp { cols, staged_in_shared: true, .. } => entry(Entry::FinishWarpShared, dtype, cols),
+            Self::Warp { cols, staged_in_shared: false, .. } => entry(Entry::FinishWarpKv, dtype, cols),
         }
     }
 }
@@ -237,9 +236,10 @@ pub struct DecodeStepPlan {
 }
 
 impl DecodeStepPlan {
-    /// The PTX entries the step launches, in launch order.
-    pub fn entries(&self, dtype: DecodeDtype) -> [&'static str; 2] {
-        [self.projection.entry(dtype), self.finish.entry(dtype)]
+    /// The PTX entries the step launches, in launch order. Errors: [`Error::MissingKernel`]
+    /// when the plan names a kernel the family does not declare.
+    pub fn entries(&self, dtype: DecodeDtype) -> Result<[&'static str; 2]> {
+        Ok([self.projection.entry(dtype)?, self.finish.entry(dtype)?])
     }
 }
 
@@ -386,7 +386,7 @@ pub fn planned_kernels(_gpu: &Gpu) -> Result<std::collections::BTreeSet<&'static
                 let plans = plan_decode_steps(&EngramDecodeShape::new(batch, d_mem, d, 4, 2, 1))?;
                 for p in plans.vectorised.iter().chain([&plans.any_layout]) {
                     for dtype in [DecodeDtype::F16, DecodeDtype::Bf16] {
-                        out.extend(p.entries(dtype));
+                        out.extend(p.entries(dtype)?);
                     }
                 }
             }
@@ -788,7 +788,7 @@ impl EngramDecodePlan {
             [i.e_t, i.h_t, i.w_k, i.w_v, i.rms_w_h, i.rms_w_v, i.conv_w, s_in, s_out, y].iter().all(|p| p % 16 == 0);
         let step = self.step(vectorised);
         let g = step.geometry;
-        let f = gpu.function(step.projection.entry(dtype))?;
+        let f = gpu.function(step.projection.entry(dtype)?)?;
         let dims = LaunchDims { grid: (g.tiles, g.splits, 1), block: (g.block, 1, 1), shared_bytes: g.shared_bytes() };
         let [partials, kv, intermediates] = pp;
         let ptr = |p: CUdeviceptr| p as *const u16;
@@ -825,7 +825,7 @@ impl EngramDecodePlan {
         // One launch with last-block-done tickets: b1/b4/b8 9.55/12.86/14.50 µs vs 8.50/13.84/9.92 (warp finish).
         // One launch in one thread-block cluster, finish over distributed shared memory: 5.54/5.92/5.92 µs.
         launch(f, dims, stream, &projection)?;
-        let fin = gpu.function(step.finish.entry(dtype))?;
+        let fin = gpu.function(step.finish.entry(dtype)?)?;
         // State shift in extra blocks of the block finish, under PDL: predicted −0.1…−0.3 µs at b8, never faster.
         // Finish with `1/d` from the host and its loads before the dependent wait: 4.69/5.76/4.99 µs (+0.1–0.5).
         let batch = projection.batch;

@@ -111,3 +111,39 @@ pub const fn decode_project_shared_bytes(block: u32, vec: u32, mma: bool) -> u32
 pub const fn decode_finish_warp_shared_bytes(d: u32) -> u32 {
     2 * d * 4
 }
+
+/// The decode kernels, one row per PTX entry: `name: kernel, dtype, cols;`. `kernel`:
+/// `ProjectScalar` (the projection on CUDA-core FMAs, one column per lane), `ProjectMma` (on
+/// tensor cores, any batch), `ProjectMmaB8K16` (tensor cores, batch ≤ 8, `d_mem % 16 == 0`),
+/// `FinishWarpShared` / `FinishWarpKv` (one block per batch row summing the split partials into
+/// shared memory / the `kv` workspace, warp 0 finishing the row), `FinishBlock` (the whole block
+/// finishing the row); `cols`: columns per lane or thread. Expands to `$cb! { rows }`: the
+/// device crate declares each entry from it (`kernels-gpu/src/engram/decode.rs`), the host
+/// derives its entry names from it (`host/src/engram/decode.rs`).
+#[macro_export]
+macro_rules! decode_kernels {
+    ($cb:ident) => {
+        $cb! {
+            engram_decode_f16_project_scalar: ProjectScalar, f16, 1;
+            engram_decode_bf16_project_scalar: ProjectScalar, bf16, 1;
+            engram_decode_f16_project_mma: ProjectMma, f16, 8;
+            engram_decode_bf16_project_mma: ProjectMma, bf16, 8;
+            engram_decode_f16_project_mma_b8k16: ProjectMmaB8K16, f16, 8;
+            engram_decode_bf16_project_mma_b8k16: ProjectMmaB8K16, bf16, 8;
+            engram_decode_f16_finish_warp_8col_shared: FinishWarpShared, f16, 8;
+            engram_decode_f16_finish_warp_8col_kv: FinishWarpKv, f16, 8;
+            engram_decode_f16_finish_warp_1col_shared: FinishWarpShared, f16, 1;
+            engram_decode_f16_finish_warp_1col_kv: FinishWarpKv, f16, 1;
+            engram_decode_bf16_finish_warp_8col_shared: FinishWarpShared, bf16, 8;
+            engram_decode_bf16_finish_warp_8col_kv: FinishWarpKv, bf16, 8;
+            engram_decode_bf16_finish_warp_1col_shared: FinishWarpShared, bf16, 1;
+            engram_decode_bf16_finish_warp_1col_kv: FinishWarpKv, bf16, 1;
+            engram_decode_f16_finish_block_4col: FinishBlock, f16, 4;
+            engram_decode_f16_finish_block_2col: FinishBlock, f16, 2;
+            engram_decode_f16_finish_block_1col: FinishBlock, f16, 1;
+            engram_decode_bf16_finish_block_4col: FinishBlock, bf16, 4;
+            engram_decode_bf16_finish_block_2col: FinishBlock, bf16, 2;
+            engram_decode_bf16_finish_block_1col: FinishBlock, bf16, 1;
+        }
+    };
+}

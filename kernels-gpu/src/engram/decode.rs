@@ -1252,23 +1252,31 @@ unsafe fn finish_wide<D: Dt, const E: usize>(a: EngramDecodeArgs) {
     st_e::<D, E>(a.new_conv_state.add((bu * l + a.write_row as usize) * d + j0), &u);
 }
 
-kernel_abi::engram_decode_entry!(engram_decode_f16_project_scalar, a => { project_launch::<F16, 1, 4, 4, false>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_project_scalar, a => { project_launch::<Bf16, 1, 4, 4, false>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_f16_project_mma, a => { project_launch::<F16, 8, 8, 2, true>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_project_mma, a => { project_launch::<Bf16, 8, 8, 2, true>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_f16_project_mma_b8k16, a => { project_mma_b8k16::<F16>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_project_mma_b8k16, a => { project_mma_b8k16::<Bf16>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_f16_finish_warp_8col_shared, a => { finish_launch::<F16, 8, true>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_f16_finish_warp_8col_kv, a => { finish_launch::<F16, 8, false>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_f16_finish_warp_1col_shared, a => { finish_launch::<F16, 1, true>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_f16_finish_warp_1col_kv, a => { finish_launch::<F16, 1, false>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_warp_8col_shared, a => { finish_launch::<Bf16, 8, true>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_warp_8col_kv, a => { finish_launch::<Bf16, 8, false>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_warp_1col_shared, a => { finish_launch::<Bf16, 1, true>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_warp_1col_kv, a => { finish_launch::<Bf16, 1, false>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_f16_finish_block_4col, a => { finish_wide::<F16, 4>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_f16_finish_block_2col, a => { finish_wide::<F16, 2>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_f16_finish_block_1col, a => { finish_wide::<F16, 1>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_block_4col, a => { finish_wide::<Bf16, 4>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_block_2col, a => { finish_wide::<Bf16, 2>(a) });
-kernel_abi::engram_decode_entry!(engram_decode_bf16_finish_block_1col, a => { finish_wide::<Bf16, 1>(a) });
+/// One entry per row of `kernel_abi::decode_kernels!` (the list the host derives its entry
+/// names from).
+macro_rules! decode_entries {
+    ($($name:ident: $kind:ident, $dt:ident, $cols:literal;)*) => {
+        $(decode_entries!(@ $kind $name, decode_entries!(@t $dt), $cols);)*
+    };
+    (@ ProjectScalar $name:ident, $t:ty, $cols:literal) => {
+        kernel_abi::engram_decode_entry!($name, a => { project_launch::<$t, 1, 4, 4, false>(a) });
+    };
+    (@ ProjectMma $name:ident, $t:ty, $cols:literal) => {
+        kernel_abi::engram_decode_entry!($name, a => { project_launch::<$t, 8, 8, 2, true>(a) });
+    };
+    (@ ProjectMmaB8K16 $name:ident, $t:ty, $cols:literal) => {
+        kernel_abi::engram_decode_entry!($name, a => { project_mma_b8k16::<$t>(a) });
+    };
+    (@ FinishWarpShared $name:ident, $t:ty, $cols:literal) => {
+        kernel_abi::engram_decode_entry!($name, a => { finish_launch::<$t, $cols, true>(a) });
+    };
+    (@ FinishWarpKv $name:ident, $t:ty, $cols:literal) => {
+        kernel_abi::engram_decode_entry!($name, a => { finish_launch::<$t, $cols, false>(a) });
+    };
+    (@ FinishBlock $name:ident, $t:ty, $cols:literal) => {
+        kernel_abi::engram_decode_entry!($name, a => { finish_wide::<$t, $cols>(a) });
+    };
+    (@t f16) => { F16 };
+    (@t bf16) => { Bf16 };
+}
+kernel_abi::decode_kernels!(decode_entries);
