@@ -9,6 +9,13 @@ pub const OUT_SMEM: u32 = 2;
 /// Pass flag: multiply output `k` of transform `t` by `W_n^{(t mod M_in)·k}` (the four-step
 /// twiddle, from the two-level table `twlo[p mod S]·twhi[p/S]`).
 pub const TW4: u32 = 4;
+/// Pass flag: wait for the previous pass (programmatic dependent launch) at kernel entry,
+/// before the twiddle loads. The planner never sets it: the wait after the twiddle loads
+/// measured faster (longconv-64k 10.34 against 10.88 µs). The flag stays a runtime test because
+/// the branch is what keeps ptxas from hoisting the wait above the twiddle loads (an
+/// unconditional wait is hoisted: SASS checked, longconv-64k +0.43 µs).
+pub const WAIT_FIRST: u32 = 8;
+
 kernel_args! {
     /// Every FFT pass kernel: `fft_c64_*` (elements are `f32` pairs) and `fft_c128_*` (`f64`
     /// pairs). One launch is one pass of a plan: `count` transforms of length `2^LOG_L` (the
@@ -37,7 +44,7 @@ kernel_args! {
         pub count: u32,
         /// `log2 S` of the four-step table split.
         pub log_split: u32,
-        /// [`COL_MAP`] | [`OUT_SMEM`] | [`TW4`].
+        /// [`COL_MAP`] | [`OUT_SMEM`] | [`TW4`] | [`WAIT_FIRST`].
         pub flags: u32,
         /// Elements of shared memory per transform of the block (its Stockham buffer, padded).
         pub sm_stride: u32,
