@@ -1275,51 +1275,31 @@ pub use kernel_abi::mhc::BTF;
 pub const NMAX_MMA: u32 = kernel_abi::mhc::NMAX_SMALL_N;
 const NTMAX: usize = 3;
 
-/// [`pre_mma_body`]'s shared memory (bytes), mirrored by the host
-/// (`rgk::mhc::pre_mma_partial_smem_bytes`): phis n·cw·m f32 | xs BTF·n·cw u16 | red W·(NT+1)·64 f64 |
-/// part BTF·mq f64 | tot BTF·mq f64 | zr BTF·n² f64 | ra BTF·n² f32 | rb BTF·n² f32 |
-/// hs BTF·n f32 | bs m f32 (each of the first three 16-byte aligned).
+/// [`pre_mma_body`]'s shared memory (bytes): phis n·cw·m f32 | xs BTF·n·cw u16 | red
+/// W·(NT+1)·64 f64 | part BTF·mq f64 (each of the first three 16-byte aligned). The host
+/// (`rgk::mhc::pre_mma_partial_smem_bytes`) still launches with the size of the deleted
+/// one-launch path's layout, which added the coefficient areas after `part`.
 struct SmemF {
     phis: *mut f32,
     xs: *mut u16,
     red: *mut f64,
     part: *mut f64,
-    tot: *mut f64,
-    zr: *mut f64,
-    ra: *mut f32,
-    rb: *mut f32,
-    hs: *mut f32,
-    bs: *mut f32,
 }
 
 #[inline(always)]
 unsafe fn layout_mma(nt: u32, m: u32, n: u32, cw: u32) -> SmemF {
     let base = dyn_smem::<u8>();
     let bt = BTF as usize;
-    let nn = (n * n) as usize;
-    let mq = (m + 1) as usize;
     let rows = (n * cw) as usize;
     let ntt = m.div_ceil(8) as usize + 1;
     let xs = (4 * rows * m as usize).next_multiple_of(16);
     let red = xs + (2 * bt * rows).next_multiple_of(16);
     let part = red + 8 * (nt as usize / 32) * ntt * 64;
-    let tot = part + 8 * bt * mq;
-    let zr = tot + 8 * bt * mq;
-    let ra = zr + 8 * bt * nn;
-    let rb = ra + 4 * bt * nn;
-    let hs = rb + 4 * bt * nn;
-    let bs = hs + 4 * bt * n as usize;
     SmemF {
         phis: base as *mut f32,
         xs: base.add(xs) as *mut u16,
         red: base.add(red) as *mut f64,
         part: base.add(part) as *mut f64,
-        tot: base.add(tot) as *mut f64,
-        zr: base.add(zr) as *mut f64,
-        ra: base.add(ra) as *mut f32,
-        rb: base.add(rb) as *mut f32,
-        hs: base.add(hs) as *mut f32,
-        bs: base.add(bs) as *mut f32,
     }
 }
 
@@ -1354,24 +1334,7 @@ unsafe fn partial_mma_entry(
     fixed_point: bool,
 ) {
     grid_launch_dependents();
-    let p = PreCoef { alpha_pre: 0.0, alpha_post: 0.0, alpha_res: 0.0, repeat: 0, eps: 0.0, inv_sqrt_nc: 0.0 };
-    let null = core::ptr::null_mut();
-    pre_mma_body(
-        phi,
-        x,
-        null,
-        null as *mut u16,
-        null as *mut u16,
-        null as *mut f32,
-        batch,
-        n,
-        c,
-        cw,
-        bpc,
-        p,
-        part_ws,
-        fixed_point,
-    );
+    pre_mma_body(phi, x, batch, n, c, cw, bpc, part_ws, fixed_point);
 }
 
 /// The scalar parameters of the coefficient phase.
@@ -1488,69 +1451,30 @@ unsafe fn coefficients_warp(
     }
 }
 
-/// `Σ_{ρ < count} *mapa(pi, ρ)`: the same shared-memory word of the cluster's blocks `0..count`,
-/// added in rank order, eight remote loads in flight per round.
-#[inline(always)]
-unsafe fn cluster_rank_sum(pi: *const f64, count: u32) -> f64 {
-    let mut tot = 0f64;
-    let mut r0 = 0;
-    while r0 < count {
-        let mut r = [0f64; 8];
-        let mut u = 0;
-        while u < 8 {
-            let rr = r0 + u as u32;
-            let val = *mapa(pi, if rr < count { rr } else { 0 });
-            r[u] = if rr < count { val } else { 0.0 };
-            u += 1;
-        }
-        let mut u = 0;
-        while u < 8 {
-            if r0 + (u as u32) < count {
-                tot += r[u];
-            }
-            u += 1;
-        }
-        r0 += 8;
-    }
-    tot
-}
-
 /// The body of the tensor-core kernels 1: phi slab and x staged in shared memory, the DMMA
 /// product, fixed-order warp sums into block partials, then (`fixed_point`) limb adds into the
-/// fixed-point accumulators, or the partials stored to `part_ws`.
-///
-/// Two branches no launch takes stay compiled into [`mhc_pre_partial_mma`] because they test
-/// runtime values there: `part_ws` null (one launch of a thread-block cluster: DSMEM exchange,
-/// coefficients and mixing in the same kernel — measured slower than the pair, see
-/// `docs/decisions/mhc.md`) and a cluster launch of kernel 1 (rank 0 summing the cluster's
-/// partials through DSMEM). Removing them would change that kernel's code (kept kernels are held
-/// bit-identical until a device A/B run can judge a rewrite).
+/// fixed-point accumulators, or the partials stored to `part_ws`. (One launch of a
+/// thread-block cluster doing the coefficients and mixing too, and a cluster launch of kernel 1
+/// summing partials through DSMEM, measured slower than the pair: `docs/decisions/mhc.md`.)
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pre_mma_body(
     phi: *const f32,
     x: *const u16,
-    bias: *const f32,
-    x_res: *mut u16,
-    x_layer: *mut u16,
-    h_post: *mut f32,
     batch: u32,
     n: u32,
     c: u32,
     cw: u32,
     bpc: u32,
-    coef: PreCoef,
     part_ws: *mut f64,
     fixed_point: bool,
 ) {
-    let partial = !part_ws.is_null();
     let t = thread_idx_x();
     let nt = block_dim_x();
-    let rank = if partial { block_idx_x() } else { cluster_ctarank() };
-    let cs = if partial { grid_dim_x() } else { cluster_nctarank() };
+    let rank = block_idx_x();
+    let cs = grid_dim_x();
     let m = n * n + 2 * n;
     let mq = m + 1;
-    let nn = n * n;
     let ntile = m.div_ceil(8);
     let ntt = ntile + 1;
     let sm = layout_mma(nt, m, n, cw);
@@ -1564,8 +1488,8 @@ unsafe fn pre_mma_body(
     let nw = nt >> 5;
     let g = lane >> 2;
     let tq = lane & 3;
-    // 16-byte paths for x (copies in, mixing out) when every row segment is 16-byte aligned.
-    let xvec = (x as u64 | x_res as u64 | x_layer as u64) & 15 == 0 && c % 8 == 0 && cw % 8 == 0 && cwa % 8 == 0;
+    // 16-byte copies of x into shared memory when every row segment is 16-byte aligned.
+    let xvec = (x as u64) & 15 == 0 && c % 8 == 0 && cw % 8 == 0 && cwa % 8 == 0;
     // Fixed point: this call's accumulators are the half of `part_ws` that the epoch word's
     // parity names; the other half (read by the previous call's kernel 2, which has completed) is
     // zeroed here for the next call, the words spread over every block of the grid.
@@ -1598,9 +1522,6 @@ unsafe fn pre_mma_body(
             }
         }
         k += 1;
-    }
-    if !partial && t < m {
-        *sm.bs.add(t as usize) = *bias.add(t as usize);
     }
 
     let mut b0 = b_lo;
@@ -1728,163 +1649,14 @@ unsafe fn pre_mma_body(
             b0 += bga;
             continue;
         }
-        if partial {
-            let ccs = cluster_nctarank();
-            if ccs == 1 {
-                // Two-launch path: this block's partials of the group, then the next group.
-                sync_threads();
-                let mut i = t;
-                while i < items {
-                    let (bl, q) = divrem_u32(i, mq);
-                    *part_ws.add((((b0 + bl) * mq + q) * cs + rank) as usize) = *sm.part.add(i as usize);
-                    i += nt;
-                }
-                sync_threads();
-            } else {
-                // Launched in clusters of `ccs` blocks along x: the cluster's rank-0 block sums
-                // the cluster's block partials in rank order (DSMEM) and writes one partial per
-                // cluster, `part[(β·(m+1) + q)·(G/ccs) + cluster]`; the second cluster barrier
-                // keeps every block's shared memory alive until rank 0 has read it.
-                cluster_arrive();
-                cluster_wait();
-                if cluster_ctarank() == 0 {
-                    let ncl = cs / ccs;
-                    let cid = rank / ccs;
-                    let mut i = t;
-                    while i < items {
-                        let tot = cluster_rank_sum(sm.part.add(i as usize), ccs);
-                        let (bl, q) = divrem_u32(i, mq);
-                        *part_ws.add((((b0 + bl) * mq + q) * ncl + cid) as usize) = tot;
-                        i += nt;
-                    }
-                }
-                cluster_arrive();
-                cluster_wait();
-            }
-            b0 += bga;
-            continue;
-        }
-        // ---- the cluster's partials, summed in rank order by every block.
-        cluster_arrive();
-        cluster_wait();
+        // This block's partials of the group, then the next group.
+        sync_threads();
         let mut i = t;
         while i < items {
-            // Eight remote loads in flight per round (cs ≤ 16: two rounds at most).
-            *sm.tot.add(i as usize) = cluster_rank_sum(sm.part.add(i as usize), cs);
+            let (bl, q) = divrem_u32(i, mq);
+            *part_ws.add((((b0 + bl) * mq + q) * cs + rank) as usize) = *sm.part.add(i as usize);
             i += nt;
         }
-        // Done reading the other blocks' partials (the matching wait precedes the next write).
-        cluster_arrive();
-        sync_threads();
-
-        // ---- coefficients: warp β handles batch row b0 + β.
-        let mut bl = warp;
-        while bl < bga {
-            let hp = if rank == 0 { h_post.add(((b0 + bl) * n) as usize) } else { core::ptr::null_mut() };
-            let out = CoefOut {
-                hs: sm.hs.add((bl * n) as usize),
-                zr: sm.zr.add((bl * nn) as usize),
-                ra: sm.ra.add((bl * nn) as usize),
-                rb: sm.rb.add((bl * nn) as usize),
-                h_post: hp,
-            };
-            coefficients_warp(sm.tot.add((bl * mq) as usize), |e| *sm.bs.add(e as usize), n, coef, out, lane);
-            bl += nw;
-        }
-        sync_threads();
-
-        // ---- mixing of the staged columns.
-        if xvec {
-            // Item (β, chunk): columns jj = 8·chunk .. +8, one 16-byte store per output row.
-            let chunks = cwa / 8;
-            let mut it = t;
-            while it < bga * chunks {
-                let (bl, ch) = divrem_u32(it, chunks);
-                let jj = 8 * ch;
-                let hs = sm.hs.add((bl * n) as usize);
-                let ra = sm.ra.add((bl * nn) as usize);
-                let b = b0 + bl;
-                let mut xv = [[0f32; 8]; NMAX_MMA as usize];
-                let mut k = 0;
-                while k < NMAX_MMA as usize {
-                    if (k as u32) < n {
-                        let w = ld_v4(sm.xs.add((((bl * n + k as u32) * cwa) + jj) as usize) as *const u32);
-                        let mut e = 0;
-                        while e < 4 {
-                            let (lo, hi) = bf16x2_to_f32(w[e]);
-                            xv[k][2 * e] = lo;
-                            xv[k][2 * e + 1] = hi;
-                            e += 1;
-                        }
-                    }
-                    k += 1;
-                }
-                // Row i = n is x_layer (coefficients H_pre), rows i < n are x_res (R[i, ·]).
-                let mut i = 0;
-                while i <= n {
-                    let coef = if i < n { ra.add((i * n) as usize) } else { hs };
-                    let mut o = [0f32; 8];
-                    let mut k = 0;
-                    while k < NMAX_MMA as usize {
-                        if (k as u32) < n {
-                            let cf = *coef.add(k);
-                            let mut e = 0;
-                            while e < 8 {
-                                o[e] = fma(cf, xv[k][e], o[e]);
-                                e += 1;
-                            }
-                        }
-                        k += 1;
-                    }
-                    let v = [
-                        f32_to_bf16x2(o[0], o[1]),
-                        f32_to_bf16x2(o[2], o[3]),
-                        f32_to_bf16x2(o[4], o[5]),
-                        f32_to_bf16x2(o[6], o[7]),
-                    ];
-                    let dst = if i < n {
-                        x_res.add(((b * n + i) * c + j0 + jj) as usize)
-                    } else {
-                        x_layer.add((b * c + j0 + jj) as usize)
-                    };
-                    st_v4(dst as *mut u32, v);
-                    i += 1;
-                }
-                it += nt;
-            }
-        } else {
-            let mut it = t;
-            while it < bga * cwa {
-                let (bl, jj) = divrem_u32(it, cwa);
-                let xb = sm.xs.add((bl * rows + jj) as usize);
-                let hs = sm.hs.add((bl * n) as usize);
-                let ra = sm.ra.add((bl * nn) as usize);
-                let col = j0 + jj;
-                let b = b0 + bl;
-                let mut s = 0f32;
-                let mut k = 0;
-                while k < n {
-                    s = fma(*hs.add(k as usize), bf16_to_f32(*xb.add((k * cwa) as usize)), s);
-                    k += 1;
-                }
-                *x_layer.add((b * c + col) as usize) = f32_to_bf16(s);
-                let mut i = 0;
-                while i < n {
-                    let rrow = ra.add((i * n) as usize);
-                    let mut s = 0f32;
-                    let mut k = 0;
-                    while k < n {
-                        s = fma(*rrow.add(k as usize), bf16_to_f32(*xb.add((k * cwa) as usize)), s);
-                        k += 1;
-                    }
-                    *x_res.add(((b * n + i) * c + col) as usize) = f32_to_bf16(s);
-                    i += 1;
-                }
-                it += nt;
-            }
-        }
-        // The other blocks are done with this block's partials; local readers of xs/hs/ra too.
-        cluster_wait();
         sync_threads();
         b0 += bga;
     }
