@@ -5,6 +5,8 @@ mod pre;
 use std::collections::BTreeSet;
 
 pub use post::{post_fwd, post_fwd_raw, MhcPostInputs, MhcPostOutputs, MhcPostShape};
+#[doc(hidden)]
+pub use post::{post_fwd_plan, PostLaunch};
 pub use pre::{pre_fwd_raw, MhcPre, MhcPreInputs, MhcPreLens, MhcPreOutputs, MhcPreParams, MhcPreShape, PrePlan};
 
 // Planner internals the tests and the bench inspect: not part of the API.
