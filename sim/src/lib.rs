@@ -50,18 +50,28 @@ impl DevBuf {
 /// `kernel_abi` list the entries are declared from).
 pub type EntryTable = fn(&str) -> Option<Box<dyn Any>>;
 
-macro_rules! mhc_post_table {
-    ($($name:ident: $kind:ident, $body:ident, $entry:ident;)*) => {
-        /// MHCPostFwd's entries by PTX name (see [`EntryTable`]).
-        pub fn mhc_post(name: &str) -> Option<Box<dyn Any>> {
-            match name {
-                $(stringify!($name) => Some(Box::new(kernels_gpu::mhc::post::$name as unsafe fn(_))),)*
-                _ => None,
-            }
-        }
+/// `pub fn $table(name)`: the entry of that PTX name in `$module`, over the rows of the
+/// `kernel_abi` kernel list `$list` (the list the device declares the entries from). `$d` is
+/// `$`, so the inner macro can take the rows.
+macro_rules! entry_table {
+    ($d:tt $table:ident, $list:ident, $module:path) => {
+        macro_rules! $table {
+                    ($d($d name:ident: $d($d rest:tt),*;)*) => {
+                        #[doc = concat!("The entries of `", stringify!($module), "` by PTX name (see [`EntryTable`]).")]
+                        pub fn $table(name: &str) -> Option<Box<dyn Any>> {
+                            use $module as m;
+                            match name {
+                                $d(stringify!($d name) => Some(Box::new(m::$d name as unsafe fn(_))),)*
+                                _ => None,
+                            }
+                        }
+                    };
+                }
+        kernel_abi::$list!($table);
     };
 }
-kernel_abi::mhc_post_kernels!(mhc_post_table);
+entry_table!($ mhc_post, mhc_post_kernels, kernels_gpu::mhc::post);
+entry_table!($ mhc_pre, mhc_pre_kernels, kernels_gpu::mhc::pre);
 
 /// Runs the planned launch on the CPU: the entry named `p.kernel` in `table`, with `p`'s
 /// geometry and arguments (the entry must take `A`, the planner's argument struct).

@@ -18,6 +18,8 @@ pub use pre::{
     mma_partial_smem_bytes as pre_mma_partial_smem_bytes, partial_smem_bytes as pre_partial_smem_bytes, ColumnMix,
     FmaPartialGrid, Mix, MmaPartialGrid, Partials, PreClass, TileMix, ACC_WORDS,
 };
+#[doc(hidden)]
+pub use pre::{pre_fwd_launches, PreMixLaunch, PrePartialsLaunch};
 
 use crate::{Gpu, Result};
 
