@@ -72,6 +72,7 @@ macro_rules! entry_table {
 }
 entry_table!($ mhc_post, mhc_post_kernels, kernels_gpu::mhc::post);
 entry_table!($ mhc_pre, mhc_pre_kernels, kernels_gpu::mhc::pre);
+entry_table!($ engram_gate, gate_kernels, kernels_gpu::engram::gate_conv);
 
 /// Runs the planned launch on the CPU: the entry named `p.kernel` in `table`, with `p`'s
 /// geometry and arguments (the entry must take `A`, the planner's argument struct).

@@ -28,3 +28,5 @@ pub use gate_conv::{
     bwd_warp_row_magic, fwd_chunk_magic, planned_entries as gate_conv_planned_entries,
     planned_kernels as gate_conv_planned_kernels,
 };
+#[doc(hidden)]
+pub use gate_conv::{gate_conv_bwd_launches, gate_conv_fwd_launch, GateBwdMainLaunch, GateFwdLaunch};

@@ -16,48 +16,61 @@
 #![allow(clippy::missing_safety_doc)]
 
 use core::cell::Cell;
-use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::boxed::Box;
-use std::sync::{Condvar, Mutex};
+use std::sync::Mutex;
 use std::vec::Vec;
 
 // ---------------------------------------------------------------- launch
 
 /// A barrier that a panicking thread can break, so its siblings stop instead of waiting for it
-/// forever.
+/// forever. Waiters park and the last arrival unparks each: no mutex convoy on wake-up (with
+/// hundreds of threads per block on a few cores, a condition variable's herd of waiters
+/// re-taking its mutex dominated the run time).
 struct Barrier {
     n: usize,
-    state: Mutex<(usize, u64, bool)>,
-    cv: Condvar,
+    arrived: AtomicUsize,
+    generation: AtomicU64,
+    waiters: Mutex<Vec<std::thread::Thread>>,
+    broken: AtomicBool,
 }
 
 impl Barrier {
     fn new(n: usize) -> Self {
-        Barrier { n, state: Mutex::new((0, 0, false)), cv: Condvar::new() }
+        Barrier {
+            n,
+            arrived: AtomicUsize::new(0),
+            generation: AtomicU64::new(0),
+            waiters: Mutex::new(Vec::with_capacity(n)),
+            broken: AtomicBool::new(false),
+        }
     }
     fn wait(&self) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if s.2 {
-            broken();
-        }
-        s.0 += 1;
-        if s.0 == self.n {
-            s.0 = 0;
-            s.1 += 1;
-            self.cv.notify_all();
+        let generation = self.generation.load(Ordering::Acquire);
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).push(std::thread::current());
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
+            // Every waiter of this generation is listed (each pushed before arriving); none of
+            // the next can arrive before the generation changes.
+            let waiters = core::mem::take(&mut *self.waiters.lock().unwrap_or_else(|e| e.into_inner()));
+            self.arrived.store(0, Ordering::Relaxed);
+            self.generation.fetch_add(1, Ordering::Release);
+            for t in waiters {
+                t.unpark();
+            }
             return;
         }
-        let generation = s.1;
-        while s.1 == generation && !s.2 {
-            s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
-        }
-        if s.2 {
-            broken();
+        while self.generation.load(Ordering::Acquire) == generation {
+            if self.broken.load(Ordering::Acquire) {
+                broken();
+            }
+            std::thread::park();
         }
     }
     fn break_all(&self) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).2 = true;
-        self.cv.notify_all();
+        self.broken.store(true, Ordering::Release);
+        for t in self.waiters.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            t.unpark();
+        }
     }
 }
 
@@ -74,11 +87,13 @@ struct Warp {
     xch: Vec<AtomicU64>,
 }
 
-/// One block slot of a cluster: its barrier, warps and shared memory.
+/// One block slot of a cluster: its barrier, warps and shared memory. Consecutive blocks
+/// alternate between two shared-memory buffers, so one barrier between blocks suffices: the
+/// next block's buffer is poisoned while the current one runs.
 struct BlockSlot {
     bar: Barrier,
     warps: Vec<Warp>,
-    smem: Vec<u128>,
+    smem: [Vec<u128>; 2],
 }
 
 /// The state the threads of one cluster (one block without clusters) share.
@@ -106,6 +121,8 @@ struct Thread {
     bdim: (u32, u32),
     gdim: (u32, u32, u32),
     bid: Cell<(u32, u32, u32)>,
+    /// The slot's shared-memory buffer of the current block.
+    buf: Cell<usize>,
     rank: u32,
     cluster: *const Cluster,
 }
@@ -185,7 +202,7 @@ pub fn launch_cluster(
                 xch: (0..32 * XCH_WORDS).map(|_| AtomicU64::new(0)).collect(),
             })
             .collect(),
-        smem: std::vec![u128::MAX; smem_bytes.div_ceil(16).max(1)],
+        smem: [(); 2].map(|_| std::vec![u128::MAX; smem_bytes.div_ceil(16).max(1)]),
     };
     let cl = Cluster {
         bar: Barrier::new(nthreads * cluster_x as usize),
@@ -205,6 +222,7 @@ pub fn launch_cluster(
                             bdim: (block.0, block.1),
                             gdim: grid,
                             bid: Cell::new((0, 0, 0)),
+                            buf: Cell::new(0),
                             rank,
                             cluster: cl,
                         };
@@ -214,16 +232,18 @@ pub fn launch_cluster(
                                 for y in 0..grid.1 {
                                     for x0 in (0..grid.0).step_by(cluster_x as usize) {
                                         me.bid.set((x0 + rank, y, z));
-                                        (f.0)();
-                                        // The block is done; its shared memory is poisoned
-                                        // again for the next one.
-                                        cl.bar.wait();
+                                        let buf = me.buf.get();
                                         if t == 0 {
-                                            let p = cl.slots[rank as usize].smem.as_ptr() as *mut u8;
+                                            // The other buffer: the previous block's, which
+                                            // every thread has left (the barrier below), and
+                                            // the next block's.
+                                            let p = cl.slots[rank as usize].smem[1 - buf].as_ptr() as *mut u8;
                                             // SAFETY: the slot's buffer, no thread accessing it.
                                             unsafe { core::ptr::write_bytes(p, 0xFF, cl.smem_bytes) };
                                         }
+                                        (f.0)();
                                         cl.bar.wait();
+                                        me.buf.set(1 - buf);
                                     }
                                 }
                             }
@@ -587,7 +607,7 @@ pub unsafe fn prefetch_global_l2(_p: *const u8) {}
 // ---------------------------------------------------------------- shared memory
 
 pub fn dyn_smem<T>() -> *mut T {
-    slot().smem.as_ptr() as *mut T
+    slot().smem[thread().buf.get()].as_ptr() as *mut T
 }
 
 /// The shared-window address of the dynamic shared memory: not 0 (as on the GPU, where static
@@ -679,5 +699,5 @@ pub fn mapa<T>(p: *const T, rank: u32) -> *const T {
     let base = dyn_smem::<u8>() as usize;
     let off = (p as usize).wrapping_sub(base);
     assert!(off < cl.smem_bytes, "mapa of {p:?}, not in this block's shared memory");
-    (cl.slots[rank as usize].smem.as_ptr() as usize + off) as *const T
+    (cl.slots[rank as usize].smem[thread().buf.get()].as_ptr() as usize + off) as *const T
 }
