@@ -74,6 +74,30 @@ entry_table!($ mhc_post, mhc_post_kernels, kernels_gpu::mhc::post);
 entry_table!($ mhc_pre, mhc_pre_kernels, kernels_gpu::mhc::pre);
 entry_table!($ engram_gate, gate_kernels, kernels_gpu::engram::gate_conv);
 
+/// EngramDecode's entries by PTX name (see [`EntryTable`]; the family declares its entries
+/// one by one, without a `kernel_abi` list).
+pub fn engram_decode(name: &str) -> Option<Box<dyn Any>> {
+    use kernels_gpu::engram::decode as m;
+    macro_rules! by_name {
+        ($($name:ident)*) => {
+            match name {
+                $(stringify!($name) => Some(Box::new(m::$name as unsafe fn(_))),)*
+                _ => None,
+            }
+        };
+    }
+    by_name!(
+        engram_decode_f16_project_scalar engram_decode_bf16_project_scalar
+        engram_decode_f16_project_mma engram_decode_bf16_project_mma
+        engram_decode_f16_project_mma_b8k16 engram_decode_bf16_project_mma_b8k16
+        engram_decode_f16_finish_warp_8col engram_decode_f16_finish_warp_1col
+        engram_decode_bf16_finish_warp_8col engram_decode_bf16_finish_warp_1col
+        engram_decode_f16_finish_block_4col engram_decode_f16_finish_block_2col
+        engram_decode_f16_finish_block_1col engram_decode_bf16_finish_block_4col
+        engram_decode_bf16_finish_block_2col engram_decode_bf16_finish_block_1col
+    )
+}
+
 /// Runs the planned launch on the CPU: the entry named `p.kernel` in `table`, with `p`'s
 /// geometry and arguments (the entry must take `A`, the planner's argument struct).
 pub fn run<A: Copy + 'static>(table: EntryTable, p: &Planned<A>) {

@@ -20,8 +20,8 @@ pub use gate_conv::{
 // Planner internals the tests and the bench inspect: not part of the API.
 #[doc(hidden)]
 pub use decode::{
-    plan_decode_steps, planned_kernels as decode_planned_kernels, DecodeFinishKernel, DecodeGeometry,
-    DecodeProjectionKernel, DecodeStepPlan, DecodeStepPlans,
+    decode_step_launches, plan_decode_steps, planned_kernels as decode_planned_kernels, DecodeFinishKernel,
+    DecodeGeometry, DecodeProjectionKernel, DecodeStepPlan, DecodeStepPlans,
 };
 #[doc(hidden)]
 pub use gate_conv::{
