@@ -73,6 +73,7 @@ macro_rules! entry_table {
 entry_table!($ mhc_post, mhc_post_kernels, kernels_gpu::mhc::post);
 entry_table!($ mhc_pre, mhc_pre_kernels, kernels_gpu::mhc::pre);
 entry_table!($ engram_gate, gate_kernels, kernels_gpu::engram::gate_conv);
+entry_table!($ fft, fft_pass_kernels, kernels_gpu::fft::stockham);
 
 /// EngramDecode's entries by PTX name (see [`EntryTable`]; the family declares its entries
 /// one by one, without a `kernel_abi` list).
