@@ -125,6 +125,25 @@ fn bwd_cases<T: Half + 'static>(rng: &mut rand::rngs::StdRng) {
     }
 }
 
+/// Small and odd shapes (one row, d below a chunk, several tiles per row), forward then
+/// backward, bf16 at scale 1 with unit weights and f16 at scale 100 with random ones.
+#[test]
+fn small_and_odd_shapes() {
+    let mut rng = rgk_tests::fresh_rng("engram_gate small_and_odd_shapes");
+    for (m, t, d) in [(1, 1, 8), (1, 2, 3), (2, 3, 16), (1, 4, 8), (7, 5, 24), (2, 13, 40), (1, 32, 256)] {
+        let s = EngramGateShape { m, t, d };
+        fwd_then_bwd(&gen::<bf16>(&mut rng, s, 1.0, true));
+        fwd_then_bwd(&gen::<f16>(&mut rng, s, 100.0, false));
+    }
+}
+
+fn fwd_then_bwd<T: Half + 'static>(x: &GateInputs<T>) {
+    let (o, k) = fwd(x);
+    check_fwd(&format!("{k} {:?}", x.s), x, &o);
+    let (o, k) = bwd(x);
+    check_bwd(&format!("{k:?} {:?}", x.s), x, &o);
+}
+
 #[test]
 fn forward_every_planned_kernel() {
     let mut rng = rgk_tests::fresh_rng("engram_gate forward_every_planned_kernel");
