@@ -93,12 +93,26 @@ fn fma_partials_small_n() {
     }
 }
 
+/// The any-n pair (n > 4) on devices of several SM counts: several groups, several staged
+/// tiles (few SMs), q-chunks (m+1 > block), slices S from 1 to 32, partial last tiles, m+1 >
+/// kernel 2's block.
 #[test]
 fn any_n_pair() {
     let mut rng = fresh_rng("mhc_pre any_n_pair");
-    for (batch, n, c) in [(3, 5, 7), (2, 8, 40)] {
-        let plan = PrePlan::for_device(MhcPreShape { batch, n, c }, SMS, MAX_SMEM).unwrap();
+    let cases = [
+        ((3, 5, 7), SMS),
+        ((2, 8, 40), SMS),
+        ((9, 8, 4099), 3),
+        ((3, 5, 97), 5),
+        ((6, 16, 40), 4),
+        ((2, 16, 300), SMS),
+        ((11, 6, 1030), SMS),
+        ((33, 5, 50), SMS),
+        ((2, 23, 7), SMS),
+    ];
+    for (((batch, n, c), sms), repeat) in cases.into_iter().zip([20, 1, 0].into_iter().cycle()) {
+        let plan = PrePlan::for_device(MhcPreShape { batch, n, c }, sms, MAX_SMEM).unwrap();
         assert!(matches!((plan.partials, plan.mix), (Partials::Fma(_), Mix::AnyN(_))), "{plan:?}");
-        run_case(&plan, params(20), 1, &mut rng);
+        run_case(&plan, params(repeat), 1, &mut rng);
     }
 }
