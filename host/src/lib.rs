@@ -47,6 +47,8 @@ pub mod verify;
 
 pub use error::{Error, Result};
 pub use runtime::{cuda_available, Gpu, KERNELS_CUBIN, KERNELS_PTX};
+#[doc(hidden)]
+pub use runtime::{LaunchDims, Planned};
 
 /// Every op family and its PTX entry names; a [`Gpu`] looks up a family's functions on its
 /// first launch.

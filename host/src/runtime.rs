@@ -214,11 +214,23 @@ impl Drop for StreamOrder {
 }
 
 /// One launch configuration.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct LaunchDims {
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchDims {
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
     pub shared_bytes: u32,
+}
+
+/// One kernel launch as an op plans it: the PTX entry, its geometry and its arguments. The GPU
+/// path launches exactly this; the CPU simulation (crate `sim`) runs the entry of that name on
+/// the same arguments and geometry.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct Planned<A> {
+    pub kernel: &'static str,
+    pub dims: LaunchDims,
+    pub args: A,
 }
 
 /// Launches `f` on `stream` with its argument struct (the kernel's parameters are its fields).

@@ -45,7 +45,7 @@ pub unsafe trait KernelArgs: Copy {
 /// ```
 ///
 /// On targets other than nvptx64 the entry is a plain `unsafe fn` of the same name (the CPU
-/// emulation of the kernels calls it).
+/// simulation of the kernels, `kernels-gpu`'s `prim::cpu`, calls it).
 #[macro_export]
 macro_rules! kernel_args {
     (

@@ -95,7 +95,8 @@ pub fn build(work_dir: &Path) -> Result<PathBuf, String> {
     .join("\x1f");
     let mut cmd = Command::new(cargo);
     cmd.current_dir(root.join("kernels-gpu"))
-        .args(["build", "--release", "--quiet", "-Zbuild-std=core", "--target", NVPTX_TARGET])
+        .args(["rustc", "--lib", "--crate-type", "cdylib", "--release", "--quiet", "-Zbuild-std=core"])
+        .args(["--target", NVPTX_TARGET])
         .arg("--target-dir")
         .arg(&target_dir);
     for (k, _) in env::vars_os() {

@@ -19,7 +19,7 @@ use kernel_abi::{
 };
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, StreamOrder};
+use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, Planned, StreamOrder};
 use crate::{Error, Gpu, Result};
 
 /// The decode step's PTX entries, from `kernel_abi::decode_kernels!` (the list the kernels are
@@ -571,15 +571,6 @@ impl EngramDecodePlan {
         &self.steps
     }
 
-    /// The launches of a call whose buffers are all 16-byte aligned (`vectorised`, with
-    /// `d % 8 == 0`) or not.
-    fn step(&self, vectorised: bool) -> DecodeStepPlan {
-        match self.steps.vectorised {
-            Some(p) if vectorised => p,
-            _ => self.steps.any_layout,
-        }
-    }
-
     /// Test hook: when on, every later call also writes its rounded intermediates `q(kk)` and
     /// `q(vh)` (`[2, batch, d]`, the call's dtype) for [`EngramDecodePlan::intermediates`].
     #[doc(hidden)]
@@ -783,71 +774,95 @@ impl EngramDecodePlan {
         pp: [CUdeviceptr; 3],
         stream: CUstream,
     ) -> Result<()> {
-        let s = self.shape;
-        let vectorised =
-            [i.e_t, i.h_t, i.w_k, i.w_v, i.rms_w_h, i.rms_w_v, i.conv_w, s_in, s_out, y].iter().all(|p| p % 16 == 0);
-        let step = self.step(vectorised);
-        let g = step.geometry;
-        let f = gpu.function(step.projection.entry(dtype)?)?;
-        let dims = LaunchDims { grid: (g.tiles, g.splits, 1), block: (g.block, 1, 1), shared_bytes: g.shared_bytes() };
-        let [partials, kv, intermediates] = pp;
-        let ptr = |p: CUdeviceptr| p as *const u16;
-        // The projection launch; its finishing kernel is a programmatic dependent.
-        // L2 prefetch of the finish's inputs by the projection under PDL: 4.86/5.89/5.02 µs vs 4.56/5.36/4.48.
-        let projection = EngramDecodeArgs {
-            e_t: ptr(i.e_t),
-            h_t: ptr(i.h_t),
-            conv_state: ptr(s_in),
-            w_k: ptr(i.w_k),
-            w_v: ptr(i.w_v),
-            rms_w_h: ptr(i.rms_w_h),
-            rms_w_v: ptr(i.rms_w_v),
-            conv_w: ptr(i.conv_w),
-            y_t: y as *mut u16,
-            new_conv_state: s_out as *mut u16,
-            partials: partials as *mut f32,
-            kv: kv as *mut f32,
-            intermediates: intermediates as *mut u16,
-            batch: s.batch as u32,
-            d_mem: s.d_mem as u32,
-            d: s.d as u32,
-            max_conv_len: s.max_conv_len as u32,
-            kernel_size: s.kernel_size as u32,
-            dilation: s.dilation as u32,
-            pos,
-            write_row,
-            shift_state: shift_state as u32,
-            splits: g.splits,
-            rows_per_split: g.rows_per_split,
-            col_lanes_log2: g.cl_log,
-            eps: s.eps,
-        };
+        let [projection, finish] =
+            decode_step_launches(&self.shape, &self.steps, dtype, i, s_in, s_out, y, pos, write_row, shift_state, pp)?;
         // One launch with last-block-done tickets: b1/b4/b8 9.55/12.86/14.50 µs vs 8.50/13.84/9.92 (warp finish).
         // One launch in one thread-block cluster, finish over distributed shared memory: 5.54/5.92/5.92 µs.
-        launch(f, dims, stream, &projection)?;
-        let fin = gpu.function(step.finish.entry(dtype)?)?;
-        // State shift in extra blocks of the block finish, under PDL: predicted −0.1…−0.3 µs at b8, never faster.
-        // Finish with `1/d` from the host and its loads before the dependent wait: 4.69/5.76/4.99 µs (+0.1–0.5).
-        let batch = projection.batch;
-        let (dims, finish) = match step.finish {
-            DecodeFinishKernel::Block { threads, .. } => (
-                LaunchDims {
-                    grid: (batch, 1, 1),
-                    block: (threads, 1, 1),
-                    shared_bytes: DECODE_FINISH_BLOCK_SHARED_BYTES,
-                },
-                // The block finish does not read `shift_state`.
-                EngramDecodeArgs { shift_state: 0, ..projection },
-            ),
-            DecodeFinishKernel::Warp { threads, staged_in_shared, .. } => {
-                let shared_bytes = if staged_in_shared { decode_finish_warp_shared_bytes(projection.d) } else { 0 };
-                (LaunchDims { grid: (batch, 1, 1), block: (threads, 1, 1), shared_bytes }, projection)
-            }
-        };
+        launch(gpu.function(projection.kernel)?, projection.dims, stream, &projection.args)?;
         // The finish as a programmatic dependent (`launch_pdl`): it starts while the projection
         // runs and waits in `griddepcontrol.wait` before it reads the partials.
-        launch_pdl(fin, dims, stream, &finish)
+        launch_pdl(gpu.function(finish.kernel)?, finish.dims, stream, &finish.args)
     }
+}
+
+/// The two launches of one decode step (projection, then the finish), as
+/// `EngramDecodePlan`'s calls submit them: `steps` planned for `shape`, the layout picked by
+/// the pointers' alignment, `pp` = the plan's `[partials, kv, intermediates]` buffers (0 when
+/// absent).
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn decode_step_launches(
+    shape: &EngramDecodeShape,
+    steps: &DecodeStepPlans,
+    dtype: DecodeDtype,
+    i: DecodeInputsRaw,
+    s_in: CUdeviceptr,
+    s_out: CUdeviceptr,
+    y: CUdeviceptr,
+    pos: u32,
+    write_row: u32,
+    shift_state: bool,
+    pp: [CUdeviceptr; 3],
+) -> Result<[Planned<EngramDecodeArgs>; 2]> {
+    let s = *shape;
+    let vectorised =
+        [i.e_t, i.h_t, i.w_k, i.w_v, i.rms_w_h, i.rms_w_v, i.conv_w, s_in, s_out, y].iter().all(|p| p % 16 == 0);
+    let step = match steps.vectorised {
+        Some(p) if vectorised => p,
+        _ => steps.any_layout,
+    };
+    let g = step.geometry;
+    let dims = LaunchDims { grid: (g.tiles, g.splits, 1), block: (g.block, 1, 1), shared_bytes: g.shared_bytes() };
+    let [partials, kv, intermediates] = pp;
+    let ptr = |p: CUdeviceptr| p as *const u16;
+    // The projection launch; its finishing kernel is a programmatic dependent.
+    // L2 prefetch of the finish's inputs by the projection under PDL: 4.86/5.89/5.02 µs vs 4.56/5.36/4.48.
+    let projection = EngramDecodeArgs {
+        e_t: ptr(i.e_t),
+        h_t: ptr(i.h_t),
+        conv_state: ptr(s_in),
+        w_k: ptr(i.w_k),
+        w_v: ptr(i.w_v),
+        rms_w_h: ptr(i.rms_w_h),
+        rms_w_v: ptr(i.rms_w_v),
+        conv_w: ptr(i.conv_w),
+        y_t: y as *mut u16,
+        new_conv_state: s_out as *mut u16,
+        partials: partials as *mut f32,
+        kv: kv as *mut f32,
+        intermediates: intermediates as *mut u16,
+        batch: s.batch as u32,
+        d_mem: s.d_mem as u32,
+        d: s.d as u32,
+        max_conv_len: s.max_conv_len as u32,
+        kernel_size: s.kernel_size as u32,
+        dilation: s.dilation as u32,
+        pos,
+        write_row,
+        shift_state: shift_state as u32,
+        splits: g.splits,
+        rows_per_split: g.rows_per_split,
+        col_lanes_log2: g.cl_log,
+        eps: s.eps,
+    };
+    // State shift in extra blocks of the block finish, under PDL: predicted −0.1…−0.3 µs at b8, never faster.
+    // Finish with `1/d` from the host and its loads before the dependent wait: 4.69/5.76/4.99 µs (+0.1–0.5).
+    let batch = projection.batch;
+    let (fin_dims, finish) = match step.finish {
+        DecodeFinishKernel::Block { threads, .. } => (
+            LaunchDims { grid: (batch, 1, 1), block: (threads, 1, 1), shared_bytes: DECODE_FINISH_BLOCK_SHARED_BYTES },
+            // The block finish does not read `shift_state`.
+            EngramDecodeArgs { shift_state: 0, ..projection },
+        ),
+        DecodeFinishKernel::Warp { threads, staged_in_shared, .. } => {
+            let shared_bytes = if staged_in_shared { decode_finish_warp_shared_bytes(projection.d) } else { 0 };
+            (LaunchDims { grid: (batch, 1, 1), block: (threads, 1, 1), shared_bytes }, projection)
+        }
+    };
+    Ok([
+        Planned { kernel: step.projection.entry(dtype)?, dims, args: projection },
+        Planned { kernel: step.finish.entry(dtype)?, dims: fin_dims, args: finish },
+    ])
 }
 
 /// The raw pointers of a safe call's inputs, with the guards that keep them stream-ordered.

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, DevicePtr, DevicePtrMut};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
+use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, Planned};
 use crate::verify::Half;
 use crate::{Error, Gpu, Result};
 use kernel_abi::engram::gate::layout::{
@@ -522,14 +522,42 @@ unsafe fn launch_fwd(
     outputs: [CUdeviceptr; 6],
     stream: CUstream,
 ) -> Result<()> {
-    let f = gpu.function(plan.kernel.entry(bf16)?)?;
-    check_block_fits(f, plan.dims.block.0)?;
+    match fwd_launch(plan, bf16, inputs, outputs)? {
+        GateFwdLaunch::Smem(p) => launch(checked_function(gpu, &p)?, p.dims, stream, &p.args),
+        GateFwdLaunch::Tiled(p) => launch(checked_function(gpu, &p)?, p.dims, stream, &p.args),
+    }
+}
+
+/// The planned kernel's function, checked to fit its block on a multiprocessor.
+fn checked_function<'g, A>(gpu: &'g Gpu, p: &Planned<A>) -> Result<&'g cudarc::driver::CudaFunction> {
+    let f = gpu.function(p.kernel)?;
+    check_block_fits(f, p.dims.block.0)?;
+    Ok(f)
+}
+
+/// The launch of an EngramGateConvFwd plan.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub enum GateFwdLaunch {
+    Smem(Planned<GateFwdSmemArgs>),
+    Tiled(Planned<GateFwdArgs>),
+}
+
+/// The launch of a forward plan on these device addresses (see [`launch_fwd`]).
+fn fwd_launch(
+    plan: &FwdPlan,
+    bf16: bool,
+    inputs: [CUdeviceptr; 6],
+    outputs: [CUdeviceptr; 6],
+) -> Result<GateFwdLaunch> {
+    let kernel = plan.kernel.entry(bf16)?;
+    let dims = plan.dims;
     let [h, k, v, rms_w_h, rms_w_v, conv_w] = inputs.map(|p| p as *const u16);
     let [y, vhat, alpha, rrms_h, rrms_k, rrms_v] = outputs;
     let (y, vhat) = (y as *mut u16, vhat as *mut u16);
     let [alpha, rrms_h, rrms_k, rrms_v] = [alpha, rrms_h, rrms_k, rrms_v].map(|p| p as *mut f32);
     let (t_len, d, rows_per_block, eps) = (plan.t_len, plan.d, plan.rows_per_block, EPS);
-    match plan.kernel {
+    Ok(match plan.kernel {
         FwdKernel::Smem { .. } => {
             let (inv_d, inv_sqrt_d) = recip_d(d);
             let chunk_magic = chunk_row_magic(d as usize);
@@ -554,7 +582,7 @@ unsafe fn launch_fwd(
                 chunk_magic,
                 eps,
             };
-            launch(f, plan.dims, stream, &args)
+            GateFwdLaunch::Smem(Planned { kernel, dims, args })
         }
         FwdKernel::SmemGrid1d { .. } | FwdKernel::StreamVec8 | FwdKernel::StreamScalar => {
             let args = GateFwdArgs {
@@ -576,9 +604,9 @@ unsafe fn launch_fwd(
                 ntiles: plan.ntiles,
                 eps,
             };
-            launch(f, plan.dims, stream, &args)
+            GateFwdLaunch::Tiled(Planned { kernel, dims, args })
         }
-    }
+    })
 }
 
 /// Launches a backward plan: the main kernel, then the reduce kernel as its programmatic
@@ -599,8 +627,43 @@ unsafe fn launch_bwd(
     outputs: [CUdeviceptr; 6],
     stream: CUstream,
 ) -> Result<()> {
-    let f = gpu.function(plan.main.entry(bf16)?)?;
-    check_block_fits(f, plan.main_dims.block.0)?;
+    let (main, reduce) = bwd_launches(plan, bf16, inputs, saved, workspace, outputs)?;
+    match main {
+        GateBwdMainLaunch::Split(p) => {
+            let f = checked_function(gpu, &p)?;
+            // the split kernel's shared memory may pass 48 KiB (d = 768, R = 3: ≈ 54 KiB)
+            let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            let bytes = p.dims.shared_bytes as usize;
+            if bytes > SMEM_DEFAULT && f.get_attribute(attr)? < bytes as i32 {
+                f.set_attribute(attr, bytes as i32)?;
+            }
+            launch(f, p.dims, stream, &p.args)?;
+        }
+        GateBwdMainLaunch::Tiled(p) => launch(checked_function(gpu, &p)?, p.dims, stream, &p.args)?,
+    }
+    // the reduce kernel waits for the main kernel's partials with `griddepcontrol.wait`; its
+    // launch and start-up overlap the main kernel (bitwise the same outputs as a plain launch)
+    launch_pdl(gpu.function(reduce.kernel)?, reduce.dims, stream, &reduce.args)
+}
+
+/// The main kernel's launch of an EngramGateConvBwd plan.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub enum GateBwdMainLaunch {
+    Split(Planned<GateBwdSplitArgs>),
+    Tiled(Planned<GateBwdArgs>),
+}
+
+/// The two launches of a backward plan on these device addresses (see [`launch_bwd`]).
+fn bwd_launches(
+    plan: &BwdPlan,
+    bf16: bool,
+    inputs: [CUdeviceptr; 7],
+    saved: [CUdeviceptr; 3],
+    workspace: CUdeviceptr,
+    outputs: [CUdeviceptr; 6],
+) -> Result<(GateBwdMainLaunch, Planned<GateBwdReduceArgs>)> {
+    let (kernel, dims) = (plan.main.entry(bf16)?, plan.main_dims);
     let [dy, h, k, v, rms_w_h, rms_w_v, conv_w] = inputs.map(|p| p as *const u16);
     let [alpha, rrms_h, rrms_k] = saved.map(|p| p as *const f32);
     let [dh, dk, dv, drms_w_h, drms_w_v, dconv_w] = outputs;
@@ -608,14 +671,8 @@ unsafe fn launch_bwd(
     let [drms_w_h, drms_w_v, dconv_w] = [drms_w_h, drms_w_v, dconv_w].map(|p| p as *mut f32);
     let part = workspace as *mut f32;
     let (t_len, d, rows_per_block, eps) = (plan.t_len, plan.d, plan.rows_per_block, EPS);
-    match plan.main {
+    let main = match plan.main {
         BwdMain::Split { warps_per_row, .. } => {
-            // the split kernel's shared memory may pass 48 KiB (d = 768, R = 3: ≈ 54 KiB)
-            let attr = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-            let bytes = plan.main_dims.shared_bytes as usize;
-            if bytes > SMEM_DEFAULT && f.get_attribute(attr)? < bytes as i32 {
-                f.set_attribute(attr, bytes as i32)?;
-            }
             let (inv_d, inv_sqrt_d) = recip_d(d);
             let args = GateBwdSplitArgs {
                 dy,
@@ -641,7 +698,7 @@ unsafe fn launch_bwd(
                 inv_d,
                 eps,
             };
-            launch(f, plan.main_dims, stream, &args)?;
+            GateBwdMainLaunch::Split(Planned { kernel, dims, args })
         }
         BwdMain::RowWarp { .. } | BwdMain::StreamVec8 | BwdMain::StreamScalar => {
             // dconv in shared memory, else in the workspace after the partials
@@ -673,14 +730,11 @@ unsafe fn launch_bwd(
                 ntiles: plan.ntiles,
                 eps,
             };
-            launch(f, plan.main_dims, stream, &args)?;
+            GateBwdMainLaunch::Tiled(Planned { kernel, dims, args })
         }
-    }
-    // the reduce kernel waits for the main kernel's partials with `griddepcontrol.wait`; its
-    // launch and start-up overlap the main kernel (bitwise the same outputs as a plain launch)
-    let f2 = gpu.function(plan.reduce.entry()?)?;
+    };
     let args = GateBwdReduceArgs { part, drms_w_h, drms_w_v, dconv_w, nblocks: plan.blocks, d };
-    launch_pdl(f2, plan.reduce_dims, stream, &args)
+    Ok((main, Planned { kernel: plan.reduce.entry()?, dims: plan.reduce_dims, args }))
 }
 
 /// The inputs of [`gate_conv_fwd`] (docs/ops.md §4; `h` is the op's `H`): `h, k, v` `[M,T,d]`,
@@ -854,6 +908,19 @@ pub unsafe fn gate_conv_fwd_raw<T: Half>(
     let aligned = inputs.iter().chain(&outputs[..2]).all(|p| p % 16 == 0);
     let plan = plan_fwd(shape, aligned)?;
     launch_fwd(gpu, &plan, bf16, inputs, outputs, stream)
+}
+
+/// The launch [`gate_conv_fwd_raw`] submits for `shape` on these device addresses
+/// (`inputs` = `[h, k, v, rms_w_h, rms_w_v, conv_w]`, `outputs` = `[y, vhat, alpha, rrms_h,
+/// rrms_k, rrms_v]`).
+#[doc(hidden)]
+pub fn gate_conv_fwd_launch<T: Half>(
+    shape: EngramGateShape,
+    inputs: [CUdeviceptr; 6],
+    outputs: [CUdeviceptr; 6],
+) -> Result<GateFwdLaunch> {
+    let aligned = inputs.iter().chain(&outputs[..2]).all(|p| p % 16 == 0);
+    fwd_launch(&plan_fwd(shape, aligned)?, is_bf16::<T>()?, inputs, outputs)
 }
 
 /// EngramGateConvBwd (docs/ops.md §5), for `T` = [`crate::f16`] or [`crate::bf16`]: the exact
@@ -1030,4 +1097,20 @@ unsafe fn run_bwd<T: Half>(
     let aligned = inputs.iter().chain(&outputs[..3]).all(|p| p % 16 == 0);
     let plan = plan_bwd(shape, aligned, workspace.is_multiple_of(16))?;
     launch_bwd(gpu, &plan, bf16, inputs, saved, workspace, outputs, stream)
+}
+
+/// The two launches [`gate_conv_bwd_raw`] submits for `shape` on these device addresses
+/// (`inputs` = `[dy, h, k, v, rms_w_h, rms_w_v, conv_w]`, `saved` = `[alpha, rrms_h, rrms_k]`,
+/// `outputs` = `[dh, dk, dv, drms_w_h, drms_w_v, dconv_w]`).
+#[doc(hidden)]
+pub fn gate_conv_bwd_launches<T: Half>(
+    shape: EngramGateShape,
+    inputs: [CUdeviceptr; 7],
+    saved: [CUdeviceptr; 3],
+    workspace: CUdeviceptr,
+    outputs: [CUdeviceptr; 6],
+) -> Result<(GateBwdMainLaunch, Planned<GateBwdReduceArgs>)> {
+    let aligned = inputs.iter().chain(&outputs[..3]).all(|p| p % 16 == 0);
+    let plan = plan_bwd(shape, aligned, workspace.is_multiple_of(16))?;
+    bwd_launches(&plan, is_bf16::<T>()?, inputs, saved, workspace, outputs)
 }

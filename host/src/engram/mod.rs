@@ -20,8 +20,8 @@ pub use gate_conv::{
 // Planner internals the tests and the bench inspect: not part of the API.
 #[doc(hidden)]
 pub use decode::{
-    plan_decode_steps, planned_kernels as decode_planned_kernels, DecodeFinishKernel, DecodeGeometry,
-    DecodeProjectionKernel, DecodeStepPlan, DecodeStepPlans,
+    decode_step_launches, plan_decode_steps, planned_kernels as decode_planned_kernels, DecodeFinishKernel,
+    DecodeGeometry, DecodeProjectionKernel, DecodeStepPlan, DecodeStepPlans,
 };
 #[doc(hidden)]
 pub use gate_conv::{planned_entries as gate_conv_planned_entries, planned_kernels as gate_conv_planned_kernels};
@@ -29,3 +29,5 @@ pub use gate_conv::{planned_entries as gate_conv_planned_entries, planned_kernel
 /// multiplier, as the kernels use them.
 #[doc(hidden)]
 pub use kernel_abi::engram::gate::{chunk_row_magic as fwd_chunk_magic, warp_row_magic as bwd_warp_row_magic};
+#[doc(hidden)]
+pub use gate_conv::{gate_conv_bwd_launches, gate_conv_fwd_launch, GateBwdMainLaunch, GateFwdLaunch};

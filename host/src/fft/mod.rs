@@ -39,10 +39,10 @@ use crate::error::check_len;
 use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, StreamOrder};
 use crate::{Error, Gpu, Result};
 
-#[cfg(test)]
-mod emu;
 mod floor;
-mod plan;
+// The planner, public for the CPU simulation of the kernels (crate `sim`): not part of the API.
+#[doc(hidden)]
+pub mod plan;
 
 #[doc(hidden)]
 pub use floor::CopyChain;

@@ -1,7 +1,7 @@
 //! The FFT planner: the kernel table, the tuning table (one row per `(precision, log2 n)` class,
 //! each with its measured reason) and [`plan`], which turns a row into the passes a
 //! [`super::FftPlan`] launches. No GPU needed except for the persistent-grid sizes ([`persist`],
-//! given the device's SM count and occupancy); the CPU emulation (`emu.rs`) runs the same plans.
+//! given the device's SM count and occupancy); the CPU simulation (`sim/tests/fft.rs`) runs the same plans.
 use super::Precision;
 use kernel_abi::FftPassArgs;
 
@@ -37,7 +37,7 @@ const COLUMN_SMEM: usize = 160 * 1024;
 /// How a pass kernel gets its stage twiddles and uses shared memory. Every kernel reads a
 /// per-stage twiddle table (host [`stage_table`], coalesced).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Form {
+pub enum Form {
     /// Every stage's twiddles loaded at kernel entry, in flight with the data loads.
     Hoisted,
     /// Twiddles loaded in each stage after its barrier (fewer registers).
@@ -52,7 +52,7 @@ pub(crate) enum Form {
 
 /// A PTX entry of the FFT (kernels-gpu/src/fft/stockham.rs `entry!`).
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Kernel {
+pub struct Kernel {
     pub name: &'static str,
     pub c128: bool,
     pub log_l: u32,
@@ -71,7 +71,7 @@ pub(crate) struct Kernel {
 macro_rules! kernel_table {
     ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
         /// Every FFT kernel the planner launches (one row per PTX entry).
-        pub(crate) const KERNELS: &[Kernel] = &[
+        pub const KERNELS: &[Kernel] = &[
             $(Kernel {
                 name: stringify!($name),
                 c128: kernel_table!(@c128 $prec),
@@ -94,7 +94,7 @@ kernel_abi::fft_pass_kernels!(kernel_table);
 
 /// The kernel of `form` for length `2^log_l`. Panics if there is none: the tuning table names
 /// only existing kernels (`plan::tests::every_row_plans_existing_kernels`).
-pub(crate) fn kernel(prec: Precision, log_l: u32, form: Form) -> &'static Kernel {
+pub fn kernel(prec: Precision, log_l: u32, form: Form) -> &'static Kernel {
     let c128 = prec == Precision::C128;
     KERNELS
         .iter()
@@ -192,7 +192,7 @@ pub(crate) fn tuning(prec: Precision, log_n: u32) -> Shape {
 
 /// Which buffer a pass reads or writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Buf {
+pub enum Buf {
     X,
     Y,
     Work,
@@ -200,7 +200,7 @@ pub(crate) enum Buf {
 
 /// One kernel launch: `count` transforms of length `2^log_l`, `2^log_c` per block.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Pass {
+pub struct Pass {
     pub kernel: &'static Kernel,
     /// The kernel when `x` is not 16-byte aligned (a sub-view): for a staged pass the hoisted
     /// kernel of the same length and geometry; otherwise `kernel`.
@@ -342,7 +342,7 @@ fn pass(
 ///   (length `n2`) and stores output `k2` of row `k1` at `y[k1 + n1·k2]`.
 ///
 /// Persistent row passes get `grid = blocks` here; [`persist`] sizes them for a device.
-pub(crate) fn plan(prec: Precision, log_n: u32, batch: usize) -> Vec<Pass> {
+pub fn plan(prec: Precision, log_n: u32, batch: usize) -> Vec<Pass> {
     match tuning(prec, log_n) {
         Shape::Copy => Vec::new(),
         Shape::OnePass { form, threads, min_threads, persistent } => {
@@ -357,7 +357,7 @@ pub(crate) fn plan(prec: Precision, log_n: u32, batch: usize) -> Vec<Pass> {
 }
 
 /// The one-pass plan of `batch` rows on `kernel` (see [`plan`]).
-pub(crate) fn one_pass(
+pub fn one_pass(
     kernel: &'static Kernel,
     unaligned: &'static Kernel,
     batch: usize,
@@ -370,7 +370,7 @@ pub(crate) fn one_pass(
 }
 
 /// The four-step plan with columns of `2^log_n1` (see [`plan`]).
-pub(crate) fn four_step(prec: Precision, log_n: u32, batch: usize, log_n1: u32, cols: usize, form: Form) -> Vec<Pass> {
+pub fn four_step(prec: Precision, log_n: u32, batch: usize, log_n1: u32, cols: usize, form: Form) -> Vec<Pass> {
     let elem = prec.element_bytes();
     let log_n2 = log_n - log_n1;
     let (n1, n2) = (1usize << log_n1, 1usize << log_n2);
@@ -384,7 +384,7 @@ pub(crate) fn four_step(prec: Precision, log_n: u32, batch: usize, log_n1: u32, 
 
 /// Sizes a persistent pass for a device of `sms` SMs on which `resident` blocks of it fit per
 /// SM: when its groups exceed two waves, one block per resident slot, each looping.
-pub(crate) fn persist(p: &mut Pass, sms: u32, resident: u32) {
+pub fn persist(p: &mut Pass, sms: u32, resident: u32) {
     let resident = resident.max(1);
     if p.persistent && p.blocks > 2 * sms * resident {
         p.grid = sms * resident;
@@ -398,7 +398,7 @@ pub(crate) fn split_log(log_n: u32) -> u32 {
 
 /// The four-step tables `(lo, hi)` of `W_n^p = lo[p mod 2^s] · hi[p >> s]`
 /// (`s = split_log(log_n)`), interleaved f64.
-pub(crate) fn four_step_tables(log_n: u32) -> (Vec<f64>, Vec<f64>) {
+pub fn four_step_tables(log_n: u32) -> (Vec<f64>, Vec<f64>) {
     use crate::reference::twiddle;
     let log_split = split_log(log_n);
     let nn = 1u64 << log_n;
@@ -414,7 +414,7 @@ pub(crate) fn four_step_tables(log_n: u32) -> (Vec<f64>, Vec<f64>) {
 /// `W_{Ns·e}^{r·k}` for `1 ≤ r < e`, `k < Ns` (the kernel's `stage_twiddles`; each value
 /// rounded once from f64). Never empty (one unused element for one-stage lengths, so the table
 /// is a valid allocation).
-pub(crate) fn stage_table(log_l: u32, e: u32) -> Vec<f64> {
+pub fn stage_table(log_l: u32, e: u32) -> Vec<f64> {
     use crate::reference::twiddle;
     let log_e = e.trailing_zeros();
     let nst = log_l.div_ceil(log_e);
@@ -437,7 +437,7 @@ pub(crate) fn stage_table(log_l: u32, e: u32) -> Vec<f64> {
 
 /// One pass's kernel launch: its arguments and its launch shape.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct PassArgs {
+pub struct PassArgs {
     pub kernel: FftPassArgs,
     pub grid: u32,
     pub threads: u32,
@@ -446,7 +446,7 @@ pub(crate) struct PassArgs {
 
 /// Device addresses of a plan's four-step tables and workspace (0 where absent).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct PlanPtrs {
+pub struct PlanPtrs {
     pub twlo: u64,
     pub twhi: u64,
     pub work: u64,
@@ -454,7 +454,7 @@ pub(crate) struct PlanPtrs {
 
 /// The launch arguments of pass `p` of a plan for `n = 2^log_n`, on buffers `x`, `y`; `stw` is
 /// the pass's stage table.
-pub(crate) fn pass_args(p: &Pass, log_n: u32, ptrs: PlanPtrs, stw: u64, x: u64, y: u64) -> PassArgs {
+pub fn pass_args(p: &Pass, log_n: u32, ptrs: PlanPtrs, stw: u64, x: u64, y: u64) -> PassArgs {
     let buf = |b: Buf| match b {
         Buf::X => x,
         Buf::Y => y,

@@ -5,6 +5,8 @@ mod pre;
 use std::collections::BTreeSet;
 
 pub use post::{post_fwd, post_fwd_raw, MhcPostInputs, MhcPostOutputs, MhcPostShape};
+#[doc(hidden)]
+pub use post::{post_fwd_plan, PostLaunch};
 pub use pre::{pre_fwd_raw, MhcPre, MhcPreInputs, MhcPreLens, MhcPreOutputs, MhcPreParams, MhcPreShape, PrePlan};
 
 // Planner internals the tests and the bench inspect: not part of the API.
@@ -18,6 +20,8 @@ pub use pre::{
     mma_partial_smem_bytes as pre_mma_partial_smem_bytes, partial_smem_bytes as pre_partial_smem_bytes, ColumnMix,
     FmaPartialGrid, Mix, MmaPartialGrid, Partials, PreClass, TileMix, ACC_WORDS,
 };
+#[doc(hidden)]
+pub use pre::{pre_fwd_launches, PreMixLaunch, PrePartialsLaunch};
 
 use crate::{Gpu, Result};
 

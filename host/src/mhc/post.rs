@@ -3,7 +3,7 @@ use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, DevicePtr, DevicePtrMut};
 use half::bf16;
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, LaunchDims};
+use crate::runtime::{launch, LaunchDims, Planned};
 use crate::{Gpu, Result};
 use kernel_abi::{PostAnyArgs, PostRowsArgs};
 
@@ -136,23 +136,47 @@ pub unsafe fn post_fwd_raw(
     x_out: CUdeviceptr,
     stream: CUstream,
 ) -> Result<()> {
+    match post_fwd_plan(shape, x_layer_out, h_post, x_res, x_out)? {
+        PostLaunch::Rows(p) => launch(gpu.function(p.kernel)?, p.dims, stream, &p.args),
+        PostLaunch::Any(p) => launch(gpu.function(p.kernel)?, p.dims, stream, &p.args),
+    }
+}
+
+/// The launch of MHCPostFwd on these device addresses: one of the two kernels.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub enum PostLaunch {
+    Rows(Planned<PostRowsArgs>),
+    Any(Planned<PostAnyArgs>),
+}
+
+/// The launch [`post_fwd_raw`] submits for `shape` on these device addresses (validated as
+/// there).
+#[doc(hidden)]
+pub fn post_fwd_plan(
+    shape: MhcPostShape,
+    x_layer_out: CUdeviceptr,
+    h_post: CUdeviceptr,
+    x_res: CUdeviceptr,
+    x_out: CUdeviceptr,
+) -> Result<PostLaunch> {
     let (_, _, total) = shape.lens()?;
     let aligned = [x_layer_out, x_res, x_out].iter().all(|p| p % 16 == 0);
     let plan = PostKernel::plan(shape, aligned)?;
-    let f = gpu.function(plan.kernel())?;
+    let kernel = plan.kernel();
     let (x_layer_out, h_post, x_res, x_out) =
         (x_layer_out as *const u16, h_post as *const f32, x_res as *const u16, x_out as *mut u16);
-    match plan {
+    Ok(match plan {
         PostKernel::Rows { grid } => {
             let args = PostRowsArgs { x_layer_out, h_post, x_res, x_out, n: shape.n as u32, c: shape.c as u32 };
             let dims = LaunchDims { grid, block: (BLOCK, 1, 1), shared_bytes: 0 };
-            launch(f, dims, stream, &args)
+            PostLaunch::Rows(Planned { kernel, dims, args })
         }
         PostKernel::Any { blocks } => {
             let (n, c, total) = (shape.n as u64, shape.c as u64, total as u64);
             let args = PostAnyArgs { x_layer_out, h_post, x_res, x_out, n, c, total };
             let dims = LaunchDims { grid: (blocks, 1, 1), block: (BLOCK, 1, 1), shared_bytes: 0 };
-            launch(f, dims, stream, &args)
+            PostLaunch::Any(Planned { kernel, dims, args })
         }
-    }
+    })
 }

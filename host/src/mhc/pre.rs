@@ -9,7 +9,7 @@ use cudarc::driver::{sys, sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr,
 use half::bf16;
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims};
+use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, Planned};
 use crate::{Error, Gpu, Result};
 use kernel_abi::mhc as abi;
 use kernel_abi::{PreMixArgs, PreMixFixedPointArgs, PrePartialFmaArgs, PrePartialMmaArgs};
@@ -758,6 +758,49 @@ pub unsafe fn pre_fwd_raw(
     workspace_len: usize,
     stream: CUstream,
 ) -> Result<()> {
+    let (partials, mix) = pre_fwd_launches(plan, params, phi, x, b, x_res, x_layer, h_post, workspace, workspace_len)?;
+    match partials {
+        PrePartialsLaunch::Mma(p) => launch(gpu.function(p.kernel)?, p.dims, stream, &p.args)?,
+        PrePartialsLaunch::Fma(p) => launch(gpu.function(p.kernel)?, p.dims, stream, &p.args)?,
+    }
+    match mix {
+        PreMixLaunch::FixedPoint(p) => launch_pdl(gpu.function(p.kernel)?, p.dims, stream, &p.args),
+        PreMixLaunch::Tile(p) => launch_pdl(gpu.function(p.kernel)?, p.dims, stream, &p.args),
+    }
+}
+
+/// Kernel 1 of an MHCPreFwd launch pair.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub enum PrePartialsLaunch {
+    Mma(Planned<PrePartialMmaArgs>),
+    Fma(Planned<PrePartialFmaArgs>),
+}
+
+/// Kernel 2 of an MHCPreFwd launch pair.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub enum PreMixLaunch {
+    FixedPoint(Planned<PreMixFixedPointArgs>),
+    Tile(Planned<PreMixArgs>),
+}
+
+/// The two launches [`pre_fwd_raw`] submits for `plan` on these device addresses (validated
+/// as there).
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn pre_fwd_launches(
+    plan: &PrePlan,
+    params: MhcPreParams,
+    phi: CUdeviceptr,
+    x: CUdeviceptr,
+    b: CUdeviceptr,
+    x_res: CUdeviceptr,
+    x_layer: CUdeviceptr,
+    h_post: CUdeviceptr,
+    workspace: CUdeviceptr,
+    workspace_len: usize,
+) -> Result<(PrePartialsLaunch, PreMixLaunch)> {
     plan.shape.lens()?;
     params.validate()?;
     check_len("workspace", plan.workspace, workspace_len)?;
@@ -765,14 +808,14 @@ pub unsafe fn pre_fwd_raw(
         return Err(Error::Shape { arg: "workspace", msg: "not 8-byte aligned".into() });
     }
     let s = plan.shape;
-    let f1 = gpu.function(plan.partials.kernel())?;
+    let kernel = plan.partials.kernel();
     let (phi, x, part_ws) = (phi as *const f32, x as *const u16, workspace as *mut f64);
     let (batch, n, c) = (s.batch as u32, s.n as u32, s.c as u32);
-    match plan.partials {
+    let partials = match plan.partials {
         Partials::MmaFixedPoint(g) | Partials::Mma(g) => {
             let args = PrePartialMmaArgs { phi, x, part_ws, batch, n, c, cw: g.cols, bpc: g.batch_per_group };
             let dims = LaunchDims { grid: (g.grid, g.groups, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
-            launch(f1, dims, stream, &args)?;
+            PrePartialsLaunch::Mma(Planned { kernel, dims, args })
         }
         Partials::Fma(g) => {
             let mc = (s.logits() as u32 + 1).min(g.block);
@@ -793,17 +836,17 @@ pub unsafe fn pre_fwd_raw(
                 jc_magic: abi::fastdiv_magic(g.jc),
             };
             let dims = LaunchDims { grid: (g.grid, 1, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
-            launch(f1, dims, stream, &args)?;
+            PrePartialsLaunch::Fma(Planned { kernel, dims, args })
         }
-    }
-    let f2 = gpu.function(plan.mix.kernel())?;
+    };
+    let kernel = plan.mix.kernel();
     let (bias, part_ws) = (b as *const f32, part_ws as *const f64);
     let (x_res, x_layer, h_post) = (x_res as *mut u16, x_layer as *mut u16, h_post as *mut f32);
     let grid1 = plan.partials.grid();
     let (alpha_pre, alpha_post, alpha_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
     let (repeat, eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
     let inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
-    match plan.mix {
+    let mix = match plan.mix {
         Mix::FixedPoint(g) => {
             let args = PreMixFixedPointArgs {
                 x,
@@ -824,7 +867,7 @@ pub unsafe fn pre_fwd_raw(
                 inv_sqrt_nc,
             };
             let dims = LaunchDims { grid: (g.tiles, s.batch as u32, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
-            launch_pdl(f2, dims, stream, &args)
+            PreMixLaunch::FixedPoint(Planned { kernel, dims, args })
         }
         Mix::SmallN(g) | Mix::AnyN(g) => {
             let args = PreMixArgs {
@@ -851,7 +894,8 @@ pub unsafe fn pre_fwd_raw(
             };
             let dims =
                 LaunchDims { grid: (s.batch as u32 * g.tiles, 1, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
-            launch_pdl(f2, dims, stream, &args)
+            PreMixLaunch::Tile(Planned { kernel, dims, args })
         }
-    }
+    };
+    Ok((partials, mix))
 }

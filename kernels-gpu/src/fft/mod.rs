@@ -4,7 +4,7 @@
 //! [`dft`] the complex arithmetic and in-register butterflies it is built from, [`cx`] the
 //! element loads and stores.
 pub mod cx;
-// The primitives the kernels use, as `super::prim` (the host tests substitute a CPU emulation).
+// The primitives the kernels use, as `super::prim`.
 use crate::prim;
 
 pub mod dft;

@@ -437,9 +437,8 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const HOIST: bool,
     }
 }
 
-/// The PTX entries (on the host, for the CPU emulation of the host crate's tests,
-/// `host/src/fft/emu.rs`, which compiles this file with a software `prim`: plain functions of
-/// the same names taking the same [`kernel_abi::FftPassArgs`]).
+/// The PTX entries (on the host, for the CPU simulation in `sim/tests/fft.rs`: plain functions
+/// of the same names taking the same [`kernel_abi::FftPassArgs`]).
 macro_rules! entry {
     ($name:ident, $t:ty, $log_l:literal, $e:literal, $hoist:literal, $pp:literal, $stg:literal) => {
         kernel_abi::fft_pass_entry!($name, a => {

@@ -1,5 +1,6 @@
 //! Shared by the EngramGateConv tests: input generation, the checks of every output against
-//! the f64 references (the same checks judge the GPU kernels and the CPU model of them).
+//! the f64 references (the same checks judge the kernels on the GPU and on the CPU, in
+//! `sim/tests/engram_gate.rs`).
 #![allow(dead_code)]
 use rand::rngs::StdRng;
 use rgk::engram::EngramGateShape;

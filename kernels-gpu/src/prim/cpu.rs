@@ -1,0 +1,703 @@
+//! The CPU backend: a software GPU that runs the kernels' own code on the host.
+//!
+//! [`launch`] runs a grid: every thread of a block (of a cluster's blocks) is an OS thread, the
+//! blocks (clusters) one after another, so `sync_threads` is a real barrier, warp collectives
+//! meet in a per-warp exchange area behind a per-warp barrier, and a last-block-done pattern
+//! sees every earlier block finished. Shared memory is a per-block buffer filled with 0xFF
+//! bytes (NaN in every float format) before each block, so a read before a write shows.
+//!
+//! Arithmetic is IEEE with the rounding of the PTX instruction. The `.approx` instructions
+//! (`ex2`, `rcp`, `rsqrt`) are computed correctly rounded here; the GPU's approximations differ
+//! from that by up to 2 ulp, so CPU results are compared to the f64 references with the GPU
+//! tests' tolerances, not bitwise to the GPU. `mma` sums its products in f64 (exact for the
+//! 16-bit inputs) and rounds once; the tensor cores' internal order differs likewise.
+//! Loads and stores are plain memory accesses, `cp.async` a copy at issue (its waits no-ops),
+//! atomics host atomics, `griddepcontrol` and prefetches no-ops.
+#![allow(clippy::missing_safety_doc)]
+
+use core::cell::Cell;
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::boxed::Box;
+use std::sync::Mutex;
+use std::vec::Vec;
+
+// ---------------------------------------------------------------- launch
+
+/// A barrier that a panicking thread can break, so its siblings stop instead of waiting for it
+/// forever. Waiters park and the last arrival unparks each: no mutex convoy on wake-up (with
+/// hundreds of threads per block on a few cores, a condition variable's herd of waiters
+/// re-taking its mutex dominated the run time).
+struct Barrier {
+    n: usize,
+    arrived: AtomicUsize,
+    generation: AtomicU64,
+    waiters: Mutex<Vec<std::thread::Thread>>,
+    broken: AtomicBool,
+}
+
+impl Barrier {
+    fn new(n: usize) -> Self {
+        Barrier {
+            n,
+            arrived: AtomicUsize::new(0),
+            generation: AtomicU64::new(0),
+            waiters: Mutex::new(Vec::with_capacity(n)),
+            broken: AtomicBool::new(false),
+        }
+    }
+    fn wait(&self) {
+        let generation = self.generation.load(Ordering::Acquire);
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).push(std::thread::current());
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
+            // Every waiter of this generation is listed (each pushed before arriving); none of
+            // the next can arrive before the generation changes.
+            let waiters = core::mem::take(&mut *self.waiters.lock().unwrap_or_else(|e| e.into_inner()));
+            self.arrived.store(0, Ordering::Relaxed);
+            self.generation.fetch_add(1, Ordering::Release);
+            for t in waiters {
+                t.unpark();
+            }
+            return;
+        }
+        while self.generation.load(Ordering::Acquire) == generation {
+            if self.broken.load(Ordering::Acquire) {
+                broken();
+            }
+            std::thread::park();
+        }
+    }
+    fn break_all(&self) {
+        self.broken.store(true, Ordering::Release);
+        for t in self.waiters.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            t.unpark();
+        }
+    }
+}
+
+/// Unwinds a thread whose barrier another thread broke (without a second panic message).
+fn broken() -> ! {
+    std::panic::resume_unwind(Box::new("another GPU thread panicked"))
+}
+
+/// The values a warp's lanes exchange in one collective (an `mma` fragment is the largest).
+const XCH_WORDS: usize = 10;
+
+struct Warp {
+    bar: Barrier,
+    xch: Vec<AtomicU64>,
+}
+
+/// One block slot of a cluster: its barrier, warps and shared memory. Consecutive blocks
+/// alternate between two shared-memory buffers, so one barrier between blocks suffices: the
+/// next block's buffer is poisoned while the current one runs.
+struct BlockSlot {
+    bar: Barrier,
+    warps: Vec<Warp>,
+    smem: [Vec<u128>; 2],
+}
+
+/// The state the threads of one cluster (one block without clusters) share.
+struct Cluster {
+    bar: Barrier,
+    slots: Vec<BlockSlot>,
+    smem_bytes: usize,
+}
+
+impl Cluster {
+    fn break_all(&self) {
+        self.bar.break_all();
+        for s in &self.slots {
+            s.bar.break_all();
+            for w in &s.warps {
+                w.bar.break_all();
+            }
+        }
+    }
+}
+
+/// What one emulated thread knows about itself.
+struct Thread {
+    tid: (u32, u32),
+    bdim: (u32, u32),
+    gdim: (u32, u32, u32),
+    bid: Cell<(u32, u32, u32)>,
+    /// The slot's shared-memory buffer of the current block.
+    buf: Cell<usize>,
+    rank: u32,
+    cluster: *const Cluster,
+}
+
+std::thread_local! {
+    static THREAD: Cell<*const Thread> = const { Cell::new(core::ptr::null()) };
+}
+
+fn thread() -> &'static Thread {
+    let p = THREAD.with(|t| t.get());
+    assert!(!p.is_null(), "a GPU primitive called outside prim::cpu::launch");
+    // SAFETY: set by `launch` for the lifetime of the emulated thread, cleared before the
+    // `Thread` is dropped.
+    unsafe { &*p }
+}
+
+fn cluster() -> &'static Cluster {
+    // SAFETY: the cluster outlives every thread of the launch.
+    unsafe { &*thread().cluster }
+}
+
+fn linear_tid() -> u32 {
+    let t = thread();
+    t.tid.1 * t.bdim.0 + t.tid.0
+}
+
+fn slot() -> &'static BlockSlot {
+    &cluster().slots[thread().rank as usize]
+}
+
+fn warp() -> &'static Warp {
+    &slot().warps[(linear_tid() / 32) as usize]
+}
+
+/// A closure shared by the emulated threads. The kernels' raw pointers are not `Sync`; the
+/// threads use them as the GPU's threads would, ordered by the kernel's own synchronisation.
+struct AssertSync<F>(F);
+// SAFETY: see above.
+unsafe impl<F> Sync for AssertSync<F> {}
+
+impl<A: Copy> AssertSync<A> {
+    /// The value (a method, so a closure captures the wrapper, not its field).
+    fn get(&self) -> A {
+        self.0
+    }
+}
+
+/// Runs `f` as a kernel: `grid` blocks of `block` threads (z of the block must be 1), each
+/// block with `smem_bytes` of dynamic shared memory.
+pub fn launch(grid: (u32, u32, u32), block: (u32, u32, u32), smem_bytes: u32, f: impl Fn() + Sync) {
+    launch_cluster(grid, block, 1, smem_bytes, f)
+}
+
+/// [`launch`] with thread-block clusters of `cluster_x` blocks along x: a cluster's blocks run
+/// at once (their cluster barriers and `mapa` accesses meet), the clusters one after another.
+pub fn launch_cluster(
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    cluster_x: u32,
+    smem_bytes: u32,
+    f: impl Fn() + Sync,
+) {
+    assert_eq!(block.2, 1, "three-dimensional blocks are not emulated");
+    assert!(
+        cluster_x >= 1 && grid.0.is_multiple_of(cluster_x),
+        "grid.x {} not a multiple of the cluster {cluster_x}",
+        grid.0
+    );
+    let nthreads = (block.0 * block.1) as usize;
+    assert!((1..=1024).contains(&nthreads), "{nthreads} threads per block");
+    let smem_bytes = smem_bytes as usize;
+    let slot = |_| BlockSlot {
+        bar: Barrier::new(nthreads),
+        warps: (0..nthreads.div_ceil(32))
+            .map(|w| Warp {
+                bar: Barrier::new((nthreads - 32 * w).min(32)),
+                xch: (0..32 * XCH_WORDS).map(|_| AtomicU64::new(0)).collect(),
+            })
+            .collect(),
+        smem: [(); 2].map(|_| std::vec![u128::MAX; smem_bytes.div_ceil(16).max(1)]),
+    };
+    let cl = Cluster {
+        bar: Barrier::new(nthreads * cluster_x as usize),
+        slots: (0..cluster_x).map(slot).collect(),
+        smem_bytes,
+    };
+    let f = AssertSync(f);
+    let (f, cl) = (&f, &cl);
+    std::thread::scope(|s| {
+        for rank in 0..cluster_x {
+            for t in 0..nthreads as u32 {
+                std::thread::Builder::new()
+                    .stack_size(16 << 20)
+                    .spawn_scoped(s, move || {
+                        let me = Thread {
+                            tid: (t % block.0, t / block.0),
+                            bdim: (block.0, block.1),
+                            gdim: grid,
+                            bid: Cell::new((0, 0, 0)),
+                            buf: Cell::new(0),
+                            rank,
+                            cluster: cl,
+                        };
+                        THREAD.with(|c| c.set(&me));
+                        let run = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+                            for z in 0..grid.2 {
+                                for y in 0..grid.1 {
+                                    for x0 in (0..grid.0).step_by(cluster_x as usize) {
+                                        me.bid.set((x0 + rank, y, z));
+                                        let buf = me.buf.get();
+                                        if t == 0 {
+                                            // The other buffer: the previous block's, which
+                                            // every thread has left (the barrier below), and
+                                            // the next block's.
+                                            let p = cl.slots[rank as usize].smem[1 - buf].as_ptr() as *mut u8;
+                                            // SAFETY: the slot's buffer, no thread accessing it.
+                                            unsafe { core::ptr::write_bytes(p, 0xFF, cl.smem_bytes) };
+                                        }
+                                        (f.0)();
+                                        cl.bar.wait();
+                                        me.buf.set(1 - buf);
+                                    }
+                                }
+                            }
+                        }));
+                        THREAD.with(|c| c.set(core::ptr::null()));
+                        if let Err(e) = run {
+                            cl.break_all();
+                            std::panic::resume_unwind(e);
+                        }
+                    })
+                    .expect("spawning an emulated GPU thread");
+            }
+        }
+    });
+}
+
+/// Runs `kernel(args)` as [`launch`] does.
+pub fn launch_kernel<A: Copy>(
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    smem_bytes: u32,
+    kernel: unsafe fn(A),
+    args: A,
+) {
+    // SAFETY: the caller's buffers back every address in `args` (the property under test).
+    let args = AssertSync(args);
+    launch(grid, block, smem_bytes, || unsafe { kernel(args.get()) })
+}
+
+/// [`launch_kernel`] with clusters of `cluster_x` blocks (see [`launch_cluster`]).
+pub fn launch_kernel_cluster<A: Copy>(
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    cluster_x: u32,
+    smem_bytes: u32,
+    kernel: unsafe fn(A),
+    args: A,
+) {
+    // SAFETY: as in `launch_kernel`.
+    let args = AssertSync(args);
+    launch_cluster(grid, block, cluster_x, smem_bytes, || unsafe { kernel(args.get()) })
+}
+
+// ---------------------------------------------------------------- indices
+
+pub fn thread_idx_x() -> u32 {
+    thread().tid.0
+}
+pub fn thread_idx_y() -> u32 {
+    thread().tid.1
+}
+pub fn block_idx_x() -> u32 {
+    thread().bid.get().0
+}
+pub fn block_idx_y() -> u32 {
+    thread().bid.get().1
+}
+pub fn block_idx_z() -> u32 {
+    thread().bid.get().2
+}
+pub fn block_dim_x() -> u32 {
+    thread().bdim.0
+}
+pub fn block_dim_y() -> u32 {
+    thread().bdim.1
+}
+pub fn grid_dim_x() -> u32 {
+    thread().gdim.0
+}
+pub fn grid_dim_y() -> u32 {
+    thread().gdim.1
+}
+pub fn lane_id() -> u32 {
+    linear_tid() % 32
+}
+
+// ---------------------------------------------------------------- control
+
+pub fn sync_threads() {
+    slot().bar.wait()
+}
+pub fn trap() -> ! {
+    panic!("trap")
+}
+pub fn fence_gpu() {
+    core::sync::atomic::fence(Ordering::SeqCst)
+}
+pub fn grid_launch_dependents() {}
+pub fn grid_dependency_wait() {}
+pub fn opaque_u32(v: u32) -> u32 {
+    core::hint::black_box(v)
+}
+
+// ---------------------------------------------------------------- warp
+
+/// Every lane of the warp publishes `vals`; `f` then reads any lane's (`get(lane, i)`); the
+/// area is reused only after every lane has read.
+fn exchange<R>(vals: &[u64], f: impl FnOnce(&dyn Fn(u32, usize) -> u64) -> R) -> R {
+    let w = warp();
+    let lane = lane_id() as usize;
+    for (i, &v) in vals.iter().enumerate() {
+        w.xch[lane * XCH_WORDS + i].store(v, Ordering::Relaxed);
+    }
+    w.bar.wait();
+    let r = f(&|l, i| w.xch[l as usize * XCH_WORDS + i].load(Ordering::Relaxed));
+    w.bar.wait();
+    r
+}
+
+pub fn sync_warp() {
+    warp().bar.wait()
+}
+pub fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
+    let src = (lane_id() ^ lane_mask) & 31;
+    f32::from_bits(exchange(&[v.to_bits() as u64], |get| get(src, 0)) as u32)
+}
+pub fn shfl_idx_f32(v: f32, src: u32) -> f32 {
+    f32::from_bits(exchange(&[v.to_bits() as u64], |get| get(src & 31, 0)) as u32)
+}
+
+/// `mma.sync.m16n8k16` with the PTX ISA fragment layout (see the nvptx backend's doc), the
+/// 16-bit inputs decoded by `cvt`.
+fn mma_m16n8k16(a: [u32; 4], b: [u32; 2], c: [f32; 4], cvt: fn(u16) -> f32) -> [f32; 4] {
+    let mut v = [0u64; XCH_WORDS];
+    for i in 0..4 {
+        v[i] = a[i] as u64;
+        v[6 + i] = c[i].to_bits() as u64;
+    }
+    v[4] = b[0] as u64;
+    v[5] = b[1] as u64;
+    let lane = lane_id();
+    let (g, t) = (lane / 4, lane % 4);
+    exchange(&v, |get| {
+        let half = |w: u64, k: u32| cvt((w as u32 >> (16 * (k % 2))) as u16) as f64;
+        // A[r][k]: lane (r%8)*4 + (k%8)/2, register (r/8) + 2(k/8), half k%2.
+        let a_at = |r: u32, k: u32| half(get((r % 8) * 4 + (k % 8) / 2, ((r / 8) + 2 * (k / 8)) as usize), k);
+        // B[k][n]: lane n*4 + (k%8)/2, register k/8.
+        let b_at = |k: u32, n: u32| half(get(n * 4 + (k % 8) / 2, 4 + (k / 8) as usize), k);
+        let mut d = [0f32; 4];
+        for (i, di) in d.iter_mut().enumerate() {
+            let (r, n) = (g + 8 * (i as u32 / 2), 2 * t + (i as u32 % 2));
+            let mut s = c[i] as f64;
+            for k in 0..16 {
+                s += a_at(r, k) * b_at(k, n);
+            }
+            *di = s as f32;
+        }
+        d
+    })
+}
+
+pub unsafe fn mma_m16n8k16_f16_f32(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    mma_m16n8k16(a, b, c, f16_to_f32)
+}
+pub unsafe fn mma_m16n8k16_bf16_f32(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    mma_m16n8k16(a, b, c, super::bf16_to_f32)
+}
+
+/// `mma.sync.m8n8k4` f64: lane `l` holds A[l/4][l%4], B[l%4][l/4], C[l/4][2(l%4)..+2].
+pub unsafe fn dmma_m8n8k4(a: f64, b: f64, c: [f64; 2]) -> [f64; 2] {
+    let lane = lane_id();
+    let (g, t) = (lane / 4, lane % 4);
+    exchange(&[a.to_bits(), b.to_bits()], |get| {
+        let mut d = c;
+        for (j, dj) in d.iter_mut().enumerate() {
+            let n = 2 * t + j as u32;
+            for k in 0..4 {
+                let ak = f64::from_bits(get(g * 4 + k, 0));
+                let bk = f64::from_bits(get(n * 4 + k, 1));
+                *dj = ak.mul_add(bk, *dj);
+            }
+        }
+        d
+    })
+}
+
+// ---------------------------------------------------------------- math
+
+pub fn sqrt_rn(v: f32) -> f32 {
+    v.sqrt()
+}
+pub fn div_rn(a: f32, b: f32) -> f32 {
+    a / b
+}
+pub fn rcp_rn(v: f32) -> f32 {
+    1.0 / v
+}
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    a.mul_add(b, c)
+}
+pub fn fma_f64(a: f64, b: f64, c: f64) -> f64 {
+    a.mul_add(b, c)
+}
+pub fn sqrt_rn_f64(v: f64) -> f64 {
+    v.sqrt()
+}
+pub fn floor_f64(v: f64) -> f64 {
+    v.floor()
+}
+/// Saturating, NaN → 0, as `cvt.rzi.s64.f64`.
+pub fn f64_to_i64_rz(v: f64) -> i64 {
+    v as i64
+}
+pub fn ex2_approx(v: f32) -> f32 {
+    v.exp2()
+}
+pub fn rcp_approx(v: f32) -> f32 {
+    1.0 / v
+}
+pub fn rsqrt_approx(v: f32) -> f32 {
+    1.0 / v.sqrt()
+}
+
+/// `.ftz`: subnormal inputs and results are signed zeros.
+fn ftz(v: f32) -> f32 {
+    if v.is_subnormal() {
+        0.0f32.copysign(v)
+    } else {
+        v
+    }
+}
+pub fn ex2_approx_ftz(v: f32) -> f32 {
+    ftz(ftz(v).exp2())
+}
+pub fn rcp_approx_ftz(v: f32) -> f32 {
+    ftz(1.0 / ftz(v))
+}
+pub fn rsqrt_approx_ftz(v: f32) -> f32 {
+    ftz(1.0 / ftz(v).sqrt())
+}
+fn ftz64(v: f64) -> f64 {
+    if v.is_subnormal() {
+        0.0f64.copysign(v)
+    } else {
+        v
+    }
+}
+pub fn rsqrt_approx_f64(v: f64) -> f64 {
+    ftz64(1.0 / ftz64(v).sqrt())
+}
+pub fn rcp_approx_f64(v: f64) -> f64 {
+    ftz64(1.0 / ftz64(v))
+}
+
+// ---------------------------------------------------------------- conversions
+
+/// Round to nearest even; NaN → the canonical NaN `0x7FFF`, as `cvt.rn.bf16.f32`.
+pub fn f32_to_bf16(v: f32) -> u16 {
+    if v.is_nan() {
+        return 0x7FFF;
+    }
+    let x = v.to_bits();
+    ((x + 0x7FFF + ((x >> 16) & 1)) >> 16) as u16
+}
+pub fn f32_to_bf16x2(a: f32, b: f32) -> u32 {
+    f32_to_bf16(a) as u32 | (f32_to_bf16(b) as u32) << 16
+}
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
+    let (e, m) = ((h >> 10) & 0x1F, (h & 0x3FF) as u32);
+    match e {
+        0 => sign * m as f32 * (1.0 / 16_777_216.0),
+        31 if m == 0 => sign * f32::INFINITY,
+        31 => f32::from_bits(((h as u32 & 0x8000) << 16) | 0x7F80_0000 | (m << 13)),
+        _ => f32::from_bits(((h as u32 & 0x8000) << 16) | ((e as u32 + 112) << 23) | (m << 13)),
+    }
+}
+/// Round to nearest even (overflow to ±inf, gradual underflow); NaN → `0x7FFF`.
+pub fn f32_to_f16(v: f32) -> u16 {
+    if v.is_nan() {
+        return 0x7FFF;
+    }
+    let x = v.to_bits();
+    let sign = ((x >> 16) & 0x8000) as u16;
+    let e = ((x >> 23) & 0xFF) as i32 - 127 + 15;
+    let m = x & 0x7F_FFFF;
+    if e >= 31 {
+        return sign | 0x7C00;
+    }
+    // The magnitude as an integer count of `2^(e - 25)` units with the implicit bit, shifted
+    // down to half's 10 fraction bits (more for subnormal halves), rounded to nearest even.
+    let (full, shift) = if e > 0 { ((e as u32) << 23 | m, 13) } else { (m | 0x80_0000, (14 - e) as u32) };
+    if shift > 24 {
+        return sign;
+    }
+    let (q, rem, halfway) = if e > 0 {
+        // Exponent and fraction together: a carry out of the fraction bumps the exponent.
+        (full >> 13, full & 0x1FFF, 0x1000)
+    } else {
+        (full >> shift, full & ((1 << shift) - 1), 1 << (shift - 1))
+    };
+    let q = if rem > halfway || (rem == halfway && q & 1 == 1) { q + 1 } else { q };
+    sign | q.min(0x7C00) as u16
+}
+pub fn prmt_b32(a: u32, b: u32, sel: u32) -> u32 {
+    let bytes = (b as u64) << 32 | a as u64;
+    let mut r = 0u32;
+    for i in 0..4 {
+        let s = (sel >> (4 * i)) & 0xF;
+        let mut byte = (bytes >> (8 * (s & 7))) as u8;
+        if s & 8 != 0 {
+            // Sign-replicate mode: the byte's top bit, everywhere.
+            byte = if byte & 0x80 != 0 { 0xFF } else { 0 };
+        }
+        r |= (byte as u32) << (8 * i);
+    }
+    r
+}
+
+// ---------------------------------------------------------------- global memory
+
+pub unsafe fn ld_nc_v4(p: *const u32) -> [u32; 4] {
+    aligned(p, 16);
+    *(p as *const [u32; 4])
+}
+pub unsafe fn ld_cg_v4_u32(p: *const u32) -> [u32; 4] {
+    ld_nc_v4(p)
+}
+pub unsafe fn ld_v4(p: *const u32) -> [u32; 4] {
+    ld_nc_v4(p)
+}
+pub unsafe fn ld_nc_v2_u32(p: *const u32) -> (u32, u32) {
+    aligned(p, 8);
+    (*p, *p.add(1))
+}
+pub unsafe fn ld_cg_v2_u32(p: *const u32) -> [u32; 2] {
+    aligned(p, 8);
+    [*p, *p.add(1)]
+}
+pub unsafe fn ld_cg_f32(p: *const f32) -> f32 {
+    *p
+}
+pub unsafe fn ld_cg_u16(p: *const u16) -> u16 {
+    *p
+}
+pub unsafe fn st_v4(p: *mut u32, v: [u32; 4]) {
+    aligned(p, 16);
+    *(p as *mut [u32; 4]) = v;
+}
+pub unsafe fn st_v4_generic(p: *mut u32, v: [u32; 4]) {
+    st_v4(p, v)
+}
+/// The GPU faults on a misaligned vector access; here it is an assertion.
+fn aligned<T>(p: *const T, bytes: usize) {
+    assert!((p as usize).is_multiple_of(bytes), "{bytes}-byte access at {p:?} misaligned");
+}
+pub unsafe fn atomic_add_u32(p: *mut u32, v: u32) -> u32 {
+    AtomicU32::from_ptr(p).fetch_add(v, Ordering::Relaxed)
+}
+pub unsafe fn red_add_u32(p: *mut u32, v: u32) {
+    AtomicU32::from_ptr(p).fetch_add(v, Ordering::Relaxed);
+}
+pub unsafe fn red_add_u64(p: *mut u64, v: u64) {
+    AtomicU64::from_ptr(p).fetch_add(v, Ordering::Relaxed);
+}
+pub unsafe fn prefetch_l1(_p: *const u8) {}
+pub unsafe fn prefetch_l2<T>(_p: *const T) {}
+pub unsafe fn prefetch_l2_evict_last(_p: *const u8) {}
+pub unsafe fn prefetch_global_l2(_p: *const u8) {}
+
+// ---------------------------------------------------------------- shared memory
+
+pub fn dyn_smem<T>() -> *mut T {
+    slot().smem[thread().buf.get()].as_ptr() as *mut T
+}
+
+/// The shared-window address of the dynamic shared memory: not 0 (as on the GPU, where static
+/// shared memory comes first), so an offset mistaken for an address shows.
+pub const SMEM_WINDOW: u32 = 0x400;
+
+pub fn dyn_smem_u32() -> u32 {
+    SMEM_WINDOW
+}
+
+/// The host address of shared-window address `a` for a `T` access; asserts it lies in the
+/// block's dynamic shared memory and is naturally aligned.
+fn shared<T>(a: u32) -> *mut T {
+    let len = cluster().smem_bytes;
+    let sz = core::mem::size_of::<T>();
+    assert!(
+        a >= SMEM_WINDOW && (a - SMEM_WINDOW) as usize + sz <= len,
+        "shared access {a:#x} outside [{SMEM_WINDOW:#x}, +{len})"
+    );
+    assert!((a as usize).is_multiple_of(sz.min(16)), "shared access {a:#x} misaligned for {sz} bytes");
+    (dyn_smem::<u8>() as usize + (a - SMEM_WINDOW) as usize) as *mut T
+}
+pub unsafe fn lds_v4(a: u32) -> [u32; 4] {
+    *shared::<[u32; 4]>(a)
+}
+pub unsafe fn sts_v4(a: u32, v: [u32; 4]) {
+    *shared::<[u32; 4]>(a) = v
+}
+pub unsafe fn lds_f32(a: u32) -> f32 {
+    *shared::<f32>(a)
+}
+pub unsafe fn sts_f32(a: u32, v: f32) {
+    *shared::<f32>(a) = v
+}
+pub unsafe fn lds_u16(a: u32) -> u16 {
+    *shared::<u16>(a)
+}
+pub unsafe fn lds_v2_f32(a: u32) -> (f32, f32) {
+    let [x, y] = *shared::<[f32; 2]>(a);
+    (x, y)
+}
+pub unsafe fn sts_v2_f32(a: u32, x: f32, y: f32) {
+    *shared::<[f32; 2]>(a) = [x, y]
+}
+pub unsafe fn lds_v2_f64(a: u32) -> (f64, f64) {
+    let [x, y] = *shared::<[f64; 2]>(a);
+    (x, y)
+}
+pub unsafe fn sts_v2_f64(a: u32, x: f64, y: f64) {
+    *shared::<[f64; 2]>(a) = [x, y]
+}
+
+// ---------------------------------------------------------------- cp.async (a copy at issue)
+
+pub unsafe fn cp_async_16(dst: *mut u8, src: *const u8) {
+    aligned(dst, 16);
+    aligned(src, 16);
+    core::ptr::copy_nonoverlapping(src, dst, 16);
+}
+pub unsafe fn cp_async_4(dst: *mut u8, src: *const u8) {
+    aligned(dst, 4);
+    aligned(src, 4);
+    core::ptr::copy_nonoverlapping(src, dst, 4);
+}
+pub unsafe fn cp_async_16_s(dst: u32, src: *const u8) {
+    aligned(src, 16);
+    core::ptr::copy_nonoverlapping(src, shared::<[u8; 16]>(dst) as *mut u8, 16);
+}
+pub fn cp_async_wait_all() {}
+pub fn cp_async_commit_group() {}
+pub fn cp_async_wait_group_1() {}
+
+// ---------------------------------------------------------------- clusters
+
+pub fn cluster_ctarank() -> u32 {
+    thread().rank
+}
+pub fn cluster_nctarank() -> u32 {
+    cluster().slots.len() as u32
+}
+/// Arrive and wait are one barrier, at the wait: every thread has arrived (and made its
+/// writes before the arrive visible) when any passes it.
+pub fn cluster_arrive() {}
+pub fn cluster_wait() {
+    cluster().bar.wait()
+}
+pub fn mapa<T>(p: *const T, rank: u32) -> *const T {
+    let cl = cluster();
+    let base = dyn_smem::<u8>() as usize;
+    let off = (p as usize).wrapping_sub(base);
+    assert!(off < cl.smem_bytes, "mapa of {p:?}, not in this block's shared memory");
+    (cl.slots[rank as usize].smem[thread().buf.get()].as_ptr() as usize + off) as *const T
+}

@@ -1,0 +1,118 @@
+//! MHCPreFwd on the CPU: every kernel pair the planner ships for small shapes (the fixed-point
+//! tensor-core pair, FMA partials with the small-n mix, the any-n pair), through the host's
+//! plan and launch arguments, against the f64 reference with the GPU test's bars: bf16 outputs
+//! within 1 ulp of the correctly rounded value (+ the reference's slack), h_post to 1e-5
+//! relative, every element, outputs poisoned first.
+use rgk::bf16;
+use rgk::mhc::{pre_fwd_launches, MhcPreParams, MhcPreShape, Mix, Partials, PreMixLaunch, PrePartialsLaunch, PrePlan};
+use rgk::reference::mhc_pre_fwd;
+use rgk::verify::{check_float, check_half, poisoned};
+use rgk_tests::{fresh_rng, randn_f32, randn_half};
+use sim::DevBuf;
+
+/// The H200's multiprocessors and opt-in shared memory per block (the planner's inputs).
+const SMS: usize = 132;
+const MAX_SMEM: usize = 232_448;
+
+/// Runs `plan` `calls` times on one workspace (zeroed once, then the kernels' state) and
+/// checks each call; returns the two kernels.
+fn run_case(plan: &PrePlan, p: MhcPreParams, calls: usize, rng: &mut rand::rngs::StdRng) -> [&'static str; 2] {
+    let s = plan.shape;
+    let l = s.lens().unwrap();
+    let scale = if s.c % 2 == 1 { 1.0 / ((s.n * s.c) as f32).sqrt() } else { 1.0 };
+    let (phi, x, b) = (randn_f32(rng, l.phi, scale), randn_half::<bf16>(rng, l.x, 1.0), randn_f32(rng, l.b, 1.0));
+    let (mut dphi, mut dx, mut db) = (DevBuf::from_slice(&phi), DevBuf::from_slice(&x), DevBuf::from_slice(&b));
+    let mut ws = DevBuf::from_slice(&vec![0u64; plan.workspace]);
+    let reference = mhc_pre_fwd(s, p, &phi, &x, &b);
+    for call in 0..calls {
+        let mut dr = DevBuf::from_slice(&poisoned::<bf16>(l.x));
+        let mut dy = DevBuf::from_slice(&poisoned::<bf16>(l.x_layer));
+        let mut dh = DevBuf::from_slice(&vec![f32::NAN; l.h_post]);
+        let (k1, k2) = pre_fwd_launches(
+            plan,
+            p,
+            dphi.addr(),
+            dx.addr(),
+            db.addr(),
+            dr.addr(),
+            dy.addr(),
+            dh.addr(),
+            ws.addr(),
+            plan.workspace,
+        )
+        .unwrap();
+        match k1 {
+            PrePartialsLaunch::Mma(l) => sim::run(sim::mhc_pre, &l),
+            PrePartialsLaunch::Fma(l) => sim::run(sim::mhc_pre, &l),
+        }
+        match k2 {
+            PreMixLaunch::FixedPoint(l) => sim::run(sim::mhc_pre, &l),
+            PreMixLaunch::Tile(l) => sim::run(sim::mhc_pre, &l),
+        }
+        let (xr, xl, h) = (dr.read::<bf16>(), dy.read::<bf16>(), dh.read::<f32>());
+        let a = check_half(&xr, &reference.x_res, 1.0);
+        let bb = check_half(&xl, &reference.x_layer, 1.0);
+        let h: Vec<f64> = h.iter().map(|&v| v as f64).collect();
+        let c = check_float(&h, &reference.h_post, 1e-5);
+        let what = format!("{:?} {s:?} call {call}", plan.kernels());
+        assert!(a.passed() && bb.passed() && c.passed(), "{what}:\n  x_res: {a}\n  x_layer: {bb}\n  h_post: {c}");
+        println!("{what}: x_res {:.3} ulp, x_layer {:.3} ulp, h_post rel {:.2e}", a.max_ulp, bb.max_ulp, c.rel_l2_err);
+    }
+    plan.kernels()
+}
+
+fn params(repeat: u32) -> MhcPreParams {
+    MhcPreParams { alpha_pre: 1.4, alpha_post: 0.6, alpha_res: 0.8, sinkhorn_repeat: repeat, sinkhorn_eps: 0.02 }
+}
+
+#[test]
+fn fixed_point_pair() {
+    let mut rng = fresh_rng("mhc_pre fixed_point_pair");
+    for (batch, n, c) in [(1, 4, 64), (3, 2, 7), (9, 4, 40)] {
+        let plan = PrePlan::for_device(MhcPreShape { batch, n, c }, SMS, MAX_SMEM).unwrap();
+        assert!(matches!(plan.partials, Partials::MmaFixedPoint(_)), "{plan:?}");
+        // Two calls: the second adds into the other half of the workspace.
+        let k = run_case(&plan, params(20), 2, &mut rng);
+        assert_eq!(k, ["mhc_pre_partial_mma_fixed_point", "mhc_pre_mix_fixed_point"]);
+    }
+}
+
+#[test]
+fn fma_partials_small_n() {
+    let mut rng = fresh_rng("mhc_pre fma_partials_small_n");
+    // A device with few multiprocessors and little shared memory (the first budget that plans
+    // FMA partials): the tensor-core kernel 1's phi slab does not fit.
+    for (batch, n, c) in [(2, 4, 600), (5, 2, 3001)] {
+        let s = MhcPreShape { batch, n, c };
+        let plan = (10..16)
+            .filter_map(|log| PrePlan::for_device(s, 4, 1 << log).ok())
+            .find(|p| matches!(p.partials, Partials::Fma(_)))
+            .unwrap();
+        assert!(matches!((plan.partials, plan.mix), (Partials::Fma(_), Mix::SmallN(_))), "{plan:?}");
+        run_case(&plan, params(1), 1, &mut rng);
+    }
+}
+
+/// The any-n pair (n > 4) on devices of several SM counts: several groups, several staged
+/// tiles (few SMs), q-chunks (m+1 > block), slices S from 1 to 32, partial last tiles, m+1 >
+/// kernel 2's block.
+#[test]
+fn any_n_pair() {
+    let mut rng = fresh_rng("mhc_pre any_n_pair");
+    let cases = [
+        ((3, 5, 7), SMS),
+        ((2, 8, 40), SMS),
+        ((9, 8, 4099), 3),
+        ((3, 5, 97), 5),
+        ((6, 16, 40), 4),
+        ((2, 16, 300), SMS),
+        ((11, 6, 1030), SMS),
+        ((33, 5, 50), SMS),
+        ((2, 23, 7), SMS),
+    ];
+    for (((batch, n, c), sms), repeat) in cases.into_iter().zip([20, 1, 0].into_iter().cycle()) {
+        let plan = PrePlan::for_device(MhcPreShape { batch, n, c }, sms, MAX_SMEM).unwrap();
+        assert!(matches!((plan.partials, plan.mix), (Partials::Fma(_), Mix::AnyN(_))), "{plan:?}");
+        run_case(&plan, params(repeat), 1, &mut rng);
+    }
+}
