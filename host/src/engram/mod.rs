@@ -24,10 +24,10 @@ pub use decode::{
     DecodeGeometry, DecodeProjectionKernel, DecodeStepPlan, DecodeStepPlans,
 };
 #[doc(hidden)]
+pub use gate_conv::{gate_conv_bwd_launches, gate_conv_fwd_launch, GateBwdMainLaunch, GateFwdLaunch};
+#[doc(hidden)]
 pub use gate_conv::{planned_entries as gate_conv_planned_entries, planned_kernels as gate_conv_planned_kernels};
 /// The split backward's warp → row multiplier and the 2-D-grid forward's chunk → row
 /// multiplier, as the kernels use them.
 #[doc(hidden)]
 pub use kernel_abi::engram::gate::{chunk_row_magic as fwd_chunk_magic, warp_row_magic as bwd_warp_row_magic};
-#[doc(hidden)]
-pub use gate_conv::{gate_conv_bwd_launches, gate_conv_fwd_launch, GateBwdMainLaunch, GateFwdLaunch};
