@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (no Rust there), from the repository root, after `cargo xtask device-pack`:
-#   bash .device/run.sh [tests|sanitize|bench|all|ab] [ARGS for rgk-bench]
+#   bash .device/run.sh [tests|sanitize|python|bench|all|ab] [ARGS for rgk-bench]
 # tests: every test executable; sanitize: the sanitizer set under compute-sanitizer memcheck,
-# racecheck, synccheck and initcheck (fails on any report); bench: the benchmark, one process per op (a failing op cannot
+# racecheck, synccheck and initcheck (fails on any report); python: the rgk Python package's
+# tests (python/tests) on the GPU; bench: the benchmark, one process per op (a failing op cannot
 # take the others down), rows merged into $OUT/h200.json.
 # Logs go straight to $OUT (tests.log, sanitize.log, bench.log), so a run cut short still returns them.
 # The bench's Python alternatives include TileOPs when .device/peers.tar.xz (cargo xtask peers)
@@ -69,6 +70,23 @@ if [ "$mode" = sanitize ] || [ "$mode" = all ]; then
     echo "$tool: $([ $tool_fail -eq 0 ] && echo "0 reports" || echo FAILED) over $ntests tests ($(( $(date +%s) - start )) s)"
     [ $tool_fail -eq 0 ] || fail=1
   done
+fi
+
+if [ "$mode" = python ] || [ "$mode" = all ]; then
+  # The rgk Python package: its wheel and pytest installed into a temporary site (the
+  # machine's own torch stays), python/tests run from outside the source tree.
+  if ls .device/wheels/rgk-*.whl >/dev/null 2>&1; then
+    site=$(mktemp -d "${TMPDIR:-/tmp}/rgk-site.XXXXXX")
+    python3 -m pip install --quiet --no-deps --no-index --target "$site" .device/wheels/*.whl
+    start=$(date +%s)
+    (cd "$site" && PYTHONPATH=$site timeout "${RGK_TEST_TIMEOUT:-600}" python3 -m pytest -q -p no:cacheprovider \
+      --tb=short -rs "$OLDPWD/python/tests") >"$out/python.log" 2>&1
+    rc=$?
+    echo "python: rc=$rc ($(( $(date +%s) - start )) s) $(tail -1 "$out/python.log")"
+    [ $rc -eq 0 ] || { fail=1; grep -a -E "^(FAILED|ERROR)|Error" "$out/python.log" | head -30; }
+  else
+    echo "python: no .device/wheels (cargo xtask device-pack with ./x setup's target/pyenv)"; fail=1
+  fi
 fi
 
 if [ "$mode" = bench ] || [ "$mode" = all ]; then

@@ -64,3 +64,13 @@ pub(crate) const KERNEL_FAMILIES: &[(&str, &[&str])] = &[
 pub use cudarc;
 pub use half::{bf16, f16};
 pub use num_complex::{self, Complex};
+
+// Plans and handles move between threads (a serving thread pool, PyTorch's autograd threads).
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<Gpu>();
+    send::<fft::FftPlan>();
+    send::<engram::EngramDecodePlan>();
+    send::<engram::GateConvBwdPlan>();
+    send::<mhc::MhcPre>();
+};

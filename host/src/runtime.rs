@@ -339,6 +339,11 @@ struct Graph {
     exec: sys::CUgraphExec,
 }
 
+// SAFETY: CUDA graph and executable-graph handles are not tied to the thread that created
+// them; the driver API takes them from any thread (with their context current), and `Graph`
+// only hands them to the driver. Plans owning graphs can so move to another thread.
+unsafe impl Send for Graph {}
+
 impl Drop for Graph {
     fn drop(&mut self) {
         // SAFETY: both handles were created by this value and are destroyed once.
@@ -377,6 +382,11 @@ impl GraphReplay {
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         sys::cuStreamIsCapturing(stream, &mut status).result()?;
         if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return body();
+        }
+        // The legacy default stream (PyTorch's default) and the per-thread default stream
+        // cannot be captured: their launches go directly.
+        if stream.is_null() || stream as usize == 0x2 {
             return body();
         }
         if let Some(i) = self.cached.iter().position(|(k, _)| *k == key) {

@@ -409,12 +409,16 @@ fn repeated_calls_are_bitwise_identical() {
 
 /// One plan stepping alternately on two streams of the context, with no host synchronisation
 /// between the steps, gives the bits it gives on one stream (the plan's workspace is reused
-/// by every step: the second stream waits for the first).
+/// by every step: the second stream waits for the first); so do the calls on the legacy
+/// default stream.
 #[test]
 fn plan_alternating_streams_matches_one_stream() {
     let Some(gpu) = gpu_or_skip("engram_decode::alternating_streams") else { return };
     let mut rng = fresh_rng("engram_decode::alternating_streams");
     let other = gpu.new_stream().unwrap();
+    // The legacy default stream (PyTorch's default) cannot be captured into a graph: the plan
+    // launches there directly.
+    let legacy = gpu.with_stream(gpu.context().default_stream()).unwrap();
     let st = gpu.stream();
     for s in [EngramDecodeShape::new(4, 1024, 512, 20, 4, 5), EngramDecodeShape::new(8, 512, 256, 18, 4, 3)] {
         let mut plan = plan_for(&gpu, s);
@@ -425,7 +429,8 @@ fn plan_alternating_streams_matches_one_stream() {
                 (upload(&gpu, &c), st.clone_htod(&c.state).unwrap())
             })
             .collect();
-        let mut outputs = |alternate: bool| -> Vec<(Vec<f16>, Vec<f16>)> {
+        // 0: every call on `gpu`'s stream; 1: alternating with `other`; 2: the legacy stream.
+        let mut outputs = |mode: u32| -> Vec<(Vec<f16>, Vec<f16>)> {
             let mut bufs: Vec<_> = calls
                 .iter()
                 .map(|_| {
@@ -433,21 +438,27 @@ fn plan_alternating_streams_matches_one_stream() {
                 })
                 .collect();
             for (i, ((dev, state), (y, ns))) in calls.iter().zip(bufs.iter_mut()).enumerate() {
-                let handle = if alternate && i % 2 == 0 { &other } else { &gpu };
+                let handle = match mode {
+                    1 if i % 2 == 0 => &other,
+                    2 => &legacy,
+                    _ => &gpu,
+                };
                 plan.forward(handle, dev.inputs(), state, DecodeOutputs { y_t: y, new_conv_state: ns }).unwrap();
             }
             bufs.iter().map(|(y, ns)| (st.clone_dtoh(y).unwrap(), st.clone_dtoh(ns).unwrap())).collect()
         };
-        let (one, two) = (outputs(false), outputs(true));
-        for (i, (a, b)) in one.iter().zip(&two).enumerate() {
-            assert!(
-                a.0.iter().zip(&b.0).all(|(p, q)| bits(*p) == bits(*q)),
-                "{s:?} call {i}: y_t differs across streams"
-            );
-            assert!(
-                a.1.iter().zip(&b.1).all(|(p, q)| bits(*p) == bits(*q)),
-                "{s:?} call {i}: state differs across streams"
-            );
+        let one = outputs(0);
+        for mode in [1, 2] {
+            for (i, (a, b)) in one.iter().zip(&outputs(mode)).enumerate() {
+                assert!(
+                    a.0.iter().zip(&b.0).all(|(p, q)| bits(*p) == bits(*q)),
+                    "{s:?} call {i}: y_t differs (stream mode {mode})"
+                );
+                assert!(
+                    a.1.iter().zip(&b.1).all(|(p, q)| bits(*p) == bits(*q)),
+                    "{s:?} call {i}: state differs (stream mode {mode})"
+                );
+            }
         }
     }
 }

@@ -4,7 +4,11 @@
 //!   stack and spills from `ptxas -v` (when ptxas is found: `$PTXAS`, PATH, /usr/local/cuda,
 //!   or the `nvidia-cuda-nvcc` wheel).
 //! - `test [ARGS]`: `cargo test --workspace [ARGS]` (GPU tests print `skipped: no CUDA device`
-//!   without a GPU).
+//!   without a GPU), then `python-test`.
+//! - `python-test`: builds the `rgk` Python package's wheel (`python/`, maturin) into
+//!   `target/wheels`, installs it into the virtual environment `./x setup` makes
+//!   (`target/pyenv`, with torch and pytest), and runs `python/tests` (the GPU tests skip without
+//!   a GPU).
 //! - `bench [ARGS]`: builds `rgk-bench` (release) and runs it with ARGS (`--op`, `--workload`, ...;
 //!   `--help` lists them), with `/usr/local/cuda/lib64` on `LD_LIBRARY_PATH`.
 //! - `table [FILE]`: prints the README's results table (markdown) from `bench/results/h200.json`.
@@ -30,7 +34,10 @@ fn main() {
     env::set_current_dir(&root).expect("cd to the workspace root");
     let result = match args.first().map(String::as_str) {
         Some("build") => build(&root),
-        Some("test") => cargo(&[&["test", "--workspace"], &strs(&args[1..])[..]].concat()),
+        Some("test") => {
+            cargo(&[&["test", "--workspace"], &strs(&args[1..])[..]].concat()).and_then(|()| python_test(&root))
+        }
+        Some("python-test") => python_test(&root),
         Some("bench") => bench(&root, &args[1..]),
         Some("device-pack") => match args.get(1).map(String::as_str) {
             None => device_pack(&root),
@@ -44,7 +51,7 @@ fn main() {
         Some("table") => table(&root, args.get(1).map(String::as_str)),
         _ => {
             eprintln!(
-                "usage: cargo xtask build | test [ARGS] | bench [ARGS] | peers | device-pack [--base REV] | table [RESULTS.json]"
+                "usage: cargo xtask build | test [ARGS] | python-test | bench [ARGS] | peers | device-pack [--base REV] | table [RESULTS.json]"
             );
             exit(2);
         }
@@ -66,6 +73,52 @@ fn cargo(args: &[&str]) -> Result<(), String> {
         return Err(format!("cargo {} failed", args.join(" ")));
     }
     Ok(())
+}
+
+/// The virtual environment `./x setup` makes for the Python package (torch, maturin, pytest).
+fn pyenv_python(root: &Path) -> PathBuf {
+    root.join("target/pyenv/bin/python")
+}
+
+/// Builds the `rgk` wheel with maturin (`profile`: cargo's) into `out`; returns its path.
+fn build_wheel(root: &Path, profile: &str, out: &Path) -> Result<PathBuf, String> {
+    let py = pyenv_python(root);
+    let _ = fs::remove_dir_all(out);
+    // `linux`: the wheel installs wherever this machine's glibc or a newer one runs (the GPU
+    // machine's Python among them); no manylinux audit.
+    let status = Command::new(&py)
+        .args(["-m", "maturin", "build", "--quiet", "--profile", profile, "--compatibility", "linux"])
+        .args(["-m", "python/Cargo.toml", "-o"])
+        .arg(out)
+        .status()
+        .map_err(|e| format!("{} -m maturin: {e} (run ./x setup)", py.display()))?;
+    if !status.success() {
+        return Err("maturin build of the rgk wheel failed".into());
+    }
+    walk(out).into_iter().find(|p| p.extension().is_some_and(|e| e == "whl")).ok_or("maturin wrote no wheel".into())
+}
+
+fn python_test(root: &Path) -> Result<(), String> {
+    let py = pyenv_python(root);
+    if !py.is_file() {
+        return Err(format!("{} is missing: ./x setup makes it (torch, maturin, pytest)", py.display()));
+    }
+    let wheel = build_wheel(root, "dev", &root.join("target/wheels"))?;
+    let run = |args: &[&str], what: &str| -> Result<(), String> {
+        // From target/: the source tree's `python/rgk` (no native module) must not shadow the
+        // installed package.
+        let status =
+            Command::new(&py).args(args).current_dir(root.join("target")).status().map_err(|e| e.to_string())?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("{what} failed"))
+        }
+    };
+    let wheel = wheel.to_string_lossy().to_string();
+    run(&["-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", &wheel], "installing the rgk wheel")?;
+    let tests = root.join("python/tests").to_string_lossy().to_string();
+    run(&["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", &tests], "python/tests")
 }
 
 fn build(root: &Path) -> Result<(), String> {
@@ -228,6 +281,23 @@ fn device_pack(root: &Path) -> Result<(), String> {
     fs::write(dir.join("COMMIT"), format!("{commit}{}\n", if dirty { "-dirty" } else { "" }))
         .map_err(|e| e.to_string())?;
     fs::copy(root.join("xtask/run-device.sh"), dir.join("run.sh")).map_err(|e| e.to_string())?;
+    // The Python package for `run.sh python`: the wheel (release) and pytest's wheels (the GPU
+    // machine has torch but no pytest and no network).
+    if pyenv_python(root).is_file() {
+        let wheels = dir.join("wheels");
+        build_wheel(root, "release", &wheels)?;
+        let status = Command::new(pyenv_python(root))
+            .args(["-m", "pip", "download", "--quiet", "--no-deps", "-d"])
+            .arg(&wheels)
+            .args(["pytest", "pluggy", "iniconfig", "packaging"])
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !status.success() {
+            eprintln!("xtask: could not download pytest's wheels; run.sh python needs pytest on the GPU machine");
+        }
+    } else {
+        eprintln!("xtask: no target/pyenv (./x setup): the pack has no Python package");
+    }
     if !peers_pack(root).is_file() {
         if let Err(e) = peers(root) {
             eprintln!("xtask: {e}; the bench will run without TileOPs");

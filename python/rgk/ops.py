@@ -1,0 +1,336 @@
+"""rgk's ops as PyTorch operators (namespace ``torch.ops.rgk``), defined with ``torch.library``:
+a schema, a CUDA implementation that allocates the outputs with torch and launches rgk's kernels
+on torch's current stream, a fake (meta) implementation for ``torch.compile`` and shape
+propagation, and autograd where the op has a backward.
+
+Every tensor is validated by the native module before anything is launched (device, dtype,
+shape, contiguity, alignment); an invalid one raises ``ValueError`` naming the argument.
+"""
+from typing import Tuple
+
+import torch
+
+from . import _rgk
+
+_LIB = torch.library.Library("rgk", "DEF")
+_LIB.define("fft_c2c(Tensor x) -> Tensor")
+_LIB.define("mhc_post(Tensor x_layer_out, Tensor h_post, Tensor x_res) -> Tensor")
+_LIB.define(
+    "mhc_pre(Tensor phi, Tensor x, Tensor b, float alpha_pre, float alpha_post, float alpha_res, "
+    "int sinkhorn_repeat, float sinkhorn_eps) -> (Tensor, Tensor, Tensor)"
+)
+_LIB.define(
+    "gate_conv_fwd(Tensor h, Tensor k, Tensor v, Tensor rms_w_h, Tensor rms_w_v, Tensor conv_w) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+_LIB.define(
+    "gate_conv_bwd(Tensor dy, Tensor h, Tensor k, Tensor v, Tensor rms_w_h, Tensor rms_w_v, "
+    "Tensor conv_w, Tensor alpha, Tensor rrms_h, Tensor rrms_k) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+_LIB.define(
+    "decode_fwd(Tensor e_t, Tensor h_t, Tensor conv_state, Tensor w_k, Tensor w_v, Tensor rms_w_h, "
+    "Tensor rms_w_v, Tensor conv_w, int dilation, float eps) -> (Tensor, Tensor)"
+)
+
+_DTYPES = {d: str(d) for d in (torch.float16, torch.bfloat16, torch.float32, torch.complex64,
+                               torch.complex128)}
+
+
+def _t(x: torch.Tensor):
+    """The native module's view of a tensor: (address, dtype, shape, strides, CUDA ordinal or -1)."""
+    return (x.data_ptr(), _DTYPES.get(x.dtype) or str(x.dtype), x.shape, x.stride(),
+            x.device.index if x.is_cuda else -1)
+
+
+try:
+    _raw_stream = torch._C._cuda_getCurrentRawStream  # what torch.cuda.current_stream reads
+
+    def _stream(x: torch.Tensor) -> int:
+        return _raw_stream(x.device.index) if x.is_cuda else 0
+except AttributeError:  # a torch without it
+    def _stream(x: torch.Tensor) -> int:
+        return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
+
+
+def _dims(x: torch.Tensor, name: str, rank: int) -> Tuple[int, ...]:
+    """x's shape, or ValueError naming `name` when its rank is not `rank` (before any output
+    is allocated; the native module checks everything else)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"invalid `{name}`: expected a tensor, got {type(x).__name__}")
+    if x.dim() != rank:
+        raise ValueError(f"invalid `{name}`: has {x.dim()} dimensions, expected {rank}")
+    return tuple(x.shape)
+
+
+def _stream_count(phi: torch.Tensor) -> int:
+    m = _dims(phi, "phi", 2)[1]
+    n = int(round((m + 1) ** 0.5)) - 1
+    if n < 1 or n * n + 2 * n != m:
+        raise ValueError(f"invalid `phi`: width {m} is not n² + 2n for a stream count n ≥ 1")
+    return n
+
+
+# --------------------------------------------------------------------------------------------
+# Output shapes (shared by the CUDA and the fake implementations)
+# --------------------------------------------------------------------------------------------
+
+def _post_out(x_layer_out, h_post, x_res):
+    b, c = _dims(x_layer_out, "x_layer_out", 2)
+    n = _dims(h_post, "h_post", 2)[1]
+    return x_layer_out.new_empty((b, n * c))
+
+
+def _pre_out(phi, x, b):
+    n = _stream_count(phi)
+    batch, nc = _dims(x, "x", 2)
+    c = nc // n
+    return (x.new_empty((batch, nc)), x.new_empty((batch, c)),
+            x.new_empty((batch, n), dtype=torch.float32))
+
+
+def _gate_fwd_out(h, *_):
+    m, t, _d = _dims(h, "h", 3)
+    f32 = dict(dtype=torch.float32)
+    return (torch.empty_like(h), torch.empty_like(h), h.new_empty((m, t), **f32),
+            h.new_empty((m, t), **f32), h.new_empty((m, t), **f32), h.new_empty((m, t), **f32))
+
+
+def _gate_bwd_out(dy, h, k, v, rms_w_h, rms_w_v, conv_w, *_):
+    d = _dims(dy, "dy", 3)[2]
+    f32 = dict(dtype=torch.float32)
+    return (torch.empty_like(dy), torch.empty_like(dy), torch.empty_like(dy),
+            dy.new_empty((d,), **f32), dy.new_empty((d,), **f32), dy.new_empty((4, d), **f32))
+
+
+def _decode_out(e_t, h_t, conv_state, *_):
+    return torch.empty_like(h_t), torch.empty_like(conv_state)
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA implementations (also registered for CPU tensors, where the native module's device
+# check raises the ValueError naming the argument)
+# --------------------------------------------------------------------------------------------
+
+def _fft_c2c(x):
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _rgk.fft_c2c(_t(x), _t(y), _stream(x))
+    return y
+
+
+def _mhc_post(x_layer_out, h_post, x_res):
+    x_out = _post_out(x_layer_out, h_post, x_res)
+    _rgk.mhc_post(_t(x_layer_out), _t(h_post), _t(x_res), _t(x_out), _stream(x_layer_out))
+    return x_out
+
+
+def _mhc_pre(phi, x, b, alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps):
+    x_res, x_layer, h_post = _pre_out(phi, x, b)
+    _rgk.mhc_pre(_t(phi), _t(x), _t(b), _t(x_res), _t(x_layer), _t(h_post), alpha_pre,
+                 alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps, _stream(x))
+    return x_res, x_layer, h_post
+
+
+def _gate_conv_fwd(h, k, v, rms_w_h, rms_w_v, conv_w):
+    outs = _gate_fwd_out(h)
+    _rgk.gate_conv_fwd(*(_t(a) for a in (h, k, v, rms_w_h, rms_w_v, conv_w) + outs), _stream(h))
+    return outs
+
+
+def _gate_conv_bwd(dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k):
+    outs = _gate_bwd_out(dy, h, k, v, rms_w_h, rms_w_v, conv_w)
+    m, t, d = dy.shape
+    ws = dy.new_empty((_rgk.gate_conv_bwd_workspace(m, t, d),), dtype=torch.float32)
+    ins = (dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k, ws)
+    _rgk.gate_conv_bwd(*(_t(a) for a in ins + outs), _stream(dy))
+    return outs
+
+
+def _decode_fwd(e_t, h_t, conv_state, w_k, w_v, rms_w_h, rms_w_v, conv_w, dilation, eps):
+    _dims(e_t, "e_t", 2), _dims(h_t, "h_t", 2), _dims(conv_state, "conv_state", 3)
+    y_t, new_state = _decode_out(e_t, h_t, conv_state)
+    ins = (e_t, h_t, conv_state, w_k, w_v, rms_w_h, rms_w_v, conv_w, y_t, new_state)
+    _rgk.decode_fwd(*(_t(a) for a in ins), dilation, eps, _stream(e_t))
+    return y_t, new_state
+
+
+for _name, _impl in [("fft_c2c", _fft_c2c), ("mhc_post", _mhc_post), ("mhc_pre", _mhc_pre),
+                     ("gate_conv_fwd", _gate_conv_fwd), ("gate_conv_bwd", _gate_conv_bwd),
+                     ("decode_fwd", _decode_fwd)]:
+    _LIB.impl(_name, _impl, "CUDA")
+    _LIB.impl(_name, _impl, "CPU")
+
+
+# --------------------------------------------------------------------------------------------
+# Fake implementations: output shapes and dtypes only
+# --------------------------------------------------------------------------------------------
+
+@torch.library.register_fake("rgk::fft_c2c")
+def _(x):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+torch.library.register_fake("rgk::mhc_post")(_post_out)
+
+
+@torch.library.register_fake("rgk::mhc_pre")
+def _(phi, x, b, alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps):
+    return _pre_out(phi, x, b)
+
+
+@torch.library.register_fake("rgk::gate_conv_fwd")
+def _(h, k, v, rms_w_h, rms_w_v, conv_w):
+    return _gate_fwd_out(h)
+
+
+@torch.library.register_fake("rgk::gate_conv_bwd")
+def _(dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k):
+    return _gate_bwd_out(dy, h, k, v, rms_w_h, rms_w_v, conv_w)
+
+
+@torch.library.register_fake("rgk::decode_fwd")
+def _(e_t, h_t, conv_state, w_k, w_v, rms_w_h, rms_w_v, conv_w, dilation, eps):
+    return _decode_out(e_t, h_t, conv_state)
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd
+# --------------------------------------------------------------------------------------------
+
+# FFT: y = F x with F symmetric, so the vector-Jacobian product is F^H g = conj(F conj(g)).
+def _fft_backward(ctx, g):
+    return torch.conj_physical(torch.ops.rgk.fft_c2c(torch.conj_physical(g).contiguous()))
+
+
+torch.library.register_autograd("rgk::fft_c2c", _fft_backward)
+
+
+# MHCPost: x_out = h_post ⊗ x_layer_out + x_res (bf16 storage, f32 arithmetic).
+def _post_setup(ctx, inputs, output):
+    x_layer_out, h_post, _ = inputs
+    ctx.save_for_backward(x_layer_out, h_post)
+
+
+def _post_backward(ctx, g):
+    x_layer_out, h_post = ctx.saved_tensors
+    b, c = x_layer_out.shape
+    n = h_post.shape[1]
+    g3 = g.float().reshape(b, n, c)
+    d_layer = torch.einsum("bnc,bn->bc", g3, h_post.float()).to(x_layer_out.dtype)
+    d_h = torch.einsum("bnc,bc->bn", g3, x_layer_out.float())
+    return d_layer, d_h.to(h_post.dtype), g
+
+
+torch.library.register_autograd("rgk::mhc_post", _post_backward, setup_context=_post_setup)
+
+
+def mhc_pre_reference(phi, x, b, alpha_pre, alpha_post, alpha_res, sinkhorn_repeat,
+                      sinkhorn_eps):
+    """MHCPreFwd in torch f32 ops (docs/ops.md §2), differentiable: the backward of
+    ``rgk.ops.mhc_pre`` until a fused backward kernel exists. Outputs unrounded (f32)."""
+    n = _stream_count(phi)
+    batch, nc = x.shape
+    c = nc // n
+    xf = x.float()
+    r = xf.pow(2).sum(-1, keepdim=True).sqrt() / (nc ** 0.5) + 1e-4
+    h = xf @ phi.float()
+    pre = torch.sigmoid(alpha_pre * h[:, :n] / r + b[:n])
+    post = 2 * torch.sigmoid(alpha_post * h[:, n:2 * n] / r + b[n:2 * n])
+    res = (alpha_res * h[:, 2 * n:] / r + b[2 * n:]).reshape(batch, n, n)
+    res = (res - res.amax(-1, keepdim=True)).exp()
+    for _ in range(sinkhorn_repeat):
+        res = res / (res.sum(-1, keepdim=True) + sinkhorn_eps)
+        res = res / (res.sum(-2, keepdim=True) + sinkhorn_eps)
+    xs = xf.reshape(batch, n, c)
+    x_res = torch.einsum("bik,bkc->bic", res, xs).reshape(batch, nc)
+    x_layer = torch.einsum("bk,bkc->bc", pre, xs)
+    return x_res, x_layer, post
+
+
+def _pre_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:3])
+    ctx.params = inputs[3:]
+
+
+def _pre_backward(ctx, g_res, g_layer, g_post):
+    phi, x, b = ctx.saved_tensors
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(t.requires_grad) for t in (phi, x, b)]
+        outs = mhc_pre_reference(*leaves, *ctx.params)
+        pairs = [(o, g) for o, g in zip(outs, (g_res, g_layer, g_post)) if g is not None]
+        wrt = [t for t in leaves if t.requires_grad]
+        grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt,
+                                         [g.float() for _, g in pairs], allow_unused=True))
+    out = [next(grads) if t.requires_grad else None for t in leaves]
+    return tuple(None if gr is None else gr.to(t.dtype) for gr, t in zip(out, (phi, x, b))) + (
+        None,) * 5
+
+
+torch.library.register_autograd("rgk::mhc_pre", _pre_backward, setup_context=_pre_setup)
+
+
+# EngramGateConv: the backward kernel; gradients flow through Y only (vhat, alpha and the
+# reciprocal rms values are what the backward reads, not differentiable outputs).
+def _gate_setup(ctx, inputs, output):
+    _, _, alpha, rrms_h, rrms_k, _ = output
+    ctx.save_for_backward(*inputs, alpha, rrms_h, rrms_k)
+    ctx.mark_non_differentiable(*output[1:])
+
+
+def _gate_backward(ctx, g_y, *_):
+    h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k = ctx.saved_tensors
+    if g_y is None:
+        return (None,) * 6
+    dh, dk, dv, dwh, dwv, dcw = torch.ops.rgk.gate_conv_bwd(
+        g_y.contiguous(), h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k)
+    return dh, dk, dv, dwh.to(rms_w_h.dtype), dwv.to(rms_w_v.dtype), dcw.to(conv_w.dtype)
+
+
+torch.library.register_autograd("rgk::gate_conv_fwd", _gate_backward, setup_context=_gate_setup)
+
+
+def _decode_backward(ctx, *grads):
+    raise RuntimeError("rgk.ops.decode_fwd is inference-only: it has no backward")
+
+
+torch.library.register_autograd("rgk::decode_fwd", _decode_backward)
+
+
+# --------------------------------------------------------------------------------------------
+# The functional front end
+# --------------------------------------------------------------------------------------------
+
+def fft_c2c(x: torch.Tensor) -> torch.Tensor:
+    """``torch.fft.fft(x, dim=-1)`` for complex64/complex128 ``x`` of power-of-two length."""
+    return torch.ops.rgk.fft_c2c(x)
+
+
+def mhc_post(x_layer_out, h_post, x_res) -> torch.Tensor:
+    """MHCPostFwd: ``x_out[β, i·c + j] = bf16(h_post[β, i]·x_layer_out[β, j] + x_res[β, i·c + j])``."""
+    return torch.ops.rgk.mhc_post(x_layer_out, h_post, x_res)
+
+
+def mhc_pre(phi, x, b, alpha_pre=1.0, alpha_post=1.0, alpha_res=1.0, sinkhorn_repeat=1,
+            sinkhorn_eps=0.02):
+    """MHCPreFwd → ``(x_res, x_layer, h_post)``."""
+    return torch.ops.rgk.mhc_pre(phi, x, b, float(alpha_pre), float(alpha_post),
+                                 float(alpha_res), int(sinkhorn_repeat), float(sinkhorn_eps))
+
+
+def gate_conv_fwd(h, k, v, rms_w_h, rms_w_v, conv_w):
+    """EngramGateConvFwd → ``(y, vhat, alpha, rrms_h, rrms_k, rrms_v)``; differentiable
+    through ``y``."""
+    return torch.ops.rgk.gate_conv_fwd(h, k, v, rms_w_h, rms_w_v, conv_w)
+
+
+def gate_conv_bwd(dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k):
+    """EngramGateConvBwd → ``(dh, dk, dv, drms_w_h, drms_w_v, dconv_w)`` (weight gradients
+    f32)."""
+    return torch.ops.rgk.gate_conv_bwd(dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h,
+                                       rrms_k)
+
+
+def decode_fwd(e_t, h_t, conv_state, w_k, w_v, rms_w_h, rms_w_v, conv_w, dilation=1, eps=1e-6):
+    """EngramDecodeFwd, one step → ``(y_t, new_conv_state)`` (inference only)."""
+    return torch.ops.rgk.decode_fwd(e_t, h_t, conv_state, w_k, w_v, rms_w_h, rms_w_v, conv_w,
+                                    int(dilation), float(eps))

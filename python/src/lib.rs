@@ -1,0 +1,481 @@
+//! `rgk._rgk`: rgk's ops on tensors that PyTorch allocated. Python passes each tensor as a
+//! tuple `(data_ptr, dtype, shape, strides, device)` (`dtype` as `str(tensor.dtype)`, `device`
+//! the CUDA ordinal or −1 for a tensor elsewhere) and torch's current stream as an integer;
+//! every tensor is validated here (device, dtype, shape, contiguity, alignment) before
+//! anything is launched, and an invalid one raises `ValueError` naming the argument. The
+//! kernels run on torch's stream in the primary context torch uses, bound to the calling
+//! thread first (autograd runs backward on its own threads). The module links no libtorch.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use cudarc::driver::sys::CUstream;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use rgk::engram::{
+    bwd_workspace_len, gate_conv_bwd_raw, gate_conv_fwd_raw, DecodeDtype, DecodeInputsRaw, EngramDecodePlan,
+    EngramDecodeShape, EngramGateShape,
+};
+use rgk::fft::{FftPlan, Precision};
+use rgk::mhc::{post_fwd_raw, pre_fwd_raw, MhcPostShape, MhcPreParams, MhcPreShape, PrePlan};
+use rgk::{bf16, f16, Gpu};
+
+/// A tensor as Python describes it: `(data_ptr, dtype, shape, strides, device)`.
+#[derive(FromPyObject)]
+struct Tensor(u64, String, Vec<i64>, Vec<i64>, i64);
+
+/// The element types the ops take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Dtype {
+    F16,
+    Bf16,
+    F32,
+    C64,
+    C128,
+}
+
+impl Dtype {
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "torch.float16" => Self::F16,
+            "torch.bfloat16" => Self::Bf16,
+            "torch.float32" => Self::F32,
+            "torch.complex64" => Self::C64,
+            "torch.complex128" => Self::C128,
+            _ => return None,
+        })
+    }
+    fn torch_name(self) -> &'static str {
+        match self {
+            Self::F16 => "torch.float16",
+            Self::Bf16 => "torch.bfloat16",
+            Self::F32 => "torch.float32",
+            Self::C64 => "torch.complex64",
+            Self::C128 => "torch.complex128",
+        }
+    }
+    fn bytes(self) -> u64 {
+        match self {
+            Self::F16 | Self::Bf16 => 2,
+            Self::F32 => 4,
+            Self::C64 => 8,
+            Self::C128 => 16,
+        }
+    }
+}
+
+fn bad(arg: &str, msg: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(format!("invalid `{arg}`: {msg}"))
+}
+
+/// rgk's errors as Python exceptions: invalid inputs `ValueError` (naming the argument),
+/// device and driver failures `RuntimeError`.
+fn py_err(e: rgk::Error) -> PyErr {
+    match e.arg() {
+        Some(_) => PyValueError::new_err(e.to_string()),
+        None => PyRuntimeError::new_err(e.to_string()),
+    }
+}
+
+impl Tensor {
+    fn device(&self, arg: &str) -> PyResult<i64> {
+        if self.4 < 0 {
+            return Err(bad(arg, "is not a CUDA tensor (rgk's ops run on CUDA tensors)"));
+        }
+        Ok(self.4)
+    }
+    fn dtype(&self, arg: &str) -> PyResult<Dtype> {
+        Dtype::parse(&self.1).ok_or_else(|| bad(arg, format!("dtype {} is not one rgk's ops take", self.1)))
+    }
+    fn shape(&self) -> &[i64] {
+        &self.2
+    }
+    /// The device address after checking device, dtype, shape, row-major contiguity and
+    /// element alignment.
+    fn check(&self, arg: &str, device: i64, dtype: Dtype, shape: &[usize]) -> PyResult<u64> {
+        let dev = self.device(arg)?;
+        if dev != device {
+            return Err(bad(arg, format!("is on cuda:{dev}, the other tensors on cuda:{device}")));
+        }
+        let got = self.dtype(arg)?;
+        if got != dtype {
+            return Err(bad(arg, format!("dtype {}, expected {}", self.1, dtype.torch_name())));
+        }
+        if self.2.len() != shape.len() || self.2.iter().zip(shape).any(|(&a, &b)| a as usize != b) {
+            return Err(bad(arg, format!("shape {:?}, expected {:?}", self.2, shape)));
+        }
+        let mut expect = 1i64;
+        for (&size, &stride) in self.2.iter().zip(&self.3).rev() {
+            if size != 1 && stride != expect {
+                return Err(bad(arg, format!("is not contiguous (strides {:?}, shape {:?})", self.3, self.2)));
+            }
+            expect *= size;
+        }
+        if !self.0.is_multiple_of(dtype.bytes()) {
+            return Err(bad(
+                arg,
+                format!("address {:#x} is not aligned to its {}-byte elements", self.0, dtype.bytes()),
+            ));
+        }
+        Ok(self.0)
+    }
+}
+
+fn dim(arg: &str, t: &Tensor, rank: usize) -> PyResult<Vec<usize>> {
+    if t.shape().len() != rank {
+        return Err(bad(arg, format!("has {} dimensions, expected {rank}", t.shape().len())));
+    }
+    Ok(t.shape().iter().map(|&s| s as usize).collect())
+}
+
+/// One loaded module per device (the primary context torch uses), for the process's life.
+fn gpu(device: i64) -> PyResult<Gpu> {
+    static GPUS: OnceLock<Mutex<HashMap<i64, Gpu>>> = OnceLock::new();
+    let mut map = lock(GPUS.get_or_init(Default::default));
+    let g = match map.get(&device) {
+        Some(g) => g.clone(),
+        None => {
+            let g = Gpu::new(device as usize).map_err(py_err)?;
+            map.insert(device, g.clone());
+            g
+        }
+    };
+    g.context().bind_to_thread().map_err(|e| py_err(e.into()))?;
+    Ok(g)
+}
+
+/// The cached value of `key`, made by `make` on first use.
+fn cached<K: Eq + std::hash::Hash, V>(
+    map: &mut HashMap<K, V>,
+    key: K,
+    make: impl FnOnce() -> PyResult<V>,
+) -> PyResult<&mut V> {
+    use std::collections::hash_map::Entry;
+    Ok(match map.entry(key) {
+        Entry::Occupied(e) => e.into_mut(),
+        Entry::Vacant(e) => e.insert(make()?),
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A handle on torch's stream `stream` of `g`'s context.
+fn on_stream(g: &Gpu, stream: u64) -> PyResult<(Gpu, CUstream)> {
+    let cu = stream as CUstream;
+    // SAFETY: torch owns the stream, keeps it alive during the call, and orders our launches
+    // with its own work on it; the handle lives no longer than the call or the cached plans
+    // keyed by this stream.
+    let s: Arc<CudaStream> = unsafe { g.context().wrap_borrowed_stream(cu) };
+    Ok((g.with_stream(s).map_err(py_err)?, cu))
+}
+
+/// `y = FFT(x)` over the last axis; `x`, `y`: `[*batch, n]` complex64 or complex128 (`y` may be
+/// `x`: in place).
+#[pyfunction]
+fn fft_c2c(x: Tensor, y: Tensor, stream: u64) -> PyResult<()> {
+    let device = x.device("x")?;
+    let dtype = x.dtype("x")?;
+    let precision = match dtype {
+        Dtype::C64 => Precision::C64,
+        Dtype::C128 => Precision::C128,
+        _ => return Err(bad("x", format!("dtype {}, expected torch.complex64 or torch.complex128", x.1))),
+    };
+    let shape: Vec<usize> = x.shape().iter().map(|&s| s as usize).collect();
+    let Some((&n, lead)) = shape.split_last() else {
+        return Err(bad("x", "is a scalar; the transform runs over the last axis"));
+    };
+    let batch: usize = lead.iter().product();
+    let xp = x.check("x", device, dtype, &shape)?;
+    let yp = y.check("y", device, dtype, &shape)?;
+    if batch == 0 {
+        return Ok(());
+    }
+    let g = gpu(device)?;
+    let (g, cu) = on_stream(&g, stream)?;
+    // Plans hold device tables and a workspace: one per stream, so calls on different
+    // streams never share a workspace.
+    type Key = (i64, usize, usize, bool, u64);
+    static PLANS: OnceLock<Mutex<HashMap<Key, FftPlan>>> = OnceLock::new();
+    let mut plans = lock(PLANS.get_or_init(Default::default));
+    let key = (device, n, batch, precision == Precision::C128, stream);
+    let plan = cached(&mut plans, key, || FftPlan::new(&g, n, batch, precision).map_err(py_err))?;
+    // SAFETY: both tensors were checked to hold `batch·n` elements of the plan's precision on
+    // this device; torch keeps them alive until the stream passes the launches.
+    unsafe { plan.execute_raw(&g, xp, yp, cu) }.map_err(py_err)
+}
+
+/// MHCPostFwd: `x_out = q(h_post ⊗ x_layer_out + x_res)`; `x_layer_out [B, c]` bf16, `h_post
+/// [B, n]` f32, `x_res`, `x_out` `[B, n·c]` bf16.
+#[pyfunction]
+fn mhc_post(x_layer_out: Tensor, h_post: Tensor, x_res: Tensor, x_out: Tensor, stream: u64) -> PyResult<()> {
+    let device = x_layer_out.device("x_layer_out")?;
+    let [b, c] = dim("x_layer_out", &x_layer_out, 2)?[..] else { unreachable!() };
+    let [_, n] = dim("h_post", &h_post, 2)?[..] else { unreachable!() };
+    let y = x_layer_out.check("x_layer_out", device, Dtype::Bf16, &[b, c])?;
+    let h = h_post.check("h_post", device, Dtype::F32, &[b, n])?;
+    let r = x_res.check("x_res", device, Dtype::Bf16, &[b, n * c])?;
+    let o = x_out.check("x_out", device, Dtype::Bf16, &[b, n * c])?;
+    let g = gpu(device)?;
+    // SAFETY: every tensor was checked to hold the elements the shape addresses.
+    unsafe { post_fwd_raw(&g, MhcPostShape { batch: b, n, c }, y, h, r, o, stream as CUstream) }.map_err(py_err)
+}
+
+/// MHCPreFwd: `phi [n·c, n²+2n]` f32, `x [B, n·c]` bf16, `b [n²+2n]` f32 → `x_res [B, n·c]`
+/// bf16, `x_layer [B, c]` bf16, `h_post [B, n]` f32.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn mhc_pre(
+    phi: Tensor,
+    x: Tensor,
+    b: Tensor,
+    x_res: Tensor,
+    x_layer: Tensor,
+    h_post: Tensor,
+    alpha_pre: f32,
+    alpha_post: f32,
+    alpha_res: f32,
+    sinkhorn_repeat: u32,
+    sinkhorn_eps: f32,
+    stream: u64,
+) -> PyResult<()> {
+    let device = x.device("x")?;
+    let [nc, m] = dim("phi", &phi, 2)?[..] else { unreachable!() };
+    // m = n² + 2n  ⇔  n = sqrt(m + 1) − 1.
+    let n = ((m + 1) as f64).sqrt().round() as usize - 1;
+    if n == 0 || n * n + 2 * n != m {
+        return Err(bad("phi", format!("width {m} is not n² + 2n for a stream count n ≥ 1")));
+    }
+    if nc % n != 0 {
+        return Err(bad("phi", format!("height {nc} is not a multiple of n = {n}")));
+    }
+    let c = nc / n;
+    let [batch, _] = dim("x", &x, 2)?[..] else { unreachable!() };
+    let p_phi = phi.check("phi", device, Dtype::F32, &[nc, m])?;
+    let p_x = x.check("x", device, Dtype::Bf16, &[batch, nc])?;
+    let p_b = b.check("b", device, Dtype::F32, &[m])?;
+    let p_res = x_res.check("x_res", device, Dtype::Bf16, &[batch, nc])?;
+    let p_layer = x_layer.check("x_layer", device, Dtype::Bf16, &[batch, c])?;
+    let p_h = h_post.check("h_post", device, Dtype::F32, &[batch, n])?;
+    let params = MhcPreParams { alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps };
+    let g = gpu(device)?;
+    let (g, cu) = on_stream(&g, stream)?;
+    // The plan and its workspace per stream: the fixed-point pair keeps accumulator state in
+    // the workspace between calls, which calls on one stream keep in order.
+    type Key = (i64, usize, usize, usize, u64);
+    type Plans = HashMap<Key, (PrePlan, CudaSlice<u64>)>;
+    static PLANS: OnceLock<Mutex<Plans>> = OnceLock::new();
+    let mut plans = lock(PLANS.get_or_init(Default::default));
+    let (plan, ws) = cached(&mut plans, (device, batch, n, c, stream), || {
+        let plan = PrePlan::new(&g, MhcPreShape { batch, n, c }).map_err(py_err)?;
+        let ws = g.stream().alloc_zeros::<u64>(plan.workspace).map_err(|e| py_err(e.into()))?;
+        Ok((plan, ws))
+    })?;
+    let (wp, _guard) = ws.device_ptr(g.stream());
+    // SAFETY: every tensor was checked to hold the elements the plan's shape addresses; the
+    // workspace is the plan's, used on this stream only.
+    unsafe { pre_fwd_raw(&g, plan, params, p_phi, p_x, p_b, p_res, p_layer, p_h, wp, ws.len(), cu) }.map_err(py_err)
+}
+
+fn half_dtype(arg: &str, t: &Tensor) -> PyResult<Dtype> {
+    match t.dtype(arg)? {
+        d @ (Dtype::F16 | Dtype::Bf16) => Ok(d),
+        _ => Err(bad(arg, format!("dtype {}, expected torch.float16 or torch.bfloat16", t.1))),
+    }
+}
+
+/// EngramGateConvFwd: `h, k, v [M, T, d]`, `rms_w_h, rms_w_v [d]`, `conv_w [4, d]` (one 16-bit
+/// dtype) → `y, vhat [M, T, d]` (the dtype), `alpha, rrms_h, rrms_k, rrms_v [M, T]` f32.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn gate_conv_fwd(
+    h: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rms_w_h: Tensor,
+    rms_w_v: Tensor,
+    conv_w: Tensor,
+    y: Tensor,
+    vhat: Tensor,
+    alpha: Tensor,
+    rrms_h: Tensor,
+    rrms_k: Tensor,
+    rrms_v: Tensor,
+    stream: u64,
+) -> PyResult<()> {
+    let device = h.device("h")?;
+    let dt = half_dtype("h", &h)?;
+    let [m, t, d] = dim("h", &h, 3)?[..] else { unreachable!() };
+    let (x3, r2) = ([m, t, d], [m, t]);
+    let mut p = Vec::with_capacity(12);
+    for (name, tensor) in [("h", &h), ("k", &k), ("v", &v)] {
+        p.push(tensor.check(name, device, dt, &x3)?);
+    }
+    p.push(rms_w_h.check("rms_w_h", device, dt, &[d])?);
+    p.push(rms_w_v.check("rms_w_v", device, dt, &[d])?);
+    p.push(conv_w.check("conv_w", device, dt, &[4, d])?);
+    p.push(y.check("y", device, dt, &x3)?);
+    p.push(vhat.check("vhat", device, dt, &x3)?);
+    for (name, tensor) in [("alpha", &alpha), ("rrms_h", &rrms_h), ("rrms_k", &rrms_k), ("rrms_v", &rrms_v)] {
+        p.push(tensor.check(name, device, Dtype::F32, &r2)?);
+    }
+    let g = gpu(device)?;
+    let shape = EngramGateShape { m, t, d };
+    let s = stream as CUstream;
+    // SAFETY: every tensor was checked to hold the elements the shape addresses.
+    unsafe {
+        match dt {
+            Dtype::F16 => gate_conv_fwd_raw::<f16>(
+                &g, shape, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], s,
+            ),
+            _ => gate_conv_fwd_raw::<bf16>(
+                &g, shape, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], s,
+            ),
+        }
+    }
+    .map_err(py_err)
+}
+
+/// f32 elements of the workspace [`gate_conv_bwd`] needs for `(m, t, d)`.
+#[pyfunction]
+fn gate_conv_bwd_workspace(m: usize, t: usize, d: usize) -> PyResult<usize> {
+    bwd_workspace_len(EngramGateShape { m, t, d }).map_err(py_err)
+}
+
+/// EngramGateConvBwd: `dy, h, k, v [M, T, d]`, the weights, the forward's `alpha, rrms_h,
+/// rrms_k [M, T]` f32 and a workspace of [`gate_conv_bwd_workspace`] f32 → `dh, dk, dv`
+/// (the dtype), `drms_w_h, drms_w_v [d]`, `dconv_w [4, d]` f32.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn gate_conv_bwd(
+    dy: Tensor,
+    h: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rms_w_h: Tensor,
+    rms_w_v: Tensor,
+    conv_w: Tensor,
+    alpha: Tensor,
+    rrms_h: Tensor,
+    rrms_k: Tensor,
+    workspace: Tensor,
+    dh: Tensor,
+    dk: Tensor,
+    dv: Tensor,
+    drms_w_h: Tensor,
+    drms_w_v: Tensor,
+    dconv_w: Tensor,
+    stream: u64,
+) -> PyResult<()> {
+    let device = dy.device("dy")?;
+    let dt = half_dtype("dy", &dy)?;
+    let [m, t, d] = dim("dy", &dy, 3)?[..] else { unreachable!() };
+    let shape = EngramGateShape { m, t, d };
+    let ws_len = bwd_workspace_len(shape).map_err(py_err)?;
+    let (x3, r2) = ([m, t, d], [m, t]);
+    let mut p = Vec::with_capacity(17);
+    for (name, tensor) in [("dy", &dy), ("h", &h), ("k", &k), ("v", &v)] {
+        p.push(tensor.check(name, device, dt, &x3)?);
+    }
+    p.push(rms_w_h.check("rms_w_h", device, dt, &[d])?);
+    p.push(rms_w_v.check("rms_w_v", device, dt, &[d])?);
+    p.push(conv_w.check("conv_w", device, dt, &[4, d])?);
+    for (name, tensor) in [("alpha", &alpha), ("rrms_h", &rrms_h), ("rrms_k", &rrms_k)] {
+        p.push(tensor.check(name, device, Dtype::F32, &r2)?);
+    }
+    p.push(workspace.check("workspace", device, Dtype::F32, &[ws_len])?);
+    for (name, tensor) in [("dh", &dh), ("dk", &dk), ("dv", &dv)] {
+        p.push(tensor.check(name, device, dt, &x3)?);
+    }
+    p.push(drms_w_h.check("drms_w_h", device, Dtype::F32, &[d])?);
+    p.push(drms_w_v.check("drms_w_v", device, Dtype::F32, &[d])?);
+    p.push(dconv_w.check("dconv_w", device, Dtype::F32, &[4, d])?);
+    let g = gpu(device)?;
+    let s = stream as CUstream;
+    // SAFETY: every tensor was checked to hold the elements the shape addresses.
+    unsafe {
+        match dt {
+            Dtype::F16 => gate_conv_bwd_raw::<f16>(
+                &g, shape, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12], p[13],
+                p[14], p[15], p[16], s,
+            ),
+            _ => gate_conv_bwd_raw::<bf16>(
+                &g, shape, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12], p[13],
+                p[14], p[15], p[16], s,
+            ),
+        }
+    }
+    .map_err(py_err)
+}
+
+/// EngramDecodeFwd, one step: `e_t [B, d_mem]`, `h_t [B, d]`, `conv_state [B, L, d]`, `w_k,
+/// w_v [d_mem, d]`, `rms_w_h, rms_w_v [d]`, `conv_w [K, d]` (one 16-bit dtype) → `y_t [B, d]`,
+/// `new_conv_state [B, L, d]`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn decode_fwd(
+    e_t: Tensor,
+    h_t: Tensor,
+    conv_state: Tensor,
+    w_k: Tensor,
+    w_v: Tensor,
+    rms_w_h: Tensor,
+    rms_w_v: Tensor,
+    conv_w: Tensor,
+    y_t: Tensor,
+    new_conv_state: Tensor,
+    dilation: usize,
+    eps: f32,
+    stream: u64,
+) -> PyResult<()> {
+    let device = e_t.device("e_t")?;
+    let dt = half_dtype("e_t", &e_t)?;
+    let [batch, d_mem] = dim("e_t", &e_t, 2)?[..] else { unreachable!() };
+    let [_, l, d] = dim("conv_state", &conv_state, 3)?[..] else { unreachable!() };
+    let [kernel_size, _] = dim("conv_w", &conv_w, 2)?[..] else { unreachable!() };
+    let raw = DecodeInputsRaw {
+        e_t: e_t.check("e_t", device, dt, &[batch, d_mem])?,
+        h_t: h_t.check("h_t", device, dt, &[batch, d])?,
+        w_k: w_k.check("w_k", device, dt, &[d_mem, d])?,
+        w_v: w_v.check("w_v", device, dt, &[d_mem, d])?,
+        rms_w_h: rms_w_h.check("rms_w_h", device, dt, &[d])?,
+        rms_w_v: rms_w_v.check("rms_w_v", device, dt, &[d])?,
+        conv_w: conv_w.check("conv_w", device, dt, &[kernel_size, d])?,
+    };
+    let s_in = conv_state.check("conv_state", device, dt, &[batch, l, d])?;
+    let y = y_t.check("y_t", device, dt, &[batch, d])?;
+    let s_out = new_conv_state.check("new_conv_state", device, dt, &[batch, l, d])?;
+    let mut shape = EngramDecodeShape::new(batch, d_mem, d, l, kernel_size, dilation);
+    shape.eps = eps;
+    let g = gpu(device)?;
+    let (g, cu) = on_stream(&g, stream)?;
+    // A plan owns its partial-sum workspace: one per stream.
+    type Key = (i64, [usize; 6], u32, u64);
+    static PLANS: OnceLock<Mutex<HashMap<Key, EngramDecodePlan>>> = OnceLock::new();
+    let mut plans = lock(PLANS.get_or_init(Default::default));
+    let key = (device, [batch, d_mem, d, l, kernel_size, dilation], eps.to_bits(), stream);
+    let plan = cached(&mut plans, key, || EngramDecodePlan::new(&g, shape).map_err(py_err))?;
+    let dtype = if dt == Dtype::F16 { DecodeDtype::F16 } else { DecodeDtype::Bf16 };
+    // SAFETY: every tensor was checked to hold the elements the shape addresses.
+    unsafe { plan.forward_raw(&g, dtype, raw, s_in, y, s_out, cu) }.map_err(py_err)
+}
+
+/// Whether a CUDA driver and device are present (no module is loaded).
+#[pyfunction]
+fn cuda_available() -> bool {
+    rgk::cuda_available()
+}
+
+#[pymodule]
+fn _rgk(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(fft_c2c, m)?)?;
+    m.add_function(wrap_pyfunction!(mhc_post, m)?)?;
+    m.add_function(wrap_pyfunction!(mhc_pre, m)?)?;
+    m.add_function(wrap_pyfunction!(gate_conv_fwd, m)?)?;
+    m.add_function(wrap_pyfunction!(gate_conv_bwd_workspace, m)?)?;
+    m.add_function(wrap_pyfunction!(gate_conv_bwd, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_fwd, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    Ok(())
+}
