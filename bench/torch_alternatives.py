@@ -41,6 +41,12 @@ Alternatives (per op):
                       row (worst output against worst output); each output's error
                       is in the row's "errors".  TileOPs gets its own copies of the
                       inputs.
+  rgk-torch           every op: our kernels through rgk's own Python package
+                      (python/, the TileOPs-compatible classes over torch.library
+                      operators), when it imports: timed like an alternative, never
+                      counted as one (it is us); its row also has "host_us", the host
+                      time of one eager call (200 calls in a tight loop, one
+                      synchronisation).
   torch.compile runs with its default config (dynamic=False, dynamo reset per
   entry).  Note inductor's default elides f32 -> 16-bit -> f32 round trips
   (emulate_precision_casts=False), so the compiled rows may skip the
@@ -292,12 +298,15 @@ def _bwd_alternatives(t: Dict[str, torch.Tensor], params: dict, skip_compile: bo
 
 
 def build_alternatives(op: str, t: Dict[str, torch.Tensor], params: dict, skip_compile: bool,
-                       tileops: Optional[dict] = None):
+                       tileops: Optional[dict] = None, rgk_torch: Optional[dict] = None):
     """t: the entry's input tensors, already on the target device; `tileops`: TileOPs' op
-    classes (``load_tileops``) or None.  The eager alternative comes first."""
+    classes (``load_tileops``) or None; `rgk_torch`: rgk's package classes
+    (``load_rgk_torch``) or None.  The eager alternative comes first."""
     alts = torch_alternatives(op, t, params, skip_compile)
     if tileops is not None:
         alts.append(tileops_alternative(op, t, params, tileops))
+    if rgk_torch is not None:
+        alts.append(class_alternative(RGK_TORCH_NAME, op, t, params, rgk_torch))
     return alts
 
 
@@ -370,17 +379,47 @@ def load_tileops():
 
 
 def tileops_alternative(op: str, t: Dict[str, torch.Tensor], params: dict, ops: dict):
-    """(name, factory) calling TileOPs' class for `op` on its own copies of the entry's tensors
-    (an op that wrote an input could not change what the other alternatives see).  A set-up
-    failure is raised by the factory, so it becomes this row's error alone."""
+    """(name, factory) calling TileOPs' class for `op` (see ``class_alternative``)."""
+    return class_alternative(TILEOPS_NAME, op, t, params, ops)
+
+
+def class_alternative(name: str, op: str, t: Dict[str, torch.Tensor], params: dict, ops: dict):
+    """(name, factory) calling the op class for `op` from `ops` (TileOPs' classes, or rgk's
+    package, which takes the same signatures) on its own copies of the entry's tensors (an op
+    that wrote an input could not change what the other alternatives see).  A set-up failure is
+    raised by the factory, so it becomes this row's error alone."""
     try:
-        return _tileops_alternative(op, {k: v.clone() for k, v in t.items()}, params, ops)
+        return name, _tileops_alternative(op, {k: v.clone() for k, v in t.items()}, params, ops)[1]
     except Exception as exc:
         why = _short_error(exc)
 
         def failed():
-            raise RuntimeError(f"tileops set-up: {why}")
-        return TILEOPS_NAME, failed
+            raise RuntimeError(f"{name} set-up: {why}")
+        return name, failed
+
+
+# rgk's own Python package (python/): our kernels called on torch tensors through
+# torch.library, timed like an alternative but never counted as one (it is us).
+RGK_TORCH_NAME = "rgk-torch"
+
+
+def load_rgk_torch():
+    """Returns (rgk's op classes, version, None) or (None, None, reason)."""
+    try:
+        import importlib.metadata as md
+        import rgk
+        if not rgk.cuda_available():
+            return None, None, "rgk: no CUDA device"
+        try:
+            version = md.version("rgk")
+        except Exception:
+            version = "unknown"
+    except BaseException as exc:
+        return None, None, _short_error(exc)
+    ops = {name: getattr(rgk, name) for name in (
+        "FFTC2CFwdOp", "MHCPreFwdOp", "MHCPostFwdOp", "EngramGateConvFwdOp",
+        "EngramGateConvBwdOp", "EngramDecodeFwdOp")}
+    return ops, version, None
 
 
 def _tileops_alternative(op: str, t: Dict[str, torch.Tensor], params: dict, ops: dict):
@@ -694,7 +733,7 @@ def _base_row(entry: dict, impl: Optional[str]) -> dict:
 
 
 def run_entry(entry: dict, base_dir: str, device: torch.device, timer: Optional[CudaTimer],
-              args, tileops: Optional[dict] = None) -> List[dict]:
+              args, tileops: Optional[dict] = None, rgk_torch: Optional[dict] = None) -> List[dict]:
     from safetensors.torch import load_file
 
     op = entry.get("op")
@@ -704,7 +743,7 @@ def run_entry(entry: dict, base_dir: str, device: torch.device, timer: Optional[
         refs = {k[len("ref."):]: v for k, v in tensors.items() if k.startswith("ref.")}
         inputs = {k: v.to(device) for k, v in tensors.items() if not k.startswith("ref.")}
         torch._dynamo.reset()
-        alts = build_alternatives(op, inputs, params, args.skip_compile, tileops)
+        alts = build_alternatives(op, inputs, params, args.skip_compile, tileops, rgk_torch)
     except Exception as exc:
         row = _base_row(entry, "setup")
         row["error"] = "setup: " + _short_error(exc)
@@ -744,12 +783,15 @@ def run_entry(entry: dict, base_dir: str, device: torch.device, timer: Optional[
             traceback.print_exc(file=sys.stderr)
 
     # The eager alternative, or the first other torch alternative that ran.
-    judge = next((name for name, _ in alts if name != TILEOPS_NAME and name in calls), None)
-    if TILEOPS_NAME in calls and judge is not None:
-        why = semantic_mismatch(rows[TILEOPS_NAME], rows[judge], entry.get("dtype"))
+    packages = (TILEOPS_NAME, RGK_TORCH_NAME)
+    judge = next((name for name, _ in alts if name not in packages and name in calls), None)
+    for pkg in packages:
+        if pkg not in calls or judge is None:
+            continue
+        why = semantic_mismatch(rows[pkg], rows[judge], entry.get("dtype"))
         if why:
-            rows[TILEOPS_NAME]["mismatch"] = why
-            print(f"  {op} {entry.get('workload')} {entry.get('dtype')}: tileops mismatch: {why}",
+            rows[pkg]["mismatch"] = why
+            print(f"  {op} {entry.get('workload')} {entry.get('dtype')}: {pkg} mismatch: {why}",
                   file=sys.stderr)
 
     # Timing: forward then reverse order, half of the calls each pass.
@@ -779,6 +821,16 @@ def run_entry(entry: dict, base_dir: str, device: torch.device, timer: Optional[
             rows[name].update(ms=float(np.median(t_ms)), p10_ms=float(np.percentile(t_ms, 10)),
                               p90_ms=float(np.percentile(t_ms, 90)), calls=len(smp),
                               kernels_per_call=int(kmed) if kmed.is_integer() else kmed)
+        # Host time of an eager call through rgk's package: a tight loop, one synchronisation
+        # (the device time is far below it on every seed row).
+        if RGK_TORCH_NAME in calls:
+            call, n = calls[RGK_TORCH_NAME], 200
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                call()
+            _sync(device)
+            rows[RGK_TORCH_NAME]["host_us"] = round((time.perf_counter() - t0) / n * 1e6, 2)
     else:
         for name in calls:
             rows[name]["calls"] = 1  # ran once, untimed
@@ -825,6 +877,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="leave out the torch-compile alternatives (testing aid)")
     ap.add_argument("--skip-tileops", action="store_true",
                     help="leave out the TileOPs alternative")
+    ap.add_argument("--skip-rgk-torch", action="store_true",
+                    help="leave out rgk's own Python package (the rgk-torch column)")
     args = ap.parse_args(argv)
     args.max_calls = max(args.max_calls, args.min_calls)
 
@@ -864,13 +918,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"tileops: not available ({why}); timing the other alternatives", flush=True)
     else:
         print(f"tileops: {tileops_version}", flush=True)
+    if args.skip_rgk_torch:
+        rgk_torch, rgk_version, rgk_why = None, None, "--skip-rgk-torch"
+    elif device.type != "cuda":
+        rgk_torch, rgk_version, rgk_why = None, None, "no CUDA device"
+    else:
+        rgk_torch, rgk_version, rgk_why = load_rgk_torch()
+    print(f"rgk-torch: {rgk_version or f'not available ({rgk_why})'}", flush=True)
     doc = {"torch": torch.__version__, "gpu": gpu, "device": device.type, "rows": [],
-           "tileops": tileops_version, "tileops_unavailable": why}
+           "tileops": tileops_version, "tileops_unavailable": why,
+           "rgk_torch": rgk_version, "rgk_torch_unavailable": rgk_why}
 
     for entry in entries:
         if only is not None and entry.get("op") not in only:
             continue
-        for row in run_entry(entry, base_dir, device, timer, args, tileops):
+        for row in run_entry(entry, base_dir, device, timer, args, tileops, rgk_torch):
             if timing_error and not row.get("error"):
                 row["error"] = timing_error
             print_row(row)

@@ -101,6 +101,12 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
   else
     echo "tileops: no .device/peers.tar.xz (run cargo xtask peers before device-pack); the bench runs without it"
   fi
+  # Our own Python package for the rgk-torch column.
+  if ls .device/wheels/rgk-*.whl >/dev/null 2>&1; then
+    rgk_site=$(mktemp -d "${TMPDIR:-/tmp}/rgk-wheel.XXXXXX")
+    python3 -m pip install --quiet --no-deps --no-index --target "$rgk_site" .device/wheels/rgk-*.whl \
+      && export PYTHONPATH=$rgk_site${PYTHONPATH:+:$PYTHONPATH}
+  fi
   [ -f "$out/h200.json" ] || cp bench/results/h200.json "$out/h200.json" 2>/dev/null || true
   for op in ${RGK_BENCH_OPS:-FFTC2CFwd MHCPreFwd MHCPostFwd EngramGateConvFwd EngramGateConvBwd EngramDecodeFwd}; do
     echo "=== $op" >>"$out/bench.log"

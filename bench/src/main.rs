@@ -213,6 +213,7 @@ fn run(args: &Args, started: Instant) -> Result<bool, String> {
                 max_abs_err: Some(abs),
                 error: None,
                 mismatch: None,
+                host_us: None,
             });
         }
     }

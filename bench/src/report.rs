@@ -64,12 +64,21 @@ pub struct Alternative {
     /// fastest.
     #[serde(default)]
     pub mismatch: Option<String>,
+    /// Host time of one eager call in µs (`rgk-torch` only: our kernels through the Python
+    /// package).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_us: Option<f64>,
 }
 
+/// The alternative that is our own kernels called through the Python package: timed and
+/// shown, never "the fastest alternative".
+pub const RGK_TORCH: &str = "rgk-torch";
+
 impl Alternative {
-    /// Whether this alternative competes for "fastest": timed, no error, no semantic mismatch.
+    /// Whether this alternative competes for "fastest": timed, no error, no semantic mismatch,
+    /// not our own kernels ([`RGK_TORCH`]).
     pub fn counts(&self) -> Option<f64> {
-        if self.error.is_some() || self.mismatch.is_some() {
+        if self.error.is_some() || self.mismatch.is_some() || self.name == RGK_TORCH {
             return None;
         }
         self.ms

@@ -375,3 +375,49 @@ def test_engram_gate_block_trains_like_torch():
     assert losses[0][-1] < losses[0][0]
     for a, b in zip(*losses):
         assert abs(a - b) <= 2e-2 * abs(b), losses
+
+
+@gpu
+def test_mhc_layer_trains_like_torch():
+    """An mHC layer around a linear layer (pre → linear → post), trained for a few steps: the
+    losses follow the pure-torch composition's."""
+    torch.manual_seed(1)
+    n, c, batch = 4, 128, 3
+
+    class Layer(torch.nn.Module):
+        def __init__(self, pre, post):
+            super().__init__()
+            m = n * n + 2 * n
+            self.phi = torch.nn.Parameter(torch.randn(n * c, m) / math.sqrt(n * c))
+            self.b = torch.nn.Parameter(0.1 * torch.randn(m))
+            self.linear = torch.nn.Linear(c, c)
+            self.pre, self.post = pre, post
+
+        def forward(self, x):
+            x_res, x_layer, h_post = self.pre(self.phi, x, self.b)
+            y = self.linear(x_layer.float()).to(torch.bfloat16)
+            return self.post(y, h_post, x_res)
+
+    def torch_pre(phi, x, b):
+        x_res, x_layer, h_post = rgk.ops.mhc_pre_reference(phi, x, b, 1.0, 1.0, 1.0, 1, 0.02)
+        return x_res.to(torch.bfloat16), x_layer.to(torch.bfloat16), h_post
+
+    ours = Layer(lambda *a: rgk.ops.mhc_pre(*a), rgk.ops.mhc_post).to(DEV)
+    theirs = Layer(torch_pre, ref.mhc_post_fwd).to(DEV)
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(batch, n * c, device=DEV).bfloat16()
+    target = torch.randn(batch, n * c, device=DEV)
+    losses = []
+    for model in (ours, theirs):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        run = []
+        for _ in range(5):
+            loss = (model(x).float() - target).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            run.append(loss.item())
+        losses.append(run)
+    assert losses[0][-1] < losses[0][0]
+    for a, b in zip(*losses):
+        assert abs(a - b) <= 2e-2 * abs(b), losses

@@ -356,9 +356,9 @@ fn table(root: &Path, file: Option<&str>) -> Result<(), String> {
         doc["commit"].as_str().unwrap_or("?")
     );
     println!(
-        "| op | workload | dtype | ours µs | TileOPs µs | best other µs | fastest | ratio | ours/floor | rel_l2 ours | rel_l2 TileOPs | rel_l2 best other | verified |"
+        "| op | workload | dtype | ours µs | rgk-torch µs (host µs/call) | TileOPs µs | best other µs | fastest | ratio | ours/floor | rel_l2 ours | rel_l2 TileOPs | rel_l2 best other | verified |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let us = |v: &serde_json::Value| v.as_f64().map_or("—".to_string(), |ms| format!("{:.2}", ms * 1e3));
     let e = |v: &serde_json::Value| v.as_f64().map_or("—".to_string(), |x| format!("{x:.1e}"));
     for r in doc["rows"].as_array().into_iter().flatten() {
@@ -373,16 +373,25 @@ fn table(root: &Path, file: Option<&str>) -> Result<(), String> {
             Some(_) => "untimed".into(),
             None => "—".into(),
         };
+        // Our kernels through the Python package: shown, never an alternative.
+        let via_torch = match alts.get("rgk-torch") {
+            Some(a) if a["ms"].is_number() => {
+                format!("{} ({})", us(&a["ms"]), a["host_us"].as_f64().map_or("—".to_string(), |h| format!("{h:.1}")))
+            }
+            Some(a) if a["error"].is_string() => "error".into(),
+            _ => "—".into(),
+        };
         let other = alts
             .iter()
-            .filter(|(n, a)| n.as_str() != "tileops" && counts(a))
+            .filter(|(n, a)| !["tileops", "rgk-torch"].contains(&n.as_str()) && counts(a))
             .min_by(|a, b| a.1["ms"].as_f64().unwrap().total_cmp(&b.1["ms"].as_f64().unwrap()));
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r["op"].as_str().unwrap_or(""),
             r["workload"].as_str().unwrap_or(""),
             r["dtype"].as_str().unwrap_or(""),
             us(&r["ours_ms"]),
+            via_torch,
             tileops_us,
             other.map_or("—".to_string(), |(n, a)| format!("{} ({n})", us(&a["ms"]))),
             r["fastest_alternative"].as_str().unwrap_or("—"),
