@@ -143,6 +143,9 @@ def _gate_conv_bwd(dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k)
     ws = dy.new_empty((_rgk.gate_conv_bwd_workspace(m, t, d),), dtype=torch.float32)
     ins = (dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k, ws)
     _rgk.gate_conv_bwd(*(_t(a) for a in ins + outs), _stream(dy))
+    if m * t == 0:  # no rows: the weight gradients are sums over nothing
+        for w in outs[3:]:
+            w.zero_()
     return outs
 
 
@@ -232,7 +235,8 @@ def mhc_pre_reference(phi, x, b, alpha_pre, alpha_post, alpha_res, sinkhorn_repe
     batch, nc = x.shape
     c = nc // n
     xf = x.float()
-    r = xf.pow(2).sum(-1, keepdim=True).sqrt() / (nc ** 0.5) + 1e-4
+    # vector_norm: its gradient at an all-zero row is 0 (sqrt of a sum of squares gives NaN).
+    r = torch.linalg.vector_norm(xf, dim=-1, keepdim=True) / (nc ** 0.5) + 1e-4
     h = xf @ phi.float()
     pre = torch.sigmoid(alpha_pre * h[:, :n] / r + b[:n])
     post = 2 * torch.sigmoid(alpha_post * h[:, n:2 * n] / r + b[n:2 * n])
@@ -253,9 +257,10 @@ def _pre_setup(ctx, inputs, output):
 
 
 def _pre_backward(ctx, g_res, g_layer, g_post):
+    """First-order gradients only (the recomputed forward is differentiated once)."""
     phi, x, b = ctx.saved_tensors
     with torch.enable_grad():
-        leaves = [t.detach().requires_grad_(t.requires_grad) for t in (phi, x, b)]
+        leaves = [t.detach().requires_grad_(need) for t, need in zip((phi, x, b), ctx.needs_input_grad)]
         outs = mhc_pre_reference(*leaves, *ctx.params)
         pairs = [(o, g) for o, g in zip(outs, (g_res, g_layer, g_post)) if g is not None]
         wrt = [t for t in leaves if t.requires_grad]

@@ -1,14 +1,16 @@
 //! `rgk._rgk`: rgk's ops on tensors that PyTorch allocated. Python passes each tensor as a
 //! tuple `(data_ptr, dtype, shape, strides, device)` (`dtype` as `str(tensor.dtype)`, `device`
 //! the CUDA ordinal or −1 for a tensor elsewhere) and torch's current stream as an integer;
-//! every tensor is validated here (device, dtype, shape, contiguity, alignment) before
-//! anything is launched, and an invalid one raises `ValueError` naming the argument. The
-//! kernels run on torch's stream in the primary context torch uses, bound to the calling
-//! thread first (autograd runs backward on its own threads). The module links no libtorch.
+//! every tensor is validated here (device, dtype, shape, contiguity, alignment, outputs
+//! disjoint from inputs) before anything is launched, and an invalid one raises `ValueError`
+//! naming the argument. The kernels run on torch's stream in the primary context torch uses,
+//! made current on the calling thread for the call (autograd runs backward on its own
+//! threads) and the thread's previous context restored after it (torch's current device).
+//! The module links no libtorch.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use cudarc::driver::sys::CUstream;
+use cudarc::driver::sys::{self, CUcontext, CUstream};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -104,12 +106,18 @@ impl Tensor {
         if self.2.len() != shape.len() || self.2.iter().zip(shape).any(|(&a, &b)| a as usize != b) {
             return Err(bad(arg, format!("shape {:?}, expected {:?}", self.2, shape)));
         }
-        let mut expect = 1i64;
-        for (&size, &stride) in self.2.iter().zip(&self.3).rev() {
-            if size != 1 && stride != expect {
-                return Err(bad(arg, format!("is not contiguous (strides {:?}, shape {:?})", self.3, self.2)));
+        if self.3.len() != self.2.len() {
+            return Err(bad(arg, format!("{} strides for {} dimensions", self.3.len(), self.2.len())));
+        }
+        // An empty tensor has no layout to check.
+        if !shape.contains(&0) {
+            let mut expect = 1i64;
+            for (&size, &stride) in self.2.iter().zip(&self.3).rev() {
+                if size != 1 && stride != expect {
+                    return Err(bad(arg, format!("is not contiguous (strides {:?}, shape {:?})", self.3, self.2)));
+                }
+                expect *= size;
             }
-            expect *= size;
         }
         if !self.0.is_multiple_of(dtype.bytes()) {
             return Err(bad(
@@ -119,6 +127,43 @@ impl Tensor {
         }
         Ok(self.0)
     }
+
+    /// The checked tensor's bytes `[start, end)` (after [`Tensor::check`]).
+    fn span(&self, dtype: Dtype) -> (u64, u64) {
+        let n: i64 = self.2.iter().product();
+        (self.0, self.0 + n as u64 * dtype.bytes())
+    }
+}
+
+/// `ValueError` naming the first output whose bytes overlap an input's or another output's
+/// (the kernels read inputs while they write outputs).
+fn disjoint(outputs: &[(&str, (u64, u64))], inputs: &[(&str, (u64, u64))]) -> PyResult<()> {
+    for (i, (name, (a0, a1))) in outputs.iter().enumerate() {
+        let others = inputs.iter().chain(&outputs[i + 1..]);
+        for (other, (b0, b1)) in others {
+            if a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1 {
+                return Err(bad(name, format!("overlaps `{other}`")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One tensor's expected dtype and shape: `(name, tensor, dtype, shape)`.
+type Spec<'a> = (&'a str, &'a Tensor, Dtype, &'a [usize]);
+
+/// [`Tensor::check`] of every input and output, then [`disjoint`]: the addresses, inputs then
+/// outputs, in order.
+fn check_all(device: i64, inputs: &[Spec], outputs: &[Spec]) -> PyResult<Vec<u64>> {
+    let mut p = Vec::with_capacity(inputs.len() + outputs.len());
+    for (name, t, dtype, shape) in inputs.iter().chain(outputs) {
+        p.push(t.check(name, device, *dtype, shape)?);
+    }
+    fn spans<'a>(v: &[Spec<'a>]) -> Vec<(&'a str, (u64, u64))> {
+        v.iter().map(|(n, t, d, _)| (*n, t.span(*d))).collect()
+    }
+    disjoint(&spans(outputs), &spans(inputs))?;
+    Ok(p)
 }
 
 fn dim(arg: &str, t: &Tensor, rank: usize) -> PyResult<Vec<usize>> {
@@ -128,47 +173,118 @@ fn dim(arg: &str, t: &Tensor, rank: usize) -> PyResult<Vec<usize>> {
     Ok(t.shape().iter().map(|&s| s as usize).collect())
 }
 
-/// One loaded module per device (the primary context torch uses), for the process's life.
-fn gpu(device: i64) -> PyResult<Gpu> {
+/// The module's handle on one device, its context current on this thread until drop, which
+/// makes the thread's previous context current again (torch reads its current device there).
+struct Current {
+    gpu: Gpu,
+    previous: Option<CUcontext>,
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        if let Some(p) = self.previous.filter(|&p| p != self.gpu.context().cu_ctx()) {
+            // SAFETY: `p` was current on this thread when the call began (a live context).
+            let _ = unsafe { cudarc::driver::result::ctx::set_current(p) };
+        }
+    }
+}
+
+/// One loaded module per device (the primary context torch uses), for the process's life,
+/// made current on this thread.
+fn gpu(device: i64) -> PyResult<Current> {
     static GPUS: OnceLock<Mutex<HashMap<i64, Gpu>>> = OnceLock::new();
+    let previous = cudarc::driver::result::ctx::get_current().map_err(|e| py_err(e.into()))?;
     let mut map = lock(GPUS.get_or_init(Default::default));
     let g = match map.get(&device) {
         Some(g) => g.clone(),
         None => {
             let g = Gpu::new(device as usize).map_err(py_err)?;
+            // torch orders all work on its own streams, and every plan here serves one stream:
+            // cudarc's cross-stream buffer events would only add waits — and a wait on an event
+            // recorded outside a graph capture invalidates torch's capture.
+            // SAFETY: no cudarc buffer of this context is shared between streams here.
+            unsafe { g.context().disable_event_tracking() };
             map.insert(device, g.clone());
             g
         }
     };
     g.context().bind_to_thread().map_err(|e| py_err(e.into()))?;
-    Ok(g)
+    Ok(Current { gpu: g, previous })
 }
 
-/// The cached value of `key`, made by `make` on first use.
-fn cached<K: Eq + std::hash::Hash, V>(
-    map: &mut HashMap<K, V>,
-    key: K,
-    make: impl FnOnce() -> PyResult<V>,
-) -> PyResult<&mut V> {
-    use std::collections::hash_map::Entry;
-    Ok(match map.entry(key) {
-        Entry::Occupied(e) => e.into_mut(),
-        Entry::Vacant(e) => e.insert(make()?),
-    })
+/// Plans cached per key (device, shape, stream), at most [`CACHE_ENTRIES`] per op: a new key
+/// beyond them first evicts the oldest (after the context is idle, so its buffers are free to
+/// go), except inside a graph capture.
+struct Cache<K, V> {
+    entries: HashMap<K, (u64, V)>,
+    next: u64,
+}
+
+const CACHE_ENTRIES: usize = 32;
+
+impl<K, V> Default for Cache<K, V> {
+    fn default() -> Self {
+        Self { entries: HashMap::new(), next: 0 }
+    }
+}
+
+impl<K: Eq + std::hash::Hash + Clone, V> Cache<K, V> {
+    fn get_or_make(
+        &mut self,
+        b: &Current,
+        cu: CUstream,
+        key: K,
+        make: impl FnOnce() -> PyResult<V>,
+    ) -> PyResult<&mut V> {
+        if !self.entries.contains_key(&key) {
+            if self.entries.len() >= CACHE_ENTRIES && !capturing(cu)? {
+                b.gpu.context().synchronize().map_err(|e| py_err(e.into()))?;
+                let oldest = self.entries.iter().min_by_key(|(_, (seq, _))| *seq).map(|(k, _)| k.clone());
+                if let Some(k) = oldest {
+                    self.entries.remove(&k);
+                }
+            }
+            let v = make()?;
+            self.entries.insert(key.clone(), (self.next, v));
+            self.next += 1;
+        }
+        Ok(&mut self.entries.get_mut(&key).expect("present").1)
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A handle on torch's stream `stream` of `g`'s context.
-fn on_stream(g: &Gpu, stream: u64) -> PyResult<(Gpu, CUstream)> {
+/// Whether torch is capturing `cu` into a CUDA graph.
+fn capturing(cu: CUstream) -> PyResult<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: `cu` is torch's live stream of the current context.
+    unsafe { sys::cuStreamIsCapturing(cu, &mut status) }.result().map_err(|e| py_err(e.into()))?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// A handle on torch's stream `stream` of `b`'s context.
+fn on_stream(b: &Current, stream: u64) -> PyResult<(Gpu, CUstream)> {
     let cu = stream as CUstream;
     // SAFETY: torch owns the stream, keeps it alive during the call, and orders our launches
     // with its own work on it; the handle lives no longer than the call or the cached plans
     // keyed by this stream.
-    let s: Arc<CudaStream> = unsafe { g.context().wrap_borrowed_stream(cu) };
-    Ok((g.with_stream(s).map_err(py_err)?, cu))
+    let s: Arc<CudaStream> = unsafe { b.gpu.context().wrap_borrowed_stream(cu) };
+    Ok((b.gpu.with_stream(s).map_err(py_err)?, cu))
+}
+
+/// Builds a plan (its tables, workspace): on torch's stream, or — while torch captures that
+/// stream — on the module's own stream, synchronised before the plan is used, so that nothing
+/// of the plan is recorded into (or freed with) the caller's graph.
+fn build<T>(b: &Current, torch: &Gpu, cu: CUstream, make: impl FnOnce(&Gpu) -> rgk::Result<T>) -> PyResult<T> {
+    if capturing(cu)? {
+        let v = make(&b.gpu).map_err(py_err)?;
+        b.gpu.stream().synchronize().map_err(|e| py_err(e.into()))?;
+        Ok(v)
+    } else {
+        make(torch).map_err(py_err)
+    }
 }
 
 /// `y = FFT(x)` over the last axis; `x`, `y`: `[*batch, n]` complex64 or complex128 (`y` may be
@@ -192,17 +308,18 @@ fn fft_c2c(x: Tensor, y: Tensor, stream: u64) -> PyResult<()> {
     if batch == 0 {
         return Ok(());
     }
-    let g = gpu(device)?;
-    let (g, cu) = on_stream(&g, stream)?;
+    let b = gpu(device)?;
+    let (g, cu) = on_stream(&b, stream)?;
     // Plans hold device tables and a workspace: one per stream, so calls on different
     // streams never share a workspace.
     type Key = (i64, usize, usize, bool, u64);
-    static PLANS: OnceLock<Mutex<HashMap<Key, FftPlan>>> = OnceLock::new();
+    static PLANS: OnceLock<Mutex<Cache<Key, FftPlan>>> = OnceLock::new();
     let mut plans = lock(PLANS.get_or_init(Default::default));
     let key = (device, n, batch, precision == Precision::C128, stream);
-    let plan = cached(&mut plans, key, || FftPlan::new(&g, n, batch, precision).map_err(py_err))?;
+    let plan = plans.get_or_make(&b, cu, key, || build(&b, &g, cu, |h| FftPlan::new(h, n, batch, precision)))?;
     // SAFETY: both tensors were checked to hold `batch·n` elements of the plan's precision on
-    // this device; torch keeps them alive until the stream passes the launches.
+    // this device (the same buffer, or disjoint: `execute_raw` refuses a partial overlap);
+    // torch keeps them alive until the stream passes the launches.
     unsafe { plan.execute_raw(&g, xp, yp, cu) }.map_err(py_err)
 }
 
@@ -217,9 +334,21 @@ fn mhc_post(x_layer_out: Tensor, h_post: Tensor, x_res: Tensor, x_out: Tensor, s
     let h = h_post.check("h_post", device, Dtype::F32, &[b, n])?;
     let r = x_res.check("x_res", device, Dtype::Bf16, &[b, n * c])?;
     let o = x_out.check("x_out", device, Dtype::Bf16, &[b, n * c])?;
+    disjoint(
+        &[("x_out", x_out.span(Dtype::Bf16))],
+        &[
+            ("x_layer_out", x_layer_out.span(Dtype::Bf16)),
+            ("h_post", h_post.span(Dtype::F32)),
+            ("x_res", x_res.span(Dtype::Bf16)),
+        ],
+    )?;
+    if b * n * c == 0 {
+        return Ok(());
+    }
     let g = gpu(device)?;
-    // SAFETY: every tensor was checked to hold the elements the shape addresses.
-    unsafe { post_fwd_raw(&g, MhcPostShape { batch: b, n, c }, y, h, r, o, stream as CUstream) }.map_err(py_err)
+    // SAFETY: every tensor was checked to hold the elements the shape addresses, the output
+    // to overlap no input.
+    unsafe { post_fwd_raw(&g.gpu, MhcPostShape { batch: b, n, c }, y, h, r, o, stream as CUstream) }.map_err(py_err)
 }
 
 /// MHCPreFwd: `phi [n·c, n²+2n]` f32, `x [B, n·c]` bf16, `b [n²+2n]` f32 → `x_res [B, n·c]`
@@ -259,22 +388,36 @@ fn mhc_pre(
     let p_layer = x_layer.check("x_layer", device, Dtype::Bf16, &[batch, c])?;
     let p_h = h_post.check("h_post", device, Dtype::F32, &[batch, n])?;
     let params = MhcPreParams { alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps };
-    let g = gpu(device)?;
-    let (g, cu) = on_stream(&g, stream)?;
+    disjoint(
+        &[
+            ("x_res", x_res.span(Dtype::Bf16)),
+            ("x_layer", x_layer.span(Dtype::Bf16)),
+            ("h_post", h_post.span(Dtype::F32)),
+        ],
+        &[("phi", phi.span(Dtype::F32)), ("x", x.span(Dtype::Bf16)), ("b", b.span(Dtype::F32))],
+    )?;
+    if batch * c == 0 {
+        return Ok(());
+    }
+    let bound = gpu(device)?;
+    let (g, cu) = on_stream(&bound, stream)?;
     // The plan and its workspace per stream: the fixed-point pair keeps accumulator state in
     // the workspace between calls, which calls on one stream keep in order.
     type Key = (i64, usize, usize, usize, u64);
-    type Plans = HashMap<Key, (PrePlan, CudaSlice<u64>)>;
+    type Plans = Cache<Key, (PrePlan, CudaSlice<u64>)>;
     static PLANS: OnceLock<Mutex<Plans>> = OnceLock::new();
     let mut plans = lock(PLANS.get_or_init(Default::default));
-    let (plan, ws) = cached(&mut plans, (device, batch, n, c, stream), || {
-        let plan = PrePlan::new(&g, MhcPreShape { batch, n, c }).map_err(py_err)?;
-        let ws = g.stream().alloc_zeros::<u64>(plan.workspace).map_err(|e| py_err(e.into()))?;
-        Ok((plan, ws))
+    let (plan, ws) = plans.get_or_make(&bound, cu, (device, batch, n, c, stream), || {
+        build(&bound, &g, cu, |h| {
+            let plan = PrePlan::new(h, MhcPreShape { batch, n, c })?;
+            let ws = h.stream().alloc_zeros::<u64>(plan.workspace)?;
+            Ok((plan, ws))
+        })
     })?;
-    let (wp, _guard) = ws.device_ptr(g.stream());
-    // SAFETY: every tensor was checked to hold the elements the plan's shape addresses; the
-    // workspace is the plan's, used on this stream only.
+    // Event tracking is off (see `gpu`): the address only.
+    let (wp, _) = ws.device_ptr(g.stream());
+    // SAFETY: every tensor was checked to hold the elements the plan's shape addresses, the
+    // outputs to overlap nothing; the workspace is the plan's, used on this stream only.
     unsafe { pre_fwd_raw(&g, plan, params, p_phi, p_x, p_b, p_res, p_layer, p_h, wp, ws.len(), cu) }.map_err(py_err)
 }
 
@@ -307,30 +450,42 @@ fn gate_conv_fwd(
     let device = h.device("h")?;
     let dt = half_dtype("h", &h)?;
     let [m, t, d] = dim("h", &h, 3)?[..] else { unreachable!() };
-    let (x3, r2) = ([m, t, d], [m, t]);
-    let mut p = Vec::with_capacity(12);
-    for (name, tensor) in [("h", &h), ("k", &k), ("v", &v)] {
-        p.push(tensor.check(name, device, dt, &x3)?);
-    }
-    p.push(rms_w_h.check("rms_w_h", device, dt, &[d])?);
-    p.push(rms_w_v.check("rms_w_v", device, dt, &[d])?);
-    p.push(conv_w.check("conv_w", device, dt, &[4, d])?);
-    p.push(y.check("y", device, dt, &x3)?);
-    p.push(vhat.check("vhat", device, dt, &x3)?);
-    for (name, tensor) in [("alpha", &alpha), ("rrms_h", &rrms_h), ("rrms_k", &rrms_k), ("rrms_v", &rrms_v)] {
-        p.push(tensor.check(name, device, Dtype::F32, &r2)?);
+    let (x3, r2, w, cw) = ([m, t, d], [m, t], [d], [4, d]);
+    let f32 = Dtype::F32;
+    let p = check_all(
+        device,
+        &[
+            ("h", &h, dt, &x3),
+            ("k", &k, dt, &x3),
+            ("v", &v, dt, &x3),
+            ("rms_w_h", &rms_w_h, dt, &w),
+            ("rms_w_v", &rms_w_v, dt, &w),
+            ("conv_w", &conv_w, dt, &cw),
+        ],
+        &[
+            ("y", &y, dt, &x3),
+            ("vhat", &vhat, dt, &x3),
+            ("alpha", &alpha, f32, &r2),
+            ("rrms_h", &rrms_h, f32, &r2),
+            ("rrms_k", &rrms_k, f32, &r2),
+            ("rrms_v", &rrms_v, f32, &r2),
+        ],
+    )?;
+    if m * t * d == 0 {
+        return Ok(());
     }
     let g = gpu(device)?;
     let shape = EngramGateShape { m, t, d };
     let s = stream as CUstream;
-    // SAFETY: every tensor was checked to hold the elements the shape addresses.
+    // SAFETY: every tensor was checked to hold the elements the shape addresses, the outputs
+    // to overlap nothing.
     unsafe {
         match dt {
             Dtype::F16 => gate_conv_fwd_raw::<f16>(
-                &g, shape, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], s,
+                &g.gpu, shape, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], s,
             ),
             _ => gate_conv_fwd_raw::<bf16>(
-                &g, shape, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], s,
+                &g.gpu, shape, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], s,
             ),
         }
     }
@@ -340,6 +495,9 @@ fn gate_conv_fwd(
 /// f32 elements of the workspace [`gate_conv_bwd`] needs for `(m, t, d)`.
 #[pyfunction]
 fn gate_conv_bwd_workspace(m: usize, t: usize, d: usize) -> PyResult<usize> {
+    if m * t * d == 0 {
+        return Ok(0);
+    }
     bwd_workspace_len(EngramGateShape { m, t, d }).map_err(py_err)
 }
 
@@ -372,36 +530,50 @@ fn gate_conv_bwd(
     let dt = half_dtype("dy", &dy)?;
     let [m, t, d] = dim("dy", &dy, 3)?[..] else { unreachable!() };
     let shape = EngramGateShape { m, t, d };
-    let ws_len = bwd_workspace_len(shape).map_err(py_err)?;
-    let (x3, r2) = ([m, t, d], [m, t]);
-    let mut p = Vec::with_capacity(17);
-    for (name, tensor) in [("dy", &dy), ("h", &h), ("k", &k), ("v", &v)] {
-        p.push(tensor.check(name, device, dt, &x3)?);
+    let empty = m * t * d == 0;
+    let ws_len = if empty { 0 } else { bwd_workspace_len(shape).map_err(py_err)? };
+    let (x3, r2, w, cw, ws) = ([m, t, d], [m, t], [d], [4, d], [ws_len]);
+    let f32 = Dtype::F32;
+    let p = check_all(
+        device,
+        &[
+            ("dy", &dy, dt, &x3),
+            ("h", &h, dt, &x3),
+            ("k", &k, dt, &x3),
+            ("v", &v, dt, &x3),
+            ("rms_w_h", &rms_w_h, dt, &w),
+            ("rms_w_v", &rms_w_v, dt, &w),
+            ("conv_w", &conv_w, dt, &cw),
+            ("alpha", &alpha, f32, &r2),
+            ("rrms_h", &rrms_h, f32, &r2),
+            ("rrms_k", &rrms_k, f32, &r2),
+        ],
+        &[
+            ("workspace", &workspace, f32, &ws),
+            ("dh", &dh, dt, &x3),
+            ("dk", &dk, dt, &x3),
+            ("dv", &dv, dt, &x3),
+            ("drms_w_h", &drms_w_h, f32, &w),
+            ("drms_w_v", &drms_w_v, f32, &w),
+            ("dconv_w", &dconv_w, f32, &cw),
+        ],
+    )?;
+    // An empty batch: the caller zeroes the weight gradients.
+    if empty {
+        return Ok(());
     }
-    p.push(rms_w_h.check("rms_w_h", device, dt, &[d])?);
-    p.push(rms_w_v.check("rms_w_v", device, dt, &[d])?);
-    p.push(conv_w.check("conv_w", device, dt, &[4, d])?);
-    for (name, tensor) in [("alpha", &alpha), ("rrms_h", &rrms_h), ("rrms_k", &rrms_k)] {
-        p.push(tensor.check(name, device, Dtype::F32, &r2)?);
-    }
-    p.push(workspace.check("workspace", device, Dtype::F32, &[ws_len])?);
-    for (name, tensor) in [("dh", &dh), ("dk", &dk), ("dv", &dv)] {
-        p.push(tensor.check(name, device, dt, &x3)?);
-    }
-    p.push(drms_w_h.check("drms_w_h", device, Dtype::F32, &[d])?);
-    p.push(drms_w_v.check("drms_w_v", device, Dtype::F32, &[d])?);
-    p.push(dconv_w.check("dconv_w", device, Dtype::F32, &[4, d])?);
     let g = gpu(device)?;
     let s = stream as CUstream;
-    // SAFETY: every tensor was checked to hold the elements the shape addresses.
+    // SAFETY: every tensor was checked to hold the elements the shape addresses, the outputs
+    // and the workspace to overlap nothing.
     unsafe {
         match dt {
             Dtype::F16 => gate_conv_bwd_raw::<f16>(
-                &g, shape, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12], p[13],
+                &g.gpu, shape, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12], p[13],
                 p[14], p[15], p[16], s,
             ),
             _ => gate_conv_bwd_raw::<bf16>(
-                &g, shape, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12], p[13],
+                &g.gpu, shape, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12], p[13],
                 p[14], p[15], p[16], s,
             ),
         }
@@ -434,30 +606,40 @@ fn decode_fwd(
     let [batch, d_mem] = dim("e_t", &e_t, 2)?[..] else { unreachable!() };
     let [_, l, d] = dim("conv_state", &conv_state, 3)?[..] else { unreachable!() };
     let [kernel_size, _] = dim("conv_w", &conv_w, 2)?[..] else { unreachable!() };
-    let raw = DecodeInputsRaw {
-        e_t: e_t.check("e_t", device, dt, &[batch, d_mem])?,
-        h_t: h_t.check("h_t", device, dt, &[batch, d])?,
-        w_k: w_k.check("w_k", device, dt, &[d_mem, d])?,
-        w_v: w_v.check("w_v", device, dt, &[d_mem, d])?,
-        rms_w_h: rms_w_h.check("rms_w_h", device, dt, &[d])?,
-        rms_w_v: rms_w_v.check("rms_w_v", device, dt, &[d])?,
-        conv_w: conv_w.check("conv_w", device, dt, &[kernel_size, d])?,
-    };
-    let s_in = conv_state.check("conv_state", device, dt, &[batch, l, d])?;
-    let y = y_t.check("y_t", device, dt, &[batch, d])?;
-    let s_out = new_conv_state.check("new_conv_state", device, dt, &[batch, l, d])?;
+    let (e2, h2, w2, v1, c2, s3) = ([batch, d_mem], [batch, d], [d_mem, d], [d], [kernel_size, d], [batch, l, d]);
+    let p = check_all(
+        device,
+        &[
+            ("e_t", &e_t, dt, &e2),
+            ("h_t", &h_t, dt, &h2),
+            ("w_k", &w_k, dt, &w2),
+            ("w_v", &w_v, dt, &w2),
+            ("rms_w_h", &rms_w_h, dt, &v1),
+            ("rms_w_v", &rms_w_v, dt, &v1),
+            ("conv_w", &conv_w, dt, &c2),
+            ("conv_state", &conv_state, dt, &s3),
+        ],
+        &[("y_t", &y_t, dt, &h2), ("new_conv_state", &new_conv_state, dt, &s3)],
+    )?;
+    let raw =
+        DecodeInputsRaw { e_t: p[0], h_t: p[1], w_k: p[2], w_v: p[3], rms_w_h: p[4], rms_w_v: p[5], conv_w: p[6] };
+    let (s_in, y, s_out) = (p[7], p[8], p[9]);
+    if batch * d == 0 {
+        return Ok(());
+    }
     let mut shape = EngramDecodeShape::new(batch, d_mem, d, l, kernel_size, dilation);
     shape.eps = eps;
-    let g = gpu(device)?;
-    let (g, cu) = on_stream(&g, stream)?;
+    let bound = gpu(device)?;
+    let (g, cu) = on_stream(&bound, stream)?;
     // A plan owns its partial-sum workspace: one per stream.
     type Key = (i64, [usize; 6], u32, u64);
-    static PLANS: OnceLock<Mutex<HashMap<Key, EngramDecodePlan>>> = OnceLock::new();
+    static PLANS: OnceLock<Mutex<Cache<Key, EngramDecodePlan>>> = OnceLock::new();
     let mut plans = lock(PLANS.get_or_init(Default::default));
     let key = (device, [batch, d_mem, d, l, kernel_size, dilation], eps.to_bits(), stream);
-    let plan = cached(&mut plans, key, || EngramDecodePlan::new(&g, shape).map_err(py_err))?;
+    let plan = plans.get_or_make(&bound, cu, key, || build(&bound, &g, cu, |h| EngramDecodePlan::new(h, shape)))?;
     let dtype = if dt == Dtype::F16 { DecodeDtype::F16 } else { DecodeDtype::Bf16 };
-    // SAFETY: every tensor was checked to hold the elements the shape addresses.
+    // SAFETY: every tensor was checked to hold the elements the shape addresses, the outputs
+    // to overlap nothing.
     unsafe { plan.forward_raw(&g, dtype, raw, s_in, y, s_out, cu) }.map_err(py_err)
 }
 
