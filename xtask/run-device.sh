@@ -85,7 +85,7 @@ if [ "$mode" = python ] || [ "$mode" = all ]; then
     echo "python: rc=$rc ($(( $(date +%s) - start )) s) $(tail -1 "$out/python.log")"
     [ $rc -eq 0 ] || { fail=1; grep -a -E "^(FAILED|ERROR)|Error" "$out/python.log" | head -30; }
     # Host time per eager call and its parts (python/overhead.py).
-    (cd "$site" && PYTHONPATH=$site timeout 120 python3 "$OLDPWD/python/overhead.py") 2>&1 | tee -a "$out/python.log"
+    (cd "$site" && PYTHONPATH=$site timeout 120 python3 -P "$OLDPWD/python/overhead.py") 2>&1 | tee -a "$out/python.log"
   else
     echo "python: no .device/wheels (cargo xtask device-pack with ./x setup's target/pyenv)"; fail=1
   fi
