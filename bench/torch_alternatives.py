@@ -389,7 +389,7 @@ def class_alternative(name: str, op: str, t: Dict[str, torch.Tensor], params: di
     that wrote an input could not change what the other alternatives see).  A set-up failure is
     raised by the factory, so it becomes this row's error alone."""
     try:
-        return name, _tileops_alternative(op, {k: v.clone() for k, v in t.items()}, params, ops)[1]
+        return name, _class_call(op, {k: v.clone() for k, v in t.items()}, params, ops)
     except Exception as exc:
         why = _short_error(exc)
 
@@ -422,7 +422,8 @@ def load_rgk_torch():
     return ops, version, None
 
 
-def _tileops_alternative(op: str, t: Dict[str, torch.Tensor], params: dict, ops: dict):
+def _class_call(op: str, t: Dict[str, torch.Tensor], params: dict, ops: dict):
+    """make() → call() running the op class for `op` from `ops` (TileOPs' signatures)."""
     names = OUTPUTS[op]
     eps = float(params.get("eps", 1e-6))
     if op == "FFTC2CFwd":
@@ -458,7 +459,7 @@ def _tileops_alternative(op: str, t: Dict[str, torch.Tensor], params: dict, ops:
     def make():
         return _named_call(make_op(), args, names)
 
-    return TILEOPS_NAME, make
+    return make
 
 
 def semantic_mismatch(row: dict, eager: dict, row_dtype: Optional[str]) -> Optional[str]:

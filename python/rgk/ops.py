@@ -150,7 +150,6 @@ def _gate_conv_bwd(dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k)
 
 
 def _decode_fwd(e_t, h_t, conv_state, w_k, w_v, rms_w_h, rms_w_v, conv_w, dilation, eps):
-    _dims(e_t, "e_t", 2), _dims(h_t, "h_t", 2), _dims(conv_state, "conv_state", 3)
     y_t, new_state = _decode_out(e_t, h_t, conv_state)
     ins = (e_t, h_t, conv_state, w_k, w_v, rms_w_h, rms_w_v, conv_w, y_t, new_state)
     _rgk.decode_fwd(*(_t(a) for a in ins), dilation, eps, _stream(e_t))

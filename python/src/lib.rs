@@ -330,18 +330,13 @@ fn mhc_post(x_layer_out: Tensor, h_post: Tensor, x_res: Tensor, x_out: Tensor, s
     let device = x_layer_out.device("x_layer_out")?;
     let [b, c] = dim("x_layer_out", &x_layer_out, 2)?[..] else { unreachable!() };
     let [_, n] = dim("h_post", &h_post, 2)?[..] else { unreachable!() };
-    let y = x_layer_out.check("x_layer_out", device, Dtype::Bf16, &[b, c])?;
-    let h = h_post.check("h_post", device, Dtype::F32, &[b, n])?;
-    let r = x_res.check("x_res", device, Dtype::Bf16, &[b, n * c])?;
-    let o = x_out.check("x_out", device, Dtype::Bf16, &[b, n * c])?;
-    disjoint(
-        &[("x_out", x_out.span(Dtype::Bf16))],
-        &[
-            ("x_layer_out", x_layer_out.span(Dtype::Bf16)),
-            ("h_post", h_post.span(Dtype::F32)),
-            ("x_res", x_res.span(Dtype::Bf16)),
-        ],
+    let (bf, bc, bn, bnc) = (Dtype::Bf16, [b, c], [b, n], [b, n * c]);
+    let p = check_all(
+        device,
+        &[("x_layer_out", &x_layer_out, bf, &bc), ("h_post", &h_post, Dtype::F32, &bn), ("x_res", &x_res, bf, &bnc)],
+        &[("x_out", &x_out, bf, &bnc)],
     )?;
+    let [y, h, r, o] = p[..] else { unreachable!() };
     if b * n * c == 0 {
         return Ok(());
     }
@@ -381,21 +376,18 @@ fn mhc_pre(
     }
     let c = nc / n;
     let [batch, _] = dim("x", &x, 2)?[..] else { unreachable!() };
-    let p_phi = phi.check("phi", device, Dtype::F32, &[nc, m])?;
-    let p_x = x.check("x", device, Dtype::Bf16, &[batch, nc])?;
-    let p_b = b.check("b", device, Dtype::F32, &[m])?;
-    let p_res = x_res.check("x_res", device, Dtype::Bf16, &[batch, nc])?;
-    let p_layer = x_layer.check("x_layer", device, Dtype::Bf16, &[batch, c])?;
-    let p_h = h_post.check("h_post", device, Dtype::F32, &[batch, n])?;
-    let params = MhcPreParams { alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps };
-    disjoint(
+    let (bf, f32) = (Dtype::Bf16, Dtype::F32);
+    let p = check_all(
+        device,
+        &[("phi", &phi, f32, &[nc, m]), ("x", &x, bf, &[batch, nc]), ("b", &b, f32, &[m])],
         &[
-            ("x_res", x_res.span(Dtype::Bf16)),
-            ("x_layer", x_layer.span(Dtype::Bf16)),
-            ("h_post", h_post.span(Dtype::F32)),
+            ("x_res", &x_res, bf, &[batch, nc]),
+            ("x_layer", &x_layer, bf, &[batch, c]),
+            ("h_post", &h_post, f32, &[batch, n]),
         ],
-        &[("phi", phi.span(Dtype::F32)), ("x", x.span(Dtype::Bf16)), ("b", b.span(Dtype::F32))],
     )?;
+    let [p_phi, p_x, p_b, p_res, p_layer, p_h] = p[..] else { unreachable!() };
+    let params = MhcPreParams { alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps };
     if batch * c == 0 {
         return Ok(());
     }
