@@ -259,17 +259,24 @@ pub fn print_table(rows: &[Row]) {
     }
 }
 
+/// An alternative's entry in a row of the results file (its op, workload and name are the
+/// row's and the key's).
+fn alternative_json(a: &Alternative) -> Value {
+    let mut v = serde_json::json!({
+        "ms": a.ms, "p10_ms": a.p10_ms, "p90_ms": a.p90_ms, "calls": a.calls,
+        "kernels_per_call": a.kernels_per_call, "rel_l2_err": a.rel_l2_err,
+        "max_abs_err": a.max_abs_err, "error": a.error, "mismatch": a.mismatch,
+    });
+    if let Some(h) = a.host_us {
+        v["host_us"] = h.into();
+    }
+    v
+}
+
 fn row_json(r: &Row, commit: &str) -> Value {
     let mut alts = serde_json::Map::new();
     for a in &r.alternatives {
-        alts.insert(
-            a.name.clone(),
-            serde_json::json!({
-                "ms": a.ms, "p10_ms": a.p10_ms, "p90_ms": a.p90_ms, "calls": a.calls,
-                "kernels_per_call": a.kernels_per_call, "rel_l2_err": a.rel_l2_err,
-                "max_abs_err": a.max_abs_err, "error": a.error, "mismatch": a.mismatch,
-            }),
-        );
+        alts.insert(a.name.clone(), alternative_json(a));
     }
     let (sol, bound) = r.sol();
     serde_json::json!({
@@ -316,4 +323,31 @@ pub fn write_json(path: &Path, gpu: &str, commit: &str, startup_ms: f64, rows: &
     }
     std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap() + "\n")
         .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every field the script reports reaches the results file, the package's host time included.
+    #[test]
+    fn alternative_entries_keep_the_scripts_fields() {
+        let text = r#"{"rows": [
+            {"op": "FFTC2CFwd", "workload": "latency-4k", "impl": "rgk-torch", "ms": 0.0035, "p10_ms": 0.0034,
+             "p90_ms": 0.0036, "calls": 200, "kernels_per_call": 1, "rel_l2_err": 1.3e-7, "max_abs_err": 3.5e-5,
+             "error": null, "mismatch": null, "host_us": 10.6},
+            {"op": "FFTC2CFwd", "workload": "latency-4k", "impl": "tileops", "ms": 0.0029, "mismatch": "far off"}
+        ]}"#;
+        let alts = parse_alternatives(text).unwrap();
+        let ours = alternative_json(&alts[0]);
+        assert_eq!(ours["host_us"], 10.6);
+        assert_eq!(ours["calls"], 200);
+        assert_eq!(ours["kernels_per_call"], 1.0);
+        assert_eq!(ours["p90_ms"], 0.0036);
+        let peer = alternative_json(&alts[1]);
+        assert!(peer.get("host_us").is_none());
+        assert_eq!(peer["mismatch"], "far off");
+        assert_eq!(alts[0].counts(), None, "our own package never counts as the fastest");
+        assert_eq!(alts[1].counts(), None, "a mismatch never counts as the fastest");
+    }
 }

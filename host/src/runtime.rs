@@ -328,6 +328,9 @@ pub(crate) unsafe fn launch_pdl<A: KernelArgs>(
 pub(crate) struct GraphReplay {
     /// The most recently used last, at most [`GRAPH_CACHE`] entries.
     cached: Vec<(Vec<u64>, Graph)>,
+    /// A stream of our own to capture on when the caller's stream cannot be captured (the
+    /// legacy and per-thread default streams); made on first need.
+    side: Option<Arc<CudaStream>>,
 }
 
 /// Graphs a [`GraphReplay`] keeps (e.g. one per position of a ring-buffer state).
@@ -356,25 +359,30 @@ impl Drop for Graph {
 
 impl GraphReplay {
     pub(crate) fn new() -> Self {
-        Self { cached: Vec::new() }
+        Self { cached: Vec::new(), side: None }
     }
 
-    /// Launches on `stream` the kernels `body` launches there. When `stream` is being captured
-    /// by the caller, `body` simply launches into that capture (whatever is cached). Otherwise
-    /// it replays a cached graph when `key` (every pointer and scalar the launches use) equals a
-    /// recent call's, or captures `body` (its launches are recorded, not executed),
-    /// instantiates the graph, caches it under `key` (the least recently used of
-    /// [`GRAPH_CACHE`] goes) and launches it. Host cost: a replay is one `cuGraphLaunch`; a new key costs a capture and an
-    /// instantiation (tens of µs). Errors: `body`'s, or a driver error.
+    /// Launches on `stream` the kernels `body` launches on the stream it is given. When
+    /// `stream` is being captured by the caller, `body` simply launches into that capture
+    /// (whatever is cached). Otherwise it replays a cached graph when `key` (every pointer and
+    /// scalar the launches use) equals a recent call's, or captures `body` (its launches are
+    /// recorded, not executed), instantiates the graph, caches it under `key` (the least
+    /// recently used of [`GRAPH_CACHE`] goes) and launches it on `stream`. The capture runs on
+    /// `stream` itself, or — for the legacy and per-thread default streams, which cannot be
+    /// captured — on a stream of this value's own. Host cost: a replay is one `cuGraphLaunch`;
+    /// a new key costs a capture and an instantiation (tens of µs). Errors: `body`'s, or a
+    /// driver error.
     ///
     /// # Safety
-    /// `stream` must be a valid stream of the current context; `body` may only enqueue work
-    /// on `stream` (kernel launches), nothing that synchronizes or reads back.
+    /// `stream` must be a valid stream of `gpu`'s context, current on this thread; `body` may
+    /// only enqueue work on the stream it is given (kernel launches), nothing that
+    /// synchronizes or reads back.
     pub(crate) unsafe fn run(
         &mut self,
+        gpu: &Gpu,
         stream: sys::CUstream,
         key: Vec<u64>,
-        body: impl FnOnce() -> Result<()>,
+        body: impl FnOnce(sys::CUstream) -> Result<()>,
     ) -> Result<()> {
         // First: inside the caller's own capture (PyTorch captures after warm-up calls, so the
         // key may well be cached) the launches go into that capture; replaying a graph into a
@@ -382,12 +390,7 @@ impl GraphReplay {
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         sys::cuStreamIsCapturing(stream, &mut status).result()?;
         if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            return body();
-        }
-        // The legacy default stream (PyTorch's default) and the per-thread default stream
-        // cannot be captured: their launches go directly.
-        if stream.is_null() || stream as usize == 0x2 {
-            return body();
+            return body(stream);
         }
         if let Some(i) = self.cached.iter().position(|(k, _)| *k == key) {
             let entry = self.cached.remove(i);
@@ -395,10 +398,21 @@ impl GraphReplay {
             self.cached.push(entry);
             return Ok(());
         }
-        sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).result()?;
-        let launched = body();
+        // The legacy default stream (PyTorch's default) and the per-thread default stream
+        // cannot be captured, but a graph captured elsewhere can be launched into them.
+        let capture = if stream.is_null() || stream as usize == 0x2 {
+            if self.side.is_none() {
+                self.side = Some(gpu.context().new_stream()?);
+            }
+            self.side.as_ref().expect("made above").cu_stream()
+        } else {
+            stream
+        };
+        sys::cuStreamBeginCapture_v2(capture, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .result()?;
+        let launched = body(capture);
         let mut graph: sys::CUgraph = std::ptr::null_mut();
-        let ended = sys::cuStreamEndCapture(stream, &mut graph).result();
+        let ended = sys::cuStreamEndCapture(capture, &mut graph).result();
         if let Err(e) = launched.and(ended.map_err(Error::from)) {
             if !graph.is_null() {
                 let _ = sys::cuGraphDestroy(graph);

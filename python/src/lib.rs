@@ -11,15 +11,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::driver::sys::{self, CUcontext, CUstream};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::CudaStream;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use rgk::engram::{
-    bwd_workspace_len, gate_conv_bwd_raw, gate_conv_fwd_raw, DecodeDtype, DecodeInputsRaw, EngramDecodePlan,
-    EngramDecodeShape, EngramGateShape,
+    bwd_workspace_len, gate_conv_fwd_raw, DecodeDtype, DecodeInputsRaw, EngramDecodePlan, EngramDecodeShape,
+    EngramGateShape, GateConvBwdPlan,
 };
 use rgk::fft::{FftPlan, Precision};
-use rgk::mhc::{post_fwd_raw, pre_fwd_raw, MhcPostShape, MhcPreParams, MhcPreShape, PrePlan};
+use rgk::mhc::{post_fwd_raw, MhcPostShape, MhcPre, MhcPreParams, MhcPreShape};
 use rgk::{bf16, f16, Gpu};
 
 /// A tensor as Python describes it: `(data_ptr, dtype, shape, strides, device)`.
@@ -175,9 +175,23 @@ fn dim(arg: &str, t: &Tensor, rank: usize) -> PyResult<Vec<usize>> {
 
 /// The module's handle on one device, its context current on this thread until drop, which
 /// makes the thread's previous context current again (torch reads its current device there).
+/// While torch captures the call's stream, the thread's capture mode is relaxed for the call.
 struct Current {
     gpu: Gpu,
     previous: Option<CUcontext>,
+    _relaxed: RelaxedCapture,
+}
+
+/// The thread's capture mode before the call, put back on drop (when it was changed).
+struct RelaxedCapture(Option<sys::CUstreamCaptureMode>);
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        if let Some(mut mode) = self.0 {
+            // SAFETY: puts back the mode this thread had when the call began.
+            let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        }
+    }
 }
 
 impl Drop for Current {
@@ -190,10 +204,27 @@ impl Drop for Current {
 }
 
 /// One loaded module per device (the primary context torch uses), for the process's life,
-/// made current on this thread.
-fn gpu(device: i64) -> PyResult<Current> {
+/// made current on this thread for a call on torch's stream `stream`.
+///
+/// torch captures CUDA graphs in its global capture mode, which forbids this thread calls the
+/// driver deems unsafe during a capture (allocation, synchronisation, module loading) even on
+/// other streams. A call made while torch captures `stream` may still have to build a plan (its
+/// tables go to our own stream, which is synchronised; torch.cuda.graph captures on a stream
+/// of its own, so the warm-up's plans do not serve it) or load a kernel family on first use:
+/// for the call, the thread's mode is relaxed (`cuThreadExchangeStreamCaptureMode`, the
+/// driver's way for a library to do such work during a capture); its launches on `stream`
+/// are captured as always.
+fn gpu(device: i64, stream: u64) -> PyResult<Current> {
     static GPUS: OnceLock<Mutex<HashMap<i64, Gpu>>> = OnceLock::new();
     let previous = cudarc::driver::result::ctx::get_current().map_err(|e| py_err(e.into()))?;
+    // No context current on this thread: torch cannot be capturing here.
+    let mut relaxed = RelaxedCapture(None);
+    if previous.is_some() && capturing(stream as CUstream)? {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: sets this thread's mode; `relaxed` puts the previous one back on drop.
+        unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result().map_err(|e| py_err(e.into()))?;
+        relaxed.0 = Some(mode);
+    }
     let mut map = lock(GPUS.get_or_init(Default::default));
     let g = match map.get(&device) {
         Some(g) => g.clone(),
@@ -209,7 +240,7 @@ fn gpu(device: i64) -> PyResult<Current> {
         }
     };
     g.context().bind_to_thread().map_err(|e| py_err(e.into()))?;
-    Ok(Current { gpu: g, previous })
+    Ok(Current { gpu: g, previous, _relaxed: relaxed })
 }
 
 /// Plans cached per key (device, shape, stream), at most [`CACHE_ENTRIES`] per op: a new key
@@ -308,7 +339,7 @@ fn fft_c2c(x: Tensor, y: Tensor, stream: u64) -> PyResult<()> {
     if batch == 0 {
         return Ok(());
     }
-    let b = gpu(device)?;
+    let b = gpu(device, stream)?;
     let (g, cu) = on_stream(&b, stream)?;
     // Plans hold device tables and a workspace: one per stream, so calls on different
     // streams never share a workspace.
@@ -319,8 +350,9 @@ fn fft_c2c(x: Tensor, y: Tensor, stream: u64) -> PyResult<()> {
     let plan = plans.get_or_make(&b, cu, key, || build(&b, &g, cu, |h| FftPlan::new(h, n, batch, precision)))?;
     // SAFETY: both tensors were checked to hold `batch·n` elements of the plan's precision on
     // this device (the same buffer, or disjoint: `execute_raw` refuses a partial overlap);
-    // torch keeps them alive until the stream passes the launches.
-    unsafe { plan.execute_raw(&g, xp, yp, cu) }.map_err(py_err)
+    // torch keeps them alive until the stream passes the launches. Multi-pass plans go as one
+    // graph (launched into torch's stream, whichever it is), so their dependent launches overlap.
+    unsafe { plan.run_raw(&g, xp, yp, cu) }.map_err(py_err)
 }
 
 /// MHCPostFwd: `x_out = q(h_post ⊗ x_layer_out + x_res)`; `x_layer_out [B, c]` bf16, `h_post
@@ -340,7 +372,7 @@ fn mhc_post(x_layer_out: Tensor, h_post: Tensor, x_res: Tensor, x_out: Tensor, s
     if b * n * c == 0 {
         return Ok(());
     }
-    let g = gpu(device)?;
+    let g = gpu(device, stream)?;
     // SAFETY: every tensor was checked to hold the elements the shape addresses, the output
     // to overlap no input.
     unsafe { post_fwd_raw(&g.gpu, MhcPostShape { batch: b, n, c }, y, h, r, o, stream as CUstream) }.map_err(py_err)
@@ -391,26 +423,20 @@ fn mhc_pre(
     if batch * c == 0 {
         return Ok(());
     }
-    let bound = gpu(device)?;
+    let bound = gpu(device, stream)?;
     let (g, cu) = on_stream(&bound, stream)?;
     // The plan and its workspace per stream: the fixed-point pair keeps accumulator state in
     // the workspace between calls, which calls on one stream keep in order.
     type Key = (i64, usize, usize, usize, u64);
-    type Plans = Cache<Key, (PrePlan, CudaSlice<u64>)>;
-    static PLANS: OnceLock<Mutex<Plans>> = OnceLock::new();
+    static PLANS: OnceLock<Mutex<Cache<Key, MhcPre>>> = OnceLock::new();
     let mut plans = lock(PLANS.get_or_init(Default::default));
-    let (plan, ws) = plans.get_or_make(&bound, cu, (device, batch, n, c, stream), || {
-        build(&bound, &g, cu, |h| {
-            let plan = PrePlan::new(h, MhcPreShape { batch, n, c })?;
-            let ws = h.stream().alloc_zeros::<u64>(plan.workspace)?;
-            Ok((plan, ws))
-        })
-    })?;
-    // Event tracking is off (see `gpu`): the address only.
-    let (wp, _) = ws.device_ptr(g.stream());
+    let key = (device, batch, n, c, stream);
+    let op = plans
+        .get_or_make(&bound, cu, key, || build(&bound, &g, cu, |h| MhcPre::new(h, MhcPreShape { batch, n, c })))?;
     // SAFETY: every tensor was checked to hold the elements the plan's shape addresses, the
-    // outputs to overlap nothing; the workspace is the plan's, used on this stream only.
-    unsafe { pre_fwd_raw(&g, plan, params, p_phi, p_x, p_b, p_res, p_layer, p_h, wp, ws.len(), cu) }.map_err(py_err)
+    // outputs to overlap nothing; the plan (its workspace, its graph) serves this stream only.
+    // Its two kernels go as one graph, so the second one's dependent launch overlaps the first.
+    unsafe { op.run_raw(&g, params, [p_phi, p_x, p_b], [p_res, p_layer, p_h], cu) }.map_err(py_err)
 }
 
 fn half_dtype(arg: &str, t: &Tensor) -> PyResult<Dtype> {
@@ -466,7 +492,7 @@ fn gate_conv_fwd(
     if m * t * d == 0 {
         return Ok(());
     }
-    let g = gpu(device)?;
+    let g = gpu(device, stream)?;
     let shape = EngramGateShape { m, t, d };
     let s = stream as CUstream;
     // SAFETY: every tensor was checked to hold the elements the shape addresses, the outputs
@@ -554,20 +580,24 @@ fn gate_conv_bwd(
     if empty {
         return Ok(());
     }
-    let g = gpu(device)?;
-    let s = stream as CUstream;
+    let bound = gpu(device, stream)?;
+    let cu = stream as CUstream;
+    // A plan holds the graphs of its two launches (replayed while the pointers recur): one
+    // per stream.
+    type Key = (i64, [usize; 3], u64);
+    static PLANS: OnceLock<Mutex<Cache<Key, GateConvBwdPlan>>> = OnceLock::new();
+    let mut plans = lock(PLANS.get_or_init(Default::default));
+    let plan =
+        plans.get_or_make(&bound, cu, (device, [m, t, d], stream), || GateConvBwdPlan::new(shape).map_err(py_err))?;
+    let inputs = [p[0], p[1], p[2], p[3], p[4], p[5], p[6]];
+    let (saved, ws_ptr, outputs) = ([p[7], p[8], p[9]], p[10], [p[11], p[12], p[13], p[14], p[15], p[16]]);
     // SAFETY: every tensor was checked to hold the elements the shape addresses, the outputs
-    // and the workspace to overlap nothing.
+    // and the workspace to overlap nothing; the plan serves this stream only. Its two kernels
+    // go as one graph, so the reduce kernel's dependent launch overlaps the main one.
     unsafe {
         match dt {
-            Dtype::F16 => gate_conv_bwd_raw::<f16>(
-                &g.gpu, shape, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12], p[13],
-                p[14], p[15], p[16], s,
-            ),
-            _ => gate_conv_bwd_raw::<bf16>(
-                &g.gpu, shape, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12], p[13],
-                p[14], p[15], p[16], s,
-            ),
+            Dtype::F16 => plan.run_raw::<f16>(&bound.gpu, inputs, saved, ws_ptr, outputs, cu),
+            _ => plan.run_raw::<bf16>(&bound.gpu, inputs, saved, ws_ptr, outputs, cu),
         }
     }
     .map_err(py_err)
@@ -621,7 +651,7 @@ fn decode_fwd(
     }
     let mut shape = EngramDecodeShape::new(batch, d_mem, d, l, kernel_size, dilation);
     shape.eps = eps;
-    let bound = gpu(device)?;
+    let bound = gpu(device, stream)?;
     let (g, cu) = on_stream(&bound, stream)?;
     // A plan owns its partial-sum workspace: one per stream.
     type Key = (i64, [usize; 6], u32, u64);

@@ -91,6 +91,24 @@ def test_fake_tensor_shapes():
         assert y_t.shape == (4, 512) and state.shape == (4, 20, 512)
 
 
+def test_front_end_goes_through_the_dispatcher_when_it_must():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from rgk.ops import _direct
+    x = torch.zeros(4, dtype=torch.complex64)
+    assert _direct(x, torch.nn.Parameter(torch.zeros(2), requires_grad=False))
+    assert not _direct(x, torch.zeros(2, requires_grad=True))  # a gradient to record
+    with torch.no_grad():
+        assert _direct(x, torch.zeros(2, requires_grad=True))
+    assert not _direct(torch.zeros(2, device="meta"))  # shapes from the fake implementation
+    with FakeTensorMode():
+        assert not _direct(torch.zeros(2))
+    with torch.autograd.profiler.profile():
+        assert not _direct(x)
+    assert not _direct(x, [1, 2])
+    # Meta tensors outside a fake mode: shapes, nothing launched.
+    assert rgk.ops.mhc_post(*post_inputs(3, 4, 64, "meta")).shape == (3, 256)
+
+
 @pytest.mark.parametrize("call, arg", [
     (lambda: rgk.ops.fft_c2c(torch.zeros(8, dtype=torch.complex64)), "x"),
     (lambda: rgk.ops.mhc_post(*post_inputs(1, 4, 64, "cpu")), "x_layer_out"),
@@ -316,6 +334,17 @@ def test_opcheck_every_op():
             grad_args = tuple(a.detach().clone().requires_grad_(a.is_floating_point() or a.is_complex())
                               if isinstance(a, torch.Tensor) else a for a in args)
             torch.library.opcheck(op, grad_args)
+
+
+@gpu
+def test_front_end_direct_path_matches_the_dispatcher_bitwise():
+    for op, args in op_samples():
+        front = getattr(rgk.ops, op._qualified_op_name.split("::")[1])
+        assert rgk.ops._direct(*(a for a in args if isinstance(a, torch.Tensor)))
+        direct, dispatched = front(*args), op(*args)
+        for d, o in zip(direct if isinstance(direct, tuple) else (direct,),
+                        dispatched if isinstance(dispatched, tuple) else (dispatched,)):
+            assert d.dtype == o.dtype and d.shape == o.shape and torch.equal(d, o), op
 
 
 def fresh_like(args, seed):

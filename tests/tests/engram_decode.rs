@@ -416,8 +416,8 @@ fn plan_alternating_streams_matches_one_stream() {
     let Some(gpu) = gpu_or_skip("engram_decode::alternating_streams") else { return };
     let mut rng = fresh_rng("engram_decode::alternating_streams");
     let other = gpu.new_stream().unwrap();
-    // The legacy default stream (PyTorch's default) cannot be captured into a graph: the plan
-    // launches there directly.
+    // The legacy default stream (PyTorch's default) cannot be captured: the plan captures its
+    // graph on a stream of its own and launches it there.
     let legacy = gpu.with_stream(gpu.context().default_stream()).unwrap();
     let st = gpu.stream();
     for s in [EngramDecodeShape::new(4, 1024, 512, 20, 4, 5), EngramDecodeShape::new(8, 512, 256, 18, 4, 3)] {

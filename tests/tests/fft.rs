@@ -399,14 +399,14 @@ fn kernel_thread_limits_match_the_device() {
 /// One plan executed alternately on two streams of the context, with no host synchronisation
 /// between the calls, gives the bits it gives on one stream: the second stream waits for the
 /// first before reusing the plan's workspace (two-pass lengths) and tables. So do its calls
-/// on the legacy default stream (no graph there).
+/// on the legacy default stream.
 #[test]
 fn plan_alternating_streams_matches_one_stream() {
     let Some(gpu) = gpu_or_skip("fft::plan_alternating_streams_matches_one_stream") else { return };
     let mut rng = fresh_rng("fft::plan_alternating_streams_matches_one_stream");
     let other = gpu.new_stream().unwrap();
     // The legacy default stream (PyTorch's default) cannot be captured: the multi-pass plans
-    // launch there directly instead of through their graph.
+    // capture their graph on a stream of their own and launch it there.
     let legacy = gpu.with_stream(gpu.context().default_stream()).unwrap();
     let st = gpu.stream();
     for (n, batch) in [(1 << 16, 4), (1 << 20, 1), (4096, 64)] {

@@ -272,8 +272,8 @@ fn bitwise_deterministic() {
 
 /// [`MhcPre::run`] submits the call's kernels as one captured CUDA graph: the same bits as
 /// direct launches of the same plan ([`rgk::mhc::pre_fwd_raw`]) — on the capturing call, on
-/// replays with new data in the same buffers (the graph reads memory when it runs), and after
-/// the buffers change (re-capture).
+/// replays with new data in the same buffers (the graph reads memory when it runs), after the
+/// buffers change (re-capture), and on the legacy default stream.
 #[test]
 fn graph_replay_matches_direct_launches() {
     let Some(gpu) = gpu_or_skip("mhc_pre::graph_replay") else { return };
@@ -319,6 +319,14 @@ fn graph_replay_matches_direct_launches() {
         let p = MhcPreParams::default();
         let got = run(&gpu, &mut graphed, p, &inp);
         assert!(bits(&got) == bits(&run_raw(&gpu, &plan, &mut ws, p, &inp)), "{s:?}: re-captured graph differs");
+        // The legacy default stream (PyTorch's default) cannot be captured: the graph is
+        // captured on a stream of the op's own and launched there.
+        let legacy = gpu.with_stream(gpu.context().default_stream()).unwrap();
+        let inp = inputs(&mut rng, s, 1.0, 1.0);
+        let want = run_raw(&gpu, &plan, &mut ws, p, &inp);
+        for _ in 0..2 {
+            assert!(bits(&run(&legacy, &mut graphed, p, &inp)) == bits(&want), "{s:?}: legacy-stream graph differs");
+        }
     }
 }
 

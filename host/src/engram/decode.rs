@@ -754,7 +754,8 @@ impl EngramDecodePlan {
         key.extend([s_in, s_out, y, pos as u64, write_row as u64, shift_state as u64]);
         key.extend(pp);
         let mut graph = std::mem::replace(&mut self.graph, GraphReplay::new());
-        let r = graph.run(cs, key, || self.launch(gpu, dtype, i, s_in, s_out, y, pos, write_row, shift_state, pp, cs));
+        let r =
+            graph.run(gpu, cs, key, |s| self.launch(gpu, dtype, i, s_in, s_out, y, pos, write_row, shift_state, pp, s));
         self.graph = graph;
         r
     }

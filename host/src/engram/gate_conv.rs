@@ -1032,10 +1032,10 @@ impl GateConvBwdPlan {
         stream: CUstream,
     ) -> Result<()> {
         let shape = self.shape;
-        let call = || run_bwd::<T>(gpu, shape, inputs, saved, workspace, outputs, stream);
+        let call = |s| run_bwd::<T>(gpu, shape, inputs, saved, workspace, outputs, s);
         let mut key = vec![is_bf16::<T>()? as u64, workspace];
         key.extend(inputs.iter().chain(&saved).chain(&outputs));
-        self.graph.run(stream, key, call)
+        self.graph.run(gpu, stream, key, call)
     }
 }
 

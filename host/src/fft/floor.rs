@@ -87,7 +87,7 @@ impl CopyChain {
         }
         let mut graph = std::mem::replace(&mut self.graph, GraphReplay::new());
         // SAFETY: as above; the body only enqueues the chain's copies on `cs`.
-        let r = unsafe { graph.run(cs, vec![xp, yp], || self.launch_chain(gpu, xp, yp, cs)) };
+        let r = unsafe { graph.run(gpu, cs, vec![xp, yp], |s| self.launch_chain(gpu, xp, yp, s)) };
         self.graph = graph;
         r
     }

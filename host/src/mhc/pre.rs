@@ -715,17 +715,36 @@ impl MhcPre {
         let (r, _g4) = x_res.device_ptr_mut(st);
         let (y, _g5) = x_layer.device_ptr_mut(st);
         let (h, _g6) = h_post.device_ptr_mut(st);
+        // SAFETY: every buffer was checked to hold the elements the shape addresses, `&mut`
+        // borrows keep the outputs apart from the inputs; the calls are ordered on this stream.
+        unsafe { self.run_raw(gpu, params, [p, xp, bp], [r, y, h], st.cu_stream()) }
+    }
+
+    /// [`MhcPre::run`] on raw device pointers, launched on `stream` through this value's graph
+    /// and with its workspace: `inputs` = `[phi, x, b]`, `outputs` = `[x_res, x_layer,
+    /// h_post]`. Errors: those of [`pre_fwd_raw`], or a driver error.
+    ///
+    /// # Safety
+    /// As [`pre_fwd_raw`] for the pointers; `stream` belongs to `gpu`'s context, and all calls
+    /// with one `MhcPre` are ordered on one stream (the workspace carries state between them).
+    pub unsafe fn run_raw(
+        &mut self,
+        gpu: &Gpu,
+        params: MhcPreParams,
+        inputs: [CUdeviceptr; 3],
+        outputs: [CUdeviceptr; 3],
+        stream: CUstream,
+    ) -> Result<()> {
+        let [p, xp, bp] = inputs;
+        let [r, y, h] = outputs;
         let ws_len = self.workspace.len();
-        let (w, _g7) = self.workspace.device_ptr_mut(st);
-        // SAFETY: every buffer was checked to hold the elements the shape addresses; the
-        // workspace belongs to this plan and is used on this stream only.
-        let cs = st.cu_stream();
-        let call = || unsafe { pre_fwd_raw(gpu, &self.plan, params, p, xp, bp, r, y, h, w, ws_len, cs) };
+        let (w, _g) = self.workspace.device_ptr_mut(gpu.stream());
+        let plan = &self.plan;
+        let call = |s| pre_fwd_raw(gpu, plan, params, p, xp, bp, r, y, h, w, ws_len, s);
         let scalars = [params.alpha_pre, params.alpha_post, params.alpha_res, params.sinkhorn_eps];
         let mut key = vec![p, xp, bp, r, y, h, w, ws_len as u64, params.sinkhorn_repeat as u64];
         key.extend(scalars.iter().map(|v| v.to_bits() as u64));
-        // SAFETY: `call` only launches kernels on the plan's stream.
-        unsafe { self.graph.run(cs, key, call) }
+        self.graph.run(gpu, stream, key, call)
     }
 }
 
