@@ -46,7 +46,8 @@ Alternatives (per op):
                       operators), when it imports: timed like an alternative, never
                       counted as one (it is us); its row also has "host_us", the host
                       time of one eager call (200 calls in a tight loop, one
-                      synchronisation).
+                      synchronisation), measured for every entry before the first
+                      profiler session (one slows torch's allocator for the process).
   torch.compile runs with its default config (dynamic=False, dynamo reset per
   entry).  Note inductor's default elides f32 -> 16-bit -> f32 round trips
   (emulate_precision_casts=False), so the compiled rows may skip the
@@ -733,8 +734,44 @@ def _base_row(entry: dict, impl: Optional[str]) -> dict:
             "kernels_per_call": None, "rel_l2_err": None, "max_abs_err": None, "errors": {}}
 
 
+def _entry_key(entry: dict) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+    return entry.get("op"), entry.get("workload"), entry.get("dtype")
+
+
+def rgk_host_times(entries: Sequence[dict], base_dir: str, device: torch.device,
+                   rgk_torch: dict) -> Dict[tuple, float]:
+    """Host time of one eager call through rgk's package (µs) per entry: 20 warm-up calls, then
+    200 in a tight loop with one synchronisation (the device time is far below it on every
+    seed row).  Measured for all entries before any profiler session in this process: after
+    one, torch's allocations stay about 3x slower (empty_like 1.8 -> 5.5 us on the H200), which
+    would charge the profiler to the package."""
+    from safetensors.torch import load_file
+
+    times = {}
+    for entry in entries:
+        try:
+            tensors = load_file(os.path.join(base_dir, entry["file"]), device="cpu")
+            inputs = {k: v.to(device) for k, v in tensors.items() if not k.startswith("ref.")}
+            make = class_alternative(RGK_TORCH_NAME, entry.get("op"), inputs,
+                                     entry.get("params") or {}, rgk_torch)[1]
+            call = make()
+            for _ in range(20):
+                call()
+            _sync(device)
+            t0, n = time.perf_counter(), 200
+            for _ in range(n):
+                call()
+            _sync(device)
+            times[_entry_key(entry)] = round((time.perf_counter() - t0) / n * 1e6, 2)
+        except Exception as exc:  # the entry's own run reports the error
+            print(f"  rgk-torch host time, {entry.get('workload')}: {_short_error(exc)}",
+                  file=sys.stderr)
+    return times
+
+
 def run_entry(entry: dict, base_dir: str, device: torch.device, timer: Optional[CudaTimer],
-              args, tileops: Optional[dict] = None, rgk_torch: Optional[dict] = None) -> List[dict]:
+              args, tileops: Optional[dict] = None, rgk_torch: Optional[dict] = None,
+              host_us: Optional[float] = None) -> List[dict]:
     from safetensors.torch import load_file
 
     op = entry.get("op")
@@ -822,16 +859,8 @@ def run_entry(entry: dict, base_dir: str, device: torch.device, timer: Optional[
             rows[name].update(ms=float(np.median(t_ms)), p10_ms=float(np.percentile(t_ms, 10)),
                               p90_ms=float(np.percentile(t_ms, 90)), calls=len(smp),
                               kernels_per_call=int(kmed) if kmed.is_integer() else kmed)
-        # Host time of an eager call through rgk's package: a tight loop, one synchronisation
-        # (the device time is far below it on every seed row).
-        if RGK_TORCH_NAME in calls:
-            call, n = calls[RGK_TORCH_NAME], 200
-            _sync(device)
-            t0 = time.perf_counter()
-            for _ in range(n):
-                call()
-            _sync(device)
-            rows[RGK_TORCH_NAME]["host_us"] = round((time.perf_counter() - t0) / n * 1e6, 2)
+        if RGK_TORCH_NAME in calls and host_us is not None:
+            rows[RGK_TORCH_NAME]["host_us"] = host_us
     else:
         for name in calls:
             rows[name]["calls"] = 1  # ran once, untimed
@@ -930,10 +959,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
            "tileops": tileops_version, "tileops_unavailable": why,
            "rgk_torch": rgk_version, "rgk_torch_unavailable": rgk_why}
 
+    entries = [e for e in entries if only is None or e.get("op") in only]
+    host_us = rgk_host_times(entries, base_dir, device, rgk_torch) if rgk_torch and timer else {}
     for entry in entries:
-        if only is not None and entry.get("op") not in only:
-            continue
-        for row in run_entry(entry, base_dir, device, timer, args, tileops, rgk_torch):
+        for row in run_entry(entry, base_dir, device, timer, args, tileops, rgk_torch,
+                             host_us.get(_entry_key(entry))):
             if timing_error and not row.get("error"):
                 row["error"] = timing_error
             print_row(row)
