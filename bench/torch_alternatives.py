@@ -742,9 +742,10 @@ def rgk_host_times(entries: Sequence[dict], base_dir: str, device: torch.device,
                    rgk_torch: dict) -> Dict[tuple, float]:
     """Host time of one eager call through rgk's package (µs) per entry: 20 warm-up calls, then
     200 in a tight loop with one synchronisation (the device time is far below it on every
-    seed row).  Measured for all entries before any profiler session in this process: after
-    one, torch's allocations stay about 3x slower (empty_like 1.8 -> 5.5 us on the H200), which
-    would charge the profiler to the package."""
+    seed row).  Measured for all entries before any profiler session in this process (the
+    timer's set-up runs one) and before TileOPs is imported: after a profiler session torch's
+    allocations stay about 3x slower (empty_like 1.8 -> 5.5 us on the H200), which would
+    charge the profiler to the package."""
     from safetensors.torch import load_file
 
     times = {}
@@ -859,7 +860,7 @@ def run_entry(entry: dict, base_dir: str, device: torch.device, timer: Optional[
             rows[name].update(ms=float(np.median(t_ms)), p10_ms=float(np.percentile(t_ms, 10)),
                               p90_ms=float(np.percentile(t_ms, 90)), calls=len(smp),
                               kernels_per_call=int(kmed) if kmed.is_integer() else kmed)
-        if RGK_TORCH_NAME in calls and host_us is not None:
+        if RGK_TORCH_NAME in calls and host_us is not None and timer is not None:
             rows[RGK_TORCH_NAME]["host_us"] = host_us
     else:
         for name in calls:
@@ -927,6 +928,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.device = "cpu"
     device = torch.device(args.device)
     only = set(args.only.split(",")) if args.only else None
+    entries = [e for e in entries if only is None or e.get("op") in only]
+
+    if args.skip_rgk_torch:
+        rgk_torch, rgk_version, rgk_why = None, None, "--skip-rgk-torch"
+    elif device.type != "cuda":
+        rgk_torch, rgk_version, rgk_why = None, None, "no CUDA device"
+    else:
+        rgk_torch, rgk_version, rgk_why = load_rgk_torch()
+    print(f"rgk-torch: {rgk_version or f'not available ({rgk_why})'}", flush=True)
+    # Before anything else touches the process (the timer's first profiler session, TileOPs'
+    # import): see rgk_host_times.
+    host_us = rgk_host_times(entries, base_dir, device, rgk_torch) if rgk_torch else {}
 
     timer = None
     gpu = None
@@ -948,19 +961,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"tileops: not available ({why}); timing the other alternatives", flush=True)
     else:
         print(f"tileops: {tileops_version}", flush=True)
-    if args.skip_rgk_torch:
-        rgk_torch, rgk_version, rgk_why = None, None, "--skip-rgk-torch"
-    elif device.type != "cuda":
-        rgk_torch, rgk_version, rgk_why = None, None, "no CUDA device"
-    else:
-        rgk_torch, rgk_version, rgk_why = load_rgk_torch()
-    print(f"rgk-torch: {rgk_version or f'not available ({rgk_why})'}", flush=True)
     doc = {"torch": torch.__version__, "gpu": gpu, "device": device.type, "rows": [],
            "tileops": tileops_version, "tileops_unavailable": why,
            "rgk_torch": rgk_version, "rgk_torch_unavailable": rgk_why}
 
-    entries = [e for e in entries if only is None or e.get("op") in only]
-    host_us = rgk_host_times(entries, base_dir, device, rgk_torch) if rgk_torch and timer else {}
     for entry in entries:
         for row in run_entry(entry, base_dir, device, timer, args, tileops, rgk_torch,
                              host_us.get(_entry_key(entry))):

@@ -9,6 +9,10 @@
 //!   `target/wheels`, installs it into the virtual environment `./x setup` makes
 //!   (`target/pyenv`, with torch and pytest), and runs `python/tests` (the GPU tests skip without
 //!   a GPU).
+//! - `wheel [OUT]`: builds the release wheel for distribution into OUT (default
+//!   `target/dist`): tagged `manylinux_2_28` (glibc ≥ 2.28, what PyPI accepts), linked through zig
+//!   so that no newer glibc symbol slips in; needs `ziglang` in `target/pyenv`
+//!   (`target/pyenv/bin/python -m pip install ziglang`).
 //! - `bench [ARGS]`: builds `rgk-bench` (release) and runs it with ARGS (`--op`, `--workload`, ...;
 //!   `--help` lists them), with `/usr/local/cuda/lib64` on `LD_LIBRARY_PATH`.
 //! - `table [FILE]`: prints the README's results table (markdown) from `bench/results/h200.json`.
@@ -38,6 +42,7 @@ fn main() {
             cargo(&[&["test", "--workspace"], &strs(&args[1..])[..]].concat()).and_then(|()| python_test(&root))
         }
         Some("python-test") => python_test(&root),
+        Some("wheel") => dist_wheel(&root, args.get(1).map(String::as_str)),
         Some("bench") => bench(&root, &args[1..]),
         Some("device-pack") => match args.get(1).map(String::as_str) {
             None => device_pack(&root),
@@ -51,7 +56,7 @@ fn main() {
         Some("table") => table(&root, args.get(1).map(String::as_str)),
         _ => {
             eprintln!(
-                "usage: cargo xtask build | test [ARGS] | python-test | bench [ARGS] | peers | device-pack [--base REV] | table [RESULTS.json]"
+                "usage: cargo xtask build | test [ARGS] | python-test | wheel [OUT] | bench [ARGS] | peers | device-pack [--base REV] | table [RESULTS.json]"
             );
             exit(2);
         }
@@ -96,6 +101,37 @@ fn build_wheel(root: &Path, profile: &str, out: &Path) -> Result<PathBuf, String
         return Err("maturin build of the rgk wheel failed".into());
     }
     walk(out).into_iter().find(|p| p.extension().is_some_and(|e| e == "whl")).ok_or("maturin wrote no wheel".into())
+}
+
+/// The distributable wheel: release, `manylinux_2_28`, linked with zig against glibc 2.28.
+fn dist_wheel(root: &Path, out: Option<&str>) -> Result<(), String> {
+    let py = pyenv_python(root);
+    let zig = Command::new(&py).args(["-m", "ziglang", "version"]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    if !zig.is_ok_and(|s| s.success()) {
+        return Err(format!("no zig: {} -m pip install ziglang (./x setup makes the environment)", py.display()));
+    }
+    let out = out.map_or_else(|| root.join("target/dist"), PathBuf::from);
+    let _ = fs::remove_dir_all(&out);
+    // maturin runs `python -m ziglang` with the first `python` on PATH: the environment's.
+    let bin = py.parent().expect("the interpreter's folder");
+    let path = env::join_paths(
+        std::iter::once(bin.to_path_buf()).chain(env::split_paths(&env::var_os("PATH").unwrap_or_default())),
+    )
+    .map_err(|e| e.to_string())?;
+    let status = Command::new(&py)
+        .args(["-m", "maturin", "build", "--release", "--zig", "--compatibility", "manylinux_2_28"])
+        .args(["-m", "python/Cargo.toml", "-o"])
+        .arg(&out)
+        .env("PATH", path)
+        .status()
+        .map_err(|e| format!("{} -m maturin: {e} (run ./x setup)", py.display()))?;
+    if !status.success() {
+        return Err("maturin build of the manylinux wheel failed".into());
+    }
+    for w in walk(&out).into_iter().filter(|p| p.extension().is_some_and(|e| e == "whl")) {
+        println!("{}", w.display());
+    }
+    Ok(())
 }
 
 fn python_test(root: &Path) -> Result<(), String> {
