@@ -51,14 +51,58 @@ kernel_args! {
     }
 }
 
+/// How a pass kernel gets its stage twiddles and uses shared memory (the form column of
+/// [`fft_pass_kernels!`]). Every kernel reads a per-stage twiddle table (coalesced).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// Every stage's twiddles loaded at kernel entry, in flight with the data loads.
+    Hoisted,
+    /// Twiddles loaded in each stage after its barrier (fewer registers).
+    PerStage,
+    /// Hoisted, with two shared-memory Stockham buffers: one barrier per stage instead of two.
+    PingPong,
+    /// Hoisted, the row pass's input copied into shared memory by 16-byte `cp.async`, the
+    /// block's next group of rows copied while the current one computes (needs a 16-byte
+    /// aligned `x`).
+    Staged,
+}
+
+/// Whether a row of [`fft_pass_kernels!`] is a valid pass kernel: a complex precision, a length
+/// `2^log_l` with `1 ≤ log_l ≤ 13`, `e` elements per thread a power of two in `2..=16` and at
+/// most the length, and `max_threads` a power of two in `32..=512`.
+pub const fn pass_row_is_valid(precision: crate::Elem, log_l: u32, e: u32, max_threads: u32) -> bool {
+    matches!(precision, crate::Elem::C64 | crate::Elem::C128)
+        && log_l >= 1
+        && log_l <= 13
+        && e.is_power_of_two()
+        && e >= 2
+        && e <= 16
+        && e <= 1 << log_l
+        && max_threads.is_power_of_two()
+        && max_threads >= 32
+        && max_threads <= 512
+}
+
+/// Rejects at compile time a row of [`fft_pass_kernels!`] that is not a valid pass kernel.
+macro_rules! check_pass_rows {
+    ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
+        $(const _: () = {
+            assert!(
+                pass_row_is_valid($crate::elem!($prec), $log_l, $e, $max),
+                concat!(stringify!($name), ": not a valid pass kernel")
+            );
+            let _ = Form::$form;
+        };)*
+    };
+}
+crate::fft_pass_kernels!(check_pass_rows);
+
 /// The FFT pass kernels, one row per PTX entry: `name: precision, log_l, e, form, max_threads;`
-/// (length `2^log_l`, `e` elements per thread; `form`: `Hoisted` — every stage's twiddles loaded
-/// at kernel entry, `PerStage` — each stage's twiddles after its barrier, `PingPong` — hoisted
-/// with two shared-memory buffers, one barrier per stage, `Staged` — hoisted, the row's input
-/// staged by 16-byte `cp.async`; `max_threads`: the most threads per block the planner gives it,
-/// from its sm_90 registers). Expands to `$cb! { rows }`: the device crate declares each entry
-/// from it (`kernels-gpu/src/fft/stockham.rs`), the host builds its kernel table from it
-/// (`host/src/fft/plan.rs`), so the two cannot list different kernels.
+/// (length `2^log_l`, `e` elements per thread; `form`: a [`Form`]; `max_threads`: the most
+/// threads per block the planner gives it, from its sm_90 registers). Each row is checked by
+/// [`pass_row_is_valid`] at compile time. Expands to `$cb! { rows }`: the device crate declares
+/// each entry from it (`kernels-gpu/src/fft/stockham.rs`), the host builds its kernel table
+/// from it (`host/src/fft/plan.rs`), so the two cannot list different kernels.
 #[macro_export]
 macro_rules! fft_pass_kernels {
     ($cb:ident) => {

@@ -20,6 +20,47 @@
 
 pub use core::ffi::c_void;
 
+/// The element type of a row in a kernel list (`gate_kernels!`, `decode_kernels!`, ...), for
+/// the compile-time checks of the rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elem {
+    F16,
+    Bf16,
+    F32,
+    /// Complex f32 (interleaved).
+    C64,
+    /// Complex f64 (interleaved).
+    C128,
+}
+
+impl Elem {
+    /// f16 or bf16.
+    pub const fn is_half(self) -> bool {
+        matches!(self, Self::F16 | Self::Bf16)
+    }
+}
+
+/// The [`Elem`] of a kernel list's dtype column (`f16`, `bf16`, `f32`, `c64`, `c128`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! elem {
+    (f16) => {
+        $crate::Elem::F16
+    };
+    (bf16) => {
+        $crate::Elem::Bf16
+    };
+    (f32) => {
+        $crate::Elem::F32
+    };
+    (c64) => {
+        $crate::Elem::C64
+    };
+    (c128) => {
+        $crate::Elem::C128
+    };
+}
+
 /// A kernel's argument struct, declared by [`kernel_args!`].
 ///
 /// # Safety

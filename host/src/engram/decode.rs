@@ -13,6 +13,7 @@
 //! (docs/decisions/engram_decode.md); an [`EngramDecodePlan`] owns the plan and the workspace.
 use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, DevicePtrMut};
 use half::{bf16, f16};
+use kernel_abi::engram::decode::DecodeKernel;
 use kernel_abi::{
     decode_finish_warp_shared_bytes, decode_project_shared_bytes, EngramDecodeArgs, DECODE_FINISH_BLOCK_SHARED_BYTES,
     DECODE_MMA_K_STEP, DECODE_MMA_TILE_COLS,
@@ -32,8 +33,8 @@ macro_rules! decode_entry_table {
 
         /// The entry of `kind` in `dtype` with `cols` columns per lane or thread; `None` where
         /// the family has no such kernel.
-        fn entry_of(kind: Entry, dtype: DecodeDtype, cols: u32) -> Option<&'static str> {
-            $(if kind == Entry::$kind && dtype == decode_entry_table!(@dtype $dt) && cols == $cols {
+        fn entry_of(kind: DecodeKernel, dtype: DecodeDtype, cols: u32) -> Option<&'static str> {
+            $(if kind == DecodeKernel::$kind && dtype == decode_entry_table!(@dtype $dt) && cols == $cols {
                 return Some(stringify!($name));
             })*
             None
@@ -44,20 +45,9 @@ macro_rules! decode_entry_table {
 }
 kernel_abi::decode_kernels!(decode_entry_table);
 
-/// The kernel column of `kernel_abi::decode_kernels!`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Entry {
-    ProjectScalar,
-    ProjectMma,
-    ProjectMmaB8K16,
-    FinishWarpShared,
-    FinishWarpKv,
-    FinishBlock,
-}
-
 /// [`entry_of`], or [`Error::MissingKernel`] naming what the plan asked for (a planner/table
 /// mismatch, which the planner sweep tests would show).
-fn entry(kind: Entry, dtype: DecodeDtype, cols: u32) -> Result<&'static str> {
+fn entry(kind: DecodeKernel, dtype: DecodeDtype, cols: u32) -> Result<&'static str> {
     entry_of(kind, dtype, cols).ok_or_else(|| Error::MissingKernel(format!("{kind:?} {dtype:?} cols={cols}")))
 }
 
@@ -193,9 +183,9 @@ pub enum DecodeProjectionKernel {
 impl DecodeProjectionKernel {
     fn entry(self, dtype: DecodeDtype) -> Result<&'static str> {
         match self {
-            Self::MmaB8K16 => entry(Entry::ProjectMmaB8K16, dtype, 8),
-            Self::Mma => entry(Entry::ProjectMma, dtype, 8),
-            Self::Scalar => entry(Entry::ProjectScalar, dtype, 1),
+            Self::MmaB8K16 => entry(DecodeKernel::ProjectMmaB8K16, dtype, 8),
+            Self::Mma => entry(DecodeKernel::ProjectMma, dtype, 8),
+            Self::Scalar => entry(DecodeKernel::ProjectScalar, dtype, 1),
         }
     }
 }
@@ -219,9 +209,9 @@ pub enum DecodeFinishKernel {
 impl DecodeFinishKernel {
     fn entry(self, dtype: DecodeDtype) -> Result<&'static str> {
         match self {
-            Self::Block { cols, .. } => entry(Entry::FinishBlock, dtype, cols),
-            Self::Warp { cols, staged_in_shared: true, .. } => entry(Entry::FinishWarpShared, dtype, cols),
-            Self::Warp { cols, staged_in_shared: false, .. } => entry(Entry::FinishWarpKv, dtype, cols),
+            Self::Block { cols, .. } => entry(DecodeKernel::FinishBlock, dtype, cols),
+            Self::Warp { cols, staged_in_shared: true, .. } => entry(DecodeKernel::FinishWarpShared, dtype, cols),
+            Self::Warp { cols, staged_in_shared: false, .. } => entry(DecodeKernel::FinishWarpKv, dtype, cols),
         }
     }
 }

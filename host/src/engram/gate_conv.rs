@@ -21,7 +21,7 @@ use kernel_abi::engram::gate::layout::{
     bwd_smem_bytes, bwd_split_smem_bytes, dpad, fwd_smem_bytes, fwd_stream_smem_floats, CONV_TAPS, FWD_SMEM_WL,
     GRAD_ROWS,
 };
-use kernel_abi::engram::gate::{chunk_row_magic, warp_row_magic, DconvScratch};
+use kernel_abi::engram::gate::{chunk_row_magic, warp_row_magic, DconvScratch, GateKernel};
 use kernel_abi::{GateBwdArgs, GateBwdReduceArgs, GateBwdSplitArgs, GateFwdArgs, GateFwdSmemArgs};
 
 /// `eps` of the three rmsnorms (docs/ops.md §4).
@@ -40,9 +40,9 @@ macro_rules! gate_entry_table {
         /// The entry of `kind` for `dtype` (`bf16`: bf16, else f16; ignored by the reductions)
         /// with `nv` chunks per lane of a resident row (0 for the others); `None` where the
         /// family has no such kernel.
-        fn entry_of(kind: Entry, bf16: bool, nv: usize) -> Option<&'static str> {
+        fn entry_of(kind: GateKernel, bf16: bool, nv: usize) -> Option<&'static str> {
             match (kind, bf16, nv) {
-                $((Entry::$kind, gate_entry_table!(@bf16 $dt), $nv) => Some(stringify!($name)),)*
+                $((GateKernel::$kind, gate_entry_table!(@bf16 $dt), $nv) => Some(stringify!($name)),)*
                 _ => None,
             }
         }
@@ -53,24 +53,9 @@ macro_rules! gate_entry_table {
 }
 kernel_abi::gate_kernels!(gate_entry_table);
 
-/// The kernel column of `kernel_abi::gate_kernels!`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Entry {
-    FwdSmem,
-    FwdSmemGrid1d,
-    FwdStreamVec8,
-    FwdStreamScalar,
-    BwdSplit,
-    BwdRowWarp,
-    BwdStreamVec8,
-    BwdStreamScalar,
-    BwdReduceScalar,
-    BwdReduceVec4,
-}
-
 /// [`entry_of`], or [`Error::MissingKernel`] naming what the plan asked for (a planner/table
 /// mismatch, which the planner sweep test would show).
-fn entry(kind: Entry, bf16: bool, nv: usize) -> Result<&'static str> {
+fn entry(kind: GateKernel, bf16: bool, nv: usize) -> Result<&'static str> {
     entry_of(kind, bf16, nv)
         .ok_or_else(|| Error::MissingKernel(format!("{kind:?} {} nv={nv}", if bf16 { "bf16" } else { "f16" })))
 }
@@ -209,10 +194,10 @@ pub(crate) enum FwdKernel {
 impl FwdKernel {
     fn entry(self, bf16: bool) -> Result<&'static str> {
         match self {
-            Self::Smem { nv } => entry(Entry::FwdSmem, bf16, nv),
-            Self::SmemGrid1d { nv } => entry(Entry::FwdSmemGrid1d, bf16, nv),
-            Self::StreamVec8 => entry(Entry::FwdStreamVec8, bf16, 0),
-            Self::StreamScalar => entry(Entry::FwdStreamScalar, bf16, 0),
+            Self::Smem { nv } => entry(GateKernel::FwdSmem, bf16, nv),
+            Self::SmemGrid1d { nv } => entry(GateKernel::FwdSmemGrid1d, bf16, nv),
+            Self::StreamVec8 => entry(GateKernel::FwdStreamVec8, bf16, 0),
+            Self::StreamScalar => entry(GateKernel::FwdStreamScalar, bf16, 0),
         }
     }
 }
@@ -279,10 +264,10 @@ pub(crate) enum BwdMain {
 impl BwdMain {
     fn entry(self, bf16: bool) -> Result<&'static str> {
         match self {
-            Self::Split { nv, .. } => entry(Entry::BwdSplit, bf16, nv),
-            Self::RowWarp { nv } => entry(Entry::BwdRowWarp, bf16, nv),
-            Self::StreamVec8 => entry(Entry::BwdStreamVec8, bf16, 0),
-            Self::StreamScalar => entry(Entry::BwdStreamScalar, bf16, 0),
+            Self::Split { nv, .. } => entry(GateKernel::BwdSplit, bf16, nv),
+            Self::RowWarp { nv } => entry(GateKernel::BwdRowWarp, bf16, nv),
+            Self::StreamVec8 => entry(GateKernel::BwdStreamVec8, bf16, 0),
+            Self::StreamScalar => entry(GateKernel::BwdStreamScalar, bf16, 0),
         }
     }
 }
@@ -300,8 +285,8 @@ pub(crate) enum BwdReduce {
 impl BwdReduce {
     fn entry(self) -> Result<&'static str> {
         match self {
-            Self::Vec4 => entry(Entry::BwdReduceVec4, true, 0),
-            Self::Scalar => entry(Entry::BwdReduceScalar, true, 0),
+            Self::Vec4 => entry(GateKernel::BwdReduceVec4, true, 0),
+            Self::Scalar => entry(GateKernel::BwdReduceScalar, true, 0),
         }
     }
 }

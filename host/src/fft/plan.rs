@@ -34,21 +34,9 @@ const SMS: usize = 132;
 /// Shared memory a multi-column pass may use per block (bytes).
 const COLUMN_SMEM: usize = 160 * 1024;
 
-/// How a pass kernel gets its stage twiddles and uses shared memory. Every kernel reads a
-/// per-stage twiddle table (host [`stage_table`], coalesced).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Form {
-    /// Every stage's twiddles loaded at kernel entry, in flight with the data loads.
-    Hoisted,
-    /// Twiddles loaded in each stage after its barrier (fewer registers).
-    PerStage,
-    /// Hoisted, with two shared-memory Stockham buffers: one barrier per stage instead of two.
-    PingPong,
-    /// Hoisted, the row pass's input copied into shared memory by 16-byte `cp.async`, the
-    /// block's next group of rows copied while the current one computes (needs a 16-byte
-    /// aligned `x`).
-    Staged,
-}
+/// How a pass kernel gets its stage twiddles and uses shared memory (shared with the kernel
+/// list in `kernel_abi`).
+pub use kernel_abi::fft::Form;
 
 /// A PTX entry of the FFT (kernels-gpu/src/fft/stockham.rs `entry!`).
 #[derive(Debug, PartialEq, Eq)]

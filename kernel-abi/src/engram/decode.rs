@@ -112,14 +112,56 @@ pub const fn decode_finish_warp_shared_bytes(d: u32) -> u32 {
     2 * d * 4
 }
 
-/// The decode kernels, one row per PTX entry: `name: kernel, dtype, cols;`. `kernel`:
-/// `ProjectScalar` (the projection on CUDA-core FMAs, one column per lane), `ProjectMma` (on
-/// tensor cores, any batch), `ProjectMmaB8K16` (tensor cores, batch ≤ 8, `d_mem % 16 == 0`),
-/// `FinishWarpShared` / `FinishWarpKv` (one block per batch row summing the split partials into
-/// shared memory / the `kv` workspace, warp 0 finishing the row), `FinishBlock` (the whole block
-/// finishing the row); `cols`: columns per lane or thread. Expands to `$cb! { rows }`: the
-/// device crate declares each entry from it (`kernels-gpu/src/engram/decode.rs`), the host
-/// derives its entry names from it (`host/src/engram/decode.rs`).
+/// The kernel column of [`decode_kernels!`]: the decode step's kernel bodies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeKernel {
+    /// The projection on CUDA-core FMAs, one column per lane.
+    ProjectScalar,
+    /// The projection on tensor cores, any batch, 8 columns per warp tile.
+    ProjectMma,
+    /// The projection on tensor cores for batch ≤ 8 and `d_mem % 16 == 0`.
+    ProjectMmaB8K16,
+    /// One block per batch row summing the split partials into shared memory, warp 0
+    /// finishing the row.
+    FinishWarpShared,
+    /// As [`DecodeKernel::FinishWarpShared`], the partials summed into the `kv` workspace.
+    FinishWarpKv,
+    /// The whole block finishing the row.
+    FinishBlock,
+}
+
+impl DecodeKernel {
+    /// Whether a row of [`decode_kernels!`] instantiates this kernel validly: a 16-bit dtype,
+    /// and the columns per lane or thread the body is written for (the projections fix theirs:
+    /// 1 for the scalar one, 8 for the tensor-core ones; the warp finishers take 1 or 8, the
+    /// block finisher 1, 2 or 4).
+    pub const fn accepts(self, dtype: crate::Elem, cols: u32) -> bool {
+        dtype.is_half()
+            && match self {
+                Self::ProjectScalar => cols == 1,
+                Self::ProjectMma | Self::ProjectMmaB8K16 => cols == 8,
+                Self::FinishWarpShared | Self::FinishWarpKv => cols == 1 || cols == 8,
+                Self::FinishBlock => cols == 1 || cols == 2 || cols == 4,
+            }
+    }
+}
+
+/// Rejects at compile time a row of [`decode_kernels!`] its kernel does not accept.
+macro_rules! check_decode_rows {
+    ($($name:ident: $kind:ident, $dt:ident, $cols:literal;)*) => {
+        $(const _: () = assert!(
+            DecodeKernel::$kind.accepts($crate::elem!($dt), $cols),
+            concat!(stringify!($name), ": the kernel does not take this dtype and cols")
+        );)*
+    };
+}
+crate::decode_kernels!(check_decode_rows);
+
+/// The decode kernels, one row per PTX entry: `name: kernel, dtype, cols;`. `kernel`: a
+/// [`DecodeKernel`]; `cols`: columns per lane or thread. Each row is checked against
+/// [`DecodeKernel::accepts`] at compile time. Expands to `$cb! { rows }`: the device crate
+/// declares each entry from it (`kernels-gpu/src/engram/decode.rs`), the host derives its entry
+/// names from it (`host/src/engram/decode.rs`).
 #[macro_export]
 macro_rules! decode_kernels {
     ($cb:ident) => {

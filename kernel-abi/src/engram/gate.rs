@@ -230,15 +230,58 @@ kernel_args! {
     }
 }
 
-/// The gated-conv kernels, one row per PTX entry: `name: kernel, dtype, nv;`. `kernel`:
-/// `FwdSmem` (forward, `u` in shared memory, grid `(ntiles, M)`, constants from the host),
-/// `FwdSmemGrid1d` (the same on a 1-D grid, constants computed in the kernel),
-/// `FwdStreamVec8` / `FwdStreamScalar` (forward, rows streamed with 16-byte / scalar accesses),
-/// `BwdSplit` (backward, tile rows split over warps), `BwdRowWarp` (backward, one warp per
-/// row resident in registers), `BwdStreamVec8` / `BwdStreamScalar` (backward, one warp per
-/// streamed row), `BwdReduceScalar` / `BwdReduceVec4` (the backward's partial-sum reduction);
-/// `dtype`: the 16-bit element type (`f32` for the reductions); `nv`: the 8-element chunks per
-/// lane of a register-resident row (`ceil(d/8) ≤ 32·nv`; 0 where the row is not resident).
+/// The kernel column of [`gate_kernels!`]: the gated conv's kernel bodies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateKernel {
+    /// Forward, `u` in shared memory, grid `(ntiles, M)`, constants from the host.
+    FwdSmem,
+    /// [`GateKernel::FwdSmem`] on a 1-D grid, constants computed in the kernel.
+    FwdSmemGrid1d,
+    /// Forward, rows streamed with 16-byte accesses.
+    FwdStreamVec8,
+    /// Forward, rows streamed with scalar accesses.
+    FwdStreamScalar,
+    /// Backward, tile rows split over warps.
+    BwdSplit,
+    /// Backward, one warp per row resident in registers.
+    BwdRowWarp,
+    /// Backward, one warp per streamed row, 16-byte accesses.
+    BwdStreamVec8,
+    /// Backward, one warp per streamed row, scalar accesses.
+    BwdStreamScalar,
+    /// The backward's partial-sum reduction ([`GateBwdReduceArgs`]).
+    BwdReduceScalar,
+    /// The same reduction with 16-byte accesses (bitwise the scalar one).
+    BwdReduceVec4,
+}
+
+impl GateKernel {
+    /// Whether a row of [`gate_kernels!`] instantiates this kernel validly: the reductions in
+    /// f32 with no resident row, every other kernel in a 16-bit dtype; `nv` in 1..=4 for the
+    /// kernels holding a row (the bodies unroll at most four chunks per lane), 0 for the others.
+    pub const fn accepts(self, dtype: crate::Elem, nv: u32) -> bool {
+        let resident = matches!(self, Self::FwdSmem | Self::FwdSmemGrid1d | Self::BwdSplit | Self::BwdRowWarp);
+        let reduce = matches!(self, Self::BwdReduceScalar | Self::BwdReduceVec4);
+        let dtype_ok = if reduce { matches!(dtype, crate::Elem::F32) } else { dtype.is_half() };
+        dtype_ok && if resident { nv >= 1 && nv <= 4 } else { nv == 0 }
+    }
+}
+
+/// Rejects at compile time a row of [`gate_kernels!`] its kernel does not accept.
+macro_rules! check_gate_rows {
+    ($($name:ident: $kind:ident, $dt:ident, $nv:literal;)*) => {
+        $(const _: () = assert!(
+            GateKernel::$kind.accepts($crate::elem!($dt), $nv),
+            concat!(stringify!($name), ": the kernel does not take this dtype and nv")
+        );)*
+    };
+}
+crate::gate_kernels!(check_gate_rows);
+
+/// The gated-conv kernels, one row per PTX entry: `name: kernel, dtype, nv;`. `kernel`: a
+/// [`GateKernel`]; `dtype`: the 16-bit element type (`f32` for the reductions); `nv`: the
+/// 8-element chunks per lane of a register-resident row (`ceil(d/8) ≤ 32·nv`; 0 where the row
+/// is not resident). Each row is checked against [`GateKernel::accepts`] at compile time.
 /// Expands to `$cb! { rows }`: the device crate declares each entry from it
 /// (`kernels-gpu/src/engram/gate_conv.rs`), the host derives its entry names from it
 /// (`host/src/engram/gate_conv.rs`).
