@@ -12,6 +12,17 @@
 //! `st.global` through them (and `cvta.to.global` once); a pointer read out of a by-value
 //! struct parameter is generic, and every access through it becomes a generic `ld`/`st`.
 //!
+//! Each op family's variants are one kernel list here (`fft_pass_kernels!`, `gate_kernels!`,
+//! `decode_kernels!`, `mhc_pre_kernels!`, `mhc_post_kernels!`): one named row per PTX entry
+//! giving its kernel body (an enum such as [`GateKernel`], one documented variant per body) and
+//! its parameters (element type, sizes). Rows are checked at compile time where a body takes
+//! only some parameters ([`GateKernel::accepts`], [`DecodeKernel::accepts`],
+//! [`pass_row_is_valid`]), in both crates. The device crate declares one entry per row from
+//! the list; the host derives the entry names and its kernel tables from the same list, so the
+//! two cannot name different kernels. A variant is a row (a value the host's planners choose
+//! at run time), not a type: the host selects kernels per shape at run time, and the device
+//! instantiates each row's body with the row's literals.
+//!
 //! Sizes and constants both sides use (shared-memory layouts, per-thread chunk counts) live
 //! here too. `no_std`, no dependencies: the device crate compiles it for
 //! `nvptx64-nvidia-cuda`, the host for the CPU. Pointers are device addresses, typed by what
