@@ -52,7 +52,7 @@ kernel_args! {
 }
 
 /// How a pass kernel gets its stage twiddles and uses shared memory (the form column of
-/// [`fft_pass_kernels!`]). Every kernel reads a per-stage twiddle table (coalesced).
+/// [`fft_pass_kernels!`](crate::fft_pass_kernels)). Every kernel reads a per-stage twiddle table (coalesced).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Form {
     /// Every stage's twiddles loaded at kernel entry, in flight with the data loads.
@@ -67,7 +67,7 @@ pub enum Form {
     Staged,
 }
 
-/// Whether a row of [`fft_pass_kernels!`] is a valid pass kernel: a complex precision, a length
+/// Whether a row of [`fft_pass_kernels!`](crate::fft_pass_kernels) is a valid pass kernel: a complex precision, a length
 /// `2^log_l` with `1 ≤ log_l ≤ 13`, `e` elements per thread a power of two in `2..=16` and at
 /// most the length, and `max_threads` a power of two in `32..=512`.
 pub const fn pass_row_is_valid(precision: crate::Elem, log_l: u32, e: u32, max_threads: u32) -> bool {
@@ -83,7 +83,7 @@ pub const fn pass_row_is_valid(precision: crate::Elem, log_l: u32, e: u32, max_t
         && max_threads <= 512
 }
 
-/// Rejects at compile time a row of [`fft_pass_kernels!`] that is not a valid pass kernel.
+/// Rejects at compile time a row of [`fft_pass_kernels!`](crate::fft_pass_kernels) that is not a valid pass kernel.
 macro_rules! check_pass_rows {
     ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
         $(const _: () = {

@@ -112,7 +112,7 @@ pub const fn decode_finish_warp_shared_bytes(d: u32) -> u32 {
     2 * d * 4
 }
 
-/// The kernel column of [`decode_kernels!`]: the decode step's kernel bodies.
+/// The kernel column of [`decode_kernels!`](crate::decode_kernels): the decode step's kernel bodies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeKernel {
     /// The projection on CUDA-core FMAs, one column per lane.
@@ -131,7 +131,7 @@ pub enum DecodeKernel {
 }
 
 impl DecodeKernel {
-    /// Whether a row of [`decode_kernels!`] instantiates this kernel validly: a 16-bit dtype,
+    /// Whether a row of [`decode_kernels!`](crate::decode_kernels) instantiates this kernel validly: a 16-bit dtype,
     /// and the columns per lane or thread the body is written for (the projections fix theirs:
     /// 1 for the scalar one, 8 for the tensor-core ones; the warp finishers take 1 or 8, the
     /// block finisher 1, 2 or 4).
@@ -146,7 +146,7 @@ impl DecodeKernel {
     }
 }
 
-/// Rejects at compile time a row of [`decode_kernels!`] its kernel does not accept.
+/// Rejects at compile time a row of [`decode_kernels!`](crate::decode_kernels) its kernel does not accept.
 macro_rules! check_decode_rows {
     ($($name:ident: $kind:ident, $dt:ident, $cols:literal;)*) => {
         $(const _: () = assert!(

@@ -230,7 +230,7 @@ kernel_args! {
     }
 }
 
-/// The kernel column of [`gate_kernels!`]: the gated conv's kernel bodies.
+/// The kernel column of [`gate_kernels!`](crate::gate_kernels): the gated conv's kernel bodies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GateKernel {
     /// Forward, `u` in shared memory, grid `(ntiles, M)`, constants from the host.
@@ -256,7 +256,7 @@ pub enum GateKernel {
 }
 
 impl GateKernel {
-    /// Whether a row of [`gate_kernels!`] instantiates this kernel validly: the reductions in
+    /// Whether a row of [`gate_kernels!`](crate::gate_kernels) instantiates this kernel validly: the reductions in
     /// f32 with no resident row, every other kernel in a 16-bit dtype; `nv` in 1..=4 for the
     /// kernels holding a row (the bodies unroll at most four chunks per lane), 0 for the others.
     pub const fn accepts(self, dtype: crate::Elem, nv: u32) -> bool {
@@ -267,7 +267,7 @@ impl GateKernel {
     }
 }
 
-/// Rejects at compile time a row of [`gate_kernels!`] its kernel does not accept.
+/// Rejects at compile time a row of [`gate_kernels!`](crate::gate_kernels) its kernel does not accept.
 macro_rules! check_gate_rows {
     ($($name:ident: $kind:ident, $dt:ident, $nv:literal;)*) => {
         $(const _: () = assert!(
