@@ -47,7 +47,8 @@ Alternatives (per op):
                       counted as one (it is us); its row also has "host_us", the host
                       time of one eager call (200 calls in a tight loop, one
                       synchronisation), measured for every entry before the first
-                      profiler session (one slows torch's allocator for the process).
+                      profiler session (one slows torch's allocator for the process);
+                      so has TileOPs' row, measured the same way after rgk's.
   torch.compile runs with its default config (dynamic=False, dynamo reset per
   entry).  Note inductor's default elides f32 -> 16-bit -> f32 round trips
   (emulate_precision_casts=False), so the compiled rows may skip the
@@ -738,14 +739,15 @@ def _entry_key(entry: dict) -> Tuple[Optional[str], Optional[str], Optional[str]
     return entry.get("op"), entry.get("workload"), entry.get("dtype")
 
 
-def rgk_host_times(entries: Sequence[dict], base_dir: str, device: torch.device,
-                   rgk_torch: dict) -> Dict[tuple, float]:
-    """Host time of one eager call through rgk's package (µs) per entry: 20 warm-up calls, then
-    200 in a tight loop with one synchronisation (the device time is far below it on every
-    seed row).  Measured for all entries before any profiler session in this process (the
-    timer's set-up runs one) and before TileOPs is imported: after a profiler session torch's
-    allocations stay about 3x slower (empty_like 1.8 -> 5.5 us on the H200), which would
-    charge the profiler to the package."""
+def package_host_times(entries: Sequence[dict], base_dir: str, device: torch.device,
+                       name: str, ops: dict) -> Dict[tuple, float]:
+    """Host time of one eager call through a Python package's op classes (`ops`: rgk's or
+    TileOPs') in µs per entry: 20 warm-up calls (TileOPs compiles its kernels there), then 200
+    in a tight loop with one synchronisation (the device time is far below it on every seed
+    row).  Measured before any profiler session in this process (the timer's set-up runs one):
+    after one, torch's allocations stay about 3x slower (empty_like 1.8 -> 5.5 us on the
+    H200), which would charge the profiler to the package.  rgk's are measured before TileOPs
+    is imported."""
     from safetensors.torch import load_file
 
     times = {}
@@ -753,8 +755,8 @@ def rgk_host_times(entries: Sequence[dict], base_dir: str, device: torch.device,
         try:
             tensors = load_file(os.path.join(base_dir, entry["file"]), device="cpu")
             inputs = {k: v.to(device) for k, v in tensors.items() if not k.startswith("ref.")}
-            make = class_alternative(RGK_TORCH_NAME, entry.get("op"), inputs,
-                                     entry.get("params") or {}, rgk_torch)[1]
+            make = class_alternative(name, entry.get("op"), inputs, entry.get("params") or {},
+                                     ops)[1]
             call = make()
             for _ in range(20):
                 call()
@@ -765,14 +767,14 @@ def rgk_host_times(entries: Sequence[dict], base_dir: str, device: torch.device,
             _sync(device)
             times[_entry_key(entry)] = round((time.perf_counter() - t0) / n * 1e6, 2)
         except Exception as exc:  # the entry's own run reports the error
-            print(f"  rgk-torch host time, {entry.get('workload')}: {_short_error(exc)}",
+            print(f"  {name} host time, {entry.get('workload')}: {_short_error(exc)}",
                   file=sys.stderr)
     return times
 
 
 def run_entry(entry: dict, base_dir: str, device: torch.device, timer: Optional[CudaTimer],
               args, tileops: Optional[dict] = None, rgk_torch: Optional[dict] = None,
-              host_us: Optional[float] = None) -> List[dict]:
+              host_us: Optional[Dict[str, float]] = None) -> List[dict]:
     from safetensors.torch import load_file
 
     op = entry.get("op")
@@ -860,8 +862,9 @@ def run_entry(entry: dict, base_dir: str, device: torch.device, timer: Optional[
             rows[name].update(ms=float(np.median(t_ms)), p10_ms=float(np.percentile(t_ms, 10)),
                               p90_ms=float(np.percentile(t_ms, 90)), calls=len(smp),
                               kernels_per_call=int(kmed) if kmed.is_integer() else kmed)
-        if RGK_TORCH_NAME in calls and host_us is not None and timer is not None:
-            rows[RGK_TORCH_NAME]["host_us"] = host_us
+        for pkg, us in (host_us or {}).items():
+            if pkg in calls:
+                rows[pkg]["host_us"] = us
     else:
         for name in calls:
             rows[name]["calls"] = 1  # ran once, untimed
@@ -937,9 +940,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
         rgk_torch, rgk_version, rgk_why = load_rgk_torch()
     print(f"rgk-torch: {rgk_version or f'not available ({rgk_why})'}", flush=True)
-    # Before anything else touches the process (the timer's first profiler session, TileOPs'
-    # import): see rgk_host_times.
-    host_us = rgk_host_times(entries, base_dir, device, rgk_torch) if rgk_torch else {}
+    # Before anything else touches the process (TileOPs' import, the timer's first profiler
+    # session): see package_host_times.
+    host_us = {RGK_TORCH_NAME: package_host_times(entries, base_dir, device, RGK_TORCH_NAME,
+                                                  rgk_torch)} if rgk_torch else {}
+    if args.skip_tileops:
+        tileops, tileops_version, why = None, None, "--skip-tileops"
+    elif device.type != "cuda":
+        tileops, tileops_version, why = None, None, "no CUDA device"
+    else:
+        tileops, tileops_version, why = load_tileops()
+    if tileops is None:
+        print(f"tileops: not available ({why}); timing the other alternatives", flush=True)
+    else:
+        print(f"tileops: {tileops_version}", flush=True)
+        host_us[TILEOPS_NAME] = package_host_times(entries, base_dir, device, TILEOPS_NAME,
+                                                   tileops)
 
     timer = None
     gpu = None
@@ -951,23 +967,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except Exception as exc:  # no usable kernel records: report errors only
             timing_error = "timing unavailable: " + _short_error(exc)
             traceback.print_exc(file=sys.stderr)
-    if args.skip_tileops:
-        tileops, tileops_version, why = None, None, "--skip-tileops"
-    elif device.type != "cuda":
-        tileops, tileops_version, why = None, None, "no CUDA device"
-    else:
-        tileops, tileops_version, why = load_tileops()
-    if tileops is None:
-        print(f"tileops: not available ({why}); timing the other alternatives", flush=True)
-    else:
-        print(f"tileops: {tileops_version}", flush=True)
     doc = {"torch": torch.__version__, "gpu": gpu, "device": device.type, "rows": [],
            "tileops": tileops_version, "tileops_unavailable": why,
            "rgk_torch": rgk_version, "rgk_torch_unavailable": rgk_why}
 
     for entry in entries:
+        key = _entry_key(entry)
+        entry_host_us = {pkg: t[key] for pkg, t in host_us.items() if key in t}
         for row in run_entry(entry, base_dir, device, timer, args, tileops, rgk_torch,
-                             host_us.get(_entry_key(entry))):
+                             entry_host_us if timer is not None else None):
             if timing_error and not row.get("error"):
                 row["error"] = timing_error
             print_row(row)
