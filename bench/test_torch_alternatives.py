@@ -413,6 +413,32 @@ def test_timing_flow():
     print("timing bookkeeping ok")
 
 
+def test_package_host_times():
+    """A package's host time per call is measured for every entry its op class can run; an
+    entry it cannot set up is left out (its own run reports the error), not fatal."""
+    sys.path.insert(0, HERE)
+    import torch_alternatives as ta
+
+    class Post(torch.nn.Module):  # a stand-in package: TileOPs' MHCPostFwdOp signature
+        def forward(self, x_layer_out, h_post, x_res):
+            return x_res.clone()
+
+    cases = [c for c in build_cases(np.random.default_rng(7)) if c[0]["op"] == "MHCPostFwd"]
+    with tempfile.TemporaryDirectory() as tmp:
+        entries = []
+        for entry, tensors, _ in cases:
+            fname = f"{entry['workload']}.safetensors"
+            save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(tmp, fname))
+            entries.append(dict(entry, file=fname))
+        entries.append({"op": "MHCPostFwd", "workload": "missing-file", "dtype": "bf16",
+                        "file": "does-not-exist.safetensors", "params": {}})
+        times = ta.package_host_times(entries, tmp, torch.device("cpu"), "stand-in",
+                                      {"MHCPostFwdOp": Post})
+    assert set(times) == {ta._entry_key(e) for e in entries[:-1]}, times
+    assert all(t > 0 for t in times.values()), times
+    print(f"host times ok ({len(times)} entries)")
+
+
 def test_script(with_compile):
     rng = np.random.default_rng(1234)
     cases = build_cases(rng)
@@ -492,8 +518,9 @@ def main():
     test_group_calls()
     test_timing_flow()
     check_bwd_np_by_finite_differences()
+    test_package_host_times()
     test_script(with_compile)
-    print("4 passed, 0 failed")
+    print("5 passed, 0 failed")
 
 
 if __name__ == "__main__":
