@@ -398,9 +398,10 @@ impl GraphReplay {
             self.cached.push(entry);
             return Ok(());
         }
-        // The legacy default stream (PyTorch's default) and the per-thread default stream
-        // cannot be captured, but a graph captured elsewhere can be launched into them.
-        let capture = if stream.is_null() || stream as usize == 0x2 {
+        // The legacy default stream (PyTorch's default: the null handle or `CU_STREAM_LEGACY`,
+        // 0x1) and the per-thread default stream (0x2) cannot be captured, but a graph
+        // captured elsewhere can be launched into them.
+        let capture = if stream.is_null() || stream as usize == 0x1 || stream as usize == 0x2 {
             if self.side.is_none() {
                 self.side = Some(gpu.context().new_stream()?);
             }

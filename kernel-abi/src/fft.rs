@@ -67,9 +67,11 @@ pub enum Form {
     Staged,
 }
 
-/// Whether a row of [`fft_pass_kernels!`](crate::fft_pass_kernels) is a valid pass kernel: a complex precision, a length
-/// `2^log_l` with `1 ≤ log_l ≤ 13`, `e` elements per thread a power of two in `2..=16` and at
-/// most the length, and `max_threads` a power of two in `32..=512`.
+/// Whether a row of [`fft_pass_kernels!`](crate::fft_pass_kernels) is a valid pass kernel: a
+/// complex precision, a length `2^log_l` with `1 ≤ log_l ≤ 13`, `e` elements per thread a power
+/// of two in `2..=16` and at most the length, at most 4 radix-`e` stages (the kernel body keeps
+/// the twiddles of three twiddled stages after the first), `max_threads` a power of two in
+/// `32..=512`, and one transform's `2^log_l / e` threads within `max_threads`.
 pub const fn pass_row_is_valid(precision: crate::Elem, log_l: u32, e: u32, max_threads: u32) -> bool {
     matches!(precision, crate::Elem::C64 | crate::Elem::C128)
         && log_l >= 1
@@ -78,9 +80,11 @@ pub const fn pass_row_is_valid(precision: crate::Elem, log_l: u32, e: u32, max_t
         && e >= 2
         && e <= 16
         && e <= 1 << log_l
+        && log_l.div_ceil(e.trailing_zeros()) <= 4
         && max_threads.is_power_of_two()
         && max_threads >= 32
         && max_threads <= 512
+        && (1 << log_l) / e <= max_threads
 }
 
 /// Rejects at compile time a row of [`fft_pass_kernels!`](crate::fft_pass_kernels) that is not a valid pass kernel.

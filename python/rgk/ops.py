@@ -58,18 +58,26 @@ try:
     _dispatch_modes = torch._C._len_torch_dispatch_stack
     _functorch_active = torch._C._are_functorch_transforms_active
     _profiling = torch.autograd._profiler_enabled
+    _jit_tracing = torch._C._get_tracing_state
+    _function_modes = torch._C._is_torch_function_mode_enabled
+    _forward_ad = torch.autograd.forward_ad
+    _forward_ad._current_level  # noqa: B018 (present, or AttributeError: no fast path)
 
     def _direct(*tensors) -> bool:
-        """Whether a call may skip torch's dispatcher: not traced by torch.compile, no
-        dispatch mode (fake tensors, flop counters), functorch transform or profiler active,
-        no gradient to record, every tensor a plain tensor or parameter, and not meta tensors
-        (the dispatcher's fake implementation gives their shapes)."""
-        if _is_compiling() or _dispatch_modes() or _functorch_active() or _profiling():
+        """Whether a call may skip torch's dispatcher: not traced (torch.compile,
+        torch.jit.trace), no dispatch or torch-function mode (fake tensors, flop counters),
+        functorch transform, forward-mode AD level or profiler active, no gradient to record,
+        every tensor a plain tensor or parameter that is not a lazy conjugate or negative view
+        (the dispatcher materialises those; the kernels would read the raw storage), and not
+        meta tensors (the dispatcher's fake implementation gives their shapes)."""
+        if (_is_compiling() or _dispatch_modes() or _functorch_active() or _profiling()
+                or _jit_tracing() is not None or _function_modes()
+                or _forward_ad._current_level >= 0):
             return False
         if _grad_enabled() and _any_requires_grad(*tensors):
             return False
         for t in tensors:
-            if type(t) not in _PLAIN:
+            if type(t) not in _PLAIN or t.is_conj() or t.is_neg():
                 return False
         return not tensors[0].is_meta
 except AttributeError:  # a torch without one of these: always through the dispatcher

@@ -213,22 +213,23 @@ impl Drop for Current {
 /// of its own, so the warm-up's plans do not serve it) or load a kernel family on first use:
 /// for the call, the thread's mode is relaxed (`cuThreadExchangeStreamCaptureMode`, the
 /// driver's way for a library to do such work during a capture); its launches on `stream`
-/// are captured as always.
+/// are captured as always. The very first call on a device cannot run inside a capture (the
+/// module load synchronises the context): it raises `RuntimeError` saying so, nothing launched.
 fn gpu(device: i64, stream: u64) -> PyResult<Current> {
     static GPUS: OnceLock<Mutex<HashMap<i64, Gpu>>> = OnceLock::new();
     let previous = cudarc::driver::result::ctx::get_current().map_err(|e| py_err(e.into()))?;
-    // No context current on this thread: torch cannot be capturing here.
-    let mut relaxed = RelaxedCapture(None);
-    if previous.is_some() && capturing(stream as CUstream)? {
-        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-        // SAFETY: sets this thread's mode; `relaxed` puts the previous one back on drop.
-        unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result().map_err(|e| py_err(e.into()))?;
-        relaxed.0 = Some(mode);
-    }
     let mut map = lock(GPUS.get_or_init(Default::default));
     let g = match map.get(&device) {
         Some(g) => g.clone(),
         None => {
+            // Loading the module synchronises the context, which no capture survives (torch's
+            // current context is the device's: torch made it current for the tensors).
+            if previous.is_some() && capturing(stream as CUstream)? {
+                return Err(PyRuntimeError::new_err(format!(
+                    "rgk: the first rgk call on cuda:{device} is inside a CUDA graph capture; call \
+                     any rgk op on this device once before capturing (torch.cuda.graph's warm-up does)"
+                )));
+            }
             let g = Gpu::new(device as usize).map_err(py_err)?;
             // torch orders all work on its own streams, and every plan here serves one stream:
             // cudarc's cross-stream buffer events would only add waits — and a wait on an event
@@ -239,8 +240,17 @@ fn gpu(device: i64, stream: u64) -> PyResult<Current> {
             g
         }
     };
+    drop(map);
     g.context().bind_to_thread().map_err(|e| py_err(e.into()))?;
-    Ok(Current { gpu: g, previous, _relaxed: relaxed })
+    // From here on an error drops `current`, which makes the previous context current again.
+    let mut current = Current { gpu: g, previous, _relaxed: RelaxedCapture(None) };
+    if capturing(stream as CUstream)? {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: sets this thread's mode; `RelaxedCapture` puts the previous one back on drop.
+        unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result().map_err(|e| py_err(e.into()))?;
+        current._relaxed.0 = Some(mode);
+    }
+    Ok(current)
 }
 
 /// Plans cached per key (device, shape, stream), at most [`CACHE_ENTRIES`] per op: a new key

@@ -91,6 +91,10 @@ def test_fake_tensor_shapes():
         assert y_t.shape == (4, 512) and state.shape == (4, 20, 512)
 
 
+def assert_not_direct(t):
+    assert not rgk.ops._direct(t)
+
+
 def test_front_end_goes_through_the_dispatcher_when_it_must():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from rgk.ops import _direct
@@ -105,6 +109,16 @@ def test_front_end_goes_through_the_dispatcher_when_it_must():
     with torch.autograd.profiler.profile():
         assert not _direct(x)
     assert not _direct(x, [1, 2])
+    # Lazy conjugate and negative views: the dispatcher materialises them.
+    assert not _direct(x.conj())
+    assert not _direct(x, torch._neg_view(torch.zeros(2)))
+    # torch.jit.trace must see the op; forward-mode AD must see its duals.
+    torch.jit.trace(lambda t: (assert_not_direct(t), t + 1)[1], (torch.zeros(2),), check_trace=False)
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level():
+        assert not _direct(fwAD.make_dual(torch.zeros(2), torch.ones(2)))
+    with torch.overrides.TorchFunctionMode():
+        assert not _direct(x)
     # Meta tensors outside a fake mode: shapes, nothing launched.
     assert rgk.ops.mhc_post(*post_inputs(3, 4, 64, "meta")).shape == (3, 256)
 
@@ -345,6 +359,10 @@ def test_front_end_direct_path_matches_the_dispatcher_bitwise():
         for d, o in zip(direct if isinstance(direct, tuple) else (direct,),
                         dispatched if isinstance(dispatched, tuple) else (dispatched,)):
             assert d.dtype == o.dtype and d.shape == o.shape and torch.equal(d, o), op
+    # A lazy conjugate view: the front end must transform the conjugate, not the raw storage.
+    x = torch.randn(4, 256, dtype=torch.complex64, device=DEV)
+    assert torch.equal(rgk.ops.fft_c2c(x.conj()), rgk.ops.fft_c2c(x.conj().resolve_conj()))
+    assert not torch.equal(rgk.ops.fft_c2c(x.conj()), rgk.ops.fft_c2c(x))
 
 
 def fresh_like(args, seed):

@@ -421,7 +421,8 @@ impl FftPlan {
     /// directly. Errors: those of [`FftPlan::execute_raw`].
     ///
     /// # Safety
-    /// As [`FftPlan::execute_raw`]; `stream` belongs to `gpu`'s context.
+    /// As [`FftPlan::execute_raw`]; `stream` belongs to `gpu`'s context, and the plan outlives
+    /// the launches (nothing here orders its drop after them).
     pub unsafe fn run_raw(&mut self, gpu: &Gpu, x: CUdeviceptr, y: CUdeviceptr, stream: CUstream) -> Result<()> {
         if self.passes.len() < 2 {
             return self.execute_raw(gpu, x, y, stream);

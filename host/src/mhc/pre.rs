@@ -727,6 +727,8 @@ impl MhcPre {
     /// # Safety
     /// As [`pre_fwd_raw`] for the pointers; `stream` belongs to `gpu`'s context, and all calls
     /// with one `MhcPre` are ordered on one stream (the workspace carries state between them).
+    /// The workspace's buffer events are recorded on [`Gpu::stream`], not on `stream`: with
+    /// another stream, the caller keeps this `MhcPre` alive until its launches finish.
     pub unsafe fn run_raw(
         &mut self,
         gpu: &Gpu,
