@@ -85,22 +85,36 @@ fn pyenv_python(root: &Path) -> PathBuf {
     root.join("target/pyenv/bin/python")
 }
 
-/// Builds the `rgk` wheel with maturin (`profile`: cargo's) into `out`; returns its path.
-fn build_wheel(root: &Path, profile: &str, out: &Path) -> Result<PathBuf, String> {
+/// Builds the `rgk` wheel with maturin into `out` (emptied first), `options` added to `maturin
+/// build`; returns its path. The environment's folder leads `PATH`: maturin runs `python -m
+/// ziglang` (`--zig`) with the first `python` there.
+fn build_wheel(root: &Path, options: &[&str], out: &Path) -> Result<PathBuf, String> {
     let py = pyenv_python(root);
     let _ = fs::remove_dir_all(out);
-    // `linux`: the wheel installs wherever this machine's glibc or a newer one runs (the GPU
-    // machine's Python among them); no manylinux audit.
+    let bin = py.parent().expect("the interpreter's folder");
+    let path = env::join_paths(
+        std::iter::once(bin.to_path_buf()).chain(env::split_paths(&env::var_os("PATH").unwrap_or_default())),
+    )
+    .map_err(|e| e.to_string())?;
     let status = Command::new(&py)
-        .args(["-m", "maturin", "build", "--quiet", "--profile", profile, "--compatibility", "linux"])
+        .args(["-m", "maturin", "build"])
+        .args(options)
         .args(["-m", "python/Cargo.toml", "-o"])
         .arg(out)
+        .env("PATH", path)
         .status()
         .map_err(|e| format!("{} -m maturin: {e} (run ./x setup)", py.display()))?;
     if !status.success() {
         return Err("maturin build of the rgk wheel failed".into());
     }
     walk(out).into_iter().find(|p| p.extension().is_some_and(|e| e == "whl")).ok_or("maturin wrote no wheel".into())
+}
+
+/// The wheel for tests and the GPU machine (`profile`: cargo's). `linux`: it installs wherever
+/// this machine's glibc or a newer one runs (the GPU machine's Python among them); no
+/// manylinux audit.
+fn test_wheel(root: &Path, profile: &str, out: &Path) -> Result<PathBuf, String> {
+    build_wheel(root, &["--quiet", "--profile", profile, "--compatibility", "linux"], out)
 }
 
 /// The distributable wheel: release, `manylinux_2_28`, linked with zig against glibc 2.28.
@@ -111,26 +125,8 @@ fn dist_wheel(root: &Path, out: Option<&str>) -> Result<(), String> {
         return Err(format!("no zig: {} -m pip install ziglang (./x setup makes the environment)", py.display()));
     }
     let out = out.map_or_else(|| root.join("target/dist"), PathBuf::from);
-    let _ = fs::remove_dir_all(&out);
-    // maturin runs `python -m ziglang` with the first `python` on PATH: the environment's.
-    let bin = py.parent().expect("the interpreter's folder");
-    let path = env::join_paths(
-        std::iter::once(bin.to_path_buf()).chain(env::split_paths(&env::var_os("PATH").unwrap_or_default())),
-    )
-    .map_err(|e| e.to_string())?;
-    let status = Command::new(&py)
-        .args(["-m", "maturin", "build", "--release", "--zig", "--compatibility", "manylinux_2_28"])
-        .args(["-m", "python/Cargo.toml", "-o"])
-        .arg(&out)
-        .env("PATH", path)
-        .status()
-        .map_err(|e| format!("{} -m maturin: {e} (run ./x setup)", py.display()))?;
-    if !status.success() {
-        return Err("maturin build of the manylinux wheel failed".into());
-    }
-    for w in walk(&out).into_iter().filter(|p| p.extension().is_some_and(|e| e == "whl")) {
-        println!("{}", w.display());
-    }
+    let wheel = build_wheel(root, &["--release", "--zig", "--compatibility", "manylinux_2_28"], &out)?;
+    println!("{}", wheel.display());
     Ok(())
 }
 
@@ -139,7 +135,7 @@ fn python_test(root: &Path) -> Result<(), String> {
     if !py.is_file() {
         return Err(format!("{} is missing: ./x setup makes it (torch, maturin, pytest)", py.display()));
     }
-    let wheel = build_wheel(root, "dev", &root.join("target/wheels"))?;
+    let wheel = test_wheel(root, "dev", &root.join("target/wheels"))?;
     let run = |args: &[&str], what: &str| -> Result<(), String> {
         // From target/: the source tree's `python/rgk` (no native module) must not shadow the
         // installed package.
@@ -321,7 +317,7 @@ fn device_pack(root: &Path) -> Result<(), String> {
     // machine has torch but no pytest and no network).
     if pyenv_python(root).is_file() {
         let wheels = dir.join("wheels");
-        build_wheel(root, "release", &wheels)?;
+        test_wheel(root, "release", &wheels)?;
         let status = Command::new(pyenv_python(root))
             .args(["-m", "pip", "download", "--quiet", "--no-deps", "-d"])
             .arg(&wheels)
