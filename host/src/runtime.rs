@@ -411,7 +411,10 @@ impl GraphReplay {
         };
         sys::cuStreamBeginCapture_v2(capture, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .result()?;
+        // Ends the capture should `body` unwind, so that the stream does not stay capturing.
+        let guard = EndCaptureOnUnwind(capture);
         let launched = body(capture);
+        std::mem::forget(guard);
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         let ended = sys::cuStreamEndCapture(capture, &mut graph).result();
         if let Err(e) = launched.and(ended.map_err(Error::from)) {
@@ -423,6 +426,9 @@ impl GraphReplay {
         if graph.is_null() {
             return Err(Error::Shape { arg: "graph", msg: "stream capture recorded nothing".into() });
         }
+        // A full cache drops its least recently used graph. Updating that executable graph to
+        // the new capture (`cuGraphExecUpdate`) instead of instantiating another gained
+        // nothing: 40.5 µs against 40.1 µs host time per miss (MHCPreFwd, H200).
         let mut exec: sys::CUgraphExec = std::ptr::null_mut();
         if let Err(e) = sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0).result() {
             let _ = sys::cuGraphDestroy(graph);
@@ -435,5 +441,21 @@ impl GraphReplay {
         }
         self.cached.push((key, g));
         Ok(())
+    }
+}
+
+/// Ends the stream capture of its stream when dropped (only on unwinding: the normal path
+/// forgets it and ends the capture itself), discarding the partial graph.
+struct EndCaptureOnUnwind(sys::CUstream);
+
+impl Drop for EndCaptureOnUnwind {
+    fn drop(&mut self) {
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: the stream is capturing (begun by `GraphReplay::run`), on this thread.
+        unsafe {
+            if sys::cuStreamEndCapture(self.0, &mut graph) == sys::CUresult::CUDA_SUCCESS && !graph.is_null() {
+                let _ = sys::cuGraphDestroy(graph);
+            }
+        }
     }
 }

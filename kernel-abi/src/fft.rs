@@ -57,7 +57,9 @@ kernel_args! {
 pub enum Form {
     /// Every stage's twiddles loaded at kernel entry, in flight with the data loads.
     Hoisted,
-    /// Twiddles loaded in each stage after its barrier (fewer registers).
+    /// Twiddles loaded in each stage after its barrier (fewer registers: the 8192-point c64 /
+    /// 4096-point c128 passes at 16 elements, and the 1024-point and longer passes of
+    /// `n ≥ 2^20`, whose column blocks the hoisted kernels' registers would halve).
     PerStage,
     /// Hoisted, with two shared-memory Stockham buffers: one barrier per stage instead of two.
     PingPong,
@@ -87,23 +89,85 @@ pub const fn pass_row_is_valid(precision: crate::Elem, log_l: u32, e: u32, max_t
         && (1 << log_l) / e <= max_threads
 }
 
-/// Rejects at compile time a row of [`fft_pass_kernels!`](crate::fft_pass_kernels) that is not a valid pass kernel.
-macro_rules! check_pass_rows {
+impl Form {
+    /// Whether every stage's twiddles are loaded at kernel entry (all but [`Form::PerStage`]).
+    pub const fn hoists_twiddles(self) -> bool {
+        !matches!(self, Self::PerStage)
+    }
+    /// Whether the pass uses two shared-memory Stockham buffers.
+    pub const fn ping_pong(self) -> bool {
+        matches!(self, Self::PingPong)
+    }
+    /// Whether the row pass's input is staged into shared memory by `cp.async`.
+    pub const fn staged(self) -> bool {
+        matches!(self, Self::Staged)
+    }
+    /// One line: how the pass gets its twiddles and uses shared memory.
+    pub const fn about(self) -> &'static str {
+        match self {
+            Self::Hoisted => "pass, every stage's twiddles loaded at kernel entry",
+            Self::PerStage => "pass, each stage's twiddles loaded after its barrier",
+            Self::PingPong => "pass, twiddles hoisted, two shared-memory buffers (one barrier per stage)",
+            Self::Staged => "pass, twiddles hoisted, input staged into shared memory by cp.async",
+        }
+    }
+}
+
+/// An FFT pass kernel variant (a type of [`pass_policies`]).
+pub trait FftPassPolicy: crate::Policy {
+    /// `C64` or `C128`.
+    const PRECISION: crate::Elem;
+    /// `log2` of the transform length.
+    const LOG_L: u32;
+    /// Elements per thread (the radix of its stages).
+    const E: u32;
+    /// Twiddles and shared memory.
+    const FORM: Form;
+    /// The most threads per block the planner gives it (from its sm_90 registers).
+    const MAX_THREADS: u32;
+    /// Evaluates to `()`, or stops the build where the policy is not a valid pass kernel
+    /// ([`pass_row_is_valid`]; every generated policy is checked, the error names the type).
+    const VALID: () = assert!(
+        pass_row_is_valid(Self::PRECISION, Self::LOG_L, Self::E, Self::MAX_THREADS),
+        "the FFT pass policy is not a valid pass kernel"
+    );
+}
+
+/// Declares the policy type of each row of [`fft_pass_kernels!`](crate::fft_pass_kernels),
+/// rejecting at compile time a row that is not a valid pass kernel.
+macro_rules! pass_policy_types {
     ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
-        $(const _: () = {
-            assert!(
-                pass_row_is_valid($crate::elem!($prec), $log_l, $e, $max),
-                concat!(stringify!($name), ": not a valid pass kernel")
-            );
-            let _ = Form::$form;
-        };)*
+        $(
+            #[doc = concat!("[`", stringify!($form), "`](crate::Form::", stringify!($form), "), ", stringify!($prec), ", length 2^", stringify!($log_l), ", ", stringify!($e), " elements per thread, at most ", stringify!($max), " threads.")]
+            #[allow(non_camel_case_types)]
+            #[derive(Clone, Copy, Debug)]
+            pub struct $name;
+            impl $crate::Policy for $name {
+                const ENTRY: &'static str = stringify!($name);
+                const ABOUT: &'static str = $crate::Form::$form.about();
+            }
+            impl $crate::FftPassPolicy for $name {
+                const PRECISION: $crate::Elem = $crate::elem!($prec);
+                const LOG_L: u32 = $log_l;
+                const E: u32 = $e;
+                const FORM: $crate::Form = $crate::Form::$form;
+                const MAX_THREADS: u32 = $max;
+            }
+            const _: () = <$name as $crate::FftPassPolicy>::VALID;
+        )*
     };
 }
-crate::fft_pass_kernels!(check_pass_rows);
+
+/// The FFT pass kernel variants, one type per row of
+/// [`fft_pass_kernels!`](crate::fft_pass_kernels) (named after its PTX entry).
+pub mod pass_policies {
+    crate::fft_pass_kernels!(pass_policy_types);
+}
 
 /// The FFT pass kernels, one row per PTX entry: `name: precision, log_l, e, form, max_threads;`
 /// (length `2^log_l`, `e` elements per thread; `form`: a [`Form`]; `max_threads`: the most
-/// threads per block the planner gives it, from its sm_90 registers). Each row is checked by
+/// threads per block the planner gives it, from its sm_90 registers). Each row is a type of
+/// [`pass_policies`], checked by
 /// [`pass_row_is_valid`] at compile time. Expands to `$cb! { rows }`: the device crate declares
 /// each entry from it (`kernels-gpu/src/fft/stockham.rs`), the host builds its kernel table
 /// from it (`host/src/fft/plan.rs`), so the two cannot list different kernels.

@@ -15,13 +15,16 @@
 //! Each op family's variants are one kernel list here (`fft_pass_kernels!`, `gate_kernels!`,
 //! `decode_kernels!`, `mhc_pre_kernels!`, `mhc_post_kernels!`): one named row per PTX entry
 //! giving its kernel body (an enum such as [`GateKernel`], one documented variant per body) and
-//! its parameters (element type, sizes). Rows are checked at compile time where a body takes
-//! only some parameters ([`GateKernel::accepts`], [`DecodeKernel::accepts`],
-//! [`pass_row_is_valid`]), in both crates. The device crate declares one entry per row from
-//! the list; the host derives the entry names and its kernel tables from the same list, so the
-//! two cannot name different kernels. A variant is a row (a value the host's planners choose
-//! at run time), not a type: the host selects kernels per shape at run time, and the device
-//! instantiates each row's body with the row's literals.
+//! its parameters (element type, sizes). Where a body takes parameters, each row is also a
+//! **policy type** ([`gate_policies`], [`decode_policies`], [`pass_policies`]): a zero-sized
+//! type named after its entry, implementing [`Policy`] (entry name, one-line description) and
+//! its family's trait ([`GatePolicy`], [`DecodePolicy`], [`FftPassPolicy`]) whose associated
+//! consts are the row's body and parameters. A combination the body does not take
+//! ([`GateKernel::accepts`], [`DecodeKernel::accepts`], [`pass_row_is_valid`]) stops the build
+//! of both crates. The device crate instantiates each entry's body with its policy's consts;
+//! the host builds its kernel tables from the same policies, so the two cannot name different
+//! kernels or disagree on a kernel's parameters. The planners choose among the policies per
+//! shape at run time, through those tables.
 //!
 //! Sizes and constants both sides use (shared-memory layouts, per-thread chunk counts) live
 //! here too. `no_std`, no dependencies: the device crate compiles it for
@@ -70,6 +73,15 @@ macro_rules! elem {
     (c128) => {
         $crate::Elem::C128
     };
+}
+
+/// A kernel variant as a type: a kernel body with its parameters (one row of a family's kernel
+/// list). Each family adds a trait with the parameters as associated consts.
+pub trait Policy {
+    /// The PTX entry (the type's own name).
+    const ENTRY: &'static str;
+    /// One line: the kernel body this variant runs.
+    const ABOUT: &'static str;
 }
 
 /// A kernel's argument struct, declared by [`kernel_args!`].

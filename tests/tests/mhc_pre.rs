@@ -330,6 +330,69 @@ fn graph_replay_matches_direct_launches() {
     }
 }
 
+/// A plan serving more output sets than its graph cache keeps (32; e.g. one plan for many
+/// layers of one shape): every call of the second cycle misses and replaces the least recently
+/// used graph. Two cycles over 40 output sets, each output poisoned before its call and
+/// bitwise equal to direct launches after it.
+#[test]
+fn graph_cache_beyond_its_capacity_stays_bitwise_direct_launches() {
+    let Some(gpu) = gpu_or_skip("mhc_pre::graph_cache_beyond_its_capacity") else { return };
+    let mut rng = fresh_rng("mhc_pre::graph_cache_beyond_its_capacity");
+    let s = MhcPreShape { batch: 2, n: 4, c: 1280 };
+    let l = s.lens().unwrap();
+    let st = gpu.stream();
+    let mut graphed = MhcPre::new(&gpu, s).unwrap();
+    let plan = *graphed.plan();
+    let mut ws = st.alloc_zeros::<u64>(plan.workspace).unwrap();
+    let inp = inputs(&mut rng, s, 1.0 / ((s.n * s.c) as f32).sqrt(), 1.0);
+    let p = MhcPreParams::default();
+    let want = run_raw(&gpu, &plan, &mut ws, p, &inp);
+    let dphi = st.clone_htod(&inp.phi).unwrap();
+    let dx = st.clone_htod(&inp.x).unwrap();
+    let db = st.clone_htod(&inp.b).unwrap();
+    let mut outs: Vec<_> = (0..40)
+        .map(|_| {
+            let dr = st.alloc_zeros::<bf16>(l.x).unwrap();
+            let dy = st.alloc_zeros::<bf16>(l.x_layer).unwrap();
+            let dh = st.alloc_zeros::<f32>(l.h_post).unwrap();
+            (dr, dy, dh)
+        })
+        .collect();
+    // Host time of the calls that fill the cache (the first 32) and of those that evict.
+    let (mut filling, mut full) = (Vec::new(), Vec::new());
+    for cycle in 0..2 {
+        for (i, (dr, dy, dh)) in outs.iter_mut().enumerate() {
+            st.memcpy_htod(&poisoned::<bf16>(l.x), dr).unwrap();
+            st.memcpy_htod(&poisoned::<bf16>(l.x_layer), dy).unwrap();
+            st.memcpy_htod(&vec![f32::NAN; l.h_post], dh).unwrap();
+            st.synchronize().unwrap();
+            let t = std::time::Instant::now();
+            graphed.run(&gpu, p, pre_in(&dphi, &dx, &db), pre_out(dr, dy, dh)).unwrap();
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            if cycle == 0 && i < 32 {
+                instantiate.push(us)
+            } else {
+                update.push(us)
+            }
+            let got = Outputs {
+                x_res: st.clone_dtoh(dr).unwrap(),
+                x_layer: st.clone_dtoh(dy).unwrap(),
+                h_post: st.clone_dtoh(dh).unwrap(),
+            };
+            assert!(bits(&got) == bits(&want), "cycle {cycle}, output set {i}: graph differs from direct launches");
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "graph cache: a new key costs {:.1} µs while the cache fills and {:.1} µs once it is full (capture + instantiate), host time, median",
+        median(&mut filling),
+        median(&mut full)
+    );
+}
+
 /// The raw entry with a caller-owned workspace: the fixed-point pair's workspace zeroed once
 /// and then left to the kernels across five calls; the stored-partials pair's (n > 4) full of
 /// garbage (NaN bits, then the previous call's partials) — kernel 1 overwrites every word

@@ -239,8 +239,9 @@ fn ld_path() -> String {
     p
 }
 
-/// `cargo test --no-run` JSON messages → the test executables.
-fn test_executables() -> Result<Vec<PathBuf>, String> {
+/// `cargo test --no-run` JSON messages → the test executables, each with its target's source
+/// file.
+fn test_executables() -> Result<Vec<(PathBuf, PathBuf)>, String> {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .args(["test", "--workspace", "--release", "--no-run", "--message-format=json"])
@@ -254,8 +255,8 @@ fn test_executables() -> Result<Vec<PathBuf>, String> {
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
         if v["reason"] == "compiler-artifact" && v["profile"]["test"] == true {
-            if let Some(exe) = v["executable"].as_str() {
-                exes.push(PathBuf::from(exe));
+            if let (Some(exe), Some(src)) = (v["executable"].as_str(), v["target"]["src_path"].as_str()) {
+                exes.push((PathBuf::from(exe), PathBuf::from(src)));
             }
         }
     }
@@ -283,17 +284,22 @@ fn device_pack(root: &Path) -> Result<(), String> {
     let dir = root.join(".device");
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(dir.join("tests")).map_err(|e| e.to_string())?;
-    for exe in test_executables()? {
+    for (exe, src) in test_executables()? {
         // target/debug/deps/mhc_post-0123abcd → .device/tests/mhc_post
         let name = exe.file_name().unwrap().to_string_lossy().to_string();
         let short = name.rsplit_once('-').map_or(name.as_str(), |(a, _)| a).to_string();
-        // CPU-only test executables run here (and in CI); the GPU machine gets the rest.
+        // CPU-only test executables run here (and in CI); the GPU machine gets the rest. The
+        // CPU simulation's tests (`sim/`) share their names with the GPU tests of `tests/`.
         if ["nvptx_link", "ptx_build", "xtask", "rgk_tests", "rgk_bench"].contains(&short.as_str())
             || short.ends_with("_cpu")
+            || src.starts_with(root.join("sim"))
         {
             continue;
         }
-        let dest = dir.join("tests").join(short);
+        let dest = dir.join("tests").join(&short);
+        if dest.exists() {
+            return Err(format!("two test executables named {short}: {}", exe.display()));
+        }
         fs::copy(&exe, &dest).map_err(|e| e.to_string())?;
         // Debug info makes each test executable ~50 MB; the device tool carries 64 MiB in all.
         let _ = Command::new("strip").arg(&dest).status();

@@ -18,32 +18,38 @@ use kernel_abi::{
     decode_finish_warp_shared_bytes, decode_project_shared_bytes, EngramDecodeArgs, DECODE_FINISH_BLOCK_SHARED_BYTES,
     DECODE_MMA_K_STEP, DECODE_MMA_TILE_COLS,
 };
+use kernel_abi::{decode_policies, DecodePolicy, Elem, Policy};
 
 use crate::error::{check_len, check_positive, checked_product};
 use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, Planned, StreamOrder};
 use crate::{Error, Gpu, Result};
 
-/// The decode step's PTX entries, from `kernel_abi::decode_kernels!` (the list the kernels are
-/// declared from): [`KERNELS`] ([`planned_kernels`] launches each of them) and the entry of
-/// each `(kernel, dtype, cols)`.
+/// The decode step's PTX entries, from the policy types of `kernel_abi::decode_kernels!` (the
+/// list the kernels are declared from): [`KERNELS`] ([`planned_kernels`] launches each of them)
+/// and [`POLICIES`], which [`entry_of`] searches.
 macro_rules! decode_entry_table {
     ($($name:ident: $kind:ident, $dt:ident, $cols:literal;)*) => {
         /// Every PTX entry of the decode step.
-        pub(crate) const KERNELS: &[&str] = &[$(stringify!($name),)*];
-
-        /// The entry of `kind` in `dtype` with `cols` columns per lane or thread; `None` where
-        /// the family has no such kernel.
-        fn entry_of(kind: DecodeKernel, dtype: DecodeDtype, cols: u32) -> Option<&'static str> {
-            $(if kind == DecodeKernel::$kind && dtype == decode_entry_table!(@dtype $dt) && cols == $cols {
-                return Some(stringify!($name));
-            })*
-            None
-        }
+        pub(crate) const KERNELS: &[&str] = &[$(<decode_policies::$name as Policy>::ENTRY,)*];
+        /// Every policy's kernel, element type, columns and entry.
+        const POLICIES: &[(DecodeKernel, Elem, u32, &str)] = &[$(policy_row::<decode_policies::$name>(),)*];
     };
-    (@dtype f16) => { DecodeDtype::F16 };
-    (@dtype bf16) => { DecodeDtype::Bf16 };
 }
 kernel_abi::decode_kernels!(decode_entry_table);
+
+const fn policy_row<P: DecodePolicy>() -> (DecodeKernel, Elem, u32, &'static str) {
+    (P::KERNEL, P::ELEM, P::COLS, P::ENTRY)
+}
+
+/// The entry of `kind` in `dtype` with `cols` columns per lane or thread; `None` where the
+/// family has no such kernel.
+fn entry_of(kind: DecodeKernel, dtype: DecodeDtype, cols: u32) -> Option<&'static str> {
+    let elem = match dtype {
+        DecodeDtype::F16 => Elem::F16,
+        DecodeDtype::Bf16 => Elem::Bf16,
+    };
+    POLICIES.iter().find(|&&(k, e, c, _)| k == kind && e == elem && c == cols).map(|row| row.3)
+}
 
 /// [`entry_of`], or [`Error::MissingKernel`] naming what the plan asked for (a planner/table
 /// mismatch, which the planner sweep tests would show).

@@ -22,6 +22,7 @@ use kernel_abi::engram::gate::layout::{
     GRAD_ROWS,
 };
 use kernel_abi::engram::gate::{chunk_row_magic, warp_row_magic, DconvScratch, GateKernel};
+use kernel_abi::{gate_policies, Elem, GatePolicy, Policy};
 use kernel_abi::{GateBwdArgs, GateBwdReduceArgs, GateBwdSplitArgs, GateFwdArgs, GateFwdSmemArgs};
 
 /// `eps` of the three rmsnorms (docs/ops.md §4).
@@ -29,29 +30,30 @@ pub const EPS: f32 = 1e-6;
 /// Causal conv kernel size (docs/ops.md §4).
 pub const KERNEL_SIZE: usize = CONV_TAPS;
 
-/// The family's PTX entries, from `kernel_abi::gate_kernels!` (the list the kernels are
-/// declared from): [`KERNELS`] (each launched by some plan: [`planned_kernels`]) and the entry
-/// of each `(kernel, dtype, nv)`.
+/// The family's PTX entries, from the policy types of `kernel_abi::gate_kernels!` (the list the
+/// kernels are declared from): [`KERNELS`] (each launched by some plan: [`planned_kernels`])
+/// and [`POLICIES`], which [`entry_of`] searches.
 macro_rules! gate_entry_table {
     ($($name:ident: $kind:ident, $dt:ident, $nv:literal;)*) => {
         /// Every PTX entry of the family.
-        pub(crate) const KERNELS: &[&str] = &[$(stringify!($name),)*];
-
-        /// The entry of `kind` for `dtype` (`bf16`: bf16, else f16; ignored by the reductions)
-        /// with `nv` chunks per lane of a resident row (0 for the others); `None` where the
-        /// family has no such kernel.
-        fn entry_of(kind: GateKernel, bf16: bool, nv: usize) -> Option<&'static str> {
-            match (kind, bf16, nv) {
-                $((GateKernel::$kind, gate_entry_table!(@bf16 $dt), $nv) => Some(stringify!($name)),)*
-                _ => None,
-            }
-        }
+        pub(crate) const KERNELS: &[&str] = &[$(<gate_policies::$name as Policy>::ENTRY,)*];
+        /// Every policy's kernel, element type, chunks per lane and entry.
+        const POLICIES: &[(GateKernel, Elem, u32, &str)] = &[$(policy_row::<gate_policies::$name>(),)*];
     };
-    (@bf16 bf16) => { true };
-    (@bf16 f16) => { false };
-    (@bf16 f32) => { _ };
 }
 kernel_abi::gate_kernels!(gate_entry_table);
+
+const fn policy_row<P: GatePolicy>() -> (GateKernel, Elem, u32, &'static str) {
+    (P::KERNEL, P::ELEM, P::NV, P::ENTRY)
+}
+
+/// The entry of `kind` for `dtype` (`bf16`: bf16, else f16; ignored by the f32 reductions) with
+/// `nv` chunks per lane of a resident row (0 for the others); `None` where the family has no
+/// such kernel.
+fn entry_of(kind: GateKernel, bf16: bool, nv: usize) -> Option<&'static str> {
+    let dtype_ok = |e: Elem| !e.is_half() || (e == Elem::Bf16) == bf16;
+    POLICIES.iter().find(|&&(k, e, n, _)| k == kind && dtype_ok(e) && n as usize == nv).map(|row| row.3)
+}
 
 /// [`entry_of`], or [`Error::MissingKernel`] naming what the plan asked for (a planner/table
 /// mismatch, which the planner sweep test would show).

@@ -3,7 +3,7 @@
 //! [`super::FftPlan`] launches. No GPU needed except for the persistent-grid sizes ([`persist`],
 //! given the device's SM count and occupancy); the CPU simulation (`sim/tests/fft.rs`) runs the same plans.
 use super::Precision;
-use kernel_abi::FftPassArgs;
+use kernel_abi::{pass_policies, Elem, FftPassArgs, FftPassPolicy, Policy};
 
 /// Longest transform one block computes, log2, by element size: c64 `2^13` (68 KiB of shared
 /// memory, 512 threads), c128 `2^12` (68 KiB, 256 threads; its registers rule out 512).
@@ -38,7 +38,8 @@ const COLUMN_SMEM: usize = 160 * 1024;
 /// list in `kernel_abi`).
 pub use kernel_abi::fft::Form;
 
-/// A PTX entry of the FFT (kernels-gpu/src/fft/stockham.rs `entry!`).
+/// A PTX entry of the FFT: a pass policy of `kernel_abi::pass_policies` as a value (the entries
+/// are declared in kernels-gpu/src/fft/stockham.rs).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Kernel {
     pub name: &'static str,
@@ -54,31 +55,34 @@ pub struct Kernel {
     pub max_threads: u32,
 }
 
-/// The kernel table from `kernel_abi::fft_pass_kernels!` (`name: precision, log_l, e, form,
-/// max_threads;` per PTX entry), giving [`KERNELS`] and [`PTX_ENTRIES`].
+/// The kernel table from the policy types of `kernel_abi::fft_pass_kernels!` (one per PTX
+/// entry), giving [`KERNELS`] and [`PTX_ENTRIES`].
 macro_rules! kernel_table {
     ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
         /// Every FFT kernel the planner launches (one row per PTX entry).
-        pub const KERNELS: &[Kernel] = &[
-            $(Kernel {
-                name: stringify!($name),
-                c128: kernel_table!(@c128 $prec),
-                log_l: $log_l,
-                e: $e,
-                form: Form::$form,
-                max_threads: $max,
-            },)*
-        ];
+        pub const KERNELS: &[Kernel] = &[$(Kernel::of::<pass_policies::$name>(),)*];
         /// The FFT family's PTX entries: the names of [`KERNELS`] and the copy-chain floor's
         /// kernel (`super::CopyChain`).
-        pub(crate) const PTX_ENTRIES: &[&str] = &[$(stringify!($name),)* super::floor::KERNEL];
+        pub(crate) const PTX_ENTRIES: &[&str] = &[$(<pass_policies::$name as Policy>::ENTRY,)* super::floor::KERNEL];
     };
-    (@c128 c64) => { false };
-    (@c128 c128) => { true };
 }
 use Form::{Hoisted, PerStage, PingPong, Staged};
 
 kernel_abi::fft_pass_kernels!(kernel_table);
+
+impl Kernel {
+    /// The table row of pass policy `P`.
+    const fn of<P: FftPassPolicy>() -> Kernel {
+        Kernel {
+            name: P::ENTRY,
+            c128: matches!(P::PRECISION, Elem::C128),
+            log_l: P::LOG_L,
+            e: P::E,
+            form: P::FORM,
+            max_threads: P::MAX_THREADS,
+        }
+    }
+}
 
 /// The kernel of `form` for length `2^log_l`. Panics if there is none: the tuning table names
 /// only existing kernels (`plan::tests::every_row_plans_existing_kernels`).

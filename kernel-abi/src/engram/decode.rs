@@ -146,20 +146,69 @@ impl DecodeKernel {
     }
 }
 
-/// Rejects at compile time a row of [`decode_kernels!`](crate::decode_kernels) its kernel does not accept.
-macro_rules! check_decode_rows {
+impl DecodeKernel {
+    /// One line: what the body does.
+    pub const fn about(self) -> &'static str {
+        match self {
+            Self::ProjectScalar => "projection on CUDA-core FMAs, one column per lane",
+            Self::ProjectMma => "projection on tensor cores, any batch, 8 columns per warp tile",
+            Self::ProjectMmaB8K16 => "projection on tensor cores for batch <= 8 and d_mem % 16 == 0",
+            Self::FinishWarpShared => "finish: partials summed into shared memory, warp 0 finishing the row",
+            Self::FinishWarpKv => "finish: partials summed into the kv workspace, warp 0 finishing the row",
+            Self::FinishBlock => "finish: the whole block finishing the row",
+        }
+    }
+}
+
+/// A decode-step kernel variant (a type of [`decode_policies`]).
+pub trait DecodePolicy: crate::Policy {
+    /// The kernel body.
+    const KERNEL: DecodeKernel;
+    /// The 16-bit element type.
+    const ELEM: crate::Elem;
+    /// Columns per lane or thread.
+    const COLS: u32;
+    /// Evaluates to `()`, or stops the build where [`DecodeKernel::accepts`] rejects the
+    /// policy (every generated policy is checked; the error names the type).
+    const VALID: () = assert!(
+        Self::KERNEL.accepts(Self::ELEM, Self::COLS),
+        "the decode policy's kernel does not take its dtype and cols"
+    );
+}
+
+/// Declares the policy type of each row of [`decode_kernels!`](crate::decode_kernels),
+/// rejecting at compile time a row its kernel does not accept.
+macro_rules! decode_policy_types {
     ($($name:ident: $kind:ident, $dt:ident, $cols:literal;)*) => {
-        $(const _: () = assert!(
-            DecodeKernel::$kind.accepts($crate::elem!($dt), $cols),
-            concat!(stringify!($name), ": the kernel does not take this dtype and cols")
-        );)*
+        $(
+            #[doc = concat!("[`", stringify!($kind), "`](crate::DecodeKernel::", stringify!($kind), "), ", stringify!($dt), ", ", stringify!($cols), " columns.")]
+            #[allow(non_camel_case_types)]
+            #[derive(Clone, Copy, Debug)]
+            pub struct $name;
+            impl $crate::Policy for $name {
+                const ENTRY: &'static str = stringify!($name);
+                const ABOUT: &'static str = $crate::DecodeKernel::$kind.about();
+            }
+            impl $crate::DecodePolicy for $name {
+                const KERNEL: $crate::DecodeKernel = $crate::DecodeKernel::$kind;
+                const ELEM: $crate::Elem = $crate::elem!($dt);
+                const COLS: u32 = $cols;
+            }
+            const _: () = <$name as $crate::DecodePolicy>::VALID;
+        )*
     };
 }
-crate::decode_kernels!(check_decode_rows);
+
+/// The decode step's kernel variants, one type per row of
+/// [`decode_kernels!`](crate::decode_kernels) (named after its PTX entry).
+pub mod decode_policies {
+    crate::decode_kernels!(decode_policy_types);
+}
 
 /// The decode kernels, one row per PTX entry: `name: kernel, dtype, cols;`. `kernel`: a
-/// [`DecodeKernel`]; `cols`: columns per lane or thread. Each row is checked against
-/// [`DecodeKernel::accepts`] at compile time. Expands to `$cb! { rows }`: the device crate
+/// [`DecodeKernel`]; `cols`: columns per lane or thread. Each row is a type of
+/// [`decode_policies`], checked against [`DecodeKernel::accepts`] at
+/// compile time. Expands to `$cb! { rows }`: the device crate
 /// declares each entry from it (`kernels-gpu/src/engram/decode.rs`), the host derives its entry
 /// names from it (`host/src/engram/decode.rs`).
 #[macro_export]

@@ -267,21 +267,88 @@ impl GateKernel {
     }
 }
 
-/// Rejects at compile time a row of [`gate_kernels!`](crate::gate_kernels) its kernel does not accept.
-macro_rules! check_gate_rows {
+impl GateKernel {
+    /// One line: what the body does.
+    pub const fn about(self) -> &'static str {
+        match self {
+            Self::FwdSmem => "forward, u in shared memory, grid (ntiles, M), constants from the host",
+            Self::FwdSmemGrid1d => "forward, u in shared memory, 1-D grid, constants computed in the kernel",
+            Self::FwdStreamVec8 => "forward, rows streamed with 16-byte accesses",
+            Self::FwdStreamScalar => "forward, rows streamed with scalar accesses",
+            Self::BwdSplit => "backward, tile rows split over warps",
+            Self::BwdRowWarp => "backward, one warp per row resident in registers",
+            Self::BwdStreamVec8 => "backward, one warp per streamed row, 16-byte accesses",
+            Self::BwdStreamScalar => "backward, one warp per streamed row, scalar accesses",
+            Self::BwdReduceScalar => "backward's partial-sum reduction",
+            Self::BwdReduceVec4 => "backward's partial-sum reduction, 16-byte accesses",
+        }
+    }
+}
+
+/// A gated-conv kernel variant (a type of [`gate_policies`]).
+pub trait GatePolicy: crate::Policy {
+    /// The kernel body.
+    const KERNEL: GateKernel;
+    /// The 16-bit element type (`F32` for the reductions).
+    const ELEM: crate::Elem;
+    /// 8-element chunks per lane of a register-resident row (`ceil(d/8) ≤ 32·NV`; 0 where the
+    /// row is not resident).
+    const NV: u32;
+    /// Evaluates to `()`, or stops the build where [`GateKernel::accepts`] rejects the policy
+    /// (every generated policy is checked; the error names the type):
+    ///
+    /// ```compile_fail
+    /// use kernel_abi::{Elem, GateKernel, GatePolicy, Policy};
+    /// struct FwdSmemNv5;
+    /// impl Policy for FwdSmemNv5 {
+    ///     const ENTRY: &'static str = "fwd_smem_nv5";
+    ///     const ABOUT: &'static str = "five chunks per lane";
+    /// }
+    /// impl GatePolicy for FwdSmemNv5 {
+    ///     const KERNEL: GateKernel = GateKernel::FwdSmem;
+    ///     const ELEM: Elem = Elem::Bf16;
+    ///     const NV: u32 = 5;
+    /// }
+    /// const _: () = <FwdSmemNv5 as GatePolicy>::VALID;
+    /// ```
+    const VALID: () =
+        assert!(Self::KERNEL.accepts(Self::ELEM, Self::NV), "the gate policy's kernel does not take its dtype and nv");
+}
+
+/// Declares the policy type of each row of [`gate_kernels!`](crate::gate_kernels), rejecting
+/// at compile time a row its kernel does not accept.
+macro_rules! gate_policy_types {
     ($($name:ident: $kind:ident, $dt:ident, $nv:literal;)*) => {
-        $(const _: () = assert!(
-            GateKernel::$kind.accepts($crate::elem!($dt), $nv),
-            concat!(stringify!($name), ": the kernel does not take this dtype and nv")
-        );)*
+        $(
+            #[doc = concat!("[`", stringify!($kind), "`](crate::GateKernel::", stringify!($kind), "), ", stringify!($dt), ", nv ", stringify!($nv), ".")]
+            #[allow(non_camel_case_types)]
+            #[derive(Clone, Copy, Debug)]
+            pub struct $name;
+            impl $crate::Policy for $name {
+                const ENTRY: &'static str = stringify!($name);
+                const ABOUT: &'static str = $crate::GateKernel::$kind.about();
+            }
+            impl $crate::GatePolicy for $name {
+                const KERNEL: $crate::GateKernel = $crate::GateKernel::$kind;
+                const ELEM: $crate::Elem = $crate::elem!($dt);
+                const NV: u32 = $nv;
+            }
+            const _: () = <$name as $crate::GatePolicy>::VALID;
+        )*
     };
 }
-crate::gate_kernels!(check_gate_rows);
+
+/// The gated-conv kernel variants, one type per row of [`gate_kernels!`](crate::gate_kernels)
+/// (named after its PTX entry).
+pub mod gate_policies {
+    crate::gate_kernels!(gate_policy_types);
+}
 
 /// The gated-conv kernels, one row per PTX entry: `name: kernel, dtype, nv;`. `kernel`: a
 /// [`GateKernel`]; `dtype`: the 16-bit element type (`f32` for the reductions); `nv`: the
 /// 8-element chunks per lane of a register-resident row (`ceil(d/8) ≤ 32·nv`; 0 where the row
-/// is not resident). Each row is checked against [`GateKernel::accepts`] at compile time.
+/// is not resident). Each row is a type of [`gate_policies`], checked
+/// against [`GateKernel::accepts`] at compile time.
 /// Expands to `$cb! { rows }`: the device crate declares each entry from it
 /// (`kernels-gpu/src/engram/gate_conv.rs`), the host derives its entry names from it
 /// (`host/src/engram/gate_conv.rs`).

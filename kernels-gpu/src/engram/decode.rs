@@ -1253,27 +1253,32 @@ unsafe fn finish_wide<D: Dt, const E: usize>(a: EngramDecodeArgs) {
 }
 
 /// One entry per row of `kernel_abi::decode_kernels!` (the list the host derives its entry
-/// names from).
+/// names from), its columns per lane or thread from the row's policy type
+/// (`kernel_abi::decode_policies`).
 macro_rules! decode_entries {
     ($($name:ident: $kind:ident, $dt:ident, $cols:literal;)*) => {
-        $(decode_entries!(@ $kind $name, decode_entries!(@t $dt), $cols);)*
+        $(decode_entries!(
+            @ $kind $name,
+            decode_entries!(@t $dt),
+            { <kernel_abi::decode_policies::$name as kernel_abi::DecodePolicy>::COLS as usize }
+        );)*
     };
-    (@ ProjectScalar $name:ident, $t:ty, $cols:literal) => {
-        kernel_abi::engram_decode_entry!($name, a => { project_launch::<$t, 1, 4, 4, false>(a) });
+    (@ ProjectScalar $name:ident, $t:ty, $cols:expr) => {
+        kernel_abi::engram_decode_entry!($name, a => { project_launch::<$t, $cols, 4, 4, false>(a) });
     };
-    (@ ProjectMma $name:ident, $t:ty, $cols:literal) => {
-        kernel_abi::engram_decode_entry!($name, a => { project_launch::<$t, 8, 8, 2, true>(a) });
+    (@ ProjectMma $name:ident, $t:ty, $cols:expr) => {
+        kernel_abi::engram_decode_entry!($name, a => { project_launch::<$t, $cols, 8, 2, true>(a) });
     };
-    (@ ProjectMmaB8K16 $name:ident, $t:ty, $cols:literal) => {
+    (@ ProjectMmaB8K16 $name:ident, $t:ty, $cols:expr) => {
         kernel_abi::engram_decode_entry!($name, a => { project_mma_b8k16::<$t>(a) });
     };
-    (@ FinishWarpShared $name:ident, $t:ty, $cols:literal) => {
+    (@ FinishWarpShared $name:ident, $t:ty, $cols:expr) => {
         kernel_abi::engram_decode_entry!($name, a => { finish_launch::<$t, $cols, true>(a) });
     };
-    (@ FinishWarpKv $name:ident, $t:ty, $cols:literal) => {
+    (@ FinishWarpKv $name:ident, $t:ty, $cols:expr) => {
         kernel_abi::engram_decode_entry!($name, a => { finish_launch::<$t, $cols, false>(a) });
     };
-    (@ FinishBlock $name:ident, $t:ty, $cols:literal) => {
+    (@ FinishBlock $name:ident, $t:ty, $cols:expr) => {
         kernel_abi::engram_decode_entry!($name, a => { finish_wide::<$t, $cols>(a) });
     };
     (@t f16) => { F16 };

@@ -1455,7 +1455,8 @@ unsafe fn bwd_split<D: Dt, const NV: usize>(
 // `out[e] = Σ_b part[b, e]` over `e < 6·d`, written to `drms_w_h` (e < d), `drms_w_v`
 // (d ≤ e < 2d), `dconv_w` (2d ≤ e). Thread (x, y) of block `(32, S)` sums blocks
 // `b ≡ y (mod S)` in increasing b; then y = 0 adds the S partial sums in order.
-kernel_abi::gate_bwd_reduce_entry!(engram_gate_bwd_reduce, a => {
+#[inline(always)]
+unsafe fn bwd_reduce_scalar(a: GateBwdReduceArgs) {
     let GateBwdReduceArgs { part, drms_w_h, drms_w_v, dconv_w, nblocks, d } = a;
     let x = thread_idx_x();
     let yy = thread_idx_y();
@@ -1499,7 +1500,7 @@ kernel_abi::gate_bwd_reduce_entry!(engram_gate_bwd_reduce, a => {
             *dconv_w.add((e - 2 * d) as usize) = tot;
         }
     }
-});
+}
 
 // `engram_gate_bwd_reduce` with 16-byte loads, bitwise its result for the same `S`: thread `(x, y)` of
 // block `(XW, S)` owns the 4 outputs `e = 4·(blockIdx.x·XW + x) .. +4` and sums blocks
@@ -1507,7 +1508,8 @@ kernel_abi::gate_bwd_reduce_entry!(engram_gate_bwd_reduce, a => {
 // batch padded with +0, which leaves a sum begun at +0 bitwise unchanged: such a sum is never
 // −0); then y = 0 adds the S sums in increasing y. `d % 4 == 0`: a group of 4 never straddles
 // two outputs.
-kernel_abi::gate_bwd_reduce_entry!(engram_gate_bwd_reduce_vec4, a => {
+#[inline(always)]
+unsafe fn bwd_reduce_vec4(a: GateBwdReduceArgs) {
     let GateBwdReduceArgs { part, drms_w_h, drms_w_v, dconv_w, nblocks, d } = a;
     let x = thread_idx_x();
     let yy = thread_idx_y();
@@ -1571,7 +1573,7 @@ kernel_abi::gate_bwd_reduce_entry!(engram_gate_bwd_reduce_vec4, a => {
             *o.add((j + c as u32) as usize) = tot[c];
         }
     }
-});
+}
 
 // ---------------------------------------------------------------- entries
 //
@@ -1665,27 +1667,32 @@ macro_rules! bwd_split_entry {
 }
 
 /// One entry per row of `kernel_abi::gate_kernels!` (the list the host derives its entry names
-/// from); the reductions are declared above.
+/// from), its chunks per lane from the row's policy type (`kernel_abi::gate_policies`).
 macro_rules! gate_entries {
     ($($name:ident: $kind:ident, $dt:ident, $nv:literal;)*) => {
-        $(gate_entries!(@ $kind $name, $dt, $nv);)*
+        $(gate_entries!(
+            @ $kind $name,
+            gate_entries!(@t $dt),
+            { <kernel_abi::gate_policies::$name as kernel_abi::GatePolicy>::NV as usize }
+        );)*
     };
-    (@ FwdSmem $name:ident, $dt:ident, $nv:literal) => { fwd_smem_entry!($name, gate_entries!(@t $dt), $nv); };
-    (@ FwdSmemGrid1d $name:ident, $dt:ident, $nv:literal) => {
-        fwd_smem_grid1d_entry!($name, gate_entries!(@t $dt), $nv);
+    (@ FwdSmem $name:ident, $dt:ty, $nv:expr) => { fwd_smem_entry!($name, $dt, $nv); };
+    (@ FwdSmemGrid1d $name:ident, $dt:ty, $nv:expr) => { fwd_smem_grid1d_entry!($name, $dt, $nv); };
+    (@ FwdStreamVec8 $name:ident, $dt:ty, $nv:expr) => { fwd_stream_entry!($name, $dt, true); };
+    (@ FwdStreamScalar $name:ident, $dt:ty, $nv:expr) => { fwd_stream_entry!($name, $dt, false); };
+    (@ BwdSplit $name:ident, $dt:ty, $nv:expr) => { bwd_split_entry!($name, $dt, $nv); };
+    (@ BwdRowWarp $name:ident, $dt:ty, $nv:expr) => { bwd_entry!($name, $dt, true, $nv); };
+    (@ BwdStreamVec8 $name:ident, $dt:ty, $nv:expr) => { bwd_entry!($name, $dt, true, $nv); };
+    (@ BwdStreamScalar $name:ident, $dt:ty, $nv:expr) => { bwd_entry!($name, $dt, false, $nv); };
+    (@ BwdReduceScalar $name:ident, $dt:ty, $nv:expr) => {
+        kernel_abi::gate_bwd_reduce_entry!($name, a => { bwd_reduce_scalar(a) });
     };
-    (@ FwdStreamVec8 $name:ident, $dt:ident, $nv:literal) => { fwd_stream_entry!($name, gate_entries!(@t $dt), true); };
-    (@ FwdStreamScalar $name:ident, $dt:ident, $nv:literal) => {
-        fwd_stream_entry!($name, gate_entries!(@t $dt), false);
+    (@ BwdReduceVec4 $name:ident, $dt:ty, $nv:expr) => {
+        kernel_abi::gate_bwd_reduce_entry!($name, a => { bwd_reduce_vec4(a) });
     };
-    (@ BwdSplit $name:ident, $dt:ident, $nv:literal) => { bwd_split_entry!($name, gate_entries!(@t $dt), $nv); };
-    (@ BwdRowWarp $name:ident, $dt:ident, $nv:literal) => { bwd_entry!($name, gate_entries!(@t $dt), true, $nv); };
-    (@ BwdStreamVec8 $name:ident, $dt:ident, $nv:literal) => { bwd_entry!($name, gate_entries!(@t $dt), true, 0); };
-    (@ BwdStreamScalar $name:ident, $dt:ident, $nv:literal) => { bwd_entry!($name, gate_entries!(@t $dt), false, 0); };
-    (@ BwdReduceScalar $name:ident, $dt:ident, $nv:literal) => {};
-    (@ BwdReduceVec4 $name:ident, $dt:ident, $nv:literal) => {};
     (@t bf16) => { Bf16 };
     (@t f16) => { F16 };
+    (@t f32) => { f32 };
 }
 
 kernel_abi::gate_kernels!(gate_entries);

@@ -17,6 +17,7 @@
 
 use super::cx::{dft, unroll, Cx, Mem};
 use super::prim::*;
+use kernel_abi::FftPassPolicy;
 
 pub use kernel_abi::fft::{COL_MAP, OUT_SMEM, TW4, WAIT_FIRST};
 
@@ -437,11 +438,20 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const HOIST: bool,
     }
 }
 
-/// The PTX entries (on the host, for the CPU simulation in `sim/tests/fft.rs`: plain functions
-/// of the same names taking the same [`kernel_abi::FftPassArgs`]).
-macro_rules! entry {
-    ($name:ident, $t:ty, $log_l:literal, $e:literal, $hoist:literal, $pp:literal, $stg:literal) => {
+/// One PTX entry per row of `kernel_abi::fft_pass_kernels!` (the list the host planner's kernel
+/// table is built from), its body instantiated from the row's policy type
+/// (`kernel_abi::pass_policies`): the precision gives the element type, the form the pass's
+/// code paths (on the host, for the CPU simulation in `sim/tests/fft.rs`: plain functions of
+/// the same names taking the same [`kernel_abi::FftPassArgs`]).
+macro_rules! pass_entries {
+    ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
+        $(pass_entries!(@entry $name, pass_entries!(@t $prec));)*
+    };
+    (@t c64) => { f32 };
+    (@t c128) => { f64 };
+    (@entry $name:ident, $t:ty) => {
         kernel_abi::fft_pass_entry!($name, a => {
+            type P = kernel_abi::pass_policies::$name;
             // Programmatic dependent launch: let the next pass start its blocks now. The wait
             // for the previous pass (a no-op when not launched as its dependent) is in
             // `fft_block`, after the twiddle loads and before any access to `x` or `y`.
@@ -449,7 +459,14 @@ macro_rules! entry {
             if a.flags & WAIT_FIRST != 0 {
                 grid_dependency_wait();
             }
-            fft_block::<$t, $log_l, $e, $hoist, $pp, $stg>(
+            fft_block::<
+                $t,
+                { <P as FftPassPolicy>::LOG_L },
+                { <P as FftPassPolicy>::E as usize },
+                { <P as FftPassPolicy>::FORM.hoists_twiddles() },
+                { <P as FftPassPolicy>::FORM.ping_pong() },
+                { <P as FftPassPolicy>::FORM.staged() },
+            >(
                 a.x as *const Cx<$t>,
                 a.y as *mut Cx<$t>,
                 a.tw as *const Cx<$t>,
@@ -464,41 +481,6 @@ macro_rules! entry {
                 a.sm_stride,
             )
         });
-    };
-}
-
-/// One entry per row of `kernel_abi::fft_pass_kernels!` (the list the host planner's kernel
-/// table is built from): the precision gives the element type, the form the pass's code paths.
-macro_rules! pass_entries {
-    ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
-        $(pass_entries!(@prec $name, $prec, $log_l, $e, $form);)*
-    };
-    (@prec $name:ident, c64, $log_l:literal, $e:literal, $form:ident) => {
-        pass_entries!(@form $name, f32, $log_l, $e, $form);
-    };
-    (@prec $name:ident, c128, $log_l:literal, $e:literal, $form:ident) => {
-        pass_entries!(@form $name, f64, $log_l, $e, $form);
-    };
-    // Every stage's twiddles loaded at kernel entry, in flight with the data loads.
-    (@form $name:ident, $t:ty, $log_l:literal, $e:literal, Hoisted) => {
-        entry!($name, $t, $log_l, $e, true, false, false);
-    };
-    // Each stage's twiddles loaded after its barrier (the registers of 8192-point c64 /
-    // 4096-point c128 passes at 16 elements, and of the 1024-point and longer passes of
-    // n ≥ 2^20, whose column blocks the hoisted kernels' registers would halve).
-    (@form $name:ident, $t:ty, $log_l:literal, $e:literal, PerStage) => {
-        entry!($name, $t, $log_l, $e, false, false, false);
-    };
-    // Hoisted, with two shared-memory Stockham buffers (stage s reads buffer (s − 1) mod 2 and
-    // writes s mod 2: one barrier per stage instead of two).
-    (@form $name:ident, $t:ty, $log_l:literal, $e:literal, PingPong) => {
-        entry!($name, $t, $log_l, $e, true, true, false);
-    };
-    // Hoisted, the row pass's input staged into shared memory by 16-byte `cp.async`, the
-    // block's next group copied while the current one computes (persistent row passes; the host
-    // falls back to the hoisted kernel when `x` is only 8-byte aligned).
-    (@form $name:ident, $t:ty, $log_l:literal, $e:literal, Staged) => {
-        entry!($name, $t, $log_l, $e, true, false, true);
     };
 }
 
