@@ -370,9 +370,9 @@ fn graph_cache_beyond_its_capacity_stays_bitwise_direct_launches() {
             graphed.run(&gpu, p, pre_in(&dphi, &dx, &db), pre_out(dr, dy, dh)).unwrap();
             let us = t.elapsed().as_secs_f64() * 1e6;
             if cycle == 0 && i < 32 {
-                instantiate.push(us)
+                filling.push(us)
             } else {
-                update.push(us)
+                full.push(us)
             }
             let got = Outputs {
                 x_res: st.clone_dtoh(dr).unwrap(),
