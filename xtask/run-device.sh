@@ -9,7 +9,8 @@
 # The bench's Python alternatives include TileOPs when .device/peers.tar.xz (cargo xtask peers)
 # is there: it is unpacked into a temporary site on PYTHONPATH, with nvcc on PATH for its JIT.
 # Knobs: RGK_TEST_TIMEOUT (s per test executable, default 300), RGK_BENCH_TIMEOUT (s per op,
-# default 600), RGK_BENCH_OPS (default: every op), RGK_TESTS (default: every test executable).
+# default 600), RGK_BENCH_OPS (default: every op), RGK_TESTS (default: every test executable),
+# RGK_SANITIZE_LIST (default: tests/sanitize.list).
 set -u
 cd "$(dirname "$0")/.."
 mode=${1:-all}
@@ -66,7 +67,7 @@ if [ "$mode" = sanitize ] || [ "$mode" = all ]; then
         echo "$tool $exe: rc=$rc ($ran of $n) $summary"
         tool_fail=1
       fi
-    done < tests/sanitize.list
+    done < "${RGK_SANITIZE_LIST:-tests/sanitize.list}"
     echo "$tool: $([ $tool_fail -eq 0 ] && echo "0 reports" || echo FAILED) over $ntests tests ($(( $(date +%s) - start )) s)"
     [ $tool_fail -eq 0 ] || fail=1
   done

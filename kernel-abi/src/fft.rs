@@ -62,6 +62,7 @@ pub enum Form {
     /// `n ≥ 2^20`, whose column blocks the hoisted kernels' registers would halve).
     PerStage,
     /// Hoisted, with two shared-memory Stockham buffers: one barrier per stage instead of two.
+    /// Single-pass plans only ([`Form::single_pass_only`]).
     PingPong,
     /// Hoisted, the row pass's input copied into shared memory by 16-byte `cp.async`, the
     /// block's next group of rows copied while the current one computes (needs a 16-byte
@@ -101,6 +102,11 @@ impl Form {
     /// Whether the row pass's input is staged into shared memory by `cp.async`.
     pub const fn staged(self) -> bool {
         matches!(self, Self::Staged)
+    }
+    /// Whether the kernels of this form are compiled for single-pass plans only: rows in
+    /// natural order in and out (`log_min = log_mout = 0`), no flags.
+    pub const fn single_pass_only(self) -> bool {
+        matches!(self, Self::PingPong)
     }
     /// One line: how the pass gets its twiddles and uses shared memory.
     pub const fn about(self) -> &'static str {

@@ -121,6 +121,7 @@ const fn one(form: Form, threads: u32, min_threads: u32, persistent: bool) -> Sh
     Shape::OnePass { form, threads, min_threads, persistent }
 }
 const fn four(log_n1: Option<u32>, cols: usize, form: Form) -> Shape {
+    assert!(!form.single_pass_only(), "a four-step pass takes a kernel compiled for single-pass plans");
     Shape::FourStep { log_n1, cols, form }
 }
 const fn row(c128: bool, lo: u32, hi: u32, shape: Shape) -> Row {
@@ -276,6 +277,11 @@ fn pass(
     persistent: bool,
 ) -> Pass {
     let (log_l, e) = (kernel.log_l, kernel.e);
+    assert!(
+        !kernel.form.single_pass_only() || (log_min, log_mout, flags) == (0, 0, 0),
+        "{} runs single-pass plans only",
+        kernel.name
+    );
     let l = 1usize << log_l;
     let row = flags & (COL_MAP | OUT_SMEM) == 0;
     let tpt = l / e as usize;
