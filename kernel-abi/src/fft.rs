@@ -197,7 +197,7 @@ macro_rules! fft_pass_kernels {
             fft_c64_l12_tw_per_stage: c64, 12, 16, PerStage, 512;
             fft_c64_l13_tw_per_stage: c64, 13, 16, PerStage, 512;
             fft_c64_l10_radix8_ping_pong: c64, 10, 8, PingPong, 512;
-            fft_c64_l12_ping_pong: c64, 12, 16, PingPong, 256;
+            fft_c64_l12_ping_pong: c64, 12, 16, PingPong, 512;
             fft_c64_l6_staged: c64, 6, 8, Staged, 512;
             fft_c64_l9_staged: c64, 9, 8, Staged, 512;
             fft_c128_l1_tw_hoisted: c128, 1, 2, Hoisted, 512;
