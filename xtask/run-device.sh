@@ -48,6 +48,10 @@ fi
 if [ "$mode" = sanitize ] || [ "$mode" = all ]; then
   # The sanitizer set (tests/sanitize.list: each op's seed workloads and edge shapes, as lines
   # `EXECUTABLE TEST [TEST...]`, one process per line) under all four tools; any report fails.
+  list=${RGK_SANITIZE_LIST:-tests/sanitize.list}  # relative to the repository root
+  if [ ! -r "$list" ]; then
+    echo "sanitize: cannot read $list"; fail=1; list=/dev/null
+  fi
   for tool in memcheck racecheck synccheck initcheck; do
     start=$(date +%s)
     tool_fail=0
@@ -67,7 +71,8 @@ if [ "$mode" = sanitize ] || [ "$mode" = all ]; then
         echo "$tool $exe: rc=$rc ($ran of $n) $summary"
         tool_fail=1
       fi
-    done < "${RGK_SANITIZE_LIST:-tests/sanitize.list}"
+    done < "$list"
+    [ $ntests -gt 0 ] || tool_fail=1
     echo "$tool: $([ $tool_fail -eq 0 ] && echo "0 reports" || echo FAILED) over $ntests tests ($(( $(date +%s) - start )) s)"
     [ $tool_fail -eq 0 ] || fail=1
   done

@@ -46,6 +46,9 @@ mod runtime;
 pub mod verify;
 
 pub use error::{Error, Result};
+/// CUDA graphs each two-kernel plan keeps, one per set of buffers and parameters (tests).
+#[doc(hidden)]
+pub use runtime::GRAPH_CACHE;
 pub use runtime::{cuda_available, Gpu, KERNELS_CUBIN, KERNELS_PTX};
 #[doc(hidden)]
 pub use runtime::{LaunchDims, Planned};

@@ -334,7 +334,7 @@ pub(crate) struct GraphReplay {
 }
 
 /// Graphs a [`GraphReplay`] keeps (e.g. one per position of a ring-buffer state).
-const GRAPH_CACHE: usize = 32;
+pub const GRAPH_CACHE: usize = 32;
 
 /// An instantiated graph and its template, destroyed together.
 struct Graph {

@@ -13,7 +13,9 @@ pub const TW4: u32 = 4;
 /// before the twiddle loads. The planner never sets it: the wait after the twiddle loads
 /// measured faster (longconv-64k 10.34 against 10.88 µs). The flag stays a runtime test because
 /// the branch is what keeps ptxas from hoisting the wait above the twiddle loads (an
-/// unconditional wait is hoisted: SASS checked, longconv-64k +0.43 µs).
+/// unconditional wait is hoisted: SASS checked, longconv-64k +0.43 µs). The ping-pong kernels
+/// (single-pass plans only, never a dependent launch) ignore it and wait unconditionally, a
+/// no-op for them.
 pub const WAIT_FIRST: u32 = 8;
 
 kernel_args! {
@@ -22,7 +24,9 @@ kernel_args! {
     /// entry's), `2^log_c` per block; transform `t` reads element `j` at
     /// `(t / M_in)·L·M_in + t mod M_in + j·M_in` of `x` and writes output `k` likewise with
     /// `M_out` into `y` (`M = 2^log_min`, `2^log_mout`). Grid, block and dynamic shared memory
-    /// come from the host planner's pass geometry (`host/src/fft/plan.rs`).
+    /// come from the host planner's pass geometry (`host/src/fft/plan.rs`). The `_ping_pong`
+    /// entries ([`Form::single_pass_only`]) read rows in natural order and ignore `log_min`,
+    /// `log_mout` and `flags` (as if all 0).
     pub struct FftPassArgs / fft_pass_entry {
         /// Input: interleaved complex elements of the kernel's precision.
         pub x: *const u8,

@@ -34,8 +34,8 @@
 
 pub use core::ffi::c_void;
 
-/// The element type of a row in a kernel list (`gate_kernels!`, `decode_kernels!`, ...), for
-/// the compile-time checks of the rows.
+/// The element type of a row in a kernel list (`gate_kernels!`, `decode_kernels!`, ...): a
+/// policy's `ELEM` / `PRECISION`, checked at compile time and read by the host's tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Elem {
     F16,

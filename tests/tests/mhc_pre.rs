@@ -330,9 +330,9 @@ fn graph_replay_matches_direct_launches() {
     }
 }
 
-/// A plan serving more output sets than its graph cache keeps (32; e.g. one plan for many
-/// layers of one shape): every call of the second cycle misses and replaces the least recently
-/// used graph. Two cycles over 40 output sets, each output poisoned before its call and
+/// A plan serving more output sets than its graph cache keeps (`rgk::GRAPH_CACHE`; e.g. one
+/// plan for many layers of one shape): every call of the second cycle misses and replaces the
+/// least recently used graph. Two cycles over `GRAPH_CACHE + 8` output sets, each output poisoned before its call and
 /// bitwise equal to direct launches after it.
 #[test]
 fn graph_cache_beyond_its_capacity_stays_bitwise_direct_launches() {
@@ -350,7 +350,7 @@ fn graph_cache_beyond_its_capacity_stays_bitwise_direct_launches() {
     let dphi = st.clone_htod(&inp.phi).unwrap();
     let dx = st.clone_htod(&inp.x).unwrap();
     let db = st.clone_htod(&inp.b).unwrap();
-    let mut outs: Vec<_> = (0..40)
+    let mut outs: Vec<_> = (0..rgk::GRAPH_CACHE + 8)
         .map(|_| {
             let dr = st.alloc_zeros::<bf16>(l.x).unwrap();
             let dy = st.alloc_zeros::<bf16>(l.x_layer).unwrap();
@@ -369,7 +369,7 @@ fn graph_cache_beyond_its_capacity_stays_bitwise_direct_launches() {
             let t = std::time::Instant::now();
             graphed.run(&gpu, p, pre_in(&dphi, &dx, &db), pre_out(dr, dy, dh)).unwrap();
             let us = t.elapsed().as_secs_f64() * 1e6;
-            if cycle == 0 && i < 32 {
+            if cycle == 0 && i < rgk::GRAPH_CACHE {
                 filling.push(us)
             } else {
                 full.push(us)

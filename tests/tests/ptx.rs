@@ -212,6 +212,8 @@ fn sass_functions(nvdisasm: &std::path::Path) -> std::collections::BTreeMap<Stri
 /// (`griddepcontrol.wait`, SASS `ACQBULK`), so their DRAM trips overlap the previous pass's
 /// tail. The order is ptxas's: an unconditional wait gets hoisted above the loads, the
 /// measured-slower schedule (longconv-64k +0.43 µs); the wait's runtime branch prevents it.
+/// (The single-pass ping-pong kernels wait unconditionally, a no-op for them, and ptxas still
+/// issues their twiddle loads first.)
 #[test]
 fn fft_hoisted_twiddle_loads_precede_the_grid_dependency_wait() {
     if rgk::KERNELS_CUBIN.is_empty() {

@@ -285,7 +285,7 @@ fn device_pack(root: &Path) -> Result<(), String> {
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(dir.join("tests")).map_err(|e| e.to_string())?;
     for (exe, src) in test_executables()? {
-        // target/debug/deps/mhc_post-0123abcd → .device/tests/mhc_post
+        // target/release/deps/mhc_post-0123abcd → .device/tests/mhc_post
         let name = exe.file_name().unwrap().to_string_lossy().to_string();
         let short = name.rsplit_once('-').map_or(name.as_str(), |(a, _)| a).to_string();
         // CPU-only test executables run here (and in CI); the GPU machine gets the rest. The
@@ -298,7 +298,11 @@ fn device_pack(root: &Path) -> Result<(), String> {
         }
         let dest = dir.join("tests").join(&short);
         if dest.exists() {
-            return Err(format!("two test executables named {short}: {}", exe.display()));
+            return Err(format!(
+                "two test executables named {short}; the second: {} ({})",
+                exe.display(),
+                src.display()
+            ));
         }
         fs::copy(&exe, &dest).map_err(|e| e.to_string())?;
         // Debug info makes each test executable ~50 MB; the device tool carries 64 MiB in all.

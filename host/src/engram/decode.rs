@@ -38,6 +38,7 @@ macro_rules! decode_entry_table {
 kernel_abi::decode_kernels!(decode_entry_table);
 
 const fn policy_row<P: DecodePolicy>() -> (DecodeKernel, Elem, u32, &'static str) {
+    let () = P::VALID;
     (P::KERNEL, P::ELEM, P::COLS, P::ENTRY)
 }
 

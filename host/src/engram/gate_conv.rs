@@ -44,6 +44,7 @@ macro_rules! gate_entry_table {
 kernel_abi::gate_kernels!(gate_entry_table);
 
 const fn policy_row<P: GatePolicy>() -> (GateKernel, Elem, u32, &'static str) {
+    let () = P::VALID;
     (P::KERNEL, P::ELEM, P::NV, P::ENTRY)
 }
 

@@ -73,6 +73,7 @@ kernel_abi::fft_pass_kernels!(kernel_table);
 impl Kernel {
     /// The table row of pass policy `P`.
     const fn of<P: FftPassPolicy>() -> Kernel {
+        let () = P::VALID;
         Kernel {
             name: P::ENTRY,
             c128: matches!(P::PRECISION, Elem::C128),
@@ -121,7 +122,7 @@ const fn one(form: Form, threads: u32, min_threads: u32, persistent: bool) -> Sh
     Shape::OnePass { form, threads, min_threads, persistent }
 }
 const fn four(log_n1: Option<u32>, cols: usize, form: Form) -> Shape {
-    assert!(!form.single_pass_only(), "a four-step pass takes a kernel compiled for single-pass plans");
+    assert!(!form.single_pass_only(), "a four-step pass cannot take a single-pass-only kernel");
     Shape::FourStep { log_n1, cols, form }
 }
 const fn row(c128: bool, lo: u32, hi: u32, shape: Shape) -> Row {
@@ -277,11 +278,13 @@ fn pass(
     persistent: bool,
 ) -> Pass {
     let (log_l, e) = (kernel.log_l, kernel.e);
-    assert!(
-        !kernel.form.single_pass_only() || (log_min, log_mout, flags) == (0, 0, 0),
-        "{} runs single-pass plans only",
-        kernel.name
-    );
+    for k in [kernel, unaligned] {
+        assert!(
+            !k.form.single_pass_only() || (log_min, log_mout, flags) == (0, 0, 0),
+            "{} runs single-pass plans only",
+            k.name
+        );
+    }
     let l = 1usize << log_l;
     let row = flags & (COL_MAP | OUT_SMEM) == 0;
     let tpt = l / e as usize;
@@ -487,6 +490,14 @@ mod tests {
     use super::*;
 
     pub(crate) const PRECS: [Precision; 2] = [Precision::C64, Precision::C128];
+
+    /// The ping-pong kernels are compiled for single-pass plans: a four-step plan on them is
+    /// refused at plan time (the tuning table's rows are checked at compile time).
+    #[test]
+    #[should_panic(expected = "runs single-pass plans only")]
+    fn four_step_refuses_single_pass_only_kernels() {
+        four_step(Precision::C64, 22, 1, 10, 16, PingPong);
+    }
 
     /// The tuning table covers every supported length of both precisions exactly once, and
     /// every row plans kernels that exist.

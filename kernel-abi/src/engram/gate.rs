@@ -297,7 +297,7 @@ pub trait GatePolicy: crate::Policy {
     /// Evaluates to `()`, or stops the build where [`GateKernel::accepts`] rejects the policy
     /// (every generated policy is checked; the error names the type):
     ///
-    /// ```compile_fail
+    /// ```compile_fail,E0080
     /// use kernel_abi::{Elem, GateKernel, GatePolicy, Policy};
     /// struct FwdSmemNv5;
     /// impl Policy for FwdSmemNv5 {

@@ -1578,7 +1578,8 @@ unsafe fn bwd_reduce_vec4(a: GateBwdReduceArgs) {
 // ---------------------------------------------------------------- entries
 //
 // Names: `engram_gate_{fwd,bwd}_<kernel>_<dtype>[_r<NV>]`; `_r<NV>` = the row resident in
-// registers as NV chunks of 8 per lane (`ceil(d/8) ≤ 32·NV`). The host's planner
+// registers as NV chunks of 8 per lane (`ceil(d/8) ≤ 32·NV`); the backward's reductions
+// `engram_gate_bwd_reduce[_vec4]` (f32). The host's planner
 // (`host/src/engram/gate_conv.rs`) launches each of them for some valid shape.
 
 macro_rules! fwd_stream_entry {

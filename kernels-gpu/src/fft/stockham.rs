@@ -269,11 +269,12 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const HOIST: bool,
     sm_stride: u32,
 ) {
     // The ping-pong form serves single-pass plans only (`Form::single_pass_only`: rows in
-    // natural order in and out, no four-step twiddle, no shared-memory store, nothing to wait
-    // for): its layout parameters are compile-time constants, which removes the general pass's
-    // index arithmetic and uniform branches (latency-4k 3.46 → 2.98 µs, spectrogram-1k 3.42 →
-    // 3.02). The same for the staged form lost: fnet-512 9.70 → 10.48 (shortconv-64 18.95 →
-    // 18.43).
+    // natural order in and out, no four-step twiddle, no shared-memory store; never a
+    // dependent launch, so its unconditional wait below is a no-op): its layout parameters are
+    // compile-time constants, which removes the general pass's index arithmetic and uniform
+    // branches (latency-4k 3.46 → 2.98 µs, spectrogram-1k 3.42 → 3.02). The same for the
+    // staged form lost on fnet-512 (9.70 → 10.48) although it gained on shortconv-64 (18.95 →
+    // 18.43), and is not kept.
     let (log_min, log_mout, flags) = if PP { (0, 0, 0) } else { (log_min, log_mout, flags) };
     let log_l = LOG_L;
     let tid = thread_idx_x();
