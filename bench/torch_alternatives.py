@@ -742,9 +742,10 @@ def _entry_key(entry: dict) -> Tuple[Optional[str], Optional[str], Optional[str]
 def package_host_times(entries: Sequence[dict], base_dir: str, device: torch.device,
                        name: str, ops: dict) -> Dict[tuple, float]:
     """Host time of one eager call through a Python package's op classes (`ops`: rgk's or
-    TileOPs') in µs per entry: 20 warm-up calls (TileOPs compiles its kernels there), then 200
-    in a tight loop with one synchronisation (the device time is far below it on every seed
-    row).  Measured before any profiler session in this process (the timer's set-up runs one):
+    TileOPs') in µs per entry: 20 warm-up calls (TileOPs compiles its kernels there), then the
+    time to issue 200 calls in a tight loop, taken before the synchronisation that follows it
+    (with the synchronisation a row whose device time exceeds its host time, scientific-1m,
+    measured its device time).  Measured before any profiler session in this process (the timer's set-up runs one):
     after one, torch's allocations stay about 3x slower (empty_like 1.8 -> 5.5 us on the
     H200), which would charge the profiler to the package.  rgk's are measured before TileOPs
     is imported."""
@@ -764,8 +765,9 @@ def package_host_times(entries: Sequence[dict], base_dir: str, device: torch.dev
             t0, n = time.perf_counter(), 200
             for _ in range(n):
                 call()
+            t1 = time.perf_counter()
             _sync(device)
-            times[_entry_key(entry)] = round((time.perf_counter() - t0) / n * 1e6, 2)
+            times[_entry_key(entry)] = round((t1 - t0) / n * 1e6, 2)
         except Exception as exc:  # the entry's own run reports the error
             print(f"  {name} host time, {entry.get('workload')}: {_short_error(exc)}",
                   file=sys.stderr)
