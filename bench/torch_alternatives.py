@@ -739,6 +739,16 @@ def _entry_key(entry: dict) -> Tuple[Optional[str], Optional[str], Optional[str]
     return entry.get("op"), entry.get("workload"), entry.get("dtype")
 
 
+def _load_package(skip: bool, flag: str, device: torch.device, load):
+    """`load()` (a package's (ops, version, None) or (None, None, reason)) unless the package
+    is skipped by `flag` or there is no CUDA device."""
+    if skip:
+        return None, None, flag
+    if device.type != "cuda":
+        return None, None, "no CUDA device"
+    return load()
+
+
 def package_host_times(entries: Sequence[dict], base_dir: str, device: torch.device,
                        name: str, ops: dict) -> Dict[tuple, float]:
     """Host time of one eager call through a Python package's op classes (`ops`: rgk's or
@@ -935,23 +945,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     only = set(args.only.split(",")) if args.only else None
     entries = [e for e in entries if only is None or e.get("op") in only]
 
-    if args.skip_rgk_torch:
-        rgk_torch, rgk_version, rgk_why = None, None, "--skip-rgk-torch"
-    elif device.type != "cuda":
-        rgk_torch, rgk_version, rgk_why = None, None, "no CUDA device"
-    else:
-        rgk_torch, rgk_version, rgk_why = load_rgk_torch()
+    rgk_torch, rgk_version, rgk_why = _load_package(args.skip_rgk_torch, "--skip-rgk-torch",
+                                                    device, load_rgk_torch)
     print(f"rgk-torch: {rgk_version or f'not available ({rgk_why})'}", flush=True)
     # Before anything else touches the process (TileOPs' import, the timer's first profiler
     # session): see package_host_times.
     host_us = {RGK_TORCH_NAME: package_host_times(entries, base_dir, device, RGK_TORCH_NAME,
                                                   rgk_torch)} if rgk_torch else {}
-    if args.skip_tileops:
-        tileops, tileops_version, why = None, None, "--skip-tileops"
-    elif device.type != "cuda":
-        tileops, tileops_version, why = None, None, "no CUDA device"
-    else:
-        tileops, tileops_version, why = load_tileops()
+    tileops, tileops_version, why = _load_package(args.skip_tileops, "--skip-tileops", device,
+                                                  load_tileops)
     if tileops is None:
         print(f"tileops: not available ({why}); timing the other alternatives", flush=True)
     else:

@@ -147,24 +147,18 @@ pub trait FftPassPolicy: crate::Policy {
 /// rejecting at compile time a row that is not a valid pass kernel.
 macro_rules! pass_policy_types {
     ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
-        $(
-            #[doc = concat!("[`", stringify!($form), "`](crate::Form::", stringify!($form), "), ", stringify!($prec), ", length 2^", stringify!($log_l), ", ", stringify!($e), " elements per thread, at most ", stringify!($max), " threads.")]
-            #[allow(non_camel_case_types)]
-            #[derive(Clone, Copy, Debug)]
-            pub struct $name;
-            impl $crate::Policy for $name {
-                const ENTRY: &'static str = stringify!($name);
-                const ABOUT: &'static str = $crate::Form::$form.about();
-            }
-            impl $crate::FftPassPolicy for $name {
+        $(policy_type!(
+            $name,
+            concat!("[`", stringify!($form), "`](crate::Form::", stringify!($form), "), ", stringify!($prec), ", length 2^", stringify!($log_l), ", ", stringify!($e), " elements per thread, at most ", stringify!($max), " threads."),
+            $crate::Form::$form.about(),
+            FftPassPolicy {
                 const PRECISION: $crate::Elem = $crate::elem!($prec);
                 const LOG_L: u32 = $log_l;
                 const E: u32 = $e;
                 const FORM: $crate::Form = $crate::Form::$form;
                 const MAX_THREADS: u32 = $max;
             }
-            const _: () = <$name as $crate::FftPassPolicy>::VALID;
-        )*
+        );)*
     };
 }
 

@@ -84,6 +84,26 @@ pub trait Policy {
     const ABOUT: &'static str;
 }
 
+/// Declares policy type `$name` of family trait `$family`: the zero-sized type (documented by
+/// `$doc`), its [`Policy`] (entry = the type's name, description `$about`), the family's
+/// associated consts, and the compile-time check of the family's `VALID`.
+macro_rules! policy_type {
+    ($name:ident, $doc:expr, $about:expr, $family:ident { $(const $c:ident: $t:ty = $v:expr;)* }) => {
+        #[doc = $doc]
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy, Debug)]
+        pub struct $name;
+        impl $crate::Policy for $name {
+            const ENTRY: &'static str = stringify!($name);
+            const ABOUT: &'static str = $about;
+        }
+        impl $crate::$family for $name {
+            $(const $c: $t = $v;)*
+        }
+        const _: () = <$name as $crate::$family>::VALID;
+    };
+}
+
 /// A kernel's argument struct, declared by [`kernel_args!`].
 ///
 /// # Safety

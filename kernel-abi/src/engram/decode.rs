@@ -180,22 +180,16 @@ pub trait DecodePolicy: crate::Policy {
 /// rejecting at compile time a row its kernel does not accept.
 macro_rules! decode_policy_types {
     ($($name:ident: $kind:ident, $dt:ident, $cols:literal;)*) => {
-        $(
-            #[doc = concat!("[`", stringify!($kind), "`](crate::DecodeKernel::", stringify!($kind), "), ", stringify!($dt), ", ", stringify!($cols), " columns.")]
-            #[allow(non_camel_case_types)]
-            #[derive(Clone, Copy, Debug)]
-            pub struct $name;
-            impl $crate::Policy for $name {
-                const ENTRY: &'static str = stringify!($name);
-                const ABOUT: &'static str = $crate::DecodeKernel::$kind.about();
-            }
-            impl $crate::DecodePolicy for $name {
+        $(policy_type!(
+            $name,
+            concat!("[`", stringify!($kind), "`](crate::DecodeKernel::", stringify!($kind), "), ", stringify!($dt), ", ", stringify!($cols), " columns."),
+            $crate::DecodeKernel::$kind.about(),
+            DecodePolicy {
                 const KERNEL: $crate::DecodeKernel = $crate::DecodeKernel::$kind;
                 const ELEM: $crate::Elem = $crate::elem!($dt);
                 const COLS: u32 = $cols;
             }
-            const _: () = <$name as $crate::DecodePolicy>::VALID;
-        )*
+        );)*
     };
 }
 

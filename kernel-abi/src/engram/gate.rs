@@ -319,22 +319,16 @@ pub trait GatePolicy: crate::Policy {
 /// at compile time a row its kernel does not accept.
 macro_rules! gate_policy_types {
     ($($name:ident: $kind:ident, $dt:ident, $nv:literal;)*) => {
-        $(
-            #[doc = concat!("[`", stringify!($kind), "`](crate::GateKernel::", stringify!($kind), "), ", stringify!($dt), ", nv ", stringify!($nv), ".")]
-            #[allow(non_camel_case_types)]
-            #[derive(Clone, Copy, Debug)]
-            pub struct $name;
-            impl $crate::Policy for $name {
-                const ENTRY: &'static str = stringify!($name);
-                const ABOUT: &'static str = $crate::GateKernel::$kind.about();
-            }
-            impl $crate::GatePolicy for $name {
+        $(policy_type!(
+            $name,
+            concat!("[`", stringify!($kind), "`](crate::GateKernel::", stringify!($kind), "), ", stringify!($dt), ", nv ", stringify!($nv), "."),
+            $crate::GateKernel::$kind.about(),
+            GatePolicy {
                 const KERNEL: $crate::GateKernel = $crate::GateKernel::$kind;
                 const ELEM: $crate::Elem = $crate::elem!($dt);
                 const NV: u32 = $nv;
             }
-            const _: () = <$name as $crate::GatePolicy>::VALID;
-        )*
+        );)*
     };
 }
 
