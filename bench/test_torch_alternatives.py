@@ -267,6 +267,21 @@ def build_cases(rng):
                   {"x_layer_out": xlo, "h_post": hp, "x_res": xr, "ref.x_out": torch.from_numpy(out)},
                   {"x_out": "bf16"}))
 
+    # MHCPostPreFwd: the post half's stored output, then the pre half of it.
+    phi = store(rn(n * c, n * n + 2 * n), "f32")
+    b = store(rn(n * n + 2 * n), "f32")
+    xo = store(out, "bf16")
+    x_res, x_layer, h_post = mhc_pre_np(stored_values(phi), stored_values(xo), stored_values(b),
+                                        n, c, 1.0, 1.0, 1.0, 1, 0.02)
+    cases.append(({"op": "MHCPostPreFwd", "workload": "B3-n4-c24", "dtype": "bf16",
+                   "params": {"n": n, "c": c, "alpha_pre": 1.0, "alpha_post": 1.0, "alpha_res": 1.0,
+                              "sinkhorn_repeat": 1, "sinkhorn_eps": 0.02}},
+                  {"x_layer_out": xlo, "h_post": hp, "x_res": xr, "phi": phi, "b": b,
+                   "ref.x_out": torch.from_numpy(stored_values(xo)),
+                   "ref.x_res": torch.from_numpy(x_res), "ref.x_layer": torch.from_numpy(x_layer),
+                   "ref.h_post": torch.from_numpy(h_post)},
+                  {"x_out": "bf16", "x_res": "bf16", "x_layer": "bf16", "h_post": "f32"}))
+
     eps = 1e-6
     for dt, (M, T, d) in (("f16", (2, 9, 32)), ("bf16", (3, 7, 48))):
         # Non-unit rms weights and larger scales than the anchor's draws.

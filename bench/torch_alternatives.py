@@ -161,6 +161,17 @@ def mhc_post_fwd(x_layer_out: torch.Tensor, h_post: torch.Tensor, x_res: torch.T
     return out.to(x_res.dtype).reshape(B, n * c)
 
 
+def make_mhc_post_pre_fwd(pre: Callable) -> Callable:
+    """docs/ops.md §7: the post half, then the pre half `pre` (``make_mhc_pre_fwd``) of its
+    output.  Returns fn(x_layer_out, h_post, x_res, phi, b) -> (x_out, x_res, x_layer, h_post)."""
+
+    def mhc_post_pre_fwd(x_layer_out, h_post, x_res, phi, b):
+        x_out = mhc_post_fwd(x_layer_out, h_post, x_res)
+        return (x_out, *pre(phi, x_out, b))
+
+    return mhc_post_pre_fwd
+
+
 def engram_gate_conv_fwd(H, k, v, rms_w_h, rms_w_v, conv_w, eps: float):
     """docs/ops.md §4.  Storage dtype = H.dtype; with f32 inputs every q is the identity
     (that is the forward docs/ops.md §5 differentiates).  Returns
@@ -235,6 +246,7 @@ OUTPUTS = {
     "FFTC2CFwd": ["y"],
     "MHCPreFwd": ["x_res", "x_layer", "h_post"],
     "MHCPostFwd": ["x_out"],
+    "MHCPostPreFwd": ["x_out", "x_res", "x_layer", "h_post"],
     "EngramGateConvFwd": ["Y", "vhat", "alpha", "rrms_h", "rrms_k", "rrms_v"],
     "EngramGateConvBwd": ["dH", "dk", "dv", "drms_w_h", "drms_w_v", "dconv_w"],
     "EngramDecodeFwd": ["y_t", "new_conv_state"],
@@ -307,7 +319,7 @@ def build_alternatives(op: str, t: Dict[str, torch.Tensor], params: dict, skip_c
     alts = torch_alternatives(op, t, params, skip_compile)
     if tileops is not None:
         alts.append(tileops_alternative(op, t, params, tileops))
-    if rgk_torch is not None:
+    if rgk_torch is not None and op in RGK_TORCH_OPS:
         alts.append(class_alternative(RGK_TORCH_NAME, op, t, params, rgk_torch))
     return alts
 
@@ -331,6 +343,17 @@ def torch_alternatives(op: str, t: Dict[str, torch.Tensor], params: dict, skip_c
     if op == "MHCPostFwd":
         return _plain_alternatives(op, mhc_post_fwd, [t["x_layer_out"], t["h_post"], t["x_res"]],
                                    "torch-ref", skip_compile)
+    if op == "MHCPostPreFwd":
+        phi = t["phi"]
+        n = int(params.get("n", 0)) or int(round(math.sqrt(phi.shape[1] + 1) - 1))
+        c = int(params.get("c", 0)) or t["x_layer_out"].shape[1]
+        pre = make_mhc_pre_fwd(n, c, float(params.get("alpha_pre", 1.0)),
+                               float(params.get("alpha_post", 1.0)),
+                               float(params.get("alpha_res", 1.0)),
+                               int(params.get("sinkhorn_repeat", 1)),
+                               float(params.get("sinkhorn_eps", 0.02)))
+        args = [t[k] for k in ("x_layer_out", "h_post", "x_res", "phi", "b")]
+        return _plain_alternatives(op, make_mhc_post_pre_fwd(pre), args, "torch-ref", skip_compile)
     if op == "EngramGateConvFwd":
         fn = make_engram_gate_conv_fwd(float(params.get("eps", 1e-6)))
         args = [t[k] for k in ("H", "k", "v", "rms_w_h", "rms_w_v", "conv_w")]
@@ -403,6 +426,9 @@ def class_alternative(name: str, op: str, t: Dict[str, torch.Tensor], params: di
 # rgk's own Python package (python/): our kernels called on torch tensors through
 # torch.library, timed like an alternative but never counted as one (it is us).
 RGK_TORCH_NAME = "rgk-torch"
+# The ops the package has a class for (MHCPostPreFwd has none yet).
+RGK_TORCH_OPS = ("FFTC2CFwd", "MHCPreFwd", "MHCPostFwd", "EngramGateConvFwd", "EngramGateConvBwd",
+                 "EngramDecodeFwd")
 
 
 def load_rgk_torch():
@@ -440,6 +466,21 @@ def _class_call(op: str, t: Dict[str, torch.Tensor], params: dict, ops: dict):
         args = [t["phi"], t["x"], t["b"]]
     elif op == "MHCPostFwd":
         make_op, args = (lambda: ops["MHCPostFwdOp"]()), [t["x_layer_out"], t["h_post"], t["x_res"]]
+    elif op == "MHCPostPreFwd":
+        # The peer's two op classes back to back (it has no fused transition).
+        def make_op():
+            post = ops["MHCPostFwdOp"]()
+            pre = ops["MHCPreFwdOp"](float(params.get("alpha_pre", 1.0)),
+                                     float(params.get("alpha_post", 1.0)),
+                                     float(params.get("alpha_res", 1.0)),
+                                     int(params.get("sinkhorn_repeat", 1)),
+                                     float(params.get("sinkhorn_eps", 0.02)))
+
+            def post_pre(x_layer_out, h_post, x_res, phi, b):
+                x_out = post(x_layer_out, h_post, x_res).reshape(x_res.shape)
+                return (x_out, *pre(phi, x_out, b))
+            return post_pre
+        args = [t[k] for k in ("x_layer_out", "h_post", "x_res", "phi", "b")]
     elif op == "EngramGateConvFwd":
         make_op = lambda: ops["EngramGateConvFwdOp"](eps)
         args = [t[k] for k in ("H", "k", "v", "rms_w_h", "rms_w_v", "conv_w")]

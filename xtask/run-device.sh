@@ -116,7 +116,7 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
       && export PYTHONPATH=$rgk_site${PYTHONPATH:+:$PYTHONPATH}
   fi
   [ -f "$out/h200.json" ] || cp bench/results/h200.json "$out/h200.json" 2>/dev/null || true
-  for op in ${RGK_BENCH_OPS:-FFTC2CFwd MHCPreFwd MHCPostFwd EngramGateConvFwd EngramGateConvBwd EngramDecodeFwd}; do
+  for op in ${RGK_BENCH_OPS:-FFTC2CFwd MHCPreFwd MHCPostFwd MHCPostPreFwd EngramGateConvFwd EngramGateConvBwd EngramDecodeFwd}; do
     echo "=== $op" >>"$out/bench.log"
     start=$(date +%s)
     timeout "${RGK_BENCH_TIMEOUT:-600}" .device/rgk-bench --op "$op" --out "$out/h200.json" --work-dir "/tmp/rgk-bench-$op" "$@" >>"$out/bench.log" 2>&1

@@ -192,12 +192,58 @@ kernel_args! {
     }
 }
 
+kernel_args! {
+    /// `mhc_post_pre_partial_mma_fixed_point`: kernel 1 of the fused post→pre op (MHCPostPreFwd),
+    /// [`PrePartialMmaArgs`]'s kernel with `x` computed from the post half's inputs,
+    /// `x[β, k·c + j] = q(h_post_in[β, k]·x_layer_out[β, j] + x_res_in[β, k·c + j])`, and
+    /// written to `x_out` where that is not null (each element by the block that stages it).
+    pub struct PostPrePartialArgs / post_pre_partial_entry {
+        pub phi: *const f32,
+        pub x_layer_out: *const u16,
+        pub h_post_in: *const f32,
+        pub x_res_in: *const u16,
+        /// Null: x_out is not written.
+        pub x_out: *mut u16,
+        pub part_ws: *mut f64,
+        pub batch: u32,
+        pub n: u32,
+        pub c: u32,
+        pub cw: u32,
+        pub bpc: u32,
+    }
+}
+
+kernel_args! {
+    /// `mhc_post_pre_mix_fixed_point`: kernel 2 of the fused post→pre op, [`PreMixFixedPointArgs`]'s
+    /// kernel with `x` computed from the post half's inputs as in [`PostPrePartialArgs`].
+    pub struct PostPreMixArgs / post_pre_mix_entry {
+        pub x_layer_out: *const u16,
+        pub h_post_in: *const f32,
+        pub x_res_in: *const u16,
+        pub bias: *const f32,
+        pub part_ws: *const f64,
+        pub x_res: *mut u16,
+        pub x_layer: *mut u16,
+        pub h_post: *mut f32,
+        pub batch: u32,
+        pub n: u32,
+        pub c: u32,
+        pub alpha_pre: f32,
+        pub alpha_post: f32,
+        pub alpha_res: f32,
+        pub repeat: u32,
+        pub eps: f32,
+        pub inv_sqrt_nc: f64,
+    }
+}
+
 /// MHCPreFwd's kernels, one row per PTX entry: `name: kernel, body, entry_macro;` (`body`: the
 /// device function the entry runs; `entry_macro`: the argument struct's entry macro). Kernel 1
 /// (split-K partials of the logits and Σx²): `PartialFma` (FMA pipes, any n), `PartialMma`
 /// (fp64 tensor cores, n ≤ 4), `PartialMmaFixedPoint` (the same, accumulating integer limbs);
 /// kernel 2 (coefficients and mixing): `Mix` (any n), `MixSmallN` (coefficients in registers,
-/// n ≤ 4), `MixFixedPoint` (reads the limb accumulators). Expands to `$cb! { rows }`: the device
+/// n ≤ 4), `MixFixedPoint` (reads the limb accumulators); `PostPre…`: the fixed-point pair of
+/// the fused post→pre op (MHCPostPreFwd), x computed from the post half's inputs. Expands to `$cb! { rows }`: the device
 /// crate declares each entry from it, the host names its kernels from it.
 #[macro_export]
 macro_rules! mhc_pre_kernels {
@@ -209,6 +255,8 @@ macro_rules! mhc_pre_kernels {
             mhc_pre_mix: Mix, mix, pre_mix_entry;
             mhc_pre_mix_small_n: MixSmallN, mix_small_n, pre_mix_entry;
             mhc_pre_mix_fixed_point: MixFixedPoint, mix_fixed_point, pre_mix_fixed_point_entry;
+            mhc_post_pre_partial_mma_fixed_point: PostPrePartialMmaFixedPoint, post_pre_partial_mma_fixed_point, post_pre_partial_entry;
+            mhc_post_pre_mix_fixed_point: PostPreMixFixedPoint, post_pre_mix_fixed_point, post_pre_mix_entry;
         }
     };
 }

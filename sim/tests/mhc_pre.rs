@@ -5,7 +5,7 @@
 //! relative, every element, outputs poisoned first.
 use rgk::bf16;
 use rgk::mhc::{pre_fwd_launches, MhcPreParams, MhcPreShape, Mix, Partials, PreMixLaunch, PrePartialsLaunch, PrePlan};
-use rgk::reference::mhc_pre_fwd;
+use rgk::reference::{mhc_post_pre_fwd, mhc_pre_fwd};
 use rgk::verify::{check_float, check_half, poisoned};
 use rgk_tests::{fresh_rng, randn_f32, randn_half};
 use sim::DevBuf;
@@ -116,3 +116,47 @@ fn any_n_pair() {
         run_case(&plan, params(repeat), 1, &mut rng);
     }
 }
+
+/// The fused post→pre pair (MHCPostPreFwd): the stored x_out bit for bit, the pre half within
+/// the bars above, three calls on one workspace; aligned and unaligned (scalar paths) inputs.
+#[test]
+fn post_pre_fused_pair() {
+    let mut rng = fresh_rng("mhc_pre post_pre_fused_pair");
+    for ((batch, n, c), off, repeat) in [((1, 4, 64), 0, 1), ((3, 2, 7), 0, 20), ((9, 4, 40), 1, 0), ((2, 3, 33), 1, 1)] {
+        let s = MhcPreShape { batch, n, c };
+        let plan = PrePlan::for_device(s, SMS, MAX_SMEM).unwrap();
+        let l = s.lens().unwrap();
+        let p = params(repeat);
+        let mut ws = DevBuf::from_slice(&vec![0u64; plan.workspace]);
+        for call in 0..3 {
+            let y = randn_half::<bf16>(&mut rng, l.x_layer, 1.0);
+            let h: Vec<f32> = randn_f32(&mut rng, l.h_post, 1.0).into_iter().map(|v| 2.0 / (1.0 + (-v).exp())).collect();
+            let r = randn_half::<bf16>(&mut rng, l.x, 1.0);
+            let scale = if c % 2 == 1 { 1.0 / ((n * c) as f32).sqrt() } else { 1.0 };
+            let (phi, b) = (randn_f32(&mut rng, l.phi, scale), randn_f32(&mut rng, l.b, 1.0));
+            let pad = |v: &[bf16]| [vec![bf16::ZERO; off], v.to_vec()].concat();
+            let (mut dy, mut dh, mut dr) = (DevBuf::from_slice(&pad(&y)), DevBuf::from_slice(&h), DevBuf::from_slice(&pad(&r)));
+            let (mut dphi, mut db) = (DevBuf::from_slice(&phi), DevBuf::from_slice(&b));
+            let mut dxo = DevBuf::from_slice(&poisoned::<bf16>(l.x));
+            let mut dnr = DevBuf::from_slice(&poisoned::<bf16>(l.x));
+            let mut dnl = DevBuf::from_slice(&poisoned::<bf16>(l.x_layer));
+            let mut dnh = DevBuf::from_slice(&vec![f32::NAN; l.h_post]);
+            let inputs = [dy.at::<bf16>(off), dh.addr(), dr.at::<bf16>(off), dphi.addr(), db.addr()];
+            let outputs = [dnr.addr(), dnl.addr(), dnh.addr()];
+            let (k1, k2) =
+                rgk::mhc::post_pre_fwd_launches(&plan, p, inputs, dxo.addr(), outputs, ws.addr(), plan.workspace).unwrap();
+            sim::run(sim::mhc_pre, &k1);
+            sim::run(sim::mhc_pre, &k2);
+            let (x_out, reference) = mhc_post_pre_fwd(s, p, &y, &h, &r, &phi, &b);
+            let what = format!("{s:?} offset {off} call {call}");
+            let got: Vec<u16> = dxo.read::<bf16>().iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, x_out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{what}: x_out");
+            let a = check_half(&dnr.read::<bf16>(), &reference.x_res, 1.0);
+            let bb = check_half(&dnl.read::<bf16>(), &reference.x_layer, 1.0);
+            let hh: Vec<f64> = dnh.read::<f32>().iter().map(|&v| v as f64).collect();
+            let cc = check_float(&hh, &reference.h_post, 1e-5);
+            assert!(a.passed() && bb.passed() && cc.passed(), "{what}:\n  x_res: {a}\n  x_layer: {bb}\n  h_post: {cc}");
+        }
+    }
+}
+

@@ -199,10 +199,21 @@ fn pack_base_bench(root: &Path, rev: &str) -> Result<(), String> {
             Err(format!("git {} failed", args.join(" ")))
         }
     };
+    // Resolved here: inside the worktree, a relative name such as `HEAD` would name the
+    // worktree's own checkout, not this repository's.
+    let out = Command::new("git")
+        .args(["rev-parse", "--verify", &format!("{rev}^{{commit}}")])
+        .current_dir(root)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!("{rev} is not a commit of this repository"));
+    }
+    let hash = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if wt.join(".git").exists() {
-        git(&["checkout", "--quiet", "--detach", rev], &wt)?;
+        git(&["checkout", "--quiet", "--detach", &hash], &wt)?;
     } else {
-        git(&["worktree", "add", "--quiet", "--detach", &wt.to_string_lossy(), rev], root)?;
+        git(&["worktree", "add", "--quiet", "--detach", &wt.to_string_lossy(), &hash], root)?;
     }
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
@@ -217,7 +228,7 @@ fn pack_base_bench(root: &Path, rev: &str) -> Result<(), String> {
     let dest = root.join(".device/base-rgk-bench");
     fs::copy(wt.join("target/release/rgk-bench"), &dest).map_err(|e| e.to_string())?;
     let _ = Command::new("strip").arg(&dest).status();
-    println!("base bench at {rev}: {}", dest.display());
+    println!("base bench at {rev} ({}): {}", &hash[..12], dest.display());
     Ok(())
 }
 

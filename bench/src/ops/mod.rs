@@ -5,6 +5,7 @@ pub mod engram_decode;
 pub mod engram_gate;
 pub mod fft;
 pub mod mhc;
+pub mod mhc_post_pre;
 pub mod mhc_pre;
 
 /// Every registered workload, in the order of the seed table (docs/ops.md); `variants` adds each op's launch-config
@@ -14,6 +15,7 @@ pub fn registry(variants: bool) -> Vec<Workload> {
     v.extend(fft::workloads(variants));
     v.extend(mhc_pre::workloads(variants));
     v.extend(mhc::workloads(variants));
+    v.extend(mhc_post_pre::workloads(variants));
     v.extend(engram_gate::workloads(variants));
     v.extend(engram_decode::workloads(variants));
     v

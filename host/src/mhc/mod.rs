@@ -1,5 +1,6 @@
 //! Manifold-constrained hyper-connections (mHC), docs/ops.md §2–§3.
 mod post;
+mod post_pre;
 mod pre;
 
 use std::collections::BTreeSet;
@@ -7,6 +8,7 @@ use std::collections::BTreeSet;
 pub use post::{post_fwd, post_fwd_raw, MhcPostInputs, MhcPostOutputs, MhcPostShape};
 #[doc(hidden)]
 pub use post::{post_fwd_plan, PostLaunch};
+pub use post_pre::{MhcPostPre, MhcPostPreInputs, MhcPostPreOutputs};
 pub use pre::{pre_fwd_raw, MhcPre, MhcPreInputs, MhcPreLens, MhcPreOutputs, MhcPreParams, MhcPreShape, PrePlan};
 
 // Planner internals the tests and the bench inspect: not part of the API.
@@ -21,6 +23,8 @@ pub use pre::{
     FmaPartialGrid, Mix, MmaPartialGrid, Partials, PreClass, TileMix, ACC_WORDS,
 };
 #[doc(hidden)]
+pub use post_pre::post_pre_fwd_launches;
+#[doc(hidden)]
 pub use pre::{pre_fwd_launches, PreMixLaunch, PrePartialsLaunch};
 
 use crate::{Gpu, Result};
@@ -32,13 +36,15 @@ pub(crate) const PRE_KERNELS: &[&str] = pre::KERNELS;
 
 /// Every PTX entry the mHC planners launch over a grid of valid shapes that reaches every row
 /// of their tuning tables and every fallback (MHCPreFwd: each kernel pair, on `gpu`'s SM count
-/// and shared memory; MHCPostFwd: aligned and unaligned buffers, `c % 8` zero and not). Equal
+/// and shared memory, and MHCPostPreFwd's fused pair; MHCPostFwd: aligned and unaligned buffers, `c % 8` zero and not). Equal
 /// to [`POST_KERNELS`] ∪ [`PRE_KERNELS`] when every shipped entry is reachable.
 #[doc(hidden)]
 pub fn planned_kernels(gpu: &Gpu) -> Result<BTreeSet<&'static str>> {
     let mut set = BTreeSet::new();
     for &s in pre::SWEEP_SHAPES {
-        set.extend(PrePlan::new(gpu, s)?.kernels());
+        let plan = PrePlan::new(gpu, s)?;
+        set.extend(plan.kernels());
+        set.extend(post_pre::planned_kernels(&plan));
     }
     for (batch, n, c) in [(1, 4, 1280), (2, 4, 1920), (4, 4, 2560), (3, 3, 7), (70_000, 1, 8)] {
         for aligned in [true, false] {

@@ -87,7 +87,9 @@ pub enum PreClass {
 
 /// Kernel-1 grid cap: 64 blocks. 32: 5.60 / 6.50 / 7.01 µs against 5.70 / 5.98 / 6.62; 96 and
 /// 128: 6.18 / 6.11 / 7.10 and 6.50 / 6.61 / 7.44 against 5.73 / 5.92 / 6.46 (fewer blocks
-/// lengthen the phi walk, more lengthen kernel 2's partial sums).
+/// lengthen the phi walk, more lengthen kernel 2's partial sums). Fixed-point pair: 40 / 96 /
+/// 128: 4.99 / 5.44 / 5.89, 5.12 / 5.63 / 6.40, 6.02 / 6.11 / 7.71 against 5.02 / 5.36 / 5.92
+/// (more blocks, more limb-add contention).
 const PARTIAL_GRID_CAP: usize = 64;
 /// `mhc_pre_partial_fma`'s block: 256 threads.
 const FMA_BLOCK: u32 = 256;
@@ -108,7 +110,8 @@ impl PreClass {
         // - a polled counter instead of `griddepcontrol.wait`: +0.7…+1.0 µs;
         // - block-major stored partials with the column-per-thread kernel 2: +0.4…+0.8 µs;
         // - block-parallel coefficients (`mhc_pre_mix`) for n ≤ 4: 9.86 / 9.86 / 11.04 against 6.82 / 7.26 / 8.32;
-        // - a kernel 1 without tensor cores (one lane per quantity): +1.7…+2.6 µs.
+        // - a kernel 1 without tensor cores (one lane per quantity): +1.7…+2.6 µs;
+        // - one launch whose last-arriving blocks (arrival counter, polled) mix: 6.56 / 7.87 / 8.88 against 4.77 / 5.38 / 5.86 µs.
         let groups = shape.batch.div_ceil(BTF);
         match (shape.n <= NMAX_SMALL_N, mma_fits && groups <= MAX_GRID_Y, shape.batch <= MAX_GRID_Y) {
             (true, true, true) => Self::FixedPoint,
@@ -592,7 +595,7 @@ impl PrePlan {
 
 /// Raises (never lowers: other plans of the same kernel may need more) the kernel's dynamic
 /// shared memory limit to `smem` bytes when that exceeds the default 48 KiB.
-fn raise_smem_limit(f: &cudarc::driver::CudaFunction, smem: u32) -> Result<()> {
+pub(crate) fn raise_smem_limit(f: &cudarc::driver::CudaFunction, smem: u32) -> Result<()> {
     let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
     if smem as usize > SMEM_DEFAULT && f.get_attribute(attr)? < smem as i32 {
         f.set_attribute(attr, smem as i32)?;

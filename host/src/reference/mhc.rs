@@ -227,3 +227,42 @@ pub fn mhc_pre_fwd_from_logits(
 pub fn mhc_pre_fwd(shape: MhcPreShape, params: MhcPreParams, phi: &[f32], x: &[bf16], b: &[f32]) -> MhcPreRef {
     mhc_pre_fwd_from_logits(shape, params, &mhc_pre_logits(shape, phi, x), b, x)
 }
+
+// ------------------------------------------------------------------ MHCPostPreFwd (docs/ops.md §7)
+
+/// The post half's output as MHCPostFwd stores it: `q(fma_f32(h_post, x_layer_out, x_res))`,
+/// one f32 fused multiply-add rounded to bf16 — the exact bits (an f32 FMA is exactly rounded,
+/// and so is the conversion), which MHCPostPreFwd's pre half consumes.
+pub fn mhc_post_stored(shape: MhcPostShape, x_layer_out: &[bf16], h_post: &[f32], x_res: &[bf16]) -> Vec<bf16> {
+    let MhcPostShape { batch, n, c } = shape;
+    let mut out = Vec::with_capacity(batch * n * c);
+    for b in 0..batch {
+        for i in 0..n {
+            let h = h_post[b * n + i];
+            for j in 0..c {
+                let v = h.mul_add(x_layer_out[b * c + j].to_f32(), x_res[b * n * c + i * c + j].to_f32());
+                out.push(bf16::from_f32(v));
+            }
+        }
+    }
+    out
+}
+
+/// MHCPostPreFwd (docs/ops.md §7): [`mhc_post_stored`], then [`mhc_pre_fwd`] of it. Returns the
+/// stored `x_out` and the pre half's reference. Panics if a slice is shorter than `shape` needs
+/// (test helper).
+#[allow(clippy::too_many_arguments)]
+pub fn mhc_post_pre_fwd(
+    shape: MhcPreShape,
+    params: MhcPreParams,
+    x_layer_out: &[bf16],
+    h_post: &[f32],
+    x_res: &[bf16],
+    phi: &[f32],
+    b: &[f32],
+) -> (Vec<bf16>, MhcPreRef) {
+    let post = MhcPostShape { batch: shape.batch, n: shape.n, c: shape.c };
+    let x_out = mhc_post_stored(post, x_layer_out, h_post, x_res);
+    let pre = mhc_pre_fwd(shape, params, phi, &x_out, b);
+    (x_out, pre)
+}

@@ -32,14 +32,21 @@ unsafe fn post_any(a: PostAnyArgs) {
         let xr = bf16_to_f32(*x_res.add(e as usize));
         let y = bf16_to_f32(*x_layer_out.add((beta * c + j) as usize));
         let h = *h_post.add((beta * n + i) as usize);
-        *out.add(e as usize) = f32_to_bf16(fma(h, y, xr));
+        *out.add(e as usize) = post_elem(h, y, xr);
         e += stride;
     }
 }
 
-/// 8 elements of one x_res row, with `h` and 8 elements of `x_layer_out`: one FMA each.
+/// One output element: `q(h·y + xr)`, one f32 FMA.
 #[inline(always)]
-unsafe fn fma8(h: f32, y: [u32; 4], xr: [u32; 4]) -> [u32; 4] {
+pub(crate) fn post_elem(h: f32, y: f32, xr: f32) -> u16 {
+    f32_to_bf16(fma(h, y, xr))
+}
+
+/// 8 elements of one x_res row, with `h` and 8 elements of `x_layer_out`: one FMA each (also
+/// the fused post→pre op's x, `pre::XSrc`: the same bits as this op's output).
+#[inline(always)]
+pub(crate) unsafe fn fma8(h: f32, y: [u32; 4], xr: [u32; 4]) -> [u32; 4] {
     let mut o = [0u32; 4];
     let mut k = 0;
     while k < 4 {

@@ -35,7 +35,10 @@
 //!
 //! Every sum has a fixed order, so the outputs are bitwise reproducible.
 use crate::prim::*;
-use kernel_abi::{PreMixArgs, PreMixFixedPointArgs, PrePartialFmaArgs, PrePartialMmaArgs};
+use super::post::{fma8, post_elem};
+use kernel_abi::{
+    PostPreMixArgs, PostPrePartialArgs, PreMixArgs, PreMixFixedPointArgs, PrePartialFmaArgs, PrePartialMmaArgs,
+};
 
 /// The PTX entries: one per row of `kernel_abi::mhc_pre_kernels!` (the list the host names
 /// its kernels from).
@@ -88,6 +91,43 @@ fn min_u32(a: u32, b: u32) -> u32 {
         a
     } else {
         b
+    }
+}
+
+/// Where the tensor-core kernel 1 and the fixed-point kernel 2 read x: the stored `x`
+/// (MHCPreFwd), or, in the fused post→pre op (MHCPostPreFwd), the post half computed on the fly
+/// from its inputs — `x[β, k·c + j] = q(h_post_in[β·n + k]·x_layer_out[β·c + j] + x[β, k·c + j])`
+/// with `x` then the post half's `x_res` (the same layout) — by MHCPostFwd's arithmetic
+/// ([`post_elem`], [`fma8`]), so the bits equal a stored x_out's. `post` is a constant at each
+/// entry: the plain entries compile as before.
+#[derive(Clone, Copy)]
+struct XSrc {
+    /// `x`, or the post half's `x_res`.
+    x: *const u16,
+    post: bool,
+    x_layer_out: *const u16,
+    h_post_in: *const f32,
+    /// Where kernel 1 writes the post half's output (null: not written).
+    x_out: *mut u16,
+}
+
+impl XSrc {
+    fn plain(x: *const u16) -> Self {
+        Self {
+            x,
+            post: false,
+            x_layer_out: core::ptr::null(),
+            h_post_in: core::ptr::null(),
+            x_out: core::ptr::null_mut(),
+        }
+    }
+
+    /// Element `(β, k, j)` with `r = β·n + k` (post mode).
+    #[inline(always)]
+    unsafe fn post_elem_at(self, r: u32, beta: u32, c: u32, j: u32) -> u16 {
+        let xr = bf16_to_f32(*self.x.add((r * c + j) as usize));
+        let y = bf16_to_f32(*self.x_layer_out.add((beta * c + j) as usize));
+        post_elem(*self.h_post_in.add(r as usize), y, xr)
     }
 }
 
@@ -1029,6 +1069,57 @@ unsafe fn mix_fixed_point(a: PreMixFixedPointArgs) {
         eps,
         inv_sqrt_nc,
     } = a;
+    let alphas = [alpha_pre, alpha_post, alpha_res];
+    let outs = (x_res, x_layer, h_post);
+    fixed_point_mix(XSrc::plain(x), bias, part_ws, outs, batch, n, c, alphas, repeat, eps, inv_sqrt_nc);
+}
+
+/// Kernel 2 of the fused post→pre op (MHCPostPreFwd): [`mhc_pre_mix_fixed_point`] with x
+/// computed from the post half's inputs ([`XSrc`]).
+#[inline(always)]
+unsafe fn post_pre_mix_fixed_point(a: PostPreMixArgs) {
+    let PostPreMixArgs {
+        x_layer_out,
+        h_post_in,
+        x_res_in,
+        bias,
+        part_ws,
+        x_res,
+        x_layer,
+        h_post,
+        batch,
+        n,
+        c,
+        alpha_pre,
+        alpha_post,
+        alpha_res,
+        repeat,
+        eps,
+        inv_sqrt_nc,
+    } = a;
+    let src = XSrc { x: x_res_in, post: true, x_layer_out, h_post_in, x_out: core::ptr::null_mut() };
+    let alphas = [alpha_pre, alpha_post, alpha_res];
+    let outs = (x_res, x_layer, h_post);
+    fixed_point_mix(src, bias, part_ws, outs, batch, n, c, alphas, repeat, eps, inv_sqrt_nc);
+}
+
+/// The body of the fixed-point kernels 2 (see [`mhc_pre_mix_fixed_point`]).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fixed_point_mix(
+    src: XSrc,
+    bias: *const f32,
+    part_ws: *const f64,
+    (x_res, x_layer, h_post): (*mut u16, *mut u16, *mut f32),
+    batch: u32,
+    n: u32,
+    c: u32,
+    [alpha_pre, alpha_post, alpha_res]: [f32; 3],
+    repeat: u32,
+    eps: f32,
+    inv_sqrt_nc: f64,
+) {
+    let x = src.x;
     let t = thread_idx_x();
     let nt = block_dim_x();
     let lane = t & 31;
@@ -1048,7 +1139,12 @@ unsafe fn mix_fixed_point(a: PreMixFixedPointArgs) {
     let mut k = 0;
     while k < NMAX_SMALL_N {
         if k < n && active {
-            xk[k as usize] = bf16_to_f32(*xrow.add((k * c + col) as usize));
+            let v = if src.post {
+                src.post_elem_at(beta * n + k, beta, c, col)
+            } else {
+                *xrow.add((k * c + col) as usize)
+            };
+            xk[k as usize] = bf16_to_f32(v);
         }
         k += 1;
     }
@@ -1060,19 +1156,54 @@ unsafe fn mix_fixed_point(a: PreMixFixedPointArgs) {
     // Σx² of row β: products of bf16 values exact in f64, added in a fixed order per thread.
     let len = n * c;
     let mut ss = 0f64;
-    if (xrow as u64) & 15 == 0 && len % 8 == 0 {
+    let yvec = c % 8 == 0 && (src.x_layer_out as u64 + 2 * (beta * c) as u64) & 15 == 0;
+    if src.post && !((xrow as u64) & 15 == 0 && yvec) {
+        // The post half's x without vector loads, in the order MHCPreFwd takes a stored,
+        // 16-byte aligned x_out (chunks of 8 at t, t+T, … when len % 8 == 0), so that Σx² has
+        // its bits. (The squares of bf16 values are exact in f64 and so are their sums unless
+        // the values span more than ~37 binary orders of magnitude.)
+        let vector_order = len % 8 == 0;
+        let (unit, count) = if vector_order { (8, len / 8) } else { (1, len) };
+        let mut i = t;
+        while i < count {
+            let mut q = 0;
+            while q < unit {
+                let e = unit * i + q;
+                let (k, j) = divrem_u32(e, c);
+                let f = bf16_to_f32(src.post_elem_at(beta * n + k, beta, c, j)) as f64;
+                ss = fma_f64(f, f, ss);
+                q += 1;
+            }
+            i += nt;
+        }
+    } else if (xrow as u64) & 15 == 0 && len % 8 == 0 {
         let nch = len / 8;
         let p = xrow as *const u32;
         let mut i0 = t;
         while i0 < nch {
             let mut v = [[0u32; 4]; XR];
+            let mut y = [[0u32; 4]; XR];
+            let mut h = [0f32; XR];
             let mut u = 0;
             while u < XR {
                 let i = i0 + u as u32 * nt;
                 if i < nch {
                     v[u] = ld_nc_v4(p.add(4 * i as usize));
+                    if src.post {
+                        // The chunk lies in one stream row k (c % 8 == 0).
+                        let (k, j) = divrem_u32(8 * i, c);
+                        y[u] = ld_nc_v4(src.x_layer_out.add((beta * c + j) as usize) as *const u32);
+                        h[u] = *src.h_post_in.add((beta * n + k) as usize);
+                    }
                 }
                 u += 1;
+            }
+            if src.post {
+                let mut u = 0;
+                while u < XR {
+                    v[u] = fma8(h[u], y[u], v[u]);
+                    u += 1;
+                }
             }
             let mut u = 0;
             while u < XR {
@@ -1239,6 +1370,7 @@ fn accumulator_value(s: &[u64; ACC_WORDS as usize]) -> f64 {
 }
 
 crate::entry_directive!("mhc_pre_partial_mma_fixed_point", ".maxntid 512, 1, 1 .minnctapersm 1");
+crate::entry_directive!("mhc_post_pre_partial_mma_fixed_point", ".maxntid 512, 1, 1 .minnctapersm 1");
 
 /// Kernel 1 of the fixed-point pair on fp64 tensor cores: grid `(G, groups)`, block `(T, 1, 1)`;
 /// block `g` owns the channel columns `[g·cw, min((g+1)·cw, c))` and adds each of its block
@@ -1334,7 +1466,18 @@ unsafe fn partial_mma_entry(
     fixed_point: bool,
 ) {
     grid_launch_dependents();
-    pre_mma_body(phi, x, batch, n, c, cw, bpc, part_ws, fixed_point);
+    pre_mma_body(phi, XSrc::plain(x), batch, n, c, cw, bpc, part_ws, fixed_point);
+}
+
+/// Kernel 1 of the fused post→pre op (MHCPostPreFwd): [`mhc_pre_partial_mma_fixed_point`] with x
+/// computed from the post half's inputs and written to `x_out` unless it is null ([`XSrc`]).
+/// Triggers the dependent launch of kernel 2 at entry.
+#[inline(always)]
+unsafe fn post_pre_partial_mma_fixed_point(a: PostPrePartialArgs) {
+    let PostPrePartialArgs { phi, x_layer_out, h_post_in, x_res_in, x_out, part_ws, batch, n, c, cw, bpc } = a;
+    grid_launch_dependents();
+    let src = XSrc { x: x_res_in, post: true, x_layer_out, h_post_in, x_out };
+    pre_mma_body(phi, src, batch, n, c, cw, bpc, part_ws, true);
 }
 
 /// The scalar parameters of the coefficient phase.
@@ -1460,7 +1603,7 @@ unsafe fn coefficients_warp(
 #[allow(clippy::too_many_arguments)]
 unsafe fn pre_mma_body(
     phi: *const f32,
-    x: *const u16,
+    src: XSrc,
     batch: u32,
     n: u32,
     c: u32,
@@ -1489,7 +1632,12 @@ unsafe fn pre_mma_body(
     let g = lane >> 2;
     let tq = lane & 3;
     // 16-byte copies of x into shared memory when every row segment is 16-byte aligned.
-    let xvec = (x as u64) & 15 == 0 && c % 8 == 0 && cw % 8 == 0 && cwa % 8 == 0;
+    let x = src.x;
+    let xvec = (x as u64) & 15 == 0
+        && c % 8 == 0
+        && cw % 8 == 0
+        && cwa % 8 == 0
+        && (!src.post || ((src.x_layer_out as u64) | (src.x_out as u64)) & 15 == 0);
     // Fixed point: this call's accumulators are the half of `part_ws` that the epoch word's
     // parity names; the other half (read by the previous call's kernel 2, which has completed) is
     // zeroed here for the next call, the words spread over every block of the grid.
@@ -1535,7 +1683,21 @@ unsafe fn pre_mma_body(
             let mut i = t;
             while i < nrow * chunks {
                 let (row, ch) = divrem_u32(i, chunks);
-                let v = ld_nc_v4(xg.add((row * c + 8 * ch) as usize) as *const u32);
+                let v = if src.post {
+                    // Global stream row r = β·n + k; the post half's output computed, written
+                    // once (this block is the only one staging these elements).
+                    let r = b0 * n + row;
+                    let e = (r * c + j0 + 8 * ch) as usize;
+                    let xr = ld_nc_v4(x.add(e) as *const u32);
+                    let y = ld_nc_v4(src.x_layer_out.add((divrem_u32(r, n).0 * c + j0 + 8 * ch) as usize) as *const u32);
+                    let o = fma8(*src.h_post_in.add(r as usize), y, xr);
+                    if !src.x_out.is_null() {
+                        st_v4(src.x_out.add(e) as *mut u32, o);
+                    }
+                    o
+                } else {
+                    ld_nc_v4(xg.add((row * c + 8 * ch) as usize) as *const u32)
+                };
                 st_v4_generic(sm.xs.add((row * cwa + 8 * ch) as usize) as *mut u32, v);
                 i += nt;
             }
@@ -1543,7 +1705,16 @@ unsafe fn pre_mma_body(
             let mut i = t;
             while i < nrow * cwa {
                 let (row, jj) = divrem_u32(i, cwa);
-                *sm.xs.add(i as usize) = *xg.add((row * c + jj) as usize);
+                *sm.xs.add(i as usize) = if src.post {
+                    let r = b0 * n + row;
+                    let v = src.post_elem_at(r, divrem_u32(r, n).0, c, j0 + jj);
+                    if !src.x_out.is_null() {
+                        *src.x_out.add((r * c + j0 + jj) as usize) = v;
+                    }
+                    v
+                } else {
+                    *xg.add((row * c + jj) as usize)
+                };
                 i += nt;
             }
         }
