@@ -426,9 +426,9 @@ def class_alternative(name: str, op: str, t: Dict[str, torch.Tensor], params: di
 # rgk's own Python package (python/): our kernels called on torch tensors through
 # torch.library, timed like an alternative but never counted as one (it is us).
 RGK_TORCH_NAME = "rgk-torch"
-# The ops the package has a class for (MHCPostPreFwd has none yet).
-RGK_TORCH_OPS = ("FFTC2CFwd", "MHCPreFwd", "MHCPostFwd", "EngramGateConvFwd", "EngramGateConvBwd",
-                 "EngramDecodeFwd")
+# The ops the package has a class for.
+RGK_TORCH_OPS = ("FFTC2CFwd", "MHCPreFwd", "MHCPostFwd", "MHCPostPreFwd", "EngramGateConvFwd",
+                 "EngramGateConvBwd", "EngramDecodeFwd")
 
 
 def load_rgk_torch():
@@ -445,7 +445,7 @@ def load_rgk_torch():
     except BaseException as exc:
         return None, None, _short_error(exc)
     ops = {name: getattr(rgk, name) for name in (
-        "FFTC2CFwdOp", "MHCPreFwdOp", "MHCPostFwdOp", "EngramGateConvFwdOp",
+        "FFTC2CFwdOp", "MHCPreFwdOp", "MHCPostFwdOp", "MHCPostPreFwdOp", "EngramGateConvFwdOp",
         "EngramGateConvBwdOp", "EngramDecodeFwdOp")}
     return ops, version, None
 
@@ -467,14 +467,16 @@ def _class_call(op: str, t: Dict[str, torch.Tensor], params: dict, ops: dict):
     elif op == "MHCPostFwd":
         make_op, args = (lambda: ops["MHCPostFwdOp"]()), [t["x_layer_out"], t["h_post"], t["x_res"]]
     elif op == "MHCPostPreFwd":
-        # The peer's two op classes back to back (it has no fused transition).
+        # The fused class where the package has one (rgk), else the post and pre classes back to
+        # back (TileOPs has no fused transition).
         def make_op():
+            pre_params = (float(params.get("alpha_pre", 1.0)), float(params.get("alpha_post", 1.0)),
+                          float(params.get("alpha_res", 1.0)), int(params.get("sinkhorn_repeat", 1)),
+                          float(params.get("sinkhorn_eps", 0.02)))
+            if "MHCPostPreFwdOp" in ops:
+                return ops["MHCPostPreFwdOp"](*pre_params)
             post = ops["MHCPostFwdOp"]()
-            pre = ops["MHCPreFwdOp"](float(params.get("alpha_pre", 1.0)),
-                                     float(params.get("alpha_post", 1.0)),
-                                     float(params.get("alpha_res", 1.0)),
-                                     int(params.get("sinkhorn_repeat", 1)),
-                                     float(params.get("sinkhorn_eps", 0.02)))
+            pre = ops["MHCPreFwdOp"](*pre_params)
 
             def post_pre(x_layer_out, h_post, x_res, phi, b):
                 x_out = post(x_layer_out, h_post, x_res).reshape(x_res.shape)

@@ -1,5 +1,5 @@
 """rgk: pure-Rust GPU kernels (batched complex FFT, mHC pre/post, Engram gated conv and decode)
-as PyTorch operators.
+as PyTorch operators, and the fused mHC layer transition (``ops.mhc_post_pre``).
 
     import torch, rgk
     x = torch.randn(64, 4096, dtype=torch.complex64, device="cuda")
@@ -11,9 +11,9 @@ call signatures, so ``from tileops... import MHCPreFwdOp`` becomes ``from rgk im
 """
 from . import _rgk, ops
 from ._classes import (EngramDecodeFwdOp, EngramGateConvBwdOp, EngramGateConvFwdOp,
-                       FFTC2CFwdOp, MHCPostFwdOp, MHCPreFwdOp)
+                       FFTC2CFwdOp, MHCPostFwdOp, MHCPostPreFwdOp, MHCPreFwdOp)
 
 cuda_available = _rgk.cuda_available
 
-__all__ = ["ops", "cuda_available", "FFTC2CFwdOp", "MHCPreFwdOp", "MHCPostFwdOp",
+__all__ = ["ops", "cuda_available", "FFTC2CFwdOp", "MHCPreFwdOp", "MHCPostFwdOp", "MHCPostPreFwdOp",
            "EngramGateConvFwdOp", "EngramGateConvBwdOp", "EngramDecodeFwdOp"]

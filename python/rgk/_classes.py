@@ -44,6 +44,17 @@ class MHCPostFwdOp(_Op):
         return ops.mhc_post(x_layer_out.contiguous(), h_post.contiguous(), x_res.contiguous())
 
 
+class MHCPostPreFwdOp(MHCPreFwdOp):
+    """MHCPostPreFwd (rgk's own; TileOPs has no fused transition): ``MHCPostFwdOp`` of layer L,
+    then ``MHCPreFwdOp`` of layer L+1 on its output, the pre half's constructor →
+    ``(x_out, x_res, x_layer, h_post)``."""
+
+    def forward(self, x_layer_out, h_post, x_res, phi, b):
+        return ops.mhc_post_pre(x_layer_out.contiguous(), h_post.contiguous(), x_res.contiguous(),
+                                phi.contiguous(), b.contiguous(), self.alpha_pre, self.alpha_post,
+                                self.alpha_res, self.sinkhorn_repeat, self.sinkhorn_eps)
+
+
 def _check_gate_eps(eps):
     if eps != _GATE_EPS:
         raise ValueError(f"invalid `eps`: rgk's gate conv kernels use {_GATE_EPS}, got {eps}")

@@ -26,6 +26,11 @@ _LIB.define(
     "int sinkhorn_repeat, float sinkhorn_eps) -> (Tensor, Tensor, Tensor)"
 )
 _LIB.define(
+    "mhc_post_pre(Tensor x_layer_out, Tensor h_post, Tensor x_res, Tensor phi, Tensor b, "
+    "float alpha_pre, float alpha_post, float alpha_res, int sinkhorn_repeat, float sinkhorn_eps) "
+    "-> (Tensor, Tensor, Tensor, Tensor)"
+)
+_LIB.define(
     "gate_conv_fwd(Tensor h, Tensor k, Tensor v, Tensor rms_w_h, Tensor rms_w_v, Tensor conv_w) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
@@ -131,6 +136,11 @@ def _pre_out(phi, x, b):
             x.new_empty((batch, n), dtype=torch.float32))
 
 
+def _post_pre_out(x_layer_out, h_post, x_res, phi, b):
+    x_out = _post_out(x_layer_out, h_post, x_res)
+    return (x_out,) + _pre_out(phi, x_out, b)
+
+
 def _gate_fwd_out(h, *_):
     m, t, _d = _dims(h, "h", 3)
     f32 = dict(dtype=torch.float32)
@@ -173,6 +183,14 @@ def _mhc_pre(phi, x, b, alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkh
     return x_res, x_layer, h_post
 
 
+def _mhc_post_pre(x_layer_out, h_post, x_res, phi, b, alpha_pre, alpha_post, alpha_res,
+                  sinkhorn_repeat, sinkhorn_eps):
+    outs = _post_pre_out(x_layer_out, h_post, x_res, phi, b)
+    _rgk.mhc_post_pre(*(_t(a) for a in (x_layer_out, h_post, x_res, phi, b) + outs), alpha_pre,
+                      alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps, _stream(x_layer_out))
+    return outs
+
+
 def _gate_conv_fwd(h, k, v, rms_w_h, rms_w_v, conv_w):
     outs = _gate_fwd_out(h)
     _rgk.gate_conv_fwd(*(_t(a) for a in (h, k, v, rms_w_h, rms_w_v, conv_w) + outs), _stream(h))
@@ -199,6 +217,7 @@ def _decode_fwd(e_t, h_t, conv_state, w_k, w_v, rms_w_h, rms_w_v, conv_w, dilati
 
 
 for _name, _impl in [("fft_c2c", _fft_c2c), ("mhc_post", _mhc_post), ("mhc_pre", _mhc_pre),
+                     ("mhc_post_pre", _mhc_post_pre),
                      ("gate_conv_fwd", _gate_conv_fwd), ("gate_conv_bwd", _gate_conv_bwd),
                      ("decode_fwd", _decode_fwd)]:
     _LIB.impl(_name, _impl, "CUDA")
@@ -220,6 +239,12 @@ torch.library.register_fake("rgk::mhc_post")(_post_out)
 @torch.library.register_fake("rgk::mhc_pre")
 def _(phi, x, b, alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps):
     return _pre_out(phi, x, b)
+
+
+@torch.library.register_fake("rgk::mhc_post_pre")
+def _(x_layer_out, h_post, x_res, phi, b, alpha_pre, alpha_post, alpha_res, sinkhorn_repeat,
+      sinkhorn_eps):
+    return _post_pre_out(x_layer_out, h_post, x_res, phi, b)
 
 
 @torch.library.register_fake("rgk::gate_conv_fwd")
@@ -315,6 +340,35 @@ def _pre_backward(ctx, g_res, g_layer, g_post):
 torch.library.register_autograd("rgk::mhc_pre", _pre_backward, setup_context=_pre_setup)
 
 
+# MHCPostPre: the post half's formula, then ``mhc_pre_reference``, recomputed in f32 and
+# differentiated once (x_out's rounding passes the gradient straight through, as between the two
+# separate ops); a gradient on x_out adds to what the pre half sends back.
+def _post_pre_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:5])
+    ctx.params = inputs[5:]
+
+
+def _post_pre_backward(ctx, g_out, g_res, g_layer, g_post):
+    ins = ctx.saved_tensors
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(need) for t, need in zip(ins, ctx.needs_input_grad)]
+        x_layer_out, h_post, x_res, phi, b = leaves
+        batch, c = x_layer_out.shape
+        n = h_post.shape[1]
+        x_out = (h_post.float().unsqueeze(-1) * x_layer_out.float().unsqueeze(1)
+                 + x_res.float().reshape(batch, n, c)).reshape(batch, n * c)
+        outs = (x_out,) + tuple(mhc_pre_reference(phi, x_out, b, *ctx.params))
+        pairs = [(o, g) for o, g in zip(outs, (g_out, g_res, g_layer, g_post)) if g is not None]
+        wrt = [t for t in leaves if t.requires_grad]
+        grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt,
+                                         [g.float() for _, g in pairs], allow_unused=True))
+    out = [next(grads) if t.requires_grad else None for t in leaves]
+    return tuple(None if gr is None else gr.to(t.dtype) for gr, t in zip(out, ins)) + (None,) * 5
+
+
+torch.library.register_autograd("rgk::mhc_post_pre", _post_pre_backward, setup_context=_post_pre_setup)
+
+
 # EngramGateConv: the backward kernel; gradients flow through Y only (vhat, alpha and the
 # reciprocal rms values are what the backward reads, not differentiable outputs).
 def _gate_setup(ctx, inputs, output):
@@ -368,6 +422,18 @@ def mhc_pre(phi, x, b, alpha_pre=1.0, alpha_post=1.0, alpha_res=1.0, sinkhorn_re
     if _direct(phi, x, b):
         return _mhc_pre(*args)
     return torch.ops.rgk.mhc_pre(*args)
+
+
+def mhc_post_pre(x_layer_out, h_post, x_res, phi, b, alpha_pre=1.0, alpha_post=1.0,
+                 alpha_res=1.0, sinkhorn_repeat=1, sinkhorn_eps=0.02):
+    """MHCPostPreFwd, an mHC layer boundary: ``mhc_post`` of layer L, then ``mhc_pre`` of
+    layer L+1 on its output, in two kernels → ``(x_out, x_res, x_layer, h_post)``; bitwise the
+    two ops' outputs."""
+    args = (x_layer_out, h_post, x_res, phi, b, float(alpha_pre), float(alpha_post),
+            float(alpha_res), int(sinkhorn_repeat), float(sinkhorn_eps))
+    if _direct(x_layer_out, h_post, x_res, phi, b):
+        return _mhc_post_pre(*args)
+    return torch.ops.rgk.mhc_post_pre(*args)
 
 
 def gate_conv_fwd(h, k, v, rms_w_h, rms_w_v, conv_w):

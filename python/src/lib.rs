@@ -19,7 +19,7 @@ use rgk::engram::{
     EngramGateShape, GateConvBwdPlan,
 };
 use rgk::fft::{FftPlan, Precision};
-use rgk::mhc::{post_fwd_raw, MhcPostShape, MhcPre, MhcPreParams, MhcPreShape};
+use rgk::mhc::{post_fwd_raw, MhcPostPre, MhcPostShape, MhcPre, MhcPreParams, MhcPreShape};
 use rgk::{bf16, f16, Gpu};
 
 /// A tensor as Python describes it: `(data_ptr, dtype, shape, strides, device)`.
@@ -449,6 +449,71 @@ fn mhc_pre(
     unsafe { op.run_raw(&g, params, [p_phi, p_x, p_b], [p_res, p_layer, p_h], cu) }.map_err(py_err)
 }
 
+/// MHCPostPreFwd (the mHC layer transition): layer L's `x_layer_out [B, c]` bf16, `h_post
+/// [B, n]` f32, `x_res [B, n·c]` bf16 and layer L+1's `phi [n·c, n²+2n]` f32, `b [n²+2n]` f32 →
+/// `x_out [B, n·c]` bf16 (the post half's output) and layer L+1's `x_res`, `x_layer`, `h_post`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn mhc_post_pre(
+    x_layer_out: Tensor,
+    h_post: Tensor,
+    x_res: Tensor,
+    phi: Tensor,
+    b: Tensor,
+    x_out: Tensor,
+    next_x_res: Tensor,
+    next_x_layer: Tensor,
+    next_h_post: Tensor,
+    alpha_pre: f32,
+    alpha_post: f32,
+    alpha_res: f32,
+    sinkhorn_repeat: u32,
+    sinkhorn_eps: f32,
+    stream: u64,
+) -> PyResult<()> {
+    let device = x_layer_out.device("x_layer_out")?;
+    let [batch, c] = dim("x_layer_out", &x_layer_out, 2)?[..] else { unreachable!() };
+    let [_, n] = dim("h_post", &h_post, 2)?[..] else { unreachable!() };
+    let m = n * n + 2 * n;
+    let nc = n * c;
+    let (bf, f32) = (Dtype::Bf16, Dtype::F32);
+    let p = check_all(
+        device,
+        &[
+            ("x_layer_out", &x_layer_out, bf, &[batch, c]),
+            ("h_post", &h_post, f32, &[batch, n]),
+            ("x_res", &x_res, bf, &[batch, nc]),
+            ("phi", &phi, f32, &[nc, m]),
+            ("b", &b, f32, &[m]),
+        ],
+        &[
+            ("x_out", &x_out, bf, &[batch, nc]),
+            ("next_x_res", &next_x_res, bf, &[batch, nc]),
+            ("next_x_layer", &next_x_layer, bf, &[batch, c]),
+            ("next_h_post", &next_h_post, f32, &[batch, n]),
+        ],
+    )?;
+    let [py, ph, pr, pphi, pb, po, nr, nl, nh] = p[..] else { unreachable!() };
+    let params = MhcPreParams { alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps };
+    if batch * c == 0 || n == 0 {
+        return Ok(());
+    }
+    let bound = gpu(device, stream)?;
+    let (g, cu) = on_stream(&bound, stream)?;
+    // One plan and workspace per stream, as for mhc_pre (the fused pair keeps its accumulator
+    // state in the workspace).
+    type Key = (i64, usize, usize, usize, u64);
+    static PLANS: OnceLock<Mutex<Cache<Key, MhcPostPre>>> = OnceLock::new();
+    let mut plans = lock(PLANS.get_or_init(Default::default));
+    let key = (device, batch, n, c, stream);
+    let op = plans.get_or_make(&bound, cu, key, || {
+        build(&bound, &g, cu, |h| MhcPostPre::new(h, MhcPreShape { batch, n, c }))
+    })?;
+    // SAFETY: every tensor was checked to hold the elements the plan's shape addresses, the
+    // outputs to overlap nothing; the plan serves this stream only.
+    unsafe { op.run_raw(&g, params, [py, ph, pr, pphi, pb], po, [nr, nl, nh], cu) }.map_err(py_err)
+}
+
 fn half_dtype(arg: &str, t: &Tensor) -> PyResult<Dtype> {
     match t.dtype(arg)? {
         d @ (Dtype::F16 | Dtype::Bf16) => Ok(d),
@@ -686,6 +751,7 @@ fn _rgk(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fft_c2c, m)?)?;
     m.add_function(wrap_pyfunction!(mhc_post, m)?)?;
     m.add_function(wrap_pyfunction!(mhc_pre, m)?)?;
+    m.add_function(wrap_pyfunction!(mhc_post_pre, m)?)?;
     m.add_function(wrap_pyfunction!(gate_conv_fwd, m)?)?;
     m.add_function(wrap_pyfunction!(gate_conv_bwd_workspace, m)?)?;
     m.add_function(wrap_pyfunction!(gate_conv_bwd, m)?)?;

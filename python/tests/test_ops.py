@@ -63,7 +63,8 @@ def decode_inputs(batch, d_mem, d, L, K, dtype, device, seed=0):
 # ---------------------------------------------------------------------------------------------
 
 def test_import_without_gpu_and_ops_registered():
-    for name in ("fft_c2c", "mhc_post", "mhc_pre", "gate_conv_fwd", "gate_conv_bwd", "decode_fwd"):
+    for name in ("fft_c2c", "mhc_post", "mhc_pre", "mhc_post_pre", "gate_conv_fwd", "gate_conv_bwd",
+                 "decode_fwd"):
         assert hasattr(torch.ops.rgk, name)
     assert isinstance(rgk.cuda_available(), bool)
 
@@ -79,6 +80,10 @@ def test_fake_tensor_shapes():
         assert (x_res.dtype, x_layer.dtype, h_post.dtype) == (torch.bfloat16,) * 2 + (torch.float32,)
         out = rgk.ops.mhc_post(*post_inputs(4, 4, 2560, "meta"))
         assert out.shape == (4, 10240) and out.dtype == torch.bfloat16
+        phi, _, b = pre_inputs(4, 4, 2560, "meta")
+        outs = rgk.ops.mhc_post_pre(*post_inputs(4, 4, 2560, "meta"), phi, b)
+        assert [tuple(o.shape) for o in outs] == [(4, 10240), (4, 10240), (4, 2560), (4, 4)]
+        assert [o.dtype for o in outs] == [torch.bfloat16] * 3 + [torch.float32]
         outs = rgk.ops.gate_conv_fwd(*gate_inputs(2, 64, 512, torch.float16, "meta"))
         assert [tuple(o.shape) for o in outs] == [(2, 64, 512)] * 2 + [(2, 64)] * 4
         assert [o.dtype for o in outs] == [torch.float16] * 2 + [torch.float32] * 4
@@ -127,6 +132,8 @@ def test_front_end_goes_through_the_dispatcher_when_it_must():
     (lambda: rgk.ops.fft_c2c(torch.zeros(8, dtype=torch.complex64)), "x"),
     (lambda: rgk.ops.mhc_post(*post_inputs(1, 4, 64, "cpu")), "x_layer_out"),
     (lambda: rgk.ops.mhc_pre(*pre_inputs(1, 4, 64, "cpu")), "x"),
+    (lambda: rgk.ops.mhc_post_pre(*post_inputs(1, 4, 64, "cpu"), *pre_inputs(1, 4, 64, "cpu")[::2]),
+     "x_layer_out"),
     (lambda: rgk.ops.gate_conv_fwd(*gate_inputs(1, 8, 64, torch.float16, "cpu")), "h"),
     (lambda: rgk.ops.decode_fwd(*decode_inputs(1, 64, 32, 8, 4, torch.bfloat16, "cpu")), "e_t"),
 ])
@@ -201,6 +208,21 @@ def test_mhc_pre_matches_formula(batch, n, c):
     torch.testing.assert_close(x_res.float(), w_res.float(), rtol=2 ** -7, atol=1e-3)
     torch.testing.assert_close(x_layer.float(), w_layer.float(), rtol=2 ** -7, atol=1e-3)
     torch.testing.assert_close(h_post, w_post, rtol=1e-5, atol=1e-6)
+
+
+@gpu
+@pytest.mark.parametrize("batch, n, c", [(1, 4, 1280), (2, 4, 1920), (4, 4, 2560), (3, 2, 100), (2, 6, 64)])
+def test_mhc_post_pre_is_post_then_pre_bitwise(batch, n, c):
+    x_layer_out, h_post, x_res = post_inputs(batch, n, c, DEV, seed=c)
+    phi, _, b = pre_inputs(batch, n, c, DEV, seed=c + 1)
+    params = (1.0, 0.8, 1.2, 2, 0.02)
+    for _ in range(2):  # the second call runs on the cached plan and workspace
+        ours = rgk.ops.mhc_post_pre(x_layer_out, h_post, x_res, phi, b, *params)
+    x_out = rgk.ops.mhc_post(x_layer_out, h_post, x_res)
+    want = (x_out,) + rgk.ops.mhc_pre(phi, x_out, b, *params)
+    for name, o, w in zip(("x_out", "x_res", "x_layer", "h_post"), ours, want):
+        assert torch.equal(o.view(torch.int16 if o.dtype == torch.bfloat16 else torch.int32),
+                           w.view(torch.int16 if w.dtype == torch.bfloat16 else torch.int32)), name
 
 
 GATE_SHAPES = [((1, 32, 256), torch.float16), ((2, 64, 512), torch.float16),
@@ -304,6 +326,21 @@ def test_mhc_post_and_pre_autograd_match_torch():
 
 
 @gpu
+def test_mhc_post_pre_autograd_matches_the_two_ops():
+    ins = post_inputs(2, 4, 256, DEV) + pre_inputs(2, 4, 256, DEV)[::2]
+    ours = [t.detach().clone().requires_grad_(True) for t in ins]
+    outs = rgk.ops.mhc_post_pre(*ours)
+    sum(o.float().square().sum() for o in outs).backward()
+    theirs = [t.detach().clone().requires_grad_(True) for t in ins]
+    x_out = rgk.ops.mhc_post(*theirs[:3])
+    wo = (x_out,) + rgk.ops.mhc_pre(theirs[3], x_out, theirs[4])
+    sum(o.float().square().sum() for o in wo).backward()
+    for name, o, w in zip(("x_layer_out", "h_post", "x_res", "phi", "b"), ours, theirs):
+        assert o.grad.dtype == o.dtype, name
+        assert rel_l2(o.grad.float(), w.grad.float()) < 2e-2, name
+
+
+@gpu
 def test_invalid_cuda_tensors_raise_naming_the_argument():
     x_layer_out, h_post, x_res = post_inputs(2, 4, 64, DEV)
     with pytest.raises(ValueError, match="`h_post`.*dtype"):
@@ -331,13 +368,15 @@ def op_samples():
         (torch.ops.rgk.fft_c2c, (torch.randn(4, 256, dtype=torch.complex64, device=DEV),)),
         (torch.ops.rgk.mhc_post, post_inputs(2, 4, 64, DEV)),
         (torch.ops.rgk.mhc_pre, pre_inputs(2, 4, 64, DEV) + (1.0, 1.0, 1.0, 1, 0.02)),
+        (torch.ops.rgk.mhc_post_pre,
+         post_inputs(2, 4, 64, DEV) + pre_inputs(2, 4, 64, DEV)[::2] + (1.0, 1.0, 1.0, 1, 0.02)),
         (torch.ops.rgk.gate_conv_fwd, gi),
         (torch.ops.rgk.gate_conv_bwd, (dy,) + gi + (alpha, rrms_h, rrms_k)),
         (torch.ops.rgk.decode_fwd, decode_inputs(2, 64, 32, 8, 4, torch.float16, DEV) + (2, 1e-6)),
     ]
 
 
-GRAD_OPS = {"fft_c2c", "mhc_post", "mhc_pre", "gate_conv_fwd"}
+GRAD_OPS = {"fft_c2c", "mhc_post", "mhc_pre", "mhc_post_pre", "gate_conv_fwd"}
 
 
 @gpu

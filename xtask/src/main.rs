@@ -402,11 +402,20 @@ fn table(root: &Path, file: Option<&str>) -> Result<(), String> {
     let path = file.map(PathBuf::from).unwrap_or_else(|| root.join("bench/results/h200.json"));
     let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    // Rows of a later run of some ops replace theirs: name each op's commit.
+    let mut commits: Vec<(String, String)> = Vec::new();
+    for r in doc["rows"].as_array().into_iter().flatten() {
+        let (op, commit) = (r["op"].as_str().unwrap_or("?"), r["commit"].as_str().unwrap_or("?"));
+        if !commits.iter().any(|(o, c)| o == op && c == commit) {
+            commits.push((op.to_string(), commit.to_string()));
+        }
+    }
+    let commits: Vec<String> = commits.iter().map(|(o, c)| format!("{o} {c}")).collect();
     println!(
-        "Measured {} on {} (commit {}).\n",
+        "Measured {} on {} (commit per op: {}).\n",
         doc["date"].as_str().unwrap_or("?"),
         doc["gpu"].as_str().unwrap_or("?"),
-        doc["commit"].as_str().unwrap_or("?")
+        commits.join(", ")
     );
     println!(
         "| op | workload | dtype | ours µs | rgk-torch µs (host µs/call) | TileOPs µs (host µs/call) | best other µs | fastest | ratio | ours/floor | rel_l2 ours | rel_l2 TileOPs | rel_l2 best other | verified |"
@@ -414,7 +423,19 @@ fn table(root: &Path, file: Option<&str>) -> Result<(), String> {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let us = |v: &serde_json::Value| v.as_f64().map_or("—".to_string(), |ms| format!("{:.2}", ms * 1e3));
     let e = |v: &serde_json::Value| v.as_f64().map_or("—".to_string(), |x| format!("{x:.1e}"));
-    for r in doc["rows"].as_array().into_iter().flatten() {
+    // The ops in the order of docs/ops.md (a later run's rows sit at the end of the file).
+    const OPS: [&str; 7] = [
+        "FFTC2CFwd",
+        "MHCPreFwd",
+        "MHCPostFwd",
+        "MHCPostPreFwd",
+        "EngramGateConvFwd",
+        "EngramGateConvBwd",
+        "EngramDecodeFwd",
+    ];
+    let mut rows: Vec<&serde_json::Value> = doc["rows"].as_array().into_iter().flatten().collect();
+    rows.sort_by_key(|r| OPS.iter().position(|o| r["op"].as_str() == Some(o)).unwrap_or(OPS.len()));
+    for r in rows {
         let alts = r["alternatives"].as_object().cloned().unwrap_or_default();
         // An alternative counts when it was timed without error or semantic mismatch.
         let counts = |a: &serde_json::Value| a["error"].is_null() && a["mismatch"].is_null() && a["ms"].is_number();
