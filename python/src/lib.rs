@@ -506,9 +506,8 @@ fn mhc_post_pre(
     static PLANS: OnceLock<Mutex<Cache<Key, MhcPostPre>>> = OnceLock::new();
     let mut plans = lock(PLANS.get_or_init(Default::default));
     let key = (device, batch, n, c, stream);
-    let op = plans.get_or_make(&bound, cu, key, || {
-        build(&bound, &g, cu, |h| MhcPostPre::new(h, MhcPreShape { batch, n, c }))
-    })?;
+    let op = plans
+        .get_or_make(&bound, cu, key, || build(&bound, &g, cu, |h| MhcPostPre::new(h, MhcPreShape { batch, n, c })))?;
     // SAFETY: every tensor was checked to hold the elements the plan's shape addresses, the
     // outputs to overlap nothing; the plan serves this stream only.
     unsafe { op.run_raw(&g, params, [py, ph, pr, pphi, pb], po, [nr, nl, nh], cu) }.map_err(py_err)

@@ -117,25 +117,38 @@ fn any_n_pair() {
     }
 }
 
-/// The fused post→pre pair (MHCPostPreFwd): the stored x_out bit for bit, the pre half within
-/// the bars above, three calls on one workspace; aligned and unaligned (scalar paths) inputs.
+/// The fused post→pre pair (MHCPostPreFwd): the stored x_out bit for bit (not written on the
+/// second call, which passes none), the pre half within the bars above and bitwise equal to the
+/// plain pair run on the stored x_out, two calls on one workspace (both halves); aligned and unaligned
+/// (scalar paths) inputs, and 8 columns per block (kernel 1's 16-byte path).
 #[test]
 fn post_pre_fused_pair() {
     let mut rng = fresh_rng("mhc_pre post_pre_fused_pair");
-    for ((batch, n, c), off, repeat) in [((1, 4, 64), 0, 1), ((3, 2, 7), 0, 20), ((9, 4, 40), 1, 0), ((2, 3, 33), 1, 1)] {
+    // (shape, input offset, Sinkhorn rounds, SMs): 8 SMs at c = 512 give 64 columns per block.
+    let cases = [
+        ((1, 4, 64), 0, 1, SMS),
+        ((3, 2, 7), 0, 20, SMS),
+        ((9, 4, 40), 1, 0, SMS),
+        ((2, 3, 33), 1, 1, SMS),
+        ((2, 4, 512), 0, 1, 8),
+    ];
+    for ((batch, n, c), off, repeat, sms) in cases {
         let s = MhcPreShape { batch, n, c };
-        let plan = PrePlan::for_device(s, SMS, MAX_SMEM).unwrap();
+        let plan = PrePlan::for_device(s, sms, MAX_SMEM).unwrap();
         let l = s.lens().unwrap();
         let p = params(repeat);
         let mut ws = DevBuf::from_slice(&vec![0u64; plan.workspace]);
-        for call in 0..3 {
+        let mut ws_plain = DevBuf::from_slice(&vec![0u64; plan.workspace]);
+        for call in 0..2 {
             let y = randn_half::<bf16>(&mut rng, l.x_layer, 1.0);
-            let h: Vec<f32> = randn_f32(&mut rng, l.h_post, 1.0).into_iter().map(|v| 2.0 / (1.0 + (-v).exp())).collect();
+            let h: Vec<f32> =
+                randn_f32(&mut rng, l.h_post, 1.0).into_iter().map(|v| 2.0 / (1.0 + (-v).exp())).collect();
             let r = randn_half::<bf16>(&mut rng, l.x, 1.0);
             let scale = if c % 2 == 1 { 1.0 / ((n * c) as f32).sqrt() } else { 1.0 };
             let (phi, b) = (randn_f32(&mut rng, l.phi, scale), randn_f32(&mut rng, l.b, 1.0));
             let pad = |v: &[bf16]| [vec![bf16::ZERO; off], v.to_vec()].concat();
-            let (mut dy, mut dh, mut dr) = (DevBuf::from_slice(&pad(&y)), DevBuf::from_slice(&h), DevBuf::from_slice(&pad(&r)));
+            let (mut dy, mut dh, mut dr) =
+                (DevBuf::from_slice(&pad(&y)), DevBuf::from_slice(&h), DevBuf::from_slice(&pad(&r)));
             let (mut dphi, mut db) = (DevBuf::from_slice(&phi), DevBuf::from_slice(&b));
             let mut dxo = DevBuf::from_slice(&poisoned::<bf16>(l.x));
             let mut dnr = DevBuf::from_slice(&poisoned::<bf16>(l.x));
@@ -143,14 +156,35 @@ fn post_pre_fused_pair() {
             let mut dnh = DevBuf::from_slice(&vec![f32::NAN; l.h_post]);
             let inputs = [dy.at::<bf16>(off), dh.addr(), dr.at::<bf16>(off), dphi.addr(), db.addr()];
             let outputs = [dnr.addr(), dnl.addr(), dnh.addr()];
+            let xo_addr = if call == 0 { dxo.addr() } else { 0 };
             let (k1, k2) =
-                rgk::mhc::post_pre_fwd_launches(&plan, p, inputs, dxo.addr(), outputs, ws.addr(), plan.workspace).unwrap();
+                rgk::mhc::post_pre_fwd_launches(&plan, p, inputs, xo_addr, outputs, ws.addr(), plan.workspace).unwrap();
             sim::run(sim::mhc_pre, &k1);
             sim::run(sim::mhc_pre, &k2);
             let (x_out, reference) = mhc_post_pre_fwd(s, p, &y, &h, &r, &phi, &b);
             let what = format!("{s:?} offset {off} call {call}");
             let got: Vec<u16> = dxo.read::<bf16>().iter().map(|v| v.to_bits()).collect();
-            assert_eq!(got, x_out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{what}: x_out");
+            if call == 0 {
+                assert_eq!(got, x_out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{what}: x_out");
+            } else {
+                assert_eq!(got, poisoned::<bf16>(l.x).iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{what}");
+            }
+            // The plain pair on the stored x_out: the same bits.
+            let mut dx = DevBuf::from_slice(&x_out);
+            let mut pr = DevBuf::from_slice(&poisoned::<bf16>(l.x));
+            let mut pl = DevBuf::from_slice(&poisoned::<bf16>(l.x_layer));
+            let mut ph = DevBuf::from_slice(&vec![f32::NAN; l.h_post]);
+            let (wa, wl) = (ws_plain.addr(), plan.workspace);
+            let plain =
+                pre_fwd_launches(&plan, p, dphi.addr(), dx.addr(), db.addr(), pr.addr(), pl.addr(), ph.addr(), wa, wl);
+            let (PrePartialsLaunch::Mma(q1), PreMixLaunch::FixedPoint(q2)) = plain.unwrap() else {
+                panic!("{what}: not the fixed-point pair")
+            };
+            sim::run(sim::mhc_pre, &q1);
+            sim::run(sim::mhc_pre, &q2);
+            assert_eq!(pr.read::<u16>(), dnr.read::<u16>(), "{what}: x_res bits");
+            assert_eq!(pl.read::<u16>(), dnl.read::<u16>(), "{what}: x_layer bits");
+            assert_eq!(ph.read::<u32>(), dnh.read::<u32>(), "{what}: h_post bits");
             let a = check_half(&dnr.read::<bf16>(), &reference.x_res, 1.0);
             let bb = check_half(&dnl.read::<bf16>(), &reference.x_layer, 1.0);
             let hh: Vec<f64> = dnh.read::<f32>().iter().map(|&v| v as f64).collect();
@@ -159,4 +193,3 @@ fn post_pre_fused_pair() {
         }
     }
 }
-

@@ -44,55 +44,76 @@ struct Outputs {
     h_post: Vec<f32>,
 }
 
-/// The device buffers of one call, the inputs at element offset `off` (0: 256-byte aligned;
-/// 1: every vector path falls back to its scalar one).
+/// Element offsets of a case's buffers: `x_layer_out`, `x_res`, and the first call's `x_out`
+/// (0: 256-byte aligned; 1: the vector paths that touch the buffer fall back to scalar ones).
+#[derive(Clone, Copy, Debug)]
+struct Offsets {
+    y: usize,
+    r: usize,
+    x_out: usize,
+}
+
+const ALIGNED: Offsets = Offsets { y: 0, r: 0, x_out: 0 };
+
+/// The device buffers of one call, the inputs at their offsets.
 struct Dev {
     x_layer_out: CudaSlice<bf16>,
     h_post: CudaSlice<f32>,
     x_res: CudaSlice<bf16>,
     phi: CudaSlice<f32>,
     b: CudaSlice<f32>,
-    off: usize,
+    off: Offsets,
 }
 
-fn upload(gpu: &Gpu, inp: &Inputs, off: usize) -> Dev {
+fn upload(gpu: &Gpu, inp: &Inputs, off: Offsets) -> Dev {
     let st = gpu.stream();
-    let pad = |v: &[bf16]| [vec![bf16::ZERO; off], v.to_vec()].concat();
+    let pad = |v: &[bf16], o: usize| [vec![bf16::ZERO; o], v.to_vec()].concat();
     Dev {
-        x_layer_out: st.clone_htod(&pad(&inp.x_layer_out)).unwrap(),
+        x_layer_out: st.clone_htod(&pad(&inp.x_layer_out, off.y)).unwrap(),
         h_post: st.clone_htod(&inp.h_post).unwrap(),
-        x_res: st.clone_htod(&pad(&inp.x_res)).unwrap(),
+        x_res: st.clone_htod(&pad(&inp.x_res, off.r)).unwrap(),
         phi: st.clone_htod(&inp.phi).unwrap(),
         b: st.clone_htod(&inp.b).unwrap(),
         off,
     }
 }
 
-/// One fused call with poisoned outputs, read back (`x_out` when `want_x_out`).
-fn run_fused(gpu: &Gpu, op: &mut MhcPostPre, p: MhcPreParams, d: &Dev, want_x_out: bool) -> Outputs {
+/// One fused call with poisoned outputs, read back: `x_out` into `xo` (one element longer than
+/// x_out, kept across calls) at element offset `xo_off`, or, with `xo_off` None, not asked for —
+/// then `xo`, which earlier calls wrote, must keep its poison (a replayed graph of an earlier
+/// call would write it).
+fn run_fused(
+    gpu: &Gpu,
+    op: &mut MhcPostPre,
+    p: MhcPreParams,
+    d: &Dev,
+    xo: &mut CudaSlice<bf16>,
+    xo_off: Option<usize>,
+) -> Outputs {
     let l = op.plan().shape.lens().unwrap();
     let st = gpu.stream();
-    let mut xo = st.clone_htod(&poisoned::<bf16>(l.x)).unwrap();
+    st.memcpy_htod(&poisoned::<bf16>(l.x + 1), xo).unwrap();
     let mut r = st.clone_htod(&poisoned::<bf16>(l.x)).unwrap();
     let mut y = st.clone_htod(&poisoned::<bf16>(l.x_layer)).unwrap();
     let mut h = st.clone_htod(&vec![f32::NAN; l.h_post]).unwrap();
-    let o = d.off;
     let inputs = MhcPostPreInputs {
-        x_layer_out: &d.x_layer_out.slice(o..),
+        x_layer_out: &d.x_layer_out.slice(d.off.y..),
         h_post: &d.h_post,
-        x_res: &d.x_res.slice(o..),
+        x_res: &d.x_res.slice(d.off.r..),
         phi: &d.phi,
         b: &d.b,
     };
-    let mut xo_view = xo.slice_mut(0..l.x);
-    let x_out = if want_x_out { Some(&mut xo_view as &mut dyn rgk::cudarc::driver::DevicePtrMut<bf16>) } else { None };
+    let o = xo_off.unwrap_or(0);
+    let mut xo_view = xo.slice_mut(o..o + l.x);
+    let x_out = xo_off.map(|_| &mut xo_view as &mut dyn rgk::cudarc::driver::DevicePtrMut<bf16>);
     op.run(gpu, p, inputs, MhcPostPreOutputs { x_out, x_res: &mut r, x_layer: &mut y, h_post: &mut h }).unwrap();
-    let xo_host = st.clone_dtoh(&xo).unwrap();
-    if !want_x_out {
-        assert!(xo_host.iter().all(|v| v.to_bits() == poisoned::<bf16>(1)[0].to_bits()), "x_out written unasked");
+    let xo_host: Vec<bf16> = st.clone_dtoh(&*xo).unwrap();
+    if xo_off.is_none() {
+        let poison = poisoned::<bf16>(1)[0].to_bits();
+        assert!(xo_host.iter().all(|v| v.to_bits() == poison), "x_out written unasked");
     }
     Outputs {
-        x_out: want_x_out.then_some(xo_host),
+        x_out: xo_off.map(|o| xo_host[o..o + l.x].to_vec()),
         x_res: st.clone_dtoh(&r).unwrap(),
         x_layer: st.clone_dtoh(&y).unwrap(),
         h_post: st.clone_dtoh(&h).unwrap(),
@@ -105,9 +126,11 @@ fn run_back_to_back(gpu: &Gpu, pre: &mut MhcPre, p: MhcPreParams, d: &Dev) -> Ou
     let l = s.lens().unwrap();
     let st = gpu.stream();
     let mut xo = st.clone_htod(&poisoned::<bf16>(l.x)).unwrap();
-    let o = d.off;
-    let post_in =
-        MhcPostInputs { x_layer_out: &d.x_layer_out.slice(o..), h_post: &d.h_post, x_res: &d.x_res.slice(o..) };
+    let post_in = MhcPostInputs {
+        x_layer_out: &d.x_layer_out.slice(d.off.y..),
+        h_post: &d.h_post,
+        x_res: &d.x_res.slice(d.off.r..),
+    };
     let post_shape = MhcPostShape { batch: s.batch, n: s.n, c: s.c };
     post_fwd(gpu, post_shape, post_in, MhcPostOutputs { x_out: &mut xo }).unwrap();
     let mut r = st.clone_htod(&poisoned::<bf16>(l.x)).unwrap();
@@ -128,19 +151,21 @@ fn bits<T: Copy, U>(v: &[T], f: impl Fn(T) -> U) -> Vec<U> {
 }
 
 /// Checks one shape: three calls (new inputs on the second), `x_out` asked for on the first
-/// two; the reference and the back-to-back ops on every call. Returns whether it ran fused.
-fn check_shape(gpu: &Gpu, rng: &mut StdRng, s: MhcPreShape, p: MhcPreParams, phi_scale: f32, off: usize) -> bool {
+/// two (the first at `off.x_out`, the second aligned) and not on the third; the reference and
+/// the back-to-back ops on every call. Returns whether it ran fused.
+fn check_shape(gpu: &Gpu, rng: &mut StdRng, s: MhcPreShape, p: MhcPreParams, phi_scale: f32, off: Offsets) -> bool {
     let mut op = MhcPostPre::new(gpu, s).unwrap();
     let mut pre = MhcPre::new(gpu, s).unwrap();
     let mut inp = inputs(rng, s, phi_scale);
+    let mut xo = gpu.stream().alloc_zeros::<bf16>(s.lens().unwrap().x + 1).unwrap();
     for call in 0..3 {
         if call == 1 {
             inp = inputs(rng, s, phi_scale);
         }
         let d = upload(gpu, &inp, off);
-        let want_x_out = call < 2;
-        let ours = run_fused(gpu, &mut op, p, &d, want_x_out);
-        let what = format!("{s:?} {p:?} offset {off} call {call} fused {}", op.is_fused());
+        let xo_off = [Some(off.x_out), Some(0), None][call];
+        let ours = run_fused(gpu, &mut op, p, &d, &mut xo, xo_off);
+        let what = format!("{s:?} {p:?} {off:?} call {call} fused {}", op.is_fused());
         let (x_out, r) = mhc_post_pre_fwd(s, p, &inp.x_layer_out, &inp.h_post, &inp.x_res, &inp.phi, &inp.b);
         if let Some(xo) = &ours.x_out {
             assert_eq!(bits(xo, bf16::to_bits), bits(&x_out, bf16::to_bits), "{what}: x_out");
@@ -165,7 +190,7 @@ fn seed_workloads() {
     let mut rng = fresh_rng("mhc_post_pre::seed_workloads");
     for (batch, c) in [(1, 1280), (2, 1920), (4, 2560)] {
         let s = MhcPreShape { batch, n: 4, c };
-        assert!(check_shape(&gpu, &mut rng, s, MhcPreParams::default(), 1.0, 0), "{s:?} not fused");
+        assert!(check_shape(&gpu, &mut rng, s, MhcPreParams::default(), 1.0, ALIGNED), "{s:?} not fused");
     }
 }
 
@@ -181,15 +206,21 @@ fn shape_sweep() {
         MhcPreParams::default(),
         MhcPreParams { alpha_pre: 1.4, alpha_post: 0.6, alpha_res: 0.8, sinkhorn_repeat: 20, sinkhorn_eps: 0.02 },
     ];
+    let unaligned = Offsets { y: 1, r: 1, x_out: 1 };
     let cases = [
-        ((1, 4, 1280), 1, true),
-        ((3, 4, 7), 0, true),
-        ((2, 2, 100), 0, true),
-        ((9, 3, 40), 0, true),
-        ((5, 1, 4099), 1, true),
-        ((17, 4, 256), 0, true),
-        ((2, 8, 64), 0, false),
-        ((1, 4, 70_000), 0, false),
+        ((1, 4, 1280), unaligned, true),
+        ((3, 4, 7), ALIGNED, true),
+        ((2, 2, 100), ALIGNED, true),
+        ((9, 3, 40), ALIGNED, true),
+        ((5, 1, 4099), unaligned, true),
+        ((17, 4, 256), ALIGNED, true),
+        // 8 columns per block: kernel 1's 16-byte path, then each buffer misaligned alone.
+        ((9, 4, 512), ALIGNED, true),
+        ((9, 4, 512), Offsets { y: 0, r: 0, x_out: 1 }, true),
+        ((2, 4, 512), Offsets { y: 1, r: 0, x_out: 0 }, true),
+        ((2, 4, 512), Offsets { y: 0, r: 1, x_out: 0 }, true),
+        ((2, 8, 64), ALIGNED, false),
+        ((1, 4, 70_000), ALIGNED, false),
     ];
     for (i, ((batch, n, c), off, fused)) in cases.into_iter().enumerate() {
         let s = MhcPreShape { batch, n, c };
@@ -207,7 +238,11 @@ fn short_buffers_are_errors() {
     let l = s.lens().unwrap();
     let st = gpu.stream();
     let mut op = MhcPostPre::new(&gpu, s).unwrap();
-    let (y, h, r) = (st.alloc_zeros::<bf16>(l.x_layer).unwrap(), st.alloc_zeros::<f32>(l.h_post).unwrap(), st.alloc_zeros::<bf16>(l.x).unwrap());
+    let (y, h, r) = (
+        st.alloc_zeros::<bf16>(l.x_layer).unwrap(),
+        st.alloc_zeros::<f32>(l.h_post).unwrap(),
+        st.alloc_zeros::<bf16>(l.x).unwrap(),
+    );
     let (phi, b) = (st.alloc_zeros::<f32>(l.phi).unwrap(), st.alloc_zeros::<f32>(l.b).unwrap());
     let mut nr = st.alloc_zeros::<bf16>(l.x).unwrap();
     let mut nl = st.alloc_zeros::<bf16>(l.x_layer).unwrap();

@@ -29,13 +29,18 @@ pub fn workloads(_variants: bool) -> Vec<Workload> {
                 op: "MHCPostPreFwd",
                 name,
                 dtype: "bf16",
-                shapes: format!(
-                    "x_layer_out [{b},{c}], h_post [{b},{n}], x_res [{b},{nc}]; phi [{nc},{m}], b [{m}]"
-                ),
+                shapes: format!("x_layer_out [{b},{c}], h_post [{b},{n}], x_res [{b},{nc}]; phi [{nc},{m}], b [{m}]"),
                 // post 2·B·nc; pre: logits 2·B·nc·m, Σx² 2·B·nc, mixing 2·B·nc·(n+1)
                 flops: (2 * b * nc + 2 * b * nc * m + 2 * b * nc + 2 * b * nc * (n + 1)) as f64,
                 // x_layer_out, h_post, x_res, phi, b in; x_out, x_res, x_layer, h_post out
-                bytes: (2 * b * c + 4 * b * n + 2 * b * nc + 4 * nc * m + 4 * m + 2 * b * nc + 2 * b * nc + 2 * b * c
+                bytes: (2 * b * c
+                    + 4 * b * n
+                    + 2 * b * nc
+                    + 4 * nc * m
+                    + 4 * m
+                    + 2 * b * nc
+                    + 2 * b * nc
+                    + 2 * b * c
                     + 4 * b * n) as f64,
                 peak_flops: FP32_PEAK,
                 prepare: Box::new(move |gpu, rng| Ok(Box::new(PostPreCase::new(gpu, rng, s)?) as Box<dyn Case>)),
@@ -88,15 +93,8 @@ impl PostPreCase {
             phi: randn_f32(rng, l.phi, 1.0),
             b: randn_f32(rng, l.b, 1.0),
         };
-        let (x_out, reference) = rgk::reference::mhc_post_pre_fwd(
-            s,
-            p,
-            &host.x_layer_out,
-            &host.h_post,
-            &host.x_res,
-            &host.phi,
-            &host.b,
-        );
+        let (x_out, reference) =
+            rgk::reference::mhc_post_pre_fwd(s, p, &host.x_layer_out, &host.h_post, &host.x_res, &host.phi, &host.b);
         let st = gpu.stream();
         let d = Dev {
             x_layer_out: st.clone_htod(&host.x_layer_out)?,

@@ -17,13 +17,13 @@ pub use kernel_abi::mhc::fastdiv_magic;
 #[doc(hidden)]
 pub use post::PostKernel;
 #[doc(hidden)]
+pub use post_pre::post_pre_fwd_launches;
+#[doc(hidden)]
 pub use pre::{
     mix_smem_bytes as pre_mix_smem_bytes, mma_block as pre_mma_block, mma_fits as pre_mma_fits,
     mma_partial_smem_bytes as pre_mma_partial_smem_bytes, partial_smem_bytes as pre_partial_smem_bytes, ColumnMix,
     FmaPartialGrid, Mix, MmaPartialGrid, Partials, PreClass, TileMix, ACC_WORDS,
 };
-#[doc(hidden)]
-pub use post_pre::post_pre_fwd_launches;
 #[doc(hidden)]
 pub use pre::{pre_fwd_launches, PreMixLaunch, PrePartialsLaunch};
 

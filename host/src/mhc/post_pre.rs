@@ -4,13 +4,14 @@
 //! each kernel reads it (`kernels-gpu/src/mhc/pre.rs`, `XSrc`): no separate post launch and no
 //! round trip of `x_out` through memory; `x_out` is written only when the caller asks for it.
 //! The arithmetic is MHCPostFwd's and MHCPreFwd's, so the outputs equal the two ops run back to
-//! back, bit for bit. Shapes outside the fixed-point pair's class (n > 4, batch > 65535, a phi
+//! back, bit for bit (with the intermediate x_out 16-byte aligned, as every allocation is: Σx²
+//! is summed in the order MHCPreFwd uses for such an x). Shapes outside the fixed-point pair's class (n > 4, batch > 65535, a phi
 //! slab beyond shared memory) run the two ops back to back.
 use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
 
 use super::post::{post_fwd_raw, MhcPostShape};
-use super::pre::{raise_smem_limit, Mix, MhcPreParams, MhcPreShape, Partials, PreKernel, PrePlan};
+use super::pre::{raise_smem_limit, MhcPreParams, MhcPreShape, Mix, Partials, PreKernel, PrePlan};
 use crate::error::check_len;
 use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, Planned};
 use crate::{Error, Gpu, Result};
@@ -81,8 +82,25 @@ impl MhcPostPre {
         let st = gpu.stream();
         let path = if fused(&plan) {
             // The fused kernels take the pair's geometry and shared memory.
-            let (Partials::MmaFixedPoint(g), Mix::FixedPoint(_)) = (plan.partials, plan.mix) else { unreachable!() };
-            raise_smem_limit(gpu.function(PreKernel::PostPrePartialMmaFixedPoint.name())?, g.smem)?;
+            let (Partials::MmaFixedPoint(g1), Mix::FixedPoint(g2)) = (plan.partials, plan.mix) else {
+                unreachable!("fused() checked the pair")
+            };
+            for (kernel, block, smem) in [
+                (PreKernel::PostPrePartialMmaFixedPoint, g1.block, g1.smem),
+                (PreKernel::PostPreMixFixedPoint, g2.block, g2.smem),
+            ] {
+                let f = gpu.function(kernel.name())?;
+                raise_smem_limit(f, smem)?;
+                if f.occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)? == 0 {
+                    return Err(Error::Shape {
+                        arg: "n",
+                        msg: format!(
+                            "{}: {block} threads with {smem} bytes of shared memory do not fit",
+                            kernel.name()
+                        ),
+                    });
+                }
+            }
             Path::Fused { workspace: st.alloc_zeros::<u64>(plan.workspace)?, graph: GraphReplay::new() }
         } else {
             let lens = shape.lens()?;
@@ -103,10 +121,11 @@ impl MhcPostPre {
     /// Runs MHCPostPreFwd on [`Gpu::stream`]; asynchronous: `x_out = q(h_post ⊙ x_layer_out +
     /// x_res)` (docs/ops.md §3, written when `outputs.x_out` is given), then MHCPreFwd (§2) of
     /// `x_out` with `phi`, `b` and `params`. Deterministic: the same inputs give the same bits,
-    /// equal to [`super::post_fwd`] then [`super::MhcPre::run`].
+    /// equal to [`super::post_fwd`] then [`super::MhcPre::run`] on a 16-byte aligned `x_out`.
     ///
-    /// Errors: [`Error::BufferTooSmall`] naming the buffer, [`Error::Shape`] naming a bad
-    /// parameter, or a driver error from the launch.
+    /// Errors: [`Error::BufferTooSmall`] naming the buffer (layer L+1's outputs as
+    /// `next_x_res`, `next_x_layer`, `next_h_post`), [`Error::Shape`] naming a bad parameter, or
+    /// a driver error from the launch.
     pub fn run(
         &mut self,
         gpu: &Gpu,
@@ -125,9 +144,9 @@ impl MhcPostPre {
         if let Some(o) = &x_out {
             check_len("x_out", l.x, o.len())?;
         }
-        check_len("next x_res", l.x, next_res.len())?;
-        check_len("x_layer", l.x_layer, x_layer.len())?;
-        check_len("next h_post", l.h_post, next_h_post.len())?;
+        check_len("next_x_res", l.x, next_res.len())?;
+        check_len("next_x_layer", l.x_layer, x_layer.len())?;
+        check_len("next_h_post", l.h_post, next_h_post.len())?;
         let st = gpu.stream();
         let (y, _g1) = x_layer_out.device_ptr(st);
         let (h, _g2) = h_post.device_ptr(st);
@@ -152,14 +171,17 @@ impl MhcPostPre {
 
     /// [`MhcPostPre::run`] on raw device pointers, launched on `stream`: `inputs` =
     /// `[x_layer_out, h_post, x_res, phi, b]`, `x_out` (0: not written), `outputs` = `[x_res,
-    /// x_layer, h_post]` of layer L+1. Errors: those of [`post_pre_fwd_launches`], or a driver
-    /// error.
+    /// x_layer, h_post]` of layer L+1. Errors: those of [`post_pre_fwd_launches`] (fused) or of
+    /// `post_fwd_raw` and [`super::MhcPre::run_raw`] (back to back), or a driver error.
     ///
     /// # Safety
     /// Each pointer must address device memory of `gpu`'s context holding the elements the
     /// shape addresses (as in [`MhcPostPre::run`]), valid until the kernels finish; outputs must
     /// not overlap the inputs or each other. `stream` belongs to `gpu`'s context, and all calls
-    /// with one `MhcPostPre` are ordered on one stream (the workspace carries state).
+    /// with one `MhcPostPre` are ordered on one stream (the workspace carries state). The
+    /// workspace's and scratch buffer's events are recorded on [`Gpu::stream`], not on
+    /// `stream`: with another stream, the caller keeps this `MhcPostPre` alive until its
+    /// launches finish.
     pub unsafe fn run_raw(
         &mut self,
         gpu: &Gpu,

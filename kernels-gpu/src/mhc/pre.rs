@@ -34,8 +34,8 @@
 //! k order. Tile 0 of each β writes `h_post`.
 //!
 //! Every sum has a fixed order, so the outputs are bitwise reproducible.
-use crate::prim::*;
 use super::post::{fma8, post_elem};
+use crate::prim::*;
 use kernel_abi::{
     PostPreMixArgs, PostPrePartialArgs, PreMixArgs, PreMixFixedPointArgs, PrePartialFmaArgs, PrePartialMmaArgs,
 };
@@ -1139,11 +1139,8 @@ unsafe fn fixed_point_mix(
     let mut k = 0;
     while k < NMAX_SMALL_N {
         if k < n && active {
-            let v = if src.post {
-                src.post_elem_at(beta * n + k, beta, c, col)
-            } else {
-                *xrow.add((k * c + col) as usize)
-            };
+            let v =
+                if src.post { src.post_elem_at(beta * n + k, beta, c, col) } else { *xrow.add((k * c + col) as usize) };
             xk[k as usize] = bf16_to_f32(v);
         }
         k += 1;
@@ -1160,16 +1157,16 @@ unsafe fn fixed_point_mix(
     if src.post && !((xrow as u64) & 15 == 0 && yvec) {
         // The post half's x without vector loads, in the order MHCPreFwd takes a stored,
         // 16-byte aligned x_out (chunks of 8 at t, t+T, … when len % 8 == 0), so that Σx² has
-        // its bits. (The squares of bf16 values are exact in f64 and so are their sums unless
-        // the values span more than ~37 binary orders of magnitude.)
+        // its bits (f64 sums of squares round once the row's sum outgrows small squares: the
+        // order matters).
         let vector_order = len % 8 == 0;
         let (unit, count) = if vector_order { (8, len / 8) } else { (1, len) };
         let mut i = t;
         while i < count {
             let mut q = 0;
             while q < unit {
-                let e = unit * i + q;
-                let (k, j) = divrem_u32(e, c);
+                let el = unit * i + q;
+                let (k, j) = divrem_u32(el, c);
                 let f = bf16_to_f32(src.post_elem_at(beta * n + k, beta, c, j)) as f64;
                 ss = fma_f64(f, f, ss);
                 q += 1;
@@ -1603,7 +1600,7 @@ unsafe fn coefficients_warp(
 #[allow(clippy::too_many_arguments)]
 unsafe fn pre_mma_body(
     phi: *const f32,
-    src: XSrc,
+    xsrc: XSrc,
     batch: u32,
     n: u32,
     c: u32,
@@ -1632,12 +1629,12 @@ unsafe fn pre_mma_body(
     let g = lane >> 2;
     let tq = lane & 3;
     // 16-byte copies of x into shared memory when every row segment is 16-byte aligned.
-    let x = src.x;
+    let x = xsrc.x;
     let xvec = (x as u64) & 15 == 0
         && c % 8 == 0
         && cw % 8 == 0
         && cwa % 8 == 0
-        && (!src.post || ((src.x_layer_out as u64) | (src.x_out as u64)) & 15 == 0);
+        && (!xsrc.post || ((xsrc.x_layer_out as u64) | (xsrc.x_out as u64)) & 15 == 0);
     // Fixed point: this call's accumulators are the half of `part_ws` that the epoch word's
     // parity names; the other half (read by the previous call's kernel 2, which has completed) is
     // zeroed here for the next call, the words spread over every block of the grid.
@@ -1683,16 +1680,17 @@ unsafe fn pre_mma_body(
             let mut i = t;
             while i < nrow * chunks {
                 let (row, ch) = divrem_u32(i, chunks);
-                let v = if src.post {
+                let v = if xsrc.post {
                     // Global stream row r = β·n + k; the post half's output computed, written
                     // once (this block is the only one staging these elements).
                     let r = b0 * n + row;
                     let e = (r * c + j0 + 8 * ch) as usize;
                     let xr = ld_nc_v4(x.add(e) as *const u32);
-                    let y = ld_nc_v4(src.x_layer_out.add((divrem_u32(r, n).0 * c + j0 + 8 * ch) as usize) as *const u32);
-                    let o = fma8(*src.h_post_in.add(r as usize), y, xr);
-                    if !src.x_out.is_null() {
-                        st_v4(src.x_out.add(e) as *mut u32, o);
+                    let y =
+                        ld_nc_v4(xsrc.x_layer_out.add((divrem_u32(r, n).0 * c + j0 + 8 * ch) as usize) as *const u32);
+                    let o = fma8(*xsrc.h_post_in.add(r as usize), y, xr);
+                    if !xsrc.x_out.is_null() {
+                        st_v4(xsrc.x_out.add(e) as *mut u32, o);
                     }
                     o
                 } else {
@@ -1705,11 +1703,11 @@ unsafe fn pre_mma_body(
             let mut i = t;
             while i < nrow * cwa {
                 let (row, jj) = divrem_u32(i, cwa);
-                *sm.xs.add(i as usize) = if src.post {
+                *sm.xs.add(i as usize) = if xsrc.post {
                     let r = b0 * n + row;
-                    let v = src.post_elem_at(r, divrem_u32(r, n).0, c, j0 + jj);
-                    if !src.x_out.is_null() {
-                        *src.x_out.add((r * c + j0 + jj) as usize) = v;
+                    let v = xsrc.post_elem_at(r, divrem_u32(r, n).0, c, j0 + jj);
+                    if !xsrc.x_out.is_null() {
+                        *xsrc.x_out.add((r * c + j0 + jj) as usize) = v;
                     }
                     v
                 } else {
