@@ -186,16 +186,7 @@ impl Case for PostPreCase {
     }
 
     fn params(&self) -> serde_json::Value {
-        let p = self.p;
-        serde_json::json!({
-            "n": self.s.n,
-            "c": self.s.c,
-            "alpha_pre": p.alpha_pre,
-            "alpha_post": p.alpha_post,
-            "alpha_res": p.alpha_res,
-            "sinkhorn_repeat": p.sinkhorn_repeat,
-            "sinkhorn_eps": p.sinkhorn_eps,
-        })
+        crate::ops::mhc_pre::params_json(self.s, self.p)
     }
 
     fn native_alternatives(&self) -> Vec<&'static str> {

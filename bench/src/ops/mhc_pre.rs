@@ -122,15 +122,19 @@ impl Case for PreCase {
     }
 
     fn params(&self) -> serde_json::Value {
-        let p = self.p;
-        serde_json::json!({
-            "n": self.s.n,
-            "c": self.s.c,
-            "alpha_pre": p.alpha_pre,
-            "alpha_post": p.alpha_post,
-            "alpha_res": p.alpha_res,
-            "sinkhorn_repeat": p.sinkhorn_repeat,
-            "sinkhorn_eps": p.sinkhorn_eps,
-        })
+        params_json(self.s, self.p)
     }
+}
+
+/// The scalar parameters the alternatives of a pre half take (MHCPreFwd, MHCPostPreFwd).
+pub fn params_json(s: MhcPreShape, p: MhcPreParams) -> serde_json::Value {
+    serde_json::json!({
+        "n": s.n,
+        "c": s.c,
+        "alpha_pre": p.alpha_pre,
+        "alpha_post": p.alpha_post,
+        "alpha_res": p.alpha_res,
+        "sinkhorn_repeat": p.sinkhorn_repeat,
+        "sinkhorn_eps": p.sinkhorn_eps,
+    })
 }
