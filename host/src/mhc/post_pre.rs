@@ -11,7 +11,9 @@ use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr, Devi
 use half::bf16;
 
 use super::post::{post_fwd_raw, MhcPostShape};
-use super::pre::{raise_smem_limit, MhcPreParams, MhcPreShape, Mix, Partials, PreKernel, PrePlan};
+use super::pre::{
+    prepare_kernel, ColumnMix, MhcPreParams, MhcPreShape, Mix, MmaPartialGrid, Partials, PreKernel, PrePlan,
+};
 use crate::error::check_len;
 use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, Planned};
 use crate::{Error, Gpu, Result};
@@ -80,27 +82,10 @@ impl MhcPostPre {
     pub fn new(gpu: &Gpu, shape: MhcPreShape) -> Result<Self> {
         let plan = PrePlan::new(gpu, shape)?;
         let st = gpu.stream();
-        let path = if fused(&plan) {
+        let path = if let Some((g1, g2)) = fused_pair(&plan) {
             // The fused kernels take the pair's geometry and shared memory.
-            let (Partials::MmaFixedPoint(g1), Mix::FixedPoint(g2)) = (plan.partials, plan.mix) else {
-                unreachable!("fused() checked the pair")
-            };
-            for (kernel, block, smem) in [
-                (PreKernel::PostPrePartialMmaFixedPoint, g1.block, g1.smem),
-                (PreKernel::PostPreMixFixedPoint, g2.block, g2.smem),
-            ] {
-                let f = gpu.function(kernel.name())?;
-                raise_smem_limit(f, smem)?;
-                if f.occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)? == 0 {
-                    return Err(Error::Shape {
-                        arg: "n",
-                        msg: format!(
-                            "{}: {block} threads with {smem} bytes of shared memory do not fit",
-                            kernel.name()
-                        ),
-                    });
-                }
-            }
+            prepare_kernel(gpu, PreKernel::PostPrePartialMmaFixedPoint.name(), g1.block, g1.smem)?;
+            prepare_kernel(gpu, PreKernel::PostPreMixFixedPoint.name(), g2.block, g2.smem)?;
             Path::Fused { workspace: st.alloc_zeros::<u64>(plan.workspace)?, graph: GraphReplay::new() }
         } else {
             let lens = shape.lens()?;
@@ -199,9 +184,8 @@ impl MhcPostPre {
                 let ws_len = workspace.len();
                 let (w, _g) = workspace.device_ptr_mut(gpu.stream());
                 let (k1, k2) = post_pre_fwd_launches(plan, params, inputs, x_out, outputs, w, ws_len)?;
-                let scalars = [params.alpha_pre, params.alpha_post, params.alpha_res, params.sinkhorn_eps];
-                let mut key = vec![y, h, r, p, bp, x_out, nr, nl, nh, w, params.sinkhorn_repeat as u64];
-                key.extend(scalars.iter().map(|v| v.to_bits() as u64));
+                let mut key = vec![y, h, r, p, bp, x_out, nr, nl, nh, w];
+                key.extend(PrePlan::key_words(params));
                 graph.run(gpu, stream, key, |s| {
                     launch(gpu.function(k1.kernel)?, k1.dims, s, &k1.args)?;
                     launch_pdl(gpu.function(k2.kernel)?, k2.dims, s, &k2.args)
@@ -223,16 +207,20 @@ impl MhcPostPre {
 /// The PTX entries MHCPostPreFwd launches for `plan` (the fused pair, or MHCPostFwd's kernel
 /// then `plan`'s; the post kernel is left out here: MHCPostFwd's planner names it).
 pub(crate) fn planned_kernels(plan: &PrePlan) -> Vec<&'static str> {
-    if fused(plan) {
+    if fused_pair(plan).is_some() {
         vec![PreKernel::PostPrePartialMmaFixedPoint.name(), PreKernel::PostPreMixFixedPoint.name()]
     } else {
         plan.kernels().to_vec()
     }
 }
 
-/// Whether `plan` is MHCPreFwd's fixed-point pair, the one the fused kernels extend.
-fn fused(plan: &PrePlan) -> bool {
-    matches!((plan.partials, plan.mix), (Partials::MmaFixedPoint(_), Mix::FixedPoint(_)))
+/// The geometry of MHCPreFwd's fixed-point pair, the one the fused kernels extend, when `plan`
+/// is that pair.
+fn fused_pair(plan: &PrePlan) -> Option<(MmaPartialGrid, ColumnMix)> {
+    match (plan.partials, plan.mix) {
+        (Partials::MmaFixedPoint(g1), Mix::FixedPoint(g2)) => Some((g1, g2)),
+        _ => None,
+    }
 }
 
 /// The two launches of the fused pair for `plan` (which must be MHCPreFwd's fixed-point pair)
@@ -253,7 +241,7 @@ pub fn post_pre_fwd_launches(
     workspace: CUdeviceptr,
     workspace_len: usize,
 ) -> Result<(Planned<PostPrePartialArgs>, Planned<PostPreMixArgs>)> {
-    let (Partials::MmaFixedPoint(g1), Mix::FixedPoint(g2)) = (plan.partials, plan.mix) else {
+    let Some((g1, g2)) = fused_pair(plan) else {
         return Err(Error::Shape {
             arg: "n",
             msg: format!("{:?}: the fused kernels need MHCPreFwd's fixed-point pair", plan.shape),

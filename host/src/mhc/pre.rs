@@ -465,19 +465,16 @@ impl PrePlan {
         for (name, (block, smem)) in
             [(plan.partials.kernel(), plan.partials.block_smem()), (plan.mix.kernel(), plan.mix.block_smem())]
         {
-            let f = gpu.function(name)?;
-            raise_smem_limit(f, smem)?;
-            let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)?;
-            if per_sm == 0 {
-                return Err(Error::Shape {
-                    arg: "n",
-                    msg: format!(
-                        "{name}: {block} threads with {smem} bytes of shared memory do not fit on a multiprocessor"
-                    ),
-                });
-            }
+            prepare_kernel(gpu, name, block, smem)?;
         }
         Ok(plan)
+    }
+
+    /// The scalar parameters as words of a graph-cache key (a call's launches depend on them).
+    pub(crate) fn key_words(params: MhcPreParams) -> [u64; 5] {
+        let bits = |v: f32| v.to_bits() as u64;
+        let MhcPreParams { alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps } = params;
+        [sinkhorn_repeat as u64, bits(alpha_pre), bits(alpha_post), bits(alpha_res), bits(sinkhorn_eps)]
     }
 
     /// The planner, on the CPU: the kernel pair of `shape` ([`PreClass::of`]) and its geometry on
@@ -593,9 +590,24 @@ impl PrePlan {
     }
 }
 
+/// Readies kernel `name` for blocks of `block` threads with `smem` bytes of dynamic shared
+/// memory: raises its limit ([`raise_smem_limit`]) and checks one block fits on a
+/// multiprocessor. Errors: [`Error::Shape`] naming `n` when it does not, or a driver error.
+pub(crate) fn prepare_kernel(gpu: &Gpu, name: &'static str, block: u32, smem: u32) -> Result<()> {
+    let f = gpu.function(name)?;
+    raise_smem_limit(f, smem)?;
+    if f.occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)? == 0 {
+        return Err(Error::Shape {
+            arg: "n",
+            msg: format!("{name}: {block} threads with {smem} bytes of shared memory do not fit on a multiprocessor"),
+        });
+    }
+    Ok(())
+}
+
 /// Raises (never lowers: other plans of the same kernel may need more) the kernel's dynamic
 /// shared memory limit to `smem` bytes when that exceeds the default 48 KiB.
-pub(crate) fn raise_smem_limit(f: &cudarc::driver::CudaFunction, smem: u32) -> Result<()> {
+fn raise_smem_limit(f: &cudarc::driver::CudaFunction, smem: u32) -> Result<()> {
     let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
     if smem as usize > SMEM_DEFAULT && f.get_attribute(attr)? < smem as i32 {
         f.set_attribute(attr, smem as i32)?;
@@ -746,9 +758,8 @@ impl MhcPre {
         let (w, _g) = self.workspace.device_ptr_mut(gpu.stream());
         let plan = &self.plan;
         let call = |s| pre_fwd_raw(gpu, plan, params, p, xp, bp, r, y, h, w, ws_len, s);
-        let scalars = [params.alpha_pre, params.alpha_post, params.alpha_res, params.sinkhorn_eps];
-        let mut key = vec![p, xp, bp, r, y, h, w, ws_len as u64, params.sinkhorn_repeat as u64];
-        key.extend(scalars.iter().map(|v| v.to_bits() as u64));
+        let mut key = vec![p, xp, bp, r, y, h, w, ws_len as u64];
+        key.extend(PrePlan::key_words(params));
         self.graph.run(gpu, stream, key, call)
     }
 }
