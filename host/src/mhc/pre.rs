@@ -111,7 +111,9 @@ impl PreClass {
         // - block-major stored partials with the column-per-thread kernel 2: +0.4…+0.8 µs;
         // - block-parallel coefficients (`mhc_pre_mix`) for n ≤ 4: 9.86 / 9.86 / 11.04 against 6.82 / 7.26 / 8.32;
         // - a kernel 1 without tensor cores (one lane per quantity): +1.7…+2.6 µs;
-        // - one launch whose last-arriving blocks (arrival counter, polled) mix: 6.56 / 7.87 / 8.88 against 4.77 / 5.38 / 5.86 µs.
+        // - one launch whose last-arriving blocks (arrival counter, polled) mix: 6.56 / 7.87 / 8.88 against 4.77 / 5.38 / 5.86 µs;
+        // - kernel 2 as a plain launch, Σx² a 25th accumulator of kernel 1: 5.89 / 6.37 / 6.98 against 4.86 / 5.25 / 5.73 µs;
+        // - kernel 1 without shared memory (phi and x loaded per lane into registers, slot butterfly): 8.67 / 12.26 / 22.35 µs.
         let groups = shape.batch.div_ceil(BTF);
         match (shape.n <= NMAX_SMALL_N, mma_fits && groups <= MAX_GRID_Y, shape.batch <= MAX_GRID_Y) {
             (true, true, true) => Self::FixedPoint,
