@@ -113,7 +113,8 @@ impl PreClass {
         // - a kernel 1 without tensor cores (one lane per quantity): +1.7…+2.6 µs;
         // - one launch whose last-arriving blocks (arrival counter, polled) mix: 6.56 / 7.87 / 8.88 against 4.77 / 5.38 / 5.86 µs;
         // - kernel 2 as a plain launch, Σx² a 25th accumulator of kernel 1: 5.89 / 6.37 / 6.98 against 4.86 / 5.25 / 5.73 µs;
-        // - kernel 1 without shared memory (phi and x loaded per lane into registers, slot butterfly): 8.67 / 12.26 / 22.35 µs.
+        // - kernel 1 without shared memory (phi and x loaded per lane into registers, slot butterfly): 8.67 / 12.26 / 22.35 µs;
+        // - kernel 1's products as f64 FMAs from the slab, one thread per (item, slot), no DMMA: kernel 1 +0.1…+1.0 µs.
         let groups = shape.batch.div_ceil(BTF);
         match (shape.n <= NMAX_SMALL_N, mma_fits && groups <= MAX_GRID_Y, shape.batch <= MAX_GRID_Y) {
             (true, true, true) => Self::FixedPoint,
