@@ -126,6 +126,21 @@ fn dist_wheel(root: &Path, out: Option<&str>) -> Result<(), String> {
     }
     let out = out.map_or_else(|| root.join("target/dist"), PathBuf::from);
     let wheel = build_wheel(root, &["--release", "--zig", "--compatibility", "manylinux_2_28"], &out)?;
+    // The tag is maturin's promise; check the shared library itself: no symbol may need a glibc
+    // newer than 2.28.
+    let check = r#"
+import re, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+libs = [n for n in z.namelist() if n.endswith(".so")]
+need = {int(v) for n in libs for v in re.findall(rb"GLIBC_2\.(\d+)", z.read(n))}
+if not libs or not need or max(need) > 28:
+    sys.exit(f"{sys.argv[1]}: libraries {libs}, glibc versions needed 2.{sorted(need)}")
+print(f"{len(libs)} shared library, newest glibc symbol version 2.{max(need)} (manylinux_2_28 allows 2.28)")
+"#;
+    let status = Command::new(&py).args(["-c", check]).arg(&wheel).status().map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err("the wheel needs a glibc newer than manylinux_2_28 allows".into());
+    }
     println!("{}", wheel.display());
     Ok(())
 }
