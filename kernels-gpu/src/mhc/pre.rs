@@ -1731,25 +1731,37 @@ unsafe fn pre_mma_body(
         // ---- fp64 MMA over the slab: warp w, 4-row steps w, w+W, …
         let mut acc = [[0f64; 2]; NTMAX];
         let mut accx = [0f64; 2];
-        let mut s = warp;
-        while s < rows.div_ceil(4) {
-            // Branch-free operand loads (clamped addresses, zero by select): the MMAs below are
-            // warp-collective and must see a converged warp.
+        let steps = rows.div_ceil(4);
+        // Step s's raw operands (x bits, three phi values) from clamped, always valid addresses;
+        // they are converted and zeroed by select one step later, so every step's shared loads
+        // are in flight while the previous step converts and multiplies.
+        let raw = |s: u32| -> (u16, [f32; NTMAX]) {
             let r = 4 * s + tq;
-            let ok = r < rows;
-            let rc = if ok { r } else { 0 };
-            let xa = bf16_to_f32(*sm.xs.add((min_u32(g, bga - 1) * rows + rc) as usize)) as f64;
-            let a = if ok && g < bga { xa } else { 0.0 };
+            let rc = if r < rows { r } else { 0 };
+            let xb = *sm.xs.add((min_u32(g, bga - 1) * rows + rc) as usize);
             let prow = sm.phis.add((rc * m) as usize);
+            let mut pv = [0f32; NTMAX];
+            let mut j = 0;
+            while j < NTMAX {
+                pv[j] = *prow.add(min_u32(8 * j as u32 + g, m - 1) as usize);
+                j += 1;
+            }
+            (xb, pv)
+        };
+        let mut s = warp;
+        let mut cur = raw(s);
+        // `s` is warp-uniform and the operands are selects: the warp stays converged for the
+        // warp-collective MMAs.
+        while s < steps {
+            let next = raw(s + nw);
+            let ok = 4 * s + tq < rows;
+            let a = if ok && g < bga { bf16_to_f32(cur.0) as f64 } else { 0.0 };
             let mut bv = [0f64; NTMAX];
             let mut j = 0;
             while j < NTMAX {
-                let col = 8 * j as u32 + g;
-                let pv = *prow.add(min_u32(col, m - 1) as usize) as f64;
-                bv[j] = if ok && col < m { pv } else { 0.0 };
+                bv[j] = if ok && 8 * j as u32 + g < m { cur.1[j] as f64 } else { 0.0 };
                 j += 1;
             }
-            sync_warp();
             let mut j = 0;
             while j < NTMAX {
                 if (j as u32) < ntile {
@@ -1758,6 +1770,7 @@ unsafe fn pre_mma_body(
                 j += 1;
             }
             accx = dmma_m8n8k4(a, a, accx);
+            cur = next;
             s += nw;
         }
         // Warp tiles → red[(w·NTT + j)·64 + 8·row + col]; lane holds (row g, cols 2tq, 2tq+1),
