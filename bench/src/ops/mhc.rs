@@ -12,9 +12,13 @@ use rgk_tests::{randn_f32, randn_half};
 /// FP32 non-tensor peak of the H200 (datasheet), FLOP/s.
 pub const FP32_PEAK: f64 = 67e12;
 
+/// The mHC seed rows (name, batch, c), n = 4: MHCPostFwd's, MHCPreFwd's and MHCPostPreFwd's.
+pub const SEED_ROWS: [(&str, usize, usize); 3] =
+    [("hidden-1280", 1, 1280), ("hidden-1920", 2, 1920), ("hidden-2560", 4, 2560)];
+
 /// The seed's workloads (no tuning rows: the block size is fixed, docs/decisions/mhc.md).
 pub fn workloads(_variants: bool) -> Vec<Workload> {
-    [("hidden-1280", 1, 1280), ("hidden-1920", 2, 1920), ("hidden-2560", 4, 2560)]
+    SEED_ROWS
         .into_iter()
         .map(|(name, batch, c)| {
             let s = MhcPostShape { batch, n: 4, c };

@@ -12,14 +12,14 @@ use rgk::verify::{check_float, check_half, poisoned, Report};
 use rgk::{bf16, Gpu};
 
 use crate::case::{Case, Tensor, Verification, Workload};
-use crate::ops::mhc::FP32_PEAK;
+use crate::ops::mhc::{FP32_PEAK, SEED_ROWS};
 use rgk_tests::{randn_f32, randn_half};
 
 /// Our two ops back to back (MHCPostFwd into `x_out`, then MHCPreFwd of it).
 const BACK_TO_BACK: &str = "rgk-post+pre";
 
 pub fn workloads(_variants: bool) -> Vec<Workload> {
-    [("hidden-1280", 1, 1280), ("hidden-1920", 2, 1920), ("hidden-2560", 4, 2560)]
+    SEED_ROWS
         .into_iter()
         .map(|(name, batch, c)| {
             let s = MhcPreShape { batch, n: 4, c };
