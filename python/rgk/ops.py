@@ -3,14 +3,16 @@ a schema, a CUDA implementation that allocates the outputs with torch and launch
 on torch's current stream, a fake (meta) implementation for ``torch.compile`` and shape
 propagation, and autograd where the op has a backward.
 
-Every tensor is validated by the native module before anything is launched (device, dtype,
-shape, contiguity, alignment); an invalid one raises ``ValueError`` naming the argument.
+The CUDA implementation is the native module's op: it validates every input (device, dtype,
+shape, contiguity, alignment) before anything is allocated or launched — an invalid one raises
+``ValueError`` naming the argument — allocates the outputs with ``torch.empty`` and launches.
 
-The functional front end (``rgk.ops.fft_c2c`` etc.) calls the native module directly when
-torch's dispatcher has nothing to add — an eager call recording no gradient, on plain tensors,
-with no trace, transform, dispatch mode or profiler active — and goes through
-``torch.ops.rgk`` otherwise. Both paths run the same implementation; the direct one saves the
-dispatcher and the Python autograd wrapper (about 6 µs of host time per call).
+The functional front end (``rgk.ops.fft_c2c`` etc.) calls the native op directly, which returns
+``None`` without doing anything when torch's dispatcher has something to add (a gradient to
+record, a trace, transform, dispatch mode or profiler, a tensor subclass, a lazy conjugate or
+negative view, a meta tensor); then, and under ``torch.compile``, the call goes through
+``torch.ops.rgk``. Both paths run the same implementation; the direct one saves the dispatcher
+and the Python autograd wrapper.
 """
 from typing import Tuple
 
@@ -44,65 +46,22 @@ _LIB.define(
     "Tensor rms_w_v, Tensor conv_w, int dilation, float eps) -> (Tensor, Tensor)"
 )
 
-_DTYPES = {d: str(d) for d in (torch.float16, torch.bfloat16, torch.float32, torch.complex64,
-                               torch.complex128)}
-
-
-def _t(x: torch.Tensor):
-    """The native module's view of a tensor: (address, dtype, shape, strides, CUDA ordinal or -1)."""
-    return (x.data_ptr(), _DTYPES.get(x.dtype) or str(x.dtype), x.shape, x.stride(),
-            x.get_device() if x.is_cuda else -1)
-
-
-# Plain tensors: no subclass that could override what an op does (parameters are plain).
-_PLAIN = frozenset((torch.Tensor, torch.nn.Parameter))
 try:
     _is_compiling = torch.compiler.is_compiling
-    _grad_enabled = torch.is_grad_enabled
-    _any_requires_grad = torch._C._any_requires_grad
-    _dispatch_modes = torch._C._len_torch_dispatch_stack
-    _functorch_active = torch._C._are_functorch_transforms_active
-    _profiling = torch.autograd._profiler_enabled
-    _jit_tracing = torch._C._get_tracing_state
-    _function_modes = torch._C._is_torch_function_mode_enabled
-    _forward_ad = torch.autograd.forward_ad
-    _forward_ad._current_level  # noqa: B018 (present, or AttributeError: no fast path)
-
-    def _direct(*tensors) -> bool:
-        """Whether a call may skip torch's dispatcher: not traced (torch.compile,
-        torch.jit.trace), no dispatch or torch-function mode (fake tensors, flop counters),
-        functorch transform, forward-mode AD level or profiler active, no gradient to record,
-        every tensor a plain tensor or parameter that is not a lazy conjugate or negative view
-        (the dispatcher materialises those; the kernels would read the raw storage), and not
-        meta tensors (the dispatcher's fake implementation gives their shapes)."""
-        if (_is_compiling() or _dispatch_modes() or _functorch_active() or _profiling()
-                or _jit_tracing() is not None or _function_modes()
-                or _forward_ad._current_level >= 0):
-            return False
-        if _grad_enabled() and _any_requires_grad(*tensors):
-            return False
-        for t in tensors:
-            if type(t) not in _PLAIN or t.is_conj() or t.is_neg():
-                return False
-        return not tensors[0].is_meta
-except AttributeError:  # a torch without one of these: always through the dispatcher
-    def _direct(*tensors) -> bool:
-        return False
+except AttributeError:  # a torch without it: always through the dispatcher
+    def _is_compiling() -> bool:
+        return True
 
 
-try:
-    _raw_stream = torch._C._cuda_getCurrentRawStream  # what torch.cuda.current_stream reads
-
-    def _stream(x: torch.Tensor) -> int:
-        return _raw_stream(x.device.index) if x.is_cuda else 0
-except AttributeError:  # a torch without it
-    def _stream(x: torch.Tensor) -> int:
-        return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
+def _direct(*tensors) -> bool:
+    """Whether a front-end call on `tensors` may skip torch's dispatcher (the native op's own
+    rule, plus torch.compile, which must see the op)."""
+    return not _is_compiling() and _rgk.dispatcher_free(*tensors)
 
 
 def _dims(x: torch.Tensor, name: str, rank: int) -> Tuple[int, ...]:
-    """x's shape, or ValueError naming `name` when its rank is not `rank` (before any output
-    is allocated; the native module checks everything else)."""
+    """x's shape, or ValueError naming `name` when its rank is not `rank` (the fake
+    implementations' check; the native ops check everything)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"invalid `{name}`: expected a tensor, got {type(x).__name__}")
     if x.dim() != rank:
@@ -119,7 +78,7 @@ def _stream_count(phi: torch.Tensor) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# Output shapes (shared by the CUDA and the fake implementations)
+# Output shapes (the fake implementations)
 # --------------------------------------------------------------------------------------------
 
 def _post_out(x_layer_out, h_post, x_res):
@@ -160,66 +119,22 @@ def _decode_out(e_t, h_t, conv_state, *_):
 
 
 # --------------------------------------------------------------------------------------------
-# CUDA implementations (also registered for CPU tensors, where the native module's device
-# check raises the ValueError naming the argument)
+# CUDA implementations: the native ops (also registered for CPU tensors, where the native op's
+# device check raises the ValueError naming the argument)
 # --------------------------------------------------------------------------------------------
 
-def _fft_c2c(x):
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _rgk.fft_c2c(_t(x), _t(y), _stream(x))
-    return y
+_NAMES = ("fft_c2c", "mhc_post", "mhc_pre", "mhc_post_pre", "gate_conv_fwd", "gate_conv_bwd",
+          "decode_fwd")
 
 
-def _mhc_post(x_layer_out, h_post, x_res):
-    x_out = _post_out(x_layer_out, h_post, x_res)
-    _rgk.mhc_post(_t(x_layer_out), _t(h_post), _t(x_res), _t(x_out), _stream(x_layer_out))
-    return x_out
+def _dispatched(native):
+    def impl(*args):
+        return native(*args, False)
+    return impl
 
 
-def _mhc_pre(phi, x, b, alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps):
-    x_res, x_layer, h_post = _pre_out(phi, x, b)
-    _rgk.mhc_pre(_t(phi), _t(x), _t(b), _t(x_res), _t(x_layer), _t(h_post), alpha_pre,
-                 alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps, _stream(x))
-    return x_res, x_layer, h_post
-
-
-def _mhc_post_pre(x_layer_out, h_post, x_res, phi, b, alpha_pre, alpha_post, alpha_res,
-                  sinkhorn_repeat, sinkhorn_eps):
-    outs = _post_pre_out(x_layer_out, h_post, x_res, phi, b)
-    _rgk.mhc_post_pre(*(_t(a) for a in (x_layer_out, h_post, x_res, phi, b) + outs), alpha_pre,
-                      alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps, _stream(x_layer_out))
-    return outs
-
-
-def _gate_conv_fwd(h, k, v, rms_w_h, rms_w_v, conv_w):
-    outs = _gate_fwd_out(h)
-    _rgk.gate_conv_fwd(*(_t(a) for a in (h, k, v, rms_w_h, rms_w_v, conv_w) + outs), _stream(h))
-    return outs
-
-
-def _gate_conv_bwd(dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k):
-    outs = _gate_bwd_out(dy, h, k, v, rms_w_h, rms_w_v, conv_w)
-    m, t, d = dy.shape
-    ws = dy.new_empty((_rgk.gate_conv_bwd_workspace(m, t, d),), dtype=torch.float32)
-    ins = (dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k, ws)
-    _rgk.gate_conv_bwd(*(_t(a) for a in ins + outs), _stream(dy))
-    if m * t == 0:  # no rows: the weight gradients are sums over nothing
-        for w in outs[3:]:
-            w.zero_()
-    return outs
-
-
-def _decode_fwd(e_t, h_t, conv_state, w_k, w_v, rms_w_h, rms_w_v, conv_w, dilation, eps):
-    y_t, new_state = _decode_out(e_t, h_t, conv_state)
-    ins = (e_t, h_t, conv_state, w_k, w_v, rms_w_h, rms_w_v, conv_w, y_t, new_state)
-    _rgk.decode_fwd(*(_t(a) for a in ins), dilation, eps, _stream(e_t))
-    return y_t, new_state
-
-
-for _name, _impl in [("fft_c2c", _fft_c2c), ("mhc_post", _mhc_post), ("mhc_pre", _mhc_pre),
-                     ("mhc_post_pre", _mhc_post_pre),
-                     ("gate_conv_fwd", _gate_conv_fwd), ("gate_conv_bwd", _gate_conv_bwd),
-                     ("decode_fwd", _decode_fwd)]:
+for _name in _NAMES:
+    _impl = _dispatched(getattr(_rgk, _name))
     _LIB.impl(_name, _impl, "CUDA")
     _LIB.impl(_name, _impl, "CPU")
 
@@ -402,26 +317,32 @@ torch.library.register_autograd("rgk::decode_fwd", _decode_backward)
 
 def fft_c2c(x: torch.Tensor) -> torch.Tensor:
     """``torch.fft.fft(x, dim=-1)`` for complex64/complex128 ``x`` of power-of-two length."""
-    if _direct(x):
-        return _fft_c2c(x)
+    if not _is_compiling():
+        y = _rgk.fft_c2c(x, True)
+        if y is not None:
+            return y
     return torch.ops.rgk.fft_c2c(x)
 
 
 def mhc_post(x_layer_out, h_post, x_res) -> torch.Tensor:
     """MHCPostFwd: ``x_out[β, i·c + j] = bf16(h_post[β, i]·x_layer_out[β, j] + x_res[β, i·c + j])``."""
-    if _direct(x_layer_out, h_post, x_res):
-        return _mhc_post(x_layer_out, h_post, x_res)
+    if not _is_compiling():
+        out = _rgk.mhc_post(x_layer_out, h_post, x_res, True)
+        if out is not None:
+            return out
     return torch.ops.rgk.mhc_post(x_layer_out, h_post, x_res)
 
 
 def mhc_pre(phi, x, b, alpha_pre=1.0, alpha_post=1.0, alpha_res=1.0, sinkhorn_repeat=1,
             sinkhorn_eps=0.02):
     """MHCPreFwd → ``(x_res, x_layer, h_post)``."""
-    args = (phi, x, b, float(alpha_pre), float(alpha_post), float(alpha_res),
-            int(sinkhorn_repeat), float(sinkhorn_eps))
-    if _direct(phi, x, b):
-        return _mhc_pre(*args)
-    return torch.ops.rgk.mhc_pre(*args)
+    if not _is_compiling():
+        out = _rgk.mhc_pre(phi, x, b, alpha_pre, alpha_post, alpha_res, int(sinkhorn_repeat),
+                           sinkhorn_eps, True)
+        if out is not None:
+            return out
+    return torch.ops.rgk.mhc_pre(phi, x, b, float(alpha_pre), float(alpha_post), float(alpha_res),
+                                 int(sinkhorn_repeat), float(sinkhorn_eps))
 
 
 def mhc_post_pre(x_layer_out, h_post, x_res, phi, b, alpha_pre=1.0, alpha_post=1.0,
@@ -429,18 +350,23 @@ def mhc_post_pre(x_layer_out, h_post, x_res, phi, b, alpha_pre=1.0, alpha_post=1
     """MHCPostPreFwd, an mHC layer boundary: ``mhc_post`` of layer L, then ``mhc_pre`` of
     layer L+1 on its output, in two kernels → ``(x_out, x_res, x_layer, h_post)``; bitwise the
     two ops' outputs."""
-    args = (x_layer_out, h_post, x_res, phi, b, float(alpha_pre), float(alpha_post),
-            float(alpha_res), int(sinkhorn_repeat), float(sinkhorn_eps))
-    if _direct(x_layer_out, h_post, x_res, phi, b):
-        return _mhc_post_pre(*args)
-    return torch.ops.rgk.mhc_post_pre(*args)
+    if not _is_compiling():
+        out = _rgk.mhc_post_pre(x_layer_out, h_post, x_res, phi, b, alpha_pre, alpha_post,
+                                alpha_res, int(sinkhorn_repeat), sinkhorn_eps, True)
+        if out is not None:
+            return out
+    return torch.ops.rgk.mhc_post_pre(x_layer_out, h_post, x_res, phi, b, float(alpha_pre),
+                                      float(alpha_post), float(alpha_res), int(sinkhorn_repeat),
+                                      float(sinkhorn_eps))
 
 
 def gate_conv_fwd(h, k, v, rms_w_h, rms_w_v, conv_w):
     """EngramGateConvFwd → ``(y, vhat, alpha, rrms_h, rrms_k, rrms_v)``; differentiable
     through ``y``."""
-    if _direct(h, k, v, rms_w_h, rms_w_v, conv_w):
-        return _gate_conv_fwd(h, k, v, rms_w_h, rms_w_v, conv_w)
+    if not _is_compiling():
+        out = _rgk.gate_conv_fwd(h, k, v, rms_w_h, rms_w_v, conv_w, True)
+        if out is not None:
+            return out
     return torch.ops.rgk.gate_conv_fwd(h, k, v, rms_w_h, rms_w_v, conv_w)
 
 
@@ -448,14 +374,18 @@ def gate_conv_bwd(dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k):
     """EngramGateConvBwd → ``(dh, dk, dv, drms_w_h, drms_w_v, dconv_w)`` (weight gradients
     f32)."""
     args = (dy, h, k, v, rms_w_h, rms_w_v, conv_w, alpha, rrms_h, rrms_k)
-    if _direct(*args):
-        return _gate_conv_bwd(*args)
+    if not _is_compiling():
+        out = _rgk.gate_conv_bwd(*args, True)
+        if out is not None:
+            return out
     return torch.ops.rgk.gate_conv_bwd(*args)
 
 
 def decode_fwd(e_t, h_t, conv_state, w_k, w_v, rms_w_h, rms_w_v, conv_w, dilation=1, eps=1e-6):
     """EngramDecodeFwd, one step → ``(y_t, new_conv_state)`` (inference only)."""
     tensors = (e_t, h_t, conv_state, w_k, w_v, rms_w_h, rms_w_v, conv_w)
-    if _direct(*tensors):
-        return _decode_fwd(*tensors, int(dilation), float(eps))
+    if not _is_compiling():
+        out = _rgk.decode_fwd(*tensors, int(dilation), eps, True)
+        if out is not None:
+            return out
     return torch.ops.rgk.decode_fwd(*tensors, int(dilation), float(eps))

@@ -1,19 +1,27 @@
-//! `rgk._rgk`: rgk's ops on tensors that PyTorch allocated. Python passes each tensor as a
-//! tuple `(data_ptr, dtype, shape, strides, device)` (`dtype` as `str(tensor.dtype)`, `device`
-//! the CUDA ordinal or −1 for a tensor elsewhere) and torch's current stream as an integer;
-//! every tensor is validated here (device, dtype, shape, contiguity, alignment, outputs
-//! disjoint from inputs) before anything is launched, and an invalid one raises `ValueError`
-//! naming the argument. The kernels run on torch's stream in the primary context torch uses,
-//! made current on the calling thread for the call (autograd runs backward on its own
-//! threads) and the thread's previous context restored after it (torch's current device).
-//! The module links no libtorch.
+//! `rgk._rgk`: rgk's ops on PyTorch tensors. Each op takes the tensors themselves, reads their
+//! address, dtype, shape, strides and device, validates every input (device, dtype, shape,
+//! contiguity, alignment) before anything is allocated or launched — an invalid one raises
+//! `ValueError` naming the argument — allocates the outputs with `torch.empty`, and launches on
+//! torch's current stream in the primary context torch uses, made current on the calling thread
+//! for the call (autograd runs backward on its own threads) and the thread's previous context
+//! restored after it (torch's current device). The module links no libtorch: torch is reached
+//! through Python, its functions looked up once.
+//!
+//! Every op's last argument, `direct`, says who calls: `True` from the functional front end,
+//! which then gets `None` (nothing done) when torch's dispatcher has something to add — a
+//! gradient to record, a trace, a transform, a mode or profiler, a tensor subclass, a lazy
+//! conjugate or negative view, a meta tensor — and calls `torch.ops.rgk` instead; `False` from
+//! the dispatcher's own CUDA and CPU implementations of those operators.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::driver::sys::{self, CUcontext, CUstream};
 use cudarc::driver::CudaStream;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyTuple};
 use rgk::engram::{
     bwd_workspace_len, gate_conv_fwd_raw, DecodeDtype, DecodeInputsRaw, EngramDecodePlan, EngramDecodeShape,
     EngramGateShape, GateConvBwdPlan,
@@ -21,10 +29,6 @@ use rgk::engram::{
 use rgk::fft::{FftPlan, Precision};
 use rgk::mhc::{post_fwd_raw, MhcPostPre, MhcPostShape, MhcPre, MhcPreParams, MhcPreShape};
 use rgk::{bf16, f16, Gpu};
-
-/// A tensor as Python describes it: `(data_ptr, dtype, shape, strides, device)`.
-#[derive(FromPyObject)]
-struct Tensor(u64, String, Vec<i64>, Vec<i64>, i64);
 
 /// The element types the ops take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -37,23 +41,15 @@ enum Dtype {
 }
 
 impl Dtype {
-    fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "torch.float16" => Self::F16,
-            "torch.bfloat16" => Self::Bf16,
-            "torch.float32" => Self::F32,
-            "torch.complex64" => Self::C64,
-            "torch.complex128" => Self::C128,
-            _ => return None,
-        })
-    }
-    fn torch_name(self) -> &'static str {
+    const ALL: [Dtype; 5] = [Self::F16, Self::Bf16, Self::F32, Self::C64, Self::C128];
+    /// The name of the torch dtype (`torch.<name>`).
+    fn torch_attr(self) -> &'static str {
         match self {
-            Self::F16 => "torch.float16",
-            Self::Bf16 => "torch.bfloat16",
-            Self::F32 => "torch.float32",
-            Self::C64 => "torch.complex64",
-            Self::C128 => "torch.complex128",
+            Self::F16 => "float16",
+            Self::Bf16 => "bfloat16",
+            Self::F32 => "float32",
+            Self::C64 => "complex64",
+            Self::C128 => "complex128",
         }
     }
     fn bytes(self) -> u64 {
@@ -79,18 +75,194 @@ fn py_err(e: rgk::Error) -> PyErr {
     }
 }
 
-impl Tensor {
+/// The torch objects the module calls, looked up on the first op call.
+struct Torch {
+    tensor: Py<PyAny>,
+    parameter: Py<PyAny>,
+    /// `torch.float16` … in [`Dtype::ALL`]'s order.
+    dtypes: [Py<PyAny>; 5],
+    empty: Py<PyAny>,
+    /// `torch._C._cuda_getCurrentRawStream(ordinal)` (what `torch.cuda.current_stream` reads),
+    /// absent from torch builds without CUDA.
+    raw_stream: Option<Py<PyAny>>,
+    /// What decides whether the dispatcher has something to add; `None` (a torch without one
+    /// of these): every front-end call goes through the dispatcher.
+    direct: Option<DirectChecks>,
+}
+
+struct DirectChecks {
+    grad_enabled: Py<PyAny>,
+    dispatch_modes: Py<PyAny>,
+    functorch_active: Py<PyAny>,
+    profiling: Py<PyAny>,
+    jit_tracing: Py<PyAny>,
+    function_modes: Py<PyAny>,
+    /// `torch.autograd.forward_ad` (its `_current_level` ≥ 0 inside a dual level).
+    forward_ad: Py<PyAny>,
+}
+
+fn torch(py: Python<'_>) -> PyResult<&'static Torch> {
+    static TORCH: PyOnceLock<Torch> = PyOnceLock::new();
+    TORCH.get_or_try_init(py, || {
+        let torch = py.import("torch")?;
+        let c = torch.getattr("_C")?;
+        let mut dtypes = Vec::with_capacity(5);
+        for d in Dtype::ALL {
+            dtypes.push(torch.getattr(d.torch_attr())?.unbind());
+        }
+        let direct = (|| -> PyResult<DirectChecks> {
+            let forward_ad = py.import("torch.autograd.forward_ad")?;
+            forward_ad.getattr("_current_level")?;
+            Ok(DirectChecks {
+                grad_enabled: torch.getattr("is_grad_enabled")?.unbind(),
+                dispatch_modes: c.getattr("_len_torch_dispatch_stack")?.unbind(),
+                functorch_active: c.getattr("_are_functorch_transforms_active")?.unbind(),
+                profiling: torch.getattr("autograd")?.getattr("_profiler_enabled")?.unbind(),
+                jit_tracing: c.getattr("_get_tracing_state")?.unbind(),
+                function_modes: c.getattr("_is_torch_function_mode_enabled")?.unbind(),
+                forward_ad: forward_ad.into_any().unbind(),
+            })
+        })()
+        .ok();
+        Ok(Torch {
+            tensor: torch.getattr("Tensor")?.unbind(),
+            parameter: torch.getattr("nn")?.getattr("Parameter")?.unbind(),
+            dtypes: dtypes.try_into().unwrap_or_else(|_| unreachable!("five dtypes")),
+            empty: torch.getattr("empty")?.unbind(),
+            raw_stream: c.getattr("_cuda_getCurrentRawStream").ok().map(Bound::unbind),
+            direct,
+        })
+    })
+}
+
+/// Whether torch's state lets a front-end call skip the dispatcher: no dispatch or
+/// torch-function mode (fake tensors, flop counters), functorch transform, forward-mode AD
+/// level, profiler or `torch.jit.trace` active. `Some(grad enabled)` when it does.
+/// `torch.compile` is the front end's own check: it must see the op.
+fn state_allows_direct(py: Python<'_>, t: &Torch) -> PyResult<Option<bool>> {
+    let Some(d) = &t.direct else { return Ok(None) };
+    let call = |f: &Py<PyAny>| f.bind(py).call0();
+    if call(&d.dispatch_modes)?.extract::<usize>()? != 0
+        || call(&d.functorch_active)?.is_truthy()?
+        || call(&d.profiling)?.is_truthy()?
+        || !call(&d.jit_tracing)?.is_none()
+        || call(&d.function_modes)?.is_truthy()?
+        || d.forward_ad.bind(py).getattr(intern!(py, "_current_level"))?.extract::<i64>()? >= 0
+    {
+        return Ok(None);
+    }
+    Ok(Some(call(&d.grad_enabled)?.is_truthy()?))
+}
+
+/// A plain tensor or parameter: no subclass that could override what an op does.
+fn plain(py: Python<'_>, t: &Torch, x: &Bound<'_, PyAny>) -> bool {
+    let ty = x.get_type();
+    ty.is(t.tensor.bind(py)) || ty.is(t.parameter.bind(py))
+}
+
+/// A tensor as the ops see it.
+struct Tensor<'py> {
+    obj: Bound<'py, PyAny>,
+    ptr: u64,
+    dtype: Option<Dtype>,
+    /// The torch dtype, for messages.
+    dtype_obj: Bound<'py, PyAny>,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+    /// The CUDA ordinal, or −1 for a tensor elsewhere.
+    device: i64,
+    meta: bool,
+}
+
+fn ints(t: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    t.cast::<PyTuple>()?.iter().map(|v| v.extract::<i64>()).collect()
+}
+
+/// `x` as the ops see it, or `TypeError` naming `arg` when it is not a tensor.
+fn describe<'py>(py: Python<'py>, t: &Torch, arg: &str, x: &Bound<'py, PyAny>) -> PyResult<Tensor<'py>> {
+    if !x.is_instance(t.tensor.bind(py))? {
+        return Err(PyTypeError::new_err(format!("invalid `{arg}`: expected a tensor, got {}", x.get_type().name()?)));
+    }
+    let dtype_obj = x.getattr(intern!(py, "dtype"))?;
+    let dtype = Dtype::ALL.into_iter().zip(&t.dtypes).find(|(_, o)| o.bind(py).is(&dtype_obj)).map(|(d, _)| d);
+    let cuda = x.getattr(intern!(py, "is_cuda"))?.is_truthy()?;
+    let device = if cuda { x.call_method0(intern!(py, "get_device"))?.extract()? } else { -1 };
+    // A meta tensor has no address.
+    let meta = !cuda && x.getattr(intern!(py, "is_meta"))?.is_truthy()?;
+    let ptr = if meta { 0 } else { x.call_method0(intern!(py, "data_ptr"))?.extract()? };
+    Ok(Tensor {
+        ptr,
+        dtype,
+        dtype_obj,
+        shape: ints(&x.getattr(intern!(py, "shape"))?)?,
+        strides: ints(&x.call_method0(intern!(py, "stride"))?)?,
+        device,
+        meta,
+        obj: x.clone(),
+    })
+}
+
+impl Tensor<'_> {
+    /// Whether the dispatcher has nothing to add for this (plain) tensor: not a meta tensor
+    /// (the fake implementation gives its outputs), not a lazy negative or conjugate view (the
+    /// dispatcher materialises those; the kernels would read the raw storage; only complex
+    /// tensors carry the conjugate bit), no gradient to record when `grad` is enabled.
+    fn dispatcher_free(&self, grad: bool) -> PyResult<bool> {
+        let py = self.obj.py();
+        Ok(!self.meta
+            && !self.obj.call_method0(intern!(py, "is_neg"))?.is_truthy()?
+            && !(matches!(self.dtype, Some(Dtype::C64 | Dtype::C128) | None)
+                && self.obj.call_method0(intern!(py, "is_conj"))?.is_truthy()?)
+            && !(grad && self.obj.getattr(intern!(py, "requires_grad"))?.is_truthy()?))
+    }
+}
+
+/// The call's tensors described, in order; `None` when `direct` and torch's dispatcher has
+/// something to add ([`state_allows_direct`], [`plain`], [`Tensor::dispatcher_free`]).
+fn inputs<'py, const N: usize>(
+    py: Python<'py>,
+    direct: bool,
+    args: [(&str, &Bound<'py, PyAny>); N],
+) -> PyResult<Option<(&'static Torch, [Tensor<'py>; N])>> {
+    let t = torch(py)?;
+    let grad = if direct {
+        match state_allows_direct(py, t)? {
+            Some(grad) => grad,
+            None => return Ok(None),
+        }
+    } else {
+        false
+    };
+    let mut v = Vec::with_capacity(N);
+    for (arg, x) in args {
+        if direct && !plain(py, t, x) {
+            return Ok(None);
+        }
+        let d = describe(py, t, arg, x)?;
+        if direct && !d.dispatcher_free(grad)? {
+            return Ok(None);
+        }
+        v.push(d);
+    }
+    Ok(Some((t, v.try_into().unwrap_or_else(|_| unreachable!("N tensors")))))
+}
+
+impl Tensor<'_> {
     fn device(&self, arg: &str) -> PyResult<i64> {
-        if self.4 < 0 {
+        if self.device < 0 {
             return Err(bad(arg, "is not a CUDA tensor (rgk's ops run on CUDA tensors)"));
         }
-        Ok(self.4)
+        Ok(self.device)
     }
     fn dtype(&self, arg: &str) -> PyResult<Dtype> {
-        Dtype::parse(&self.1).ok_or_else(|| bad(arg, format!("dtype {} is not one rgk's ops take", self.1)))
+        self.dtype.ok_or_else(|| bad(arg, format!("dtype {} is not one rgk's ops take", self.dtype_obj)))
     }
-    fn shape(&self) -> &[i64] {
-        &self.2
+    /// The sizes after checking the rank.
+    fn dims<const R: usize>(&self, arg: &str) -> PyResult<[usize; R]> {
+        if self.shape.len() != R {
+            return Err(bad(arg, format!("has {} dimensions, expected {R}", self.shape.len())));
+        }
+        Ok(std::array::from_fn(|i| self.shape[i] as usize))
     }
     /// The device address after checking device, dtype, shape, row-major contiguity and
     /// element alignment.
@@ -101,76 +273,100 @@ impl Tensor {
         }
         let got = self.dtype(arg)?;
         if got != dtype {
-            return Err(bad(arg, format!("dtype {}, expected {}", self.1, dtype.torch_name())));
+            return Err(bad(arg, format!("dtype {}, expected torch.{}", self.dtype_obj, dtype.torch_attr())));
         }
-        if self.2.len() != shape.len() || self.2.iter().zip(shape).any(|(&a, &b)| a as usize != b) {
-            return Err(bad(arg, format!("shape {:?}, expected {:?}", self.2, shape)));
+        if self.shape.len() != shape.len() || self.shape.iter().zip(shape).any(|(&a, &b)| a as usize != b) {
+            return Err(bad(arg, format!("shape {:?}, expected {:?}", self.shape, shape)));
         }
-        if self.3.len() != self.2.len() {
-            return Err(bad(arg, format!("{} strides for {} dimensions", self.3.len(), self.2.len())));
+        if self.strides.len() != self.shape.len() {
+            return Err(bad(arg, format!("{} strides for {} dimensions", self.strides.len(), self.shape.len())));
         }
         // An empty tensor has no layout to check.
         if !shape.contains(&0) {
             let mut expect = 1i64;
-            for (&size, &stride) in self.2.iter().zip(&self.3).rev() {
+            for (&size, &stride) in self.shape.iter().zip(&self.strides).rev() {
                 if size != 1 && stride != expect {
-                    return Err(bad(arg, format!("is not contiguous (strides {:?}, shape {:?})", self.3, self.2)));
+                    return Err(bad(
+                        arg,
+                        format!("is not contiguous (strides {:?}, shape {:?})", self.strides, self.shape),
+                    ));
                 }
                 expect *= size;
             }
         }
-        if !self.0.is_multiple_of(dtype.bytes()) {
+        if !self.ptr.is_multiple_of(dtype.bytes()) {
             return Err(bad(
                 arg,
-                format!("address {:#x} is not aligned to its {}-byte elements", self.0, dtype.bytes()),
+                format!("address {:#x} is not aligned to its {}-byte elements", self.ptr, dtype.bytes()),
             ));
         }
-        Ok(self.0)
-    }
-
-    /// The checked tensor's bytes `[start, end)` (after [`Tensor::check`]).
-    fn span(&self, dtype: Dtype) -> (u64, u64) {
-        let n: i64 = self.2.iter().product();
-        (self.0, self.0 + n as u64 * dtype.bytes())
+        Ok(self.ptr)
     }
 }
 
-/// `ValueError` naming the first output whose bytes overlap an input's or another output's
-/// (the kernels read inputs while they write outputs).
-fn disjoint(outputs: &[(&str, (u64, u64))], inputs: &[(&str, (u64, u64))]) -> PyResult<()> {
-    for (i, (name, (a0, a1))) in outputs.iter().enumerate() {
-        let others = inputs.iter().chain(&outputs[i + 1..]);
-        for (other, (b0, b1)) in others {
-            if a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1 {
-                return Err(bad(name, format!("overlaps `{other}`")));
-            }
-        }
-    }
-    Ok(())
-}
+/// One input's expected dtype and shape: `(name, tensor, dtype, shape)`.
+type Spec<'a, 'py> = (&'a str, &'a Tensor<'py>, Dtype, &'a [usize]);
 
-/// One tensor's expected dtype and shape: `(name, tensor, dtype, shape)`.
-type Spec<'a> = (&'a str, &'a Tensor, Dtype, &'a [usize]);
-
-/// [`Tensor::check`] of every input and output, then [`disjoint`]: the addresses, inputs then
-/// outputs, in order.
-fn check_all(device: i64, inputs: &[Spec], outputs: &[Spec]) -> PyResult<Vec<u64>> {
-    let mut p = Vec::with_capacity(inputs.len() + outputs.len());
-    for (name, t, dtype, shape) in inputs.iter().chain(outputs) {
-        p.push(t.check(name, device, *dtype, shape)?);
+/// [`Tensor::check`] of every input: their addresses, in order.
+fn check_all<const N: usize>(device: i64, specs: [Spec; N]) -> PyResult<[u64; N]> {
+    let mut p = [0; N];
+    for (i, (name, t, dtype, shape)) in specs.into_iter().enumerate() {
+        p[i] = t.check(name, device, dtype, shape)?;
     }
-    fn spans<'a>(v: &[Spec<'a>]) -> Vec<(&'a str, (u64, u64))> {
-        v.iter().map(|(n, t, d, _)| (*n, t.span(*d))).collect()
-    }
-    disjoint(&spans(outputs), &spans(inputs))?;
     Ok(p)
 }
 
-fn dim(arg: &str, t: &Tensor, rank: usize) -> PyResult<Vec<usize>> {
-    if t.shape().len() != rank {
-        return Err(bad(arg, format!("has {} dimensions, expected {rank}", t.shape().len())));
+/// Fresh outputs on CUDA device `device`: their tensors and addresses. Each is `new_empty`
+/// (`new_zeros` where `zeroed`) of an empty tensor of its dtype on the device, made once: fewer
+/// arguments for torch to parse than `torch.empty`'s. Fresh allocations overlap no input.
+fn outputs<'py, const N: usize>(
+    py: Python<'py>,
+    t: &Torch,
+    device: i64,
+    specs: [(&[usize], Dtype); N],
+    zeroed: bool,
+) -> PyResult<([Bound<'py, PyAny>; N], [u64; N])> {
+    /// An empty tensor per (device, dtype).
+    type Templates = Vec<((i64, Dtype), Py<PyAny>)>;
+    static TEMPLATES: Mutex<Templates> = Mutex::new(Vec::new());
+    let method = if zeroed { intern!(py, "new_zeros") } else { intern!(py, "new_empty") };
+    let mut tensors = Vec::with_capacity(N);
+    let mut ptrs = [0; N];
+    for (i, (shape, dtype)) in specs.into_iter().enumerate() {
+        let found = lock(&TEMPLATES).iter().find(|(k, _)| *k == (device, dtype)).map(|(_, x)| x.clone_ref(py));
+        let template = match found {
+            Some(x) => x,
+            None => {
+                let kw = PyDict::new(py);
+                kw.set_item(intern!(py, "dtype"), t.dtypes[dtype as usize].bind(py))?;
+                kw.set_item(intern!(py, "device"), device)?;
+                let x = t.empty.bind(py).call((0,), Some(&kw))?.unbind();
+                lock(&TEMPLATES).push(((device, dtype), x.clone_ref(py)));
+                x
+            }
+        };
+        let x = template.bind(py).call_method1(method, PyTuple::new(py, shape)?)?;
+        ptrs[i] = x.call_method0(intern!(py, "data_ptr"))?.extract()?;
+        tensors.push(x);
     }
-    Ok(t.shape().iter().map(|&s| s as usize).collect())
+    Ok((tensors.try_into().unwrap_or_else(|_| unreachable!("N outputs")), ptrs))
+}
+
+/// torch's current stream on CUDA device `device`.
+fn current_stream(py: Python<'_>, t: &Torch, device: i64) -> PyResult<u64> {
+    match &t.raw_stream {
+        Some(f) => f.bind(py).call1((device,))?.extract(),
+        None => py
+            .import("torch")?
+            .getattr("cuda")?
+            .call_method1("current_stream", (device,))?
+            .getattr("cuda_stream")?
+            .extract(),
+    }
+}
+
+fn tuple<'py, const N: usize>(py: Python<'py>, outs: [Bound<'py, PyAny>; N]) -> PyResult<Option<Bound<'py, PyAny>>> {
+    Ok(Some(PyTuple::new(py, outs)?.into_any()))
 }
 
 /// The module's handle on one device, its context current on this thread until drop, which
@@ -328,27 +524,29 @@ fn build<T>(b: &Current, torch: &Gpu, cu: CUstream, make: impl FnOnce(&Gpu) -> r
     }
 }
 
-/// `y = FFT(x)` over the last axis; `x`, `y`: `[*batch, n]` complex64 or complex128 (`y` may be
-/// `x`: in place).
+/// `y = FFT(x)` over the last axis; `x`: `[*batch, n]` complex64 or complex128 → `y` of its
+/// shape and dtype.
 #[pyfunction]
-fn fft_c2c(x: Tensor, y: Tensor, stream: u64) -> PyResult<()> {
+fn fft_c2c<'py>(py: Python<'py>, x: &Bound<'py, PyAny>, direct: bool) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let Some((t, [x])) = inputs(py, direct, [("x", x)])? else { return Ok(None) };
     let device = x.device("x")?;
     let dtype = x.dtype("x")?;
     let precision = match dtype {
         Dtype::C64 => Precision::C64,
         Dtype::C128 => Precision::C128,
-        _ => return Err(bad("x", format!("dtype {}, expected torch.complex64 or torch.complex128", x.1))),
+        _ => return Err(bad("x", format!("dtype {}, expected torch.complex64 or torch.complex128", x.dtype_obj))),
     };
-    let shape: Vec<usize> = x.shape().iter().map(|&s| s as usize).collect();
+    let shape: Vec<usize> = x.shape.iter().map(|&s| s as usize).collect();
     let Some((&n, lead)) = shape.split_last() else {
         return Err(bad("x", "is a scalar; the transform runs over the last axis"));
     };
     let batch: usize = lead.iter().product();
-    let xp = x.check("x", device, dtype, &shape)?;
-    let yp = y.check("y", device, dtype, &shape)?;
+    let [xp] = check_all(device, [("x", &x, dtype, &shape)])?;
+    let ([y], [yp]) = outputs(py, t, device, [(&shape, dtype)], false)?;
     if batch == 0 {
-        return Ok(());
+        return Ok(Some(y));
     }
+    let stream = current_stream(py, t, device)?;
     let b = gpu(device, stream)?;
     let (g, cu) = on_stream(&b, stream)?;
     // Plans hold device tables and a workspace: one per stream, so calls on different
@@ -358,81 +556,92 @@ fn fft_c2c(x: Tensor, y: Tensor, stream: u64) -> PyResult<()> {
     let mut plans = lock(PLANS.get_or_init(Default::default));
     let key = (device, n, batch, precision == Precision::C128, stream);
     let plan = plans.get_or_make(&b, cu, key, || build(&b, &g, cu, |h| FftPlan::new(h, n, batch, precision)))?;
-    // SAFETY: both tensors were checked to hold `batch·n` elements of the plan's precision on
-    // this device (the same buffer, or disjoint: `execute_raw` refuses a partial overlap);
-    // torch keeps them alive until the stream passes the launches. Multi-pass plans go as one
-    // graph (launched into torch's stream, whichever it is), so their dependent launches overlap.
-    unsafe { plan.run_raw(&g, xp, yp, cu) }.map_err(py_err)
+    // SAFETY: `x` was checked to hold `batch·n` elements of the plan's precision on this
+    // device, `y` is a fresh tensor of as many; torch keeps both alive until the stream passes
+    // the launches. Multi-pass plans go as one graph (launched into torch's stream, whichever
+    // it is), so their dependent launches overlap.
+    unsafe { plan.run_raw(&g, xp, yp, cu) }.map_err(py_err)?;
+    Ok(Some(y))
 }
 
 /// MHCPostFwd: `x_out = q(h_post ⊗ x_layer_out + x_res)`; `x_layer_out [B, c]` bf16, `h_post
-/// [B, n]` f32, `x_res`, `x_out` `[B, n·c]` bf16.
+/// [B, n]` f32, `x_res` `[B, n·c]` bf16 → `x_out [B, n·c]` bf16.
 #[pyfunction]
-fn mhc_post(x_layer_out: Tensor, h_post: Tensor, x_res: Tensor, x_out: Tensor, stream: u64) -> PyResult<()> {
-    let device = x_layer_out.device("x_layer_out")?;
-    let [b, c] = dim("x_layer_out", &x_layer_out, 2)?[..] else { unreachable!() };
-    let [_, n] = dim("h_post", &h_post, 2)?[..] else { unreachable!() };
-    let (bf, bc, bn, bnc) = (Dtype::Bf16, [b, c], [b, n], [b, n * c]);
-    let p = check_all(
+fn mhc_post<'py>(
+    py: Python<'py>,
+    x_layer_out: &Bound<'py, PyAny>,
+    h_post: &Bound<'py, PyAny>,
+    x_res: &Bound<'py, PyAny>,
+    direct: bool,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let args = [("x_layer_out", x_layer_out), ("h_post", h_post), ("x_res", x_res)];
+    let Some((t, [y, h, r])) = inputs(py, direct, args)? else { return Ok(None) };
+    let [b, c] = y.dims("x_layer_out")?;
+    let [_, n] = h.dims("h_post")?;
+    let device = y.device("x_layer_out")?;
+    let bf = Dtype::Bf16;
+    let [p_y, p_h, p_r] = check_all(
         device,
-        &[("x_layer_out", &x_layer_out, bf, &bc), ("h_post", &h_post, Dtype::F32, &bn), ("x_res", &x_res, bf, &bnc)],
-        &[("x_out", &x_out, bf, &bnc)],
+        [("x_layer_out", &y, bf, &[b, c]), ("h_post", &h, Dtype::F32, &[b, n]), ("x_res", &r, bf, &[b, n * c])],
     )?;
-    let [y, h, r, o] = p[..] else { unreachable!() };
+    let ([x_out], [o]) = outputs(py, t, device, [(&[b, n * c], bf)], false)?;
     if b * n * c == 0 {
-        return Ok(());
+        return Ok(Some(x_out));
     }
+    let stream = current_stream(py, t, device)?;
     let g = gpu(device, stream)?;
-    // SAFETY: every tensor was checked to hold the elements the shape addresses, the output
-    // to overlap no input.
-    unsafe { post_fwd_raw(&g.gpu, MhcPostShape { batch: b, n, c }, y, h, r, o, stream as CUstream) }.map_err(py_err)
+    // SAFETY: every input was checked to hold the elements the shape addresses; the output is
+    // a fresh tensor of as many.
+    unsafe { post_fwd_raw(&g.gpu, MhcPostShape { batch: b, n, c }, p_y, p_h, p_r, o, stream as CUstream) }
+        .map_err(py_err)?;
+    Ok(Some(x_out))
 }
 
-/// MHCPreFwd: `phi [n·c, n²+2n]` f32, `x [B, n·c]` bf16, `b [n²+2n]` f32 → `x_res [B, n·c]`
-/// bf16, `x_layer [B, c]` bf16, `h_post [B, n]` f32.
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-fn mhc_pre(
-    phi: Tensor,
-    x: Tensor,
-    b: Tensor,
-    x_res: Tensor,
-    x_layer: Tensor,
-    h_post: Tensor,
-    alpha_pre: f32,
-    alpha_post: f32,
-    alpha_res: f32,
-    sinkhorn_repeat: u32,
-    sinkhorn_eps: f32,
-    stream: u64,
-) -> PyResult<()> {
-    let device = x.device("x")?;
-    let [nc, m] = dim("phi", &phi, 2)?[..] else { unreachable!() };
+/// `n` for `phi`'s width `m = n² + 2n`, or `ValueError` naming `phi`.
+fn stream_count(m: usize) -> PyResult<usize> {
     // m = n² + 2n  ⇔  n = sqrt(m + 1) − 1.
     let n = ((m + 1) as f64).sqrt().round() as usize - 1;
     if n == 0 || n * n + 2 * n != m {
         return Err(bad("phi", format!("width {m} is not n² + 2n for a stream count n ≥ 1")));
     }
+    Ok(n)
+}
+
+/// MHCPreFwd: `phi [n·c, n²+2n]` f32, `x [B, n·c]` bf16, `b [n²+2n]` f32 → `(x_res [B, n·c]`
+/// bf16, `x_layer [B, c]` bf16, `h_post [B, n]` f32`)`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn mhc_pre<'py>(
+    py: Python<'py>,
+    phi: &Bound<'py, PyAny>,
+    x: &Bound<'py, PyAny>,
+    b: &Bound<'py, PyAny>,
+    alpha_pre: f32,
+    alpha_post: f32,
+    alpha_res: f32,
+    sinkhorn_repeat: u32,
+    sinkhorn_eps: f32,
+    direct: bool,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let Some((t, [phi, x, b])) = inputs(py, direct, [("phi", phi), ("x", x), ("b", b)])? else { return Ok(None) };
+    let [nc, m] = phi.dims("phi")?;
+    let n = stream_count(m)?;
     if nc % n != 0 {
         return Err(bad("phi", format!("height {nc} is not a multiple of n = {n}")));
     }
     let c = nc / n;
-    let [batch, _] = dim("x", &x, 2)?[..] else { unreachable!() };
+    let [batch, _] = x.dims("x")?;
+    let device = x.device("x")?;
     let (bf, f32) = (Dtype::Bf16, Dtype::F32);
-    let p = check_all(
-        device,
-        &[("phi", &phi, f32, &[nc, m]), ("x", &x, bf, &[batch, nc]), ("b", &b, f32, &[m])],
-        &[
-            ("x_res", &x_res, bf, &[batch, nc]),
-            ("x_layer", &x_layer, bf, &[batch, c]),
-            ("h_post", &h_post, f32, &[batch, n]),
-        ],
-    )?;
-    let [p_phi, p_x, p_b, p_res, p_layer, p_h] = p[..] else { unreachable!() };
-    let params = MhcPreParams { alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps };
+    let [p_phi, p_x, p_b] =
+        check_all(device, [("phi", &phi, f32, &[nc, m]), ("x", &x, bf, &[batch, nc]), ("b", &b, f32, &[m])])?;
+    let (outs, [p_res, p_layer, p_h]) =
+        outputs(py, t, device, [(&[batch, nc], bf), (&[batch, c], bf), (&[batch, n], f32)], false)?;
     if batch * c == 0 {
-        return Ok(());
+        return tuple(py, outs);
     }
+    let params = MhcPreParams { alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps };
+    let stream = current_stream(py, t, device)?;
     let bound = gpu(device, stream)?;
     let (g, cu) = on_stream(&bound, stream)?;
     // The plan and its workspace per stream: the fixed-point pair keeps accumulator state in
@@ -443,61 +652,59 @@ fn mhc_pre(
     let key = (device, batch, n, c, stream);
     let op = plans
         .get_or_make(&bound, cu, key, || build(&bound, &g, cu, |h| MhcPre::new(h, MhcPreShape { batch, n, c })))?;
-    // SAFETY: every tensor was checked to hold the elements the plan's shape addresses, the
-    // outputs to overlap nothing; the plan (its workspace, its graph) serves this stream only.
-    // Its two kernels go as one graph, so the second one's dependent launch overlaps the first.
-    unsafe { op.run_raw(&g, params, [p_phi, p_x, p_b], [p_res, p_layer, p_h], cu) }.map_err(py_err)
+    // SAFETY: every input was checked to hold the elements the plan's shape addresses; the
+    // outputs are fresh tensors of the plan's shapes; the plan (its workspace, its graph) serves
+    // this stream only. Its two kernels go as one graph, so the second one's dependent launch
+    // overlaps the first.
+    unsafe { op.run_raw(&g, params, [p_phi, p_x, p_b], [p_res, p_layer, p_h], cu) }.map_err(py_err)?;
+    tuple(py, outs)
 }
 
 /// MHCPostPreFwd (the mHC layer transition): layer L's `x_layer_out [B, c]` bf16, `h_post
 /// [B, n]` f32, `x_res [B, n·c]` bf16 and layer L+1's `phi [n·c, n²+2n]` f32, `b [n²+2n]` f32 →
-/// `x_out [B, n·c]` bf16 (the post half's output) and layer L+1's `x_res`, `x_layer`, `h_post`.
+/// `(x_out [B, n·c]` bf16 (the post half's output) and layer L+1's `x_res`, `x_layer`,
+/// `h_post)`.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-fn mhc_post_pre(
-    x_layer_out: Tensor,
-    h_post: Tensor,
-    x_res: Tensor,
-    phi: Tensor,
-    b: Tensor,
-    x_out: Tensor,
-    next_x_res: Tensor,
-    next_x_layer: Tensor,
-    next_h_post: Tensor,
+fn mhc_post_pre<'py>(
+    py: Python<'py>,
+    x_layer_out: &Bound<'py, PyAny>,
+    h_post: &Bound<'py, PyAny>,
+    x_res: &Bound<'py, PyAny>,
+    phi: &Bound<'py, PyAny>,
+    b: &Bound<'py, PyAny>,
     alpha_pre: f32,
     alpha_post: f32,
     alpha_res: f32,
     sinkhorn_repeat: u32,
     sinkhorn_eps: f32,
-    stream: u64,
-) -> PyResult<()> {
-    let device = x_layer_out.device("x_layer_out")?;
-    let [batch, c] = dim("x_layer_out", &x_layer_out, 2)?[..] else { unreachable!() };
-    let [_, n] = dim("h_post", &h_post, 2)?[..] else { unreachable!() };
+    direct: bool,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let args = [("x_layer_out", x_layer_out), ("h_post", h_post), ("x_res", x_res), ("phi", phi), ("b", b)];
+    let Some((t, [y, h, r, phi, b])) = inputs(py, direct, args)? else { return Ok(None) };
+    let [batch, c] = y.dims("x_layer_out")?;
+    let [_, n] = h.dims("h_post")?;
+    let device = y.device("x_layer_out")?;
     let m = n * n + 2 * n;
     let nc = n * c;
     let (bf, f32) = (Dtype::Bf16, Dtype::F32);
-    let p = check_all(
+    let [py_, ph, pr, pphi, pb] = check_all(
         device,
-        &[
-            ("x_layer_out", &x_layer_out, bf, &[batch, c]),
-            ("h_post", &h_post, f32, &[batch, n]),
-            ("x_res", &x_res, bf, &[batch, nc]),
+        [
+            ("x_layer_out", &y, bf, &[batch, c]),
+            ("h_post", &h, f32, &[batch, n]),
+            ("x_res", &r, bf, &[batch, nc]),
             ("phi", &phi, f32, &[nc, m]),
             ("b", &b, f32, &[m]),
         ],
-        &[
-            ("x_out", &x_out, bf, &[batch, nc]),
-            ("next_x_res", &next_x_res, bf, &[batch, nc]),
-            ("next_x_layer", &next_x_layer, bf, &[batch, c]),
-            ("next_h_post", &next_h_post, f32, &[batch, n]),
-        ],
     )?;
-    let [py, ph, pr, pphi, pb, po, nr, nl, nh] = p[..] else { unreachable!() };
-    let params = MhcPreParams { alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps };
+    let (outs, [po, nr, nl, nh]) =
+        outputs(py, t, device, [(&[batch, nc], bf), (&[batch, nc], bf), (&[batch, c], bf), (&[batch, n], f32)], false)?;
     if batch * c == 0 || n == 0 {
-        return Ok(());
+        return tuple(py, outs);
     }
+    let params = MhcPreParams { alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps };
+    let stream = current_stream(py, t, device)?;
     let bound = gpu(device, stream)?;
     let (g, cu) = on_stream(&bound, stream)?;
     // One plan and workspace per stream, as for mhc_pre (the fused pair keeps its accumulator
@@ -508,152 +715,140 @@ fn mhc_post_pre(
     let key = (device, batch, n, c, stream);
     let op = plans
         .get_or_make(&bound, cu, key, || build(&bound, &g, cu, |h| MhcPostPre::new(h, MhcPreShape { batch, n, c })))?;
-    // SAFETY: every tensor was checked to hold the elements the plan's shape addresses, the
-    // outputs to overlap nothing; the plan serves this stream only.
-    unsafe { op.run_raw(&g, params, [py, ph, pr, pphi, pb], po, [nr, nl, nh], cu) }.map_err(py_err)
+    // SAFETY: every input was checked to hold the elements the plan's shape addresses; the
+    // outputs are fresh tensors of the plan's shapes; the plan serves this stream only.
+    unsafe { op.run_raw(&g, params, [py_, ph, pr, pphi, pb], po, [nr, nl, nh], cu) }.map_err(py_err)?;
+    tuple(py, outs)
 }
 
 fn half_dtype(arg: &str, t: &Tensor) -> PyResult<Dtype> {
     match t.dtype(arg)? {
         d @ (Dtype::F16 | Dtype::Bf16) => Ok(d),
-        _ => Err(bad(arg, format!("dtype {}, expected torch.float16 or torch.bfloat16", t.1))),
+        _ => Err(bad(arg, format!("dtype {}, expected torch.float16 or torch.bfloat16", t.dtype_obj))),
     }
 }
 
 /// EngramGateConvFwd: `h, k, v [M, T, d]`, `rms_w_h, rms_w_v [d]`, `conv_w [4, d]` (one 16-bit
-/// dtype) → `y, vhat [M, T, d]` (the dtype), `alpha, rrms_h, rrms_k, rrms_v [M, T]` f32.
+/// dtype) → `(y, vhat [M, T, d]` (the dtype), `alpha, rrms_h, rrms_k, rrms_v [M, T]` f32`)`.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-fn gate_conv_fwd(
-    h: Tensor,
-    k: Tensor,
-    v: Tensor,
-    rms_w_h: Tensor,
-    rms_w_v: Tensor,
-    conv_w: Tensor,
-    y: Tensor,
-    vhat: Tensor,
-    alpha: Tensor,
-    rrms_h: Tensor,
-    rrms_k: Tensor,
-    rrms_v: Tensor,
-    stream: u64,
-) -> PyResult<()> {
+fn gate_conv_fwd<'py>(
+    py: Python<'py>,
+    h: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    rms_w_h: &Bound<'py, PyAny>,
+    rms_w_v: &Bound<'py, PyAny>,
+    conv_w: &Bound<'py, PyAny>,
+    direct: bool,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let args = [("h", h), ("k", k), ("v", v), ("rms_w_h", rms_w_h), ("rms_w_v", rms_w_v), ("conv_w", conv_w)];
+    let Some((t, [h, k, v, wh, wv, cw])) = inputs(py, direct, args)? else { return Ok(None) };
     let device = h.device("h")?;
     let dt = half_dtype("h", &h)?;
-    let [m, t, d] = dim("h", &h, 3)?[..] else { unreachable!() };
-    let (x3, r2, w, cw) = ([m, t, d], [m, t], [d], [4, d]);
-    let f32 = Dtype::F32;
+    let [m, t_, d] = h.dims("h")?;
+    let (x3, r2, f32) = ([m, t_, d], [m, t_], Dtype::F32);
     let p = check_all(
         device,
-        &[
+        [
             ("h", &h, dt, &x3),
             ("k", &k, dt, &x3),
             ("v", &v, dt, &x3),
-            ("rms_w_h", &rms_w_h, dt, &w),
-            ("rms_w_v", &rms_w_v, dt, &w),
-            ("conv_w", &conv_w, dt, &cw),
-        ],
-        &[
-            ("y", &y, dt, &x3),
-            ("vhat", &vhat, dt, &x3),
-            ("alpha", &alpha, f32, &r2),
-            ("rrms_h", &rrms_h, f32, &r2),
-            ("rrms_k", &rrms_k, f32, &r2),
-            ("rrms_v", &rrms_v, f32, &r2),
+            ("rms_w_h", &wh, dt, &[d]),
+            ("rms_w_v", &wv, dt, &[d]),
+            ("conv_w", &cw, dt, &[4, d]),
         ],
     )?;
-    if m * t * d == 0 {
-        return Ok(());
+    let (outs, o) =
+        outputs(py, t, device, [(&x3, dt), (&x3, dt), (&r2, f32), (&r2, f32), (&r2, f32), (&r2, f32)], false)?;
+    if m * t_ * d == 0 {
+        return tuple(py, outs);
     }
+    let stream = current_stream(py, t, device)?;
     let g = gpu(device, stream)?;
-    let shape = EngramGateShape { m, t, d };
+    let shape = EngramGateShape { m, t: t_, d };
     let s = stream as CUstream;
-    // SAFETY: every tensor was checked to hold the elements the shape addresses, the outputs
-    // to overlap nothing.
+    // SAFETY: every input was checked to hold the elements the shape addresses; the outputs
+    // are fresh tensors of as many.
     unsafe {
         match dt {
             Dtype::F16 => gate_conv_fwd_raw::<f16>(
-                &g.gpu, shape, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], s,
+                &g.gpu, shape, p[0], p[1], p[2], p[3], p[4], p[5], o[0], o[1], o[2], o[3], o[4], o[5], s,
             ),
             _ => gate_conv_fwd_raw::<bf16>(
-                &g.gpu, shape, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], s,
+                &g.gpu, shape, p[0], p[1], p[2], p[3], p[4], p[5], o[0], o[1], o[2], o[3], o[4], o[5], s,
             ),
         }
     }
-    .map_err(py_err)
-}
-
-/// f32 elements of the workspace [`gate_conv_bwd`] needs for `(m, t, d)`.
-#[pyfunction]
-fn gate_conv_bwd_workspace(m: usize, t: usize, d: usize) -> PyResult<usize> {
-    if m * t * d == 0 {
-        return Ok(0);
-    }
-    bwd_workspace_len(EngramGateShape { m, t, d }).map_err(py_err)
+    .map_err(py_err)?;
+    tuple(py, outs)
 }
 
 /// EngramGateConvBwd: `dy, h, k, v [M, T, d]`, the weights, the forward's `alpha, rrms_h,
-/// rrms_k [M, T]` f32 and a workspace of [`gate_conv_bwd_workspace`] f32 → `dh, dk, dv`
-/// (the dtype), `drms_w_h, drms_w_v [d]`, `dconv_w [4, d]` f32.
+/// rrms_k [M, T]` f32 → `(dh, dk, dv` (the dtype), `drms_w_h, drms_w_v [d]`, `dconv_w [4, d]`
+/// f32`)`; its workspace is a torch tensor of the call.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-fn gate_conv_bwd(
-    dy: Tensor,
-    h: Tensor,
-    k: Tensor,
-    v: Tensor,
-    rms_w_h: Tensor,
-    rms_w_v: Tensor,
-    conv_w: Tensor,
-    alpha: Tensor,
-    rrms_h: Tensor,
-    rrms_k: Tensor,
-    workspace: Tensor,
-    dh: Tensor,
-    dk: Tensor,
-    dv: Tensor,
-    drms_w_h: Tensor,
-    drms_w_v: Tensor,
-    dconv_w: Tensor,
-    stream: u64,
-) -> PyResult<()> {
+fn gate_conv_bwd<'py>(
+    py: Python<'py>,
+    dy: &Bound<'py, PyAny>,
+    h: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    rms_w_h: &Bound<'py, PyAny>,
+    rms_w_v: &Bound<'py, PyAny>,
+    conv_w: &Bound<'py, PyAny>,
+    alpha: &Bound<'py, PyAny>,
+    rrms_h: &Bound<'py, PyAny>,
+    rrms_k: &Bound<'py, PyAny>,
+    direct: bool,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let args = [
+        ("dy", dy),
+        ("h", h),
+        ("k", k),
+        ("v", v),
+        ("rms_w_h", rms_w_h),
+        ("rms_w_v", rms_w_v),
+        ("conv_w", conv_w),
+        ("alpha", alpha),
+        ("rrms_h", rrms_h),
+        ("rrms_k", rrms_k),
+    ];
+    let Some((t, [dy, h, k, v, wh, wv, cw, al, rh, rk])) = inputs(py, direct, args)? else { return Ok(None) };
     let device = dy.device("dy")?;
     let dt = half_dtype("dy", &dy)?;
-    let [m, t, d] = dim("dy", &dy, 3)?[..] else { unreachable!() };
-    let shape = EngramGateShape { m, t, d };
-    let empty = m * t * d == 0;
-    let ws_len = if empty { 0 } else { bwd_workspace_len(shape).map_err(py_err)? };
-    let (x3, r2, w, cw, ws) = ([m, t, d], [m, t], [d], [4, d], [ws_len]);
-    let f32 = Dtype::F32;
+    let [m, t_, d] = dy.dims("dy")?;
+    let shape = EngramGateShape { m, t: t_, d };
+    let (x3, r2, f32) = ([m, t_, d], [m, t_], Dtype::F32);
     let p = check_all(
         device,
-        &[
+        [
             ("dy", &dy, dt, &x3),
             ("h", &h, dt, &x3),
             ("k", &k, dt, &x3),
             ("v", &v, dt, &x3),
-            ("rms_w_h", &rms_w_h, dt, &w),
-            ("rms_w_v", &rms_w_v, dt, &w),
-            ("conv_w", &conv_w, dt, &cw),
-            ("alpha", &alpha, f32, &r2),
-            ("rrms_h", &rrms_h, f32, &r2),
-            ("rrms_k", &rrms_k, f32, &r2),
-        ],
-        &[
-            ("workspace", &workspace, f32, &ws),
-            ("dh", &dh, dt, &x3),
-            ("dk", &dk, dt, &x3),
-            ("dv", &dv, dt, &x3),
-            ("drms_w_h", &drms_w_h, f32, &w),
-            ("drms_w_v", &drms_w_v, f32, &w),
-            ("dconv_w", &dconv_w, f32, &cw),
+            ("rms_w_h", &wh, dt, &[d]),
+            ("rms_w_v", &wv, dt, &[d]),
+            ("conv_w", &cw, dt, &[4, d]),
+            ("alpha", &al, f32, &r2),
+            ("rrms_h", &rh, f32, &r2),
+            ("rrms_k", &rk, f32, &r2),
         ],
     )?;
-    // An empty batch: the caller zeroes the weight gradients.
+    let empty = m * t_ * d == 0;
+    let (grads, o) = outputs(py, t, device, [(&x3, dt), (&x3, dt), (&x3, dt)], false)?;
+    // With no rows the weight gradients are sums over nothing: zeros, nothing launched.
+    let (wgrads, w) = outputs(py, t, device, [(&[d], f32), (&[d], f32), (&[4, d], f32)], empty)?;
+    let [dh, dk, dv] = grads;
+    let [dwh, dwv, dcw] = wgrads;
+    let result = PyTuple::new(py, [dh, dk, dv, dwh, dwv, dcw])?.into_any();
     if empty {
-        return Ok(());
+        return Ok(Some(result));
     }
+    let ws_len = bwd_workspace_len(shape).map_err(py_err)?;
+    let ([_workspace], [ws]) = outputs(py, t, device, [(&[ws_len], f32)], false)?;
+    let stream = current_stream(py, t, device)?;
     let bound = gpu(device, stream)?;
     let cu = stream as CUstream;
     // A plan holds the graphs of its two launches (replayed while the pointers recur): one
@@ -662,69 +857,82 @@ fn gate_conv_bwd(
     static PLANS: OnceLock<Mutex<Cache<Key, GateConvBwdPlan>>> = OnceLock::new();
     let mut plans = lock(PLANS.get_or_init(Default::default));
     let plan =
-        plans.get_or_make(&bound, cu, (device, [m, t, d], stream), || GateConvBwdPlan::new(shape).map_err(py_err))?;
+        plans.get_or_make(&bound, cu, (device, [m, t_, d], stream), || GateConvBwdPlan::new(shape).map_err(py_err))?;
     let inputs = [p[0], p[1], p[2], p[3], p[4], p[5], p[6]];
-    let (saved, ws_ptr, outputs) = ([p[7], p[8], p[9]], p[10], [p[11], p[12], p[13], p[14], p[15], p[16]]);
-    // SAFETY: every tensor was checked to hold the elements the shape addresses, the outputs
-    // and the workspace to overlap nothing; the plan serves this stream only. Its two kernels
-    // go as one graph, so the reduce kernel's dependent launch overlaps the main one.
+    let (saved, outputs) = ([p[7], p[8], p[9]], [o[0], o[1], o[2], w[0], w[1], w[2]]);
+    // SAFETY: every input was checked to hold the elements the shape addresses; the outputs
+    // and the workspace are fresh tensors of as many (the workspace stays alive until the
+    // stream passes the launches: torch's allocator reuses a freed block only in stream order);
+    // the plan serves this stream only. Its two kernels go as one graph, so the reduce kernel's
+    // dependent launch overlaps the main one.
     unsafe {
         match dt {
-            Dtype::F16 => plan.run_raw::<f16>(&bound.gpu, inputs, saved, ws_ptr, outputs, cu),
-            _ => plan.run_raw::<bf16>(&bound.gpu, inputs, saved, ws_ptr, outputs, cu),
+            Dtype::F16 => plan.run_raw::<f16>(&bound.gpu, inputs, saved, ws, outputs, cu),
+            _ => plan.run_raw::<bf16>(&bound.gpu, inputs, saved, ws, outputs, cu),
         }
     }
-    .map_err(py_err)
+    .map_err(py_err)?;
+    Ok(Some(result))
 }
 
 /// EngramDecodeFwd, one step: `e_t [B, d_mem]`, `h_t [B, d]`, `conv_state [B, L, d]`, `w_k,
-/// w_v [d_mem, d]`, `rms_w_h, rms_w_v [d]`, `conv_w [K, d]` (one 16-bit dtype) → `y_t [B, d]`,
-/// `new_conv_state [B, L, d]`.
+/// w_v [d_mem, d]`, `rms_w_h, rms_w_v [d]`, `conv_w [K, d]` (one 16-bit dtype) → `(y_t [B, d]`,
+/// `new_conv_state [B, L, d])`.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-fn decode_fwd(
-    e_t: Tensor,
-    h_t: Tensor,
-    conv_state: Tensor,
-    w_k: Tensor,
-    w_v: Tensor,
-    rms_w_h: Tensor,
-    rms_w_v: Tensor,
-    conv_w: Tensor,
-    y_t: Tensor,
-    new_conv_state: Tensor,
+fn decode_fwd<'py>(
+    py: Python<'py>,
+    e_t: &Bound<'py, PyAny>,
+    h_t: &Bound<'py, PyAny>,
+    conv_state: &Bound<'py, PyAny>,
+    w_k: &Bound<'py, PyAny>,
+    w_v: &Bound<'py, PyAny>,
+    rms_w_h: &Bound<'py, PyAny>,
+    rms_w_v: &Bound<'py, PyAny>,
+    conv_w: &Bound<'py, PyAny>,
     dilation: usize,
     eps: f32,
-    stream: u64,
-) -> PyResult<()> {
-    let device = e_t.device("e_t")?;
-    let dt = half_dtype("e_t", &e_t)?;
-    let [batch, d_mem] = dim("e_t", &e_t, 2)?[..] else { unreachable!() };
-    let [_, l, d] = dim("conv_state", &conv_state, 3)?[..] else { unreachable!() };
-    let [kernel_size, _] = dim("conv_w", &conv_w, 2)?[..] else { unreachable!() };
-    let (e2, h2, w2, v1, c2, s3) = ([batch, d_mem], [batch, d], [d_mem, d], [d], [kernel_size, d], [batch, l, d]);
+    direct: bool,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let args = [
+        ("e_t", e_t),
+        ("h_t", h_t),
+        ("conv_state", conv_state),
+        ("w_k", w_k),
+        ("w_v", w_v),
+        ("rms_w_h", rms_w_h),
+        ("rms_w_v", rms_w_v),
+        ("conv_w", conv_w),
+    ];
+    let Some((t, [e, h, st, wk, wv, rwh, rwv, cw])) = inputs(py, direct, args)? else { return Ok(None) };
+    let device = e.device("e_t")?;
+    let dt = half_dtype("e_t", &e)?;
+    let [batch, d_mem] = e.dims("e_t")?;
+    let [_, l, d] = st.dims("conv_state")?;
+    let [kernel_size, _] = cw.dims("conv_w")?;
+    let (h2, s3) = ([batch, d], [batch, l, d]);
     let p = check_all(
         device,
-        &[
-            ("e_t", &e_t, dt, &e2),
-            ("h_t", &h_t, dt, &h2),
-            ("w_k", &w_k, dt, &w2),
-            ("w_v", &w_v, dt, &w2),
-            ("rms_w_h", &rms_w_h, dt, &v1),
-            ("rms_w_v", &rms_w_v, dt, &v1),
-            ("conv_w", &conv_w, dt, &c2),
-            ("conv_state", &conv_state, dt, &s3),
+        [
+            ("e_t", &e, dt, &[batch, d_mem]),
+            ("h_t", &h, dt, &h2),
+            ("w_k", &wk, dt, &[d_mem, d]),
+            ("w_v", &wv, dt, &[d_mem, d]),
+            ("rms_w_h", &rwh, dt, &[d]),
+            ("rms_w_v", &rwv, dt, &[d]),
+            ("conv_w", &cw, dt, &[kernel_size, d]),
+            ("conv_state", &st, dt, &s3),
         ],
-        &[("y_t", &y_t, dt, &h2), ("new_conv_state", &new_conv_state, dt, &s3)],
     )?;
+    let (outs, [y, s_out]) = outputs(py, t, device, [(&h2, dt), (&s3, dt)], false)?;
+    if batch * d == 0 {
+        return tuple(py, outs);
+    }
     let raw =
         DecodeInputsRaw { e_t: p[0], h_t: p[1], w_k: p[2], w_v: p[3], rms_w_h: p[4], rms_w_v: p[5], conv_w: p[6] };
-    let (s_in, y, s_out) = (p[7], p[8], p[9]);
-    if batch * d == 0 {
-        return Ok(());
-    }
     let mut shape = EngramDecodeShape::new(batch, d_mem, d, l, kernel_size, dilation);
     shape.eps = eps;
+    let stream = current_stream(py, t, device)?;
     let bound = gpu(device, stream)?;
     let (g, cu) = on_stream(&bound, stream)?;
     // A plan owns its partial-sum workspace: one per stream.
@@ -734,9 +942,25 @@ fn decode_fwd(
     let key = (device, [batch, d_mem, d, l, kernel_size, dilation], eps.to_bits(), stream);
     let plan = plans.get_or_make(&bound, cu, key, || build(&bound, &g, cu, |h| EngramDecodePlan::new(h, shape)))?;
     let dtype = if dt == Dtype::F16 { DecodeDtype::F16 } else { DecodeDtype::Bf16 };
-    // SAFETY: every tensor was checked to hold the elements the shape addresses, the outputs
-    // to overlap nothing.
-    unsafe { plan.forward_raw(&g, dtype, raw, s_in, y, s_out, cu) }.map_err(py_err)
+    // SAFETY: every input was checked to hold the elements the shape addresses; the outputs
+    // are fresh tensors of as many.
+    unsafe { plan.forward_raw(&g, dtype, raw, p[7], y, s_out, cu) }.map_err(py_err)?;
+    tuple(py, outs)
+}
+
+/// Whether a front-end call on these tensors may skip torch's dispatcher (the rule of
+/// [`inputs`]; `torch.compile` is checked by the caller).
+#[pyfunction]
+#[pyo3(name = "dispatcher_free", signature = (*tensors))]
+fn dispatcher_free_py(py: Python<'_>, tensors: &Bound<'_, PyTuple>) -> PyResult<bool> {
+    let t = torch(py)?;
+    let Some(grad) = state_allows_direct(py, t)? else { return Ok(false) };
+    for x in tensors.iter() {
+        if !plain(py, t, &x) || !describe(py, t, "tensor", &x)?.dispatcher_free(grad)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Whether a CUDA driver and device are present (no module is loaded).
@@ -752,9 +976,9 @@ fn _rgk(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(mhc_pre, m)?)?;
     m.add_function(wrap_pyfunction!(mhc_post_pre, m)?)?;
     m.add_function(wrap_pyfunction!(gate_conv_fwd, m)?)?;
-    m.add_function(wrap_pyfunction!(gate_conv_bwd_workspace, m)?)?;
     m.add_function(wrap_pyfunction!(gate_conv_bwd, m)?)?;
     m.add_function(wrap_pyfunction!(decode_fwd, m)?)?;
+    m.add_function(wrap_pyfunction!(dispatcher_free_py, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     Ok(())
 }
