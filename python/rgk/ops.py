@@ -5,7 +5,9 @@ propagation, and autograd where the op has a backward.
 
 The CUDA implementation is the native module's op: it validates every input (device, dtype,
 shape, contiguity, alignment) before anything is allocated or launched — an invalid one raises
-``ValueError`` naming the argument — allocates the outputs with ``torch.empty`` and launches.
+``ValueError`` naming the argument — allocates the outputs and launches. Scalar arguments are
+numbers (anything ``float()``/``int()`` accepts without parsing a string: Python numbers, NumPy
+scalars, 0-d tensors); ``sinkhorn_repeat`` and ``dilation`` non-negative integers.
 
 The functional front end (``rgk.ops.fft_c2c`` etc.) calls the native op directly, which returns
 ``None`` without doing anything when torch's dispatcher has something to add (a gradient to

@@ -1,10 +1,10 @@
 //! `rgk._rgk`: rgk's ops on PyTorch tensors. Each op takes the tensors themselves, reads their
 //! address, dtype, shape, strides and device, validates every input (device, dtype, shape,
 //! contiguity, alignment) before anything is allocated or launched — an invalid one raises
-//! `ValueError` naming the argument — allocates the outputs with `torch.empty`, and launches on
-//! torch's current stream in the primary context torch uses, made current on the calling thread
-//! for the call (autograd runs backward on its own threads) and the thread's previous context
-//! restored after it (torch's current device). The module links no libtorch: torch is reached
+//! `ValueError` naming the argument — allocates the outputs (`new_empty` of an empty tensor of
+//! each output's dtype), and launches on torch's current stream in the primary context torch
+//! uses, made current on the calling thread for the call (autograd runs backward on its own
+//! threads) and the thread's previous context restored after it (torch's current device). The module links no libtorch: torch is reached
 //! through Python, its functions looked up once.
 //!
 //! Every op's last argument, `direct`, says who calls: `True` from the functional front end,
@@ -626,8 +626,8 @@ fn mhc_pre<'py>(
     let Some((t, [phi, x, b])) = inputs(py, direct, [("phi", phi), ("x", x), ("b", b)])? else { return Ok(None) };
     let [nc, m] = phi.dims("phi")?;
     let n = stream_count(m)?;
-    if nc % n != 0 {
-        return Err(bad("phi", format!("height {nc} is not a multiple of n = {n}")));
+    if nc == 0 || nc % n != 0 {
+        return Err(bad("phi", format!("height {nc} is not a positive multiple of n = {n}")));
     }
     let c = nc / n;
     let [batch, _] = x.dims("x")?;
@@ -637,8 +637,9 @@ fn mhc_pre<'py>(
         check_all(device, [("phi", &phi, f32, &[nc, m]), ("x", &x, bf, &[batch, nc]), ("b", &b, f32, &[m])])?;
     let (outs, [p_res, p_layer, p_h]) =
         outputs(py, t, device, [(&[batch, nc], bf), (&[batch, c], bf), (&[batch, n], f32)], false)?;
+    let result = tuple(py, outs)?;
     if batch * c == 0 {
-        return tuple(py, outs);
+        return Ok(result);
     }
     let params = MhcPreParams { alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps };
     let stream = current_stream(py, t, device)?;
@@ -657,7 +658,7 @@ fn mhc_pre<'py>(
     // this stream only. Its two kernels go as one graph, so the second one's dependent launch
     // overlaps the first.
     unsafe { op.run_raw(&g, params, [p_phi, p_x, p_b], [p_res, p_layer, p_h], cu) }.map_err(py_err)?;
-    tuple(py, outs)
+    Ok(result)
 }
 
 /// MHCPostPreFwd (the mHC layer transition): layer L's `x_layer_out [B, c]` bf16, `h_post
@@ -684,6 +685,13 @@ fn mhc_post_pre<'py>(
     let Some((t, [y, h, r, phi, b])) = inputs(py, direct, args)? else { return Ok(None) };
     let [batch, c] = y.dims("x_layer_out")?;
     let [_, n] = h.dims("h_post")?;
+    // As mhc_pre's `phi` check: no streams or no channels leave outputs with elements unwritten.
+    if n == 0 {
+        return Err(bad("h_post", "has no streams (n = 0)"));
+    }
+    if c == 0 {
+        return Err(bad("x_layer_out", "has no channels (c = 0)"));
+    }
     let device = y.device("x_layer_out")?;
     let m = n * n + 2 * n;
     let nc = n * c;
@@ -700,8 +708,9 @@ fn mhc_post_pre<'py>(
     )?;
     let (outs, [po, nr, nl, nh]) =
         outputs(py, t, device, [(&[batch, nc], bf), (&[batch, nc], bf), (&[batch, c], bf), (&[batch, n], f32)], false)?;
-    if batch * c == 0 || n == 0 {
-        return tuple(py, outs);
+    let result = tuple(py, outs)?;
+    if batch == 0 {
+        return Ok(result);
     }
     let params = MhcPreParams { alpha_pre, alpha_post, alpha_res, sinkhorn_repeat, sinkhorn_eps };
     let stream = current_stream(py, t, device)?;
@@ -718,7 +727,7 @@ fn mhc_post_pre<'py>(
     // SAFETY: every input was checked to hold the elements the plan's shape addresses; the
     // outputs are fresh tensors of the plan's shapes; the plan serves this stream only.
     unsafe { op.run_raw(&g, params, [py_, ph, pr, pphi, pb], po, [nr, nl, nh], cu) }.map_err(py_err)?;
-    tuple(py, outs)
+    Ok(result)
 }
 
 fn half_dtype(arg: &str, t: &Tensor) -> PyResult<Dtype> {
@@ -747,6 +756,9 @@ fn gate_conv_fwd<'py>(
     let device = h.device("h")?;
     let dt = half_dtype("h", &h)?;
     let [m, t_, d] = h.dims("h")?;
+    if d == 0 && m * t_ > 0 {
+        return Err(bad("h", "has no channels (d = 0): the rms norms of its rows are undefined"));
+    }
     let (x3, r2, f32) = ([m, t_, d], [m, t_], Dtype::F32);
     let p = check_all(
         device,
@@ -761,8 +773,9 @@ fn gate_conv_fwd<'py>(
     )?;
     let (outs, o) =
         outputs(py, t, device, [(&x3, dt), (&x3, dt), (&r2, f32), (&r2, f32), (&r2, f32), (&r2, f32)], false)?;
+    let result = tuple(py, outs)?;
     if m * t_ * d == 0 {
-        return tuple(py, outs);
+        return Ok(result);
     }
     let stream = current_stream(py, t, device)?;
     let g = gpu(device, stream)?;
@@ -781,7 +794,7 @@ fn gate_conv_fwd<'py>(
         }
     }
     .map_err(py_err)?;
-    tuple(py, outs)
+    Ok(result)
 }
 
 /// EngramGateConvBwd: `dy, h, k, v [M, T, d]`, the weights, the forward's `alpha, rrms_h,
@@ -925,8 +938,9 @@ fn decode_fwd<'py>(
         ],
     )?;
     let (outs, [y, s_out]) = outputs(py, t, device, [(&h2, dt), (&s3, dt)], false)?;
+    let result = tuple(py, outs)?;
     if batch * d == 0 {
-        return tuple(py, outs);
+        return Ok(result);
     }
     let raw =
         DecodeInputsRaw { e_t: p[0], h_t: p[1], w_k: p[2], w_v: p[3], rms_w_h: p[4], rms_w_v: p[5], conv_w: p[6] };
@@ -945,7 +959,7 @@ fn decode_fwd<'py>(
     // SAFETY: every input was checked to hold the elements the shape addresses; the outputs
     // are fresh tensors of as many.
     unsafe { plan.forward_raw(&g, dtype, raw, p[7], y, s_out, cu) }.map_err(py_err)?;
-    tuple(py, outs)
+    Ok(result)
 }
 
 /// Whether a front-end call on these tensors may skip torch's dispatcher (the rule of

@@ -150,6 +150,12 @@ def test_wrong_rank_raises_naming_the_argument():
         rgk._rgk.mhc_post([1.0], torch.zeros(2, 4), torch.zeros(2, 256, dtype=torch.bfloat16), False)
     with pytest.raises(ValueError, match="`phi`.*n² \\+ 2n"):
         rgk.ops.mhc_pre(torch.zeros(64, 23), torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(23))
+    # Shapes whose outputs the kernels would leave partly unwritten are refused.
+    with pytest.raises(ValueError, match="`phi`.*positive multiple"):
+        rgk.ops.mhc_pre(torch.zeros(0, 24), torch.zeros(1, 0, dtype=torch.bfloat16), torch.zeros(24))
+    with pytest.raises(ValueError, match="`h_post`.*no streams"):
+        rgk.ops.mhc_post_pre(torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(1, 0),
+                             torch.zeros(1, 0, dtype=torch.bfloat16), torch.zeros(0, 0), torch.zeros(0))
 
 
 def test_tileops_class_arguments_checked():
@@ -356,6 +362,8 @@ def test_invalid_cuda_tensors_raise_naming_the_argument():
     h, k, v, wh, wv, cw = gate_inputs(1, 8, 64, torch.float16, DEV)
     with pytest.raises(ValueError, match="`k`.*dtype"):
         rgk.ops.gate_conv_fwd(h, k.bfloat16(), v, wh, wv, cw)
+    with pytest.raises(ValueError, match="`h`.*no channels"):
+        rgk.ops.gate_conv_fwd(*gate_inputs(1, 8, 0, torch.float16, DEV))
 
 
 # ---------------------------------------------------------------------------------------------
