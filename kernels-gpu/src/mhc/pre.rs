@@ -1646,6 +1646,18 @@ unsafe fn pre_mma_body(
     } else {
         0
     };
+    if fixed_point {
+        // Both accumulator halves and the epoch word into L2 while the slab loads: after a cold
+        // start (the bench's L2 flush) the limb adds and zeroing stores would otherwise wait for
+        // DRAM at the end of the kernel.
+        let bytes = (2 * acc_words + 1) * 8;
+        let i = (block_idx_y() * grid_dim_x() + block_idx_x()) * nt + t;
+        // Every 128-byte line the words touch, also with an unaligned `part_ws` (the last
+        // thread asks for the line of the last byte).
+        if i * 128 < bytes + 127 {
+            prefetch_global_l2((part_ws as *const u8).add(min_u32(i * 128, bytes - 1) as usize));
+        }
+    }
 
     // ---- phi slab → shared memory, asynchronously: segment k = phi rows k·c + j0 .. + cwa.
     let seg = cwa * m; // floats per segment
