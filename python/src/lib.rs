@@ -202,23 +202,24 @@ fn describe<'py>(py: Python<'py>, t: &Torch, arg: &str, x: &Bound<'py, PyAny>) -
     })
 }
 
-impl Tensor<'_> {
-    /// Whether the dispatcher has nothing to add for this (plain) tensor: not a meta tensor
-    /// (the fake implementation gives its outputs), not a lazy negative or conjugate view (the
-    /// dispatcher materialises those; the kernels would read the raw storage; only complex
-    /// tensors carry the conjugate bit), no gradient to record when `grad` is enabled.
-    fn dispatcher_free(&self, grad: bool) -> PyResult<bool> {
-        let py = self.obj.py();
-        Ok(!self.meta
-            && !self.obj.call_method0(intern!(py, "is_neg"))?.is_truthy()?
-            && !(matches!(self.dtype, Some(Dtype::C64 | Dtype::C128) | None)
-                && self.obj.call_method0(intern!(py, "is_conj"))?.is_truthy()?)
-            && !(grad && self.obj.getattr(intern!(py, "requires_grad"))?.is_truthy()?))
+/// `x` described ([`describe`]) for a front-end call, or `None` when the dispatcher has
+/// something to add for it ([`plain`], [`Tensor::dispatcher_free`]).
+fn describe_if_dispatcher_free<'py>(
+    py: Python<'py>,
+    t: &Torch,
+    arg: &str,
+    x: &Bound<'py, PyAny>,
+    grad: bool,
+) -> PyResult<Option<Tensor<'py>>> {
+    if !plain(py, t, x) {
+        return Ok(None);
     }
+    let d = describe(py, t, arg, x)?;
+    Ok(if d.dispatcher_free(grad)? { Some(d) } else { None })
 }
 
 /// The call's tensors described, in order; `None` when `direct` and torch's dispatcher has
-/// something to add ([`state_allows_direct`], [`plain`], [`Tensor::dispatcher_free`]).
+/// something to add ([`state_allows_direct`], [`describe_if_dispatcher_free`]).
 fn inputs<'py, const N: usize>(
     py: Python<'py>,
     direct: bool,
@@ -235,19 +236,33 @@ fn inputs<'py, const N: usize>(
     };
     let mut v = Vec::with_capacity(N);
     for (arg, x) in args {
-        if direct && !plain(py, t, x) {
-            return Ok(None);
-        }
-        let d = describe(py, t, arg, x)?;
-        if direct && !d.dispatcher_free(grad)? {
-            return Ok(None);
-        }
+        let d = if direct {
+            match describe_if_dispatcher_free(py, t, arg, x, grad)? {
+                Some(d) => d,
+                None => return Ok(None),
+            }
+        } else {
+            describe(py, t, arg, x)?
+        };
         v.push(d);
     }
     Ok(Some((t, v.try_into().unwrap_or_else(|_| unreachable!("N tensors")))))
 }
 
 impl Tensor<'_> {
+    /// Whether the dispatcher has nothing to add for this (plain) tensor: not a meta tensor
+    /// (the fake implementation gives its outputs), not a lazy negative or conjugate view (the
+    /// dispatcher materialises those; the kernels would read the raw storage; only complex
+    /// tensors carry the conjugate bit), no gradient to record when `grad` is enabled.
+    fn dispatcher_free(&self, grad: bool) -> PyResult<bool> {
+        let py = self.obj.py();
+        Ok(!self.meta
+            && !self.obj.call_method0(intern!(py, "is_neg"))?.is_truthy()?
+            && !(matches!(self.dtype, Some(Dtype::C64 | Dtype::C128) | None)
+                && self.obj.call_method0(intern!(py, "is_conj"))?.is_truthy()?)
+            && !(grad && self.obj.getattr(intern!(py, "requires_grad"))?.is_truthy()?))
+    }
+
     fn device(&self, arg: &str) -> PyResult<i64> {
         if self.device < 0 {
             return Err(bad(arg, "is not a CUDA tensor (rgk's ops run on CUDA tensors)"));
@@ -855,9 +870,9 @@ fn gate_conv_bwd<'py>(
     let (wgrads, w) = outputs(py, t, device, [(&[d], f32), (&[d], f32), (&[4, d], f32)], empty)?;
     let [dh, dk, dv] = grads;
     let [dwh, dwv, dcw] = wgrads;
-    let result = PyTuple::new(py, [dh, dk, dv, dwh, dwv, dcw])?.into_any();
+    let result = tuple(py, [dh, dk, dv, dwh, dwv, dcw])?;
     if empty {
-        return Ok(Some(result));
+        return Ok(result);
     }
     let ws_len = bwd_workspace_len(shape).map_err(py_err)?;
     let ([_workspace], [ws]) = outputs(py, t, device, [(&[ws_len], f32)], false)?;
@@ -885,7 +900,7 @@ fn gate_conv_bwd<'py>(
         }
     }
     .map_err(py_err)?;
-    Ok(Some(result))
+    Ok(result)
 }
 
 /// EngramDecodeFwd, one step: `e_t [B, d_mem]`, `h_t [B, d]`, `conv_state [B, L, d]`, `w_k,
@@ -970,7 +985,7 @@ fn dispatcher_free_py(py: Python<'_>, tensors: &Bound<'_, PyTuple>) -> PyResult<
     let t = torch(py)?;
     let Some(grad) = state_allows_direct(py, t)? else { return Ok(false) };
     for x in tensors.iter() {
-        if !plain(py, t, &x) || !describe(py, t, "tensor", &x)?.dispatcher_free(grad)? {
+        if describe_if_dispatcher_free(py, t, "tensor", &x, grad)?.is_none() {
             return Ok(false);
         }
     }
