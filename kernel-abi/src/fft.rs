@@ -7,7 +7,8 @@ pub const COL_MAP: u32 = 1;
 /// mapping (for a transposed output, `M_out > 1`, from a row-mapped pass).
 pub const OUT_SMEM: u32 = 2;
 /// Pass flag: multiply output `k` of transform `t` by `W_n^{(t mod M_in)·k}` (the four-step
-/// twiddle, from the two-level table `twlo[p mod S]·twhi[p/S]`).
+/// twiddle: computed by the c64 kernels, from the two-level table `twlo[p mod S]·twhi[p/S]` by
+/// the c128 kernels).
 pub const TW4: u32 = 4;
 /// Pass flag: wait for the previous pass (programmatic dependent launch) at kernel entry,
 /// before the twiddle loads. The planner never sets it: the wait after the twiddle loads
@@ -188,8 +189,8 @@ macro_rules! fft_pass_kernels {
             fft_c64_l7_tw_hoisted: c64, 7, 16, Hoisted, 512;
             fft_c64_l8_tw_hoisted: c64, 8, 16, Hoisted, 512;
             fft_c64_l9_tw_hoisted: c64, 9, 8, Hoisted, 512;
-            fft_c64_l10_tw_hoisted: c64, 10, 16, Hoisted, 256;
-            fft_c64_l11_tw_hoisted: c64, 11, 16, Hoisted, 256;
+            fft_c64_l10_tw_hoisted: c64, 10, 16, Hoisted, 512;
+            fft_c64_l11_tw_hoisted: c64, 11, 16, Hoisted, 512;
             fft_c64_l10_tw_per_stage: c64, 10, 16, PerStage, 512;
             fft_c64_l11_tw_per_stage: c64, 11, 16, PerStage, 512;
             fft_c64_l12_tw_per_stage: c64, 12, 16, PerStage, 512;

@@ -276,7 +276,8 @@ impl FftPlan {
                 plan::persist(p, sms, resident);
             }
         }
-        let (twlo, twhi) = if passes.len() > 1 {
+        // The c64 kernels compute the four-step twiddles (`kernels-gpu` `Mem::twiddle`).
+        let (twlo, twhi) = if passes.len() > 1 && precision == Precision::C128 {
             let (lo, hi) = plan::four_step_tables(log_n);
             (Some(upload(gpu, precision, &lo)?), Some(upload(gpu, precision, &hi)?))
         } else {

@@ -106,8 +106,9 @@ pub(crate) enum Shape {
     OnePass { form: Form, threads: u32, min_threads: u32, persistent: bool },
     /// Four-step `n = n1·n2`: a column pass of length `n1 = 2^log_n1` (`None`: `⌊log2 n / 2⌋`)
     /// with the four-step twiddle, then a row pass of length `n2` with a transposed store; at
-    /// most `cols` transforms per block; both passes in `form`.
-    FourStep { log_n1: Option<u32>, cols: usize, form: Form },
+    /// most `cols` transforms per block in the column pass and `rows` in the row pass; both
+    /// passes in `form`.
+    FourStep { log_n1: Option<u32>, cols: usize, rows: usize, form: Form },
 }
 
 /// One row of the tuning table: lengths `2^lo ..= 2^hi` of one precision.
@@ -121,9 +122,9 @@ pub(crate) struct Row {
 const fn one(form: Form, threads: u32, min_threads: u32, persistent: bool) -> Shape {
     Shape::OnePass { form, threads, min_threads, persistent }
 }
-const fn four(log_n1: Option<u32>, cols: usize, form: Form) -> Shape {
+const fn four(log_n1: Option<u32>, cols: usize, rows: usize, form: Form) -> Shape {
     assert!(!form.single_pass_only(), "a four-step pass cannot take a single-pass-only kernel");
-    Shape::FourStep { log_n1, cols, form }
+    Shape::FourStep { log_n1, cols, rows, form }
 }
 const fn row(c128: bool, lo: u32, hi: u32, shape: Shape) -> Row {
     Row { c128, lo, hi, shape }
@@ -154,24 +155,28 @@ pub(crate) const TUNING: &[Row] = &[
     row(false, 13, 13, one(PerStage, 256, 64, true)),
     // longconv-16k: 64-point columns 13.70 against 14.98 balanced; 32 per block 13.28
     // against 13.98 at 16.
-    row(false, 14, 14, four(Some(6), 32, Hoisted)),
-    row(false, 15, 15, four(None, 16, Hoisted)),
-    // longconv-64k: 64-point columns 11.52 against 12.24; 32 per block 11.04 against 11.52.
-    row(false, 16, 16, four(Some(6), 32, Hoisted)),
-    row(false, 17, 19, four(None, 16, Hoisted)),
+    row(false, 14, 14, four(Some(6), 32, 32, Hoisted)),
+    row(false, 15, 15, four(None, 16, 16, Hoisted)),
+    // longconv-64k: 64-point columns 11.52 against 12.24; 32 per block 11.04 against 11.52;
+    // 4 rows per row-pass block (256 threads) 9.60 against 10.66 at 8 (512 threads, one block
+    // per SM on 64 SMs).
+    row(false, 16, 16, four(Some(6), 32, 4, Hoisted)),
+    row(false, 17, 18, four(None, 16, 16, Hoisted)),
+    // 1024-point rows in 256-thread blocks, as for 2^16.
+    row(false, 19, 19, four(None, 16, 4, Hoisted)),
     // 1024-point and longer passes: the hoisting kernels' registers halve the column blocks
     // (scientific-1m: hoisted 176.8, per-stage 138.3).
-    row(false, 20, 26, four(None, 16, PerStage)),
+    row(false, 20, 26, four(None, 16, 16, PerStage)),
     row(true, 0, 0, Shape::Copy),
     row(true, 1, 6, one(Hoisted, 256, 64, false)),
     // throughput-4k c128: hoisted 6.62 against 8.54 (W_Lt table).
     row(true, 7, 11, one(Hoisted, 256, 64, true)),
     row(true, 12, 12, one(PerStage, 256, 64, true)),
-    row(true, 13, 19, four(None, 16, Hoisted)),
+    row(true, 13, 19, four(None, 16, 16, Hoisted)),
     // scientific-1m: 512-point columns 126.5 against 138.4 balanced; per-stage twiddles as
     // for c64 (hoisted 176.8).
-    row(true, 20, 20, four(Some(9), 16, PerStage)),
-    row(true, 21, 24, four(None, 16, PerStage)),
+    row(true, 20, 20, four(Some(9), 16, 16, PerStage)),
+    row(true, 21, 24, four(None, 16, 16, PerStage)),
 ];
 
 /// The tuning row of `2^log_n` in `prec` (every supported length has one).
@@ -351,8 +356,8 @@ pub fn plan(prec: Precision, log_n: u32, batch: usize) -> Vec<Pass> {
             let unaligned = if form == Staged { kernel(prec, log_n, Hoisted) } else { kn };
             vec![one_pass(kn, unaligned, batch, (threads, min_threads), persistent)]
         }
-        Shape::FourStep { log_n1, cols, form } => {
-            four_step(prec, log_n, batch, log_n1.unwrap_or(log_n / 2), cols, form)
+        Shape::FourStep { log_n1, cols, rows, form } => {
+            four_step(prec, log_n, batch, log_n1.unwrap_or(log_n / 2), cols, rows, form)
         }
     }
 }
@@ -370,8 +375,18 @@ pub fn one_pass(
     pass(kernel, unaligned, batch, max_c, elem, 0, 0, 0, 0, Buf::X, Buf::Y, row_threads, persistent)
 }
 
-/// The four-step plan with columns of `2^log_n1` (see [`plan`]).
-pub fn four_step(prec: Precision, log_n: u32, batch: usize, log_n1: u32, cols: usize, form: Form) -> Vec<Pass> {
+/// The four-step plan with columns of `2^log_n1` (see [`plan`]), at most `cols` columns per
+/// block of the column pass and `rows` rows per block of the row pass.
+#[allow(clippy::too_many_arguments)]
+pub fn four_step(
+    prec: Precision,
+    log_n: u32,
+    batch: usize,
+    log_n1: u32,
+    cols: usize,
+    rows: usize,
+    form: Form,
+) -> Vec<Pass> {
     let elem = prec.element_bytes();
     let log_n2 = log_n - log_n1;
     let (n1, n2) = (1usize << log_n1, 1usize << log_n2);
@@ -379,7 +394,7 @@ pub fn four_step(prec: Precision, log_n: u32, batch: usize, log_n1: u32, cols: u
     let none = (TARGET_THREADS, 64);
     vec![
         pass(k1, k1, batch * n2, n2.min(cols), elem, log_n2, log_n2, COL_MAP | TW4, 1, Buf::X, Buf::Work, none, false),
-        pass(k2, k2, batch * n1, n1.min(cols), elem, 0, log_n1, OUT_SMEM, 1, Buf::Work, Buf::Y, none, false),
+        pass(k2, k2, batch * n1, n1.min(rows), elem, 0, log_n1, OUT_SMEM, 1, Buf::Work, Buf::Y, none, false),
     ]
 }
 
@@ -397,7 +412,8 @@ pub(crate) fn split_log(log_n: u32) -> u32 {
     log_n.div_ceil(2)
 }
 
-/// The four-step tables `(lo, hi)` of `W_n^p = lo[p mod 2^s] · hi[p >> s]`
+/// The four-step tables `(lo, hi)` of `W_n^p = lo[p mod 2^s] · hi[p >> s]` (read by the c128
+/// kernels; the c64 kernels compute `W_n^p`)
 /// (`s = split_log(log_n)`), interleaved f64.
 pub fn four_step_tables(log_n: u32) -> (Vec<f64>, Vec<f64>) {
     use crate::reference::twiddle;
@@ -496,7 +512,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "runs single-pass plans only")]
     fn four_step_refuses_single_pass_only_kernels() {
-        four_step(Precision::C64, 22, 1, 10, 16, PingPong);
+        four_step(Precision::C64, 22, 1, 10, 16, 16, PingPong);
     }
 
     /// The tuning table covers every supported length of both precisions exactly once, and

@@ -27,6 +27,29 @@ pub trait Mem: Real {
     /// # Safety
     /// As [`Mem::lds`].
     unsafe fn sts(a: u32, v: Cx<Self>);
+    /// Whether [`Mem::twiddle`] computes the four-step twiddles (no table reads).
+    const COMPUTED_TWIDDLES: bool;
+    /// `W_n^q = exp(−2πi·q/n)` for `n = 2^log_n ≥ 8`, `q < n`, computed in registers where
+    /// [`Mem::COMPUTED_TWIDDLES`] (else a placeholder: the tables are read instead).
+    fn twiddle(q: u32, log_n: u32) -> Cx<Self>;
+}
+
+/// `sin(π/4·u)` and `cos(π/4·u)` for `u ∈ [0, 1]`: Taylor polynomials to `u⁹` and `u¹⁰`
+/// (truncation below 2e-9), Horner with single-rounding FMAs.
+#[inline(always)]
+fn sincos_quarter_pi(u: f32) -> (f32, f32) {
+    use super::prim::fma;
+    let u2 = u * u;
+    let s = fma(u2, 3.133_616_8e-7, -3.657_620_3e-5);
+    let s = fma(u2, s, 2.490_394_5e-3);
+    let s = fma(u2, s, -8.074_551e-2);
+    let s = fma(u2, s, 7.853_982e-1);
+    let c = fma(u2, -2.461_136_9e-8, 3.590_860_4e-6);
+    let c = fma(u2, c, -3.259_918_9e-4);
+    let c = fma(u2, c, 1.585_434_4e-2);
+    let c = fma(u2, c, -3.084_251_3e-1);
+    let c = fma(u2, c, 1.0);
+    (u * s, c)
 }
 
 #[derive(Clone, Copy)]
@@ -60,6 +83,29 @@ impl Mem for f32 {
     unsafe fn sts(a: u32, v: Cx<Self>) {
         super::prim::sts_v2_f32(a, v.re, v.im)
     }
+    const COMPUTED_TWIDDLES: bool = true;
+    /// The angle `2π·q/n` reduced exactly on the integer `q` to an octant and `u = r/(n/8)`
+    /// (exact in f32 for `n ≤ 2^26`), then [`sincos_quarter_pi`] and the octant's symmetry (as
+    /// the host's f64 `twiddle`).
+    #[inline(always)]
+    fn twiddle(q: u32, log_n: u32) -> Cx<Self> {
+        let sh = log_n - 3;
+        let oct = q >> sh;
+        let r = q & ((1 << sh) - 1);
+        let odd = oct & 1 != 0;
+        let rr = if odd { (1 << sh) - r } else { r };
+        let u = rr as f32 * f32::from_bits((127 - sh) << 23);
+        let (s, c) = sincos_quarter_pi(u);
+        // cos and sin of the angle within the quadrant.
+        let (cq, sq) = if odd { (s, c) } else { (c, s) };
+        let (cos, sin) = match oct >> 1 {
+            0 => (cq, sq),
+            1 => (-sq, cq),
+            2 => (-cq, -sq),
+            _ => (sq, -cq),
+        };
+        Cx { re: cos + 0.0, im: -sin + 0.0 }
+    }
 }
 
 impl Mem for f64 {
@@ -88,5 +134,10 @@ impl Mem for f64 {
     #[inline(always)]
     unsafe fn sts(a: u32, v: Cx<Self>) {
         super::prim::sts_v2_f64(a, v.re, v.im)
+    }
+    const COMPUTED_TWIDDLES: bool = false;
+    #[inline(always)]
+    fn twiddle(_q: u32, _log_n: u32) -> Cx<Self> {
+        Cx { re: 1.0, im: 0.0 }
     }
 }
