@@ -412,9 +412,9 @@ pub(crate) fn split_log(log_n: u32) -> u32 {
     log_n.div_ceil(2)
 }
 
-/// The four-step tables `(lo, hi)` of `W_n^p = lo[p mod 2^s] · hi[p >> s]` (read by the c128
-/// kernels; the c64 kernels compute `W_n^p`)
-/// (`s = split_log(log_n)`), interleaved f64.
+/// The four-step tables `(lo, hi)` of `W_n^p = lo[p mod 2^s] · hi[p >> s]`
+/// (`s = split_log(log_n)`), interleaved f64. The c128 kernels read them; the c64 kernels
+/// compute `W_n^p` (`kernels-gpu` `Mem::twiddle`).
 pub fn four_step_tables(log_n: u32) -> (Vec<f64>, Vec<f64>) {
     use crate::reference::twiddle;
     let log_split = split_log(log_n);
