@@ -80,16 +80,17 @@ fn execute<T: Elem>(passes: &[Pass], log_n: u32, batch: usize, x: &[f64], in_pla
     let mut yb = filled(reals * T::BYTES / 2, nan);
     let four_step = passes.len() > 1;
     // The four-step tables at lower addresses than the stage tables (the allocation order in
-    // which a `max(twlo, tw)` argument would pick the wrong table).
-    let four = four_step.then(|| four_step_tables(log_n));
+    // which a `max(twlo, tw)` argument would pick the wrong table); none where the kernels
+    // compute the twiddles (c64), as `FftPlan` uploads none.
+    let four = (four_step && !T::COMPUTED_TWIDDLES).then(|| four_step_tables(log_n));
     let (_four_tables, four_addrs) = match &four {
         Some((lo, hi)) => upload_tables::<T>(&[lo, hi]),
         None => upload_tables::<T>(&[]),
     };
     let mut work = if four_step { Some(filled(reals * T::BYTES / 2, nan)) } else { None };
     let ptrs = PlanPtrs {
-        twlo: if four_step { four_addrs[0] } else { 0 },
-        twhi: if four_step { four_addrs[1] } else { 0 },
+        twlo: if four.is_some() { four_addrs[0] } else { 0 },
+        twhi: if four.is_some() { four_addrs[1] } else { 0 },
         work: work.as_mut().map_or(0, |b| b.addr()),
     };
     let (xa, ya) = if in_place { (xb.addr(), xb.addr()) } else { (xb.addr(), yb.addr()) };
