@@ -49,10 +49,10 @@ pub const BT: u32 = 4;
 /// thread of the `mhc_pre_mix` / `mhc_pre_mix_small_n` tile (the host sizes tiles so that
 /// `n·jt ≤ UN·block`).
 pub const UN: u32 = 8;
-/// Batch rows per group of the tensor-core kernels 1 (the M = 8 rows of the fp64 MMA).
+/// Batch rows per group of the slab kernels 1 (one x tile in shared memory per group).
 pub const BTF: u32 = 8;
-/// Largest n of the tensor-core kernels 1 (`⌈(n²+2n)/8⌉ ≤ 3` phi tiles) and of
-/// `mhc_pre_mix_small_n` (one warp holds a padded 4×4 R, one element per lane).
+/// Largest n of the slab kernels 1 and of `mhc_pre_mix_small_n` /
+/// `mhc_pre_mix_fixed_point` (one warp holds a padded 4×4 R, one element per lane).
 pub const NMAX_SMALL_N: u32 = 4;
 /// Bytes of `mhc_pre_mix_small_n`'s shared memory before its x tile (`tot[32]` f64, `hs[4]`
 /// f32, `ra[16]` f32, padded).
@@ -109,12 +109,12 @@ kernel_args! {
 }
 
 kernel_args! {
-    /// `mhc_pre_partial_mma` and `mhc_pre_partial_mma_fixed_point` (kernel 1 on fp64 tensor
-    /// cores, n ≤ [`NMAX_SMALL_N`]): grid `(G, groups)`, block `(T, 1, 1)`; block `g` owns the
+    /// `mhc_pre_partial_slab` and `mhc_pre_partial_slab_fixed_point` (kernel 1 from a phi slab in
+    /// shared memory, f32 FMAs, n ≤ [`NMAX_SMALL_N`]): grid `(G, groups)`, block `(T, 1, 1)`; block `g` owns the
     /// channel columns `[g·cw, min((g+1)·cw, c))` of every batch row of its group of `bpc`
     /// rows. The plain kernel stores f64 partials to `part_ws`; the fixed-point kernel adds them
     /// as [`ACC_LIMBS`] integer limbs into the accumulators (see `pre_fwd_raw`'s workspace).
-    pub struct PrePartialMmaArgs / pre_partial_mma_entry {
+    pub struct PrePartialSlabArgs / pre_partial_slab_entry {
         pub phi: *const f32,
         pub x: *const u16,
         pub part_ws: *mut f64,
@@ -193,8 +193,8 @@ kernel_args! {
 }
 
 kernel_args! {
-    /// `mhc_post_pre_partial_mma_fixed_point`: kernel 1 of the fused post→pre op (MHCPostPreFwd),
-    /// [`PrePartialMmaArgs`]'s kernel with `x` computed from the post half's inputs,
+    /// `mhc_post_pre_partial_slab_fixed_point`: kernel 1 of the fused post→pre op (MHCPostPreFwd),
+    /// [`PrePartialSlabArgs`]'s kernel with `x` computed from the post half's inputs,
     /// `x[β, k·c + j] = q(h_post_in[β, k]·x_layer_out[β, j] + x_res_in[β, k·c + j])`, and
     /// written to `x_out` where that is not null (each element by the block that stages it).
     pub struct PostPrePartialArgs / post_pre_partial_entry {
@@ -239,8 +239,8 @@ kernel_args! {
 
 /// MHCPreFwd's kernels, one row per PTX entry: `name: kernel, body, entry_macro;` (`body`: the
 /// device function the entry runs; `entry_macro`: the argument struct's entry macro). Kernel 1
-/// (split-K partials of the logits and Σx²): `PartialFma` (FMA pipes, any n), `PartialMma`
-/// (fp64 tensor cores, n ≤ 4), `PartialMmaFixedPoint` (the same, accumulating integer limbs);
+/// (split-K partials of the logits and Σx²): `PartialFma` (FMA pipes, any n), `PartialSlab`
+/// (phi slab in shared memory, f32 FMAs, n ≤ 4), `PartialSlabFixedPoint` (the same, accumulating integer limbs);
 /// kernel 2 (coefficients and mixing): `Mix` (any n), `MixSmallN` (coefficients in registers,
 /// n ≤ 4), `MixFixedPoint` (reads the limb accumulators); `PostPre…`: the fixed-point pair of
 /// the fused post→pre op (MHCPostPreFwd), x computed from the post half's inputs. Expands to `$cb! { rows }`: the device
@@ -250,12 +250,12 @@ macro_rules! mhc_pre_kernels {
     ($cb:ident) => {
         $cb! {
             mhc_pre_partial_fma: PartialFma, partial_fma, pre_partial_fma_entry;
-            mhc_pre_partial_mma: PartialMma, partial_mma, pre_partial_mma_entry;
-            mhc_pre_partial_mma_fixed_point: PartialMmaFixedPoint, partial_mma_fixed_point, pre_partial_mma_entry;
+            mhc_pre_partial_slab: PartialSlab, partial_slab, pre_partial_slab_entry;
+            mhc_pre_partial_slab_fixed_point: PartialSlabFixedPoint, partial_slab_fixed_point, pre_partial_slab_entry;
             mhc_pre_mix: Mix, mix, pre_mix_entry;
             mhc_pre_mix_small_n: MixSmallN, mix_small_n, pre_mix_entry;
             mhc_pre_mix_fixed_point: MixFixedPoint, mix_fixed_point, pre_mix_fixed_point_entry;
-            mhc_post_pre_partial_mma_fixed_point: PostPrePartialMmaFixedPoint, post_pre_partial_mma_fixed_point, post_pre_partial_entry;
+            mhc_post_pre_partial_slab_fixed_point: PostPrePartialSlabFixedPoint, post_pre_partial_slab_fixed_point, post_pre_partial_entry;
             mhc_post_pre_mix_fixed_point: PostPreMixFixedPoint, post_pre_mix_fixed_point, post_pre_mix_entry;
         }
     };

@@ -1,5 +1,5 @@
 //! MHCPreFwd on the CPU: every kernel pair the planner ships for small shapes (the fixed-point
-//! tensor-core pair, FMA partials with the small-n mix, the any-n pair), through the host's
+//! slab pair, FMA partials with the small-n mix, the any-n pair), through the host's
 //! plan and launch arguments, against the f64 reference with the GPU test's bars: bf16 outputs
 //! within 1 ulp of the correctly rounded value (+ the reference's slack), h_post to 1e-5
 //! relative, every element, outputs poisoned first.
@@ -42,7 +42,7 @@ fn run_case(plan: &PrePlan, p: MhcPreParams, calls: usize, rng: &mut rand::rngs:
         )
         .unwrap();
         match k1 {
-            PrePartialsLaunch::Mma(l) => sim::run(sim::mhc_pre, &l),
+            PrePartialsLaunch::Slab(l) => sim::run(sim::mhc_pre, &l),
             PrePartialsLaunch::Fma(l) => sim::run(sim::mhc_pre, &l),
         }
         match k2 {
@@ -70,10 +70,10 @@ fn fixed_point_pair() {
     let mut rng = fresh_rng("mhc_pre fixed_point_pair");
     for (batch, n, c) in [(1, 4, 64), (3, 2, 7), (9, 4, 40)] {
         let plan = PrePlan::for_device(MhcPreShape { batch, n, c }, SMS, MAX_SMEM).unwrap();
-        assert!(matches!(plan.partials, Partials::MmaFixedPoint(_)), "{plan:?}");
+        assert!(matches!(plan.partials, Partials::SlabFixedPoint(_)), "{plan:?}");
         // Two calls: the second adds into the other half of the workspace.
         let k = run_case(&plan, params(20), 2, &mut rng);
-        assert_eq!(k, ["mhc_pre_partial_mma_fixed_point", "mhc_pre_mix_fixed_point"]);
+        assert_eq!(k, ["mhc_pre_partial_slab_fixed_point", "mhc_pre_mix_fixed_point"]);
     }
 }
 
@@ -81,7 +81,7 @@ fn fixed_point_pair() {
 fn fma_partials_small_n() {
     let mut rng = fresh_rng("mhc_pre fma_partials_small_n");
     // A device with few multiprocessors and little shared memory (the first budget that plans
-    // FMA partials): the tensor-core kernel 1's phi slab does not fit.
+    // FMA partials): the slab kernel 1's phi slab does not fit.
     for (batch, n, c) in [(2, 4, 600), (5, 2, 3001)] {
         let s = MhcPreShape { batch, n, c };
         let plan = (10..16)
@@ -173,7 +173,7 @@ fn post_pre_fused_pair() {
             let (wa, wl) = (ws_plain.addr(), plan.workspace);
             let plain =
                 pre_fwd_launches(&plan, p, dphi.addr(), dx.addr(), db.addr(), pr.addr(), pl.addr(), ph.addr(), wa, wl);
-            let (PrePartialsLaunch::Mma(q1), PreMixLaunch::FixedPoint(q2)) = plain.unwrap() else {
+            let (PrePartialsLaunch::Slab(q1), PreMixLaunch::FixedPoint(q2)) = plain.unwrap() else {
                 panic!("{what}: not the fixed-point pair")
             };
             sim::run(sim::mhc_pre, &q1);

@@ -133,8 +133,8 @@ fn bits(o: &Outputs) -> (Vec<u16>, Vec<u16>, Vec<u32>) {
 /// The planner's class of a plan, read back from its kernels.
 fn class_of(plan: &PrePlan) -> PreClass {
     match (plan.partials, plan.mix) {
-        (Partials::MmaFixedPoint(_), Mix::FixedPoint(_)) => PreClass::FixedPoint,
-        (Partials::Mma(_), Mix::SmallN(_)) => PreClass::MmaPartials,
+        (Partials::SlabFixedPoint(_), Mix::FixedPoint(_)) => PreClass::FixedPoint,
+        (Partials::Slab(_), Mix::SmallN(_)) => PreClass::SlabPartials,
         (Partials::Fma(_), Mix::SmallN(_)) => PreClass::FmaSmallN,
         (Partials::Fma(_), Mix::AnyN(_)) => PreClass::FmaAnyN,
         _ => panic!("{plan:?}: a kernel pair outside the tuning table"),
@@ -201,15 +201,15 @@ fn shape_sweep() {
     println!("shape sweep: worst {:.3} ulp, {:.3} of the tolerance", worst.0, worst.1);
 }
 
-/// Batches beyond the fixed-point kernel 2's grid (batch > 65535: tensor-core partials, staged
-/// tiles) and beyond the tensor-core kernel 1's grid (batch > 524280: FMA partials).
+/// Batches beyond the fixed-point kernel 2's grid (batch > 65535: slab partials, staged
+/// tiles) and beyond the slab kernel 1's grid (batch > 524280: FMA partials).
 #[test]
 fn large_batches_take_their_fallbacks() {
     let Some(gpu) = gpu_or_skip("mhc_pre::large_batches") else { return };
     let mut rng = fresh_rng("mhc_pre::large_batches");
     for (batch, n, c, class) in [
         (65_535, 4, 8, PreClass::FixedPoint),
-        (70_000, 4, 8, PreClass::MmaPartials),
+        (70_000, 4, 8, PreClass::SlabPartials),
         (600_000, 1, 1, PreClass::FmaSmallN),
     ] {
         let s = MhcPreShape { batch, n, c };
@@ -609,8 +609,8 @@ fn tuning_table_picks_each_class() {
     }
     assert_eq!(class(5, 3, 7), PreClass::FixedPoint);
     assert_eq!(class(65_535, 4, 8), PreClass::FixedPoint);
-    assert_eq!(class(65_536, 4, 8), PreClass::MmaPartials);
-    assert_eq!(class(524_280, 1, 1), PreClass::MmaPartials);
+    assert_eq!(class(65_536, 4, 8), PreClass::SlabPartials);
+    assert_eq!(class(524_280, 1, 1), PreClass::SlabPartials);
     assert_eq!(class(524_281, 1, 1), PreClass::FmaSmallN);
     assert_eq!(class(1, 4, 70_000), PreClass::FmaSmallN);
     assert_eq!(class(2, 2, 200_000), PreClass::FmaSmallN);
@@ -620,7 +620,7 @@ fn tuning_table_picks_each_class() {
     // round), kernel 2 one 256-thread block per 256 columns of a batch row.
     for (batch, c) in SEEDS {
         let plan = PrePlan::for_device(MhcPreShape { batch, n: 4, c }, 132, SMEM).unwrap();
-        let (Partials::MmaFixedPoint(k1), Mix::FixedPoint(k2)) = (plan.partials, plan.mix) else { unreachable!() };
+        let (Partials::SlabFixedPoint(k1), Mix::FixedPoint(k2)) = (plan.partials, plan.mix) else { unreachable!() };
         assert_eq!((k1.grid, k1.block), (64, if batch == 4 { 512 } else { 256 }), "{plan:?}");
         assert_eq!((k2.block, k2.tiles as usize), (256, c.div_ceil(256)), "{plan:?}");
     }
@@ -646,17 +646,14 @@ fn plan_invariants() {
                     let grid = plan.partials.grid() as usize;
                     assert!(grid >= 1 && grid <= sms.min(64), "{s:?} {plan:?}");
                     match plan.partials {
-                        Partials::MmaFixedPoint(g) | Partials::Mma(g) => {
+                        Partials::SlabFixedPoint(g) | Partials::Slab(g) => {
                             let cols = g.cols as usize;
                             assert!(n <= 4 && grid * cols >= c && (grid - 1) * cols < c, "{s:?} {plan:?}");
                             assert!(8 * n * cols <= 1 << 16 && g.smem as usize <= SMEM, "{s:?} {plan:?}");
-                            assert_eq!(
-                                g.smem as usize,
-                                rgk::mhc::pre_mma_partial_smem_bytes(g.block as usize, n, cols)
-                            );
+                            assert_eq!(g.smem as usize, rgk::mhc::pre_slab_partial_smem_bytes(n, cols));
                             let bpc = g.batch_per_group as usize;
                             assert!(bpc == batch.min(8) && g.groups as usize == batch.div_ceil(bpc), "{s:?} {plan:?}");
-                            assert!(g.groups <= 65535 && g.block == rgk::mhc::pre_mma_block(s), "{s:?} {plan:?}");
+                            assert!(g.groups <= 65535 && g.block == rgk::mhc::pre_slab_block(s), "{s:?} {plan:?}");
                         }
                         Partials::Fma(g) => {
                             let cols = g.cols as usize;
@@ -664,8 +661,8 @@ fn plan_invariants() {
                             assert!(g.jc as usize <= cols && g.bg >= 1 && g.bg as usize <= BT.min(batch), "{s:?}");
                             assert!((g.bg as usize) * n * (g.jc as usize) <= 1 << 16, "{s:?} {plan:?}");
                             assert!(g.smem as usize <= SMEM, "{s:?} {plan:?}");
-                            // FMA partials for n ≤ 4 only where the tensor-core kernel does not fit.
-                            assert!(n > 4 || !rgk::mhc::pre_mma_fits(s, cols, SMEM) || batch > 524_280);
+                            // FMA partials for n ≤ 4 only where the slab kernel does not fit.
+                            assert!(n > 4 || !rgk::mhc::pre_slab_fits(s, cols, SMEM) || batch > 524_280);
                         }
                     }
                     match plan.mix {
@@ -869,7 +866,7 @@ fn fixed_point_accumulator_layout() {
             for sms in [132, 64, 7, 1] {
                 let s = MhcPreShape { batch, n, c };
                 let plan = PrePlan::for_device(s, sms, 227 * 1024).unwrap();
-                let Partials::MmaFixedPoint(k1) = plan.partials else { continue };
+                let Partials::SlabFixedPoint(k1) = plan.partials else { continue };
                 let (block, bpc, groups) = (k1.block, k1.batch_per_group, k1.groups);
                 let g = plan;
                 let m = s.logits();

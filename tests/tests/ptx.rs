@@ -123,10 +123,10 @@ const UNPROVEN_BY_THE_DIVERGENCE_ANALYSIS: &[&str] = &[
     "engram_decode_bf16_project_mma",
     "engram_decode_f16_project_mma",
     "mhc_pre_mix",
-    "mhc_pre_partial_mma",
-    "mhc_pre_partial_mma_fixed_point",
-    // The same body as mhc_pre_partial_mma_fixed_point, x computed from the post half's inputs.
-    "mhc_post_pre_partial_mma_fixed_point",
+    "mhc_pre_partial_slab",
+    "mhc_pre_partial_slab_fixed_point",
+    // The same body as mhc_pre_partial_slab_fixed_point, x computed from the post half's inputs.
+    "mhc_post_pre_partial_slab_fixed_point",
 ];
 
 /// Every warp collective runs on all lanes of its warp and every CTA barrier on all threads of

@@ -20,9 +20,9 @@ pub use post::PostKernel;
 pub use post_pre::post_pre_fwd_launches;
 #[doc(hidden)]
 pub use pre::{
-    mix_smem_bytes as pre_mix_smem_bytes, mma_block as pre_mma_block, mma_fits as pre_mma_fits,
-    mma_partial_smem_bytes as pre_mma_partial_smem_bytes, partial_smem_bytes as pre_partial_smem_bytes, ColumnMix,
-    FmaPartialGrid, Mix, MmaPartialGrid, Partials, PreClass, TileMix, ACC_WORDS,
+    mix_smem_bytes as pre_mix_smem_bytes, partial_smem_bytes as pre_partial_smem_bytes, slab_block as pre_slab_block,
+    slab_fits as pre_slab_fits, slab_partial_smem_bytes as pre_slab_partial_smem_bytes, ColumnMix, FmaPartialGrid, Mix,
+    Partials, PreClass, SlabPartialGrid, TileMix, ACC_WORDS,
 };
 #[doc(hidden)]
 pub use pre::{pre_fwd_launches, PreMixLaunch, PrePartialsLaunch};

@@ -12,7 +12,7 @@ use half::bf16;
 
 use super::post::{post_fwd_raw, MhcPostShape};
 use super::pre::{
-    prepare_kernel, ColumnMix, MhcPreParams, MhcPreShape, Mix, MmaPartialGrid, Partials, PreKernel, PrePlan,
+    prepare_kernel, ColumnMix, MhcPreParams, MhcPreShape, Mix, Partials, PreKernel, PrePlan, SlabPartialGrid,
 };
 use crate::error::check_len;
 use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, Planned};
@@ -84,7 +84,7 @@ impl MhcPostPre {
         let st = gpu.stream();
         let path = if let Some((g1, g2)) = fused_pair(&plan) {
             // The fused kernels take the pair's geometry and shared memory.
-            prepare_kernel(gpu, PreKernel::PostPrePartialMmaFixedPoint.name(), g1.block, g1.smem)?;
+            prepare_kernel(gpu, PreKernel::PostPrePartialSlabFixedPoint.name(), g1.block, g1.smem)?;
             prepare_kernel(gpu, PreKernel::PostPreMixFixedPoint.name(), g2.block, g2.smem)?;
             Path::Fused { workspace: st.alloc_zeros::<u64>(plan.workspace)?, graph: GraphReplay::new() }
         } else {
@@ -208,7 +208,7 @@ impl MhcPostPre {
 /// then `plan`'s; the post kernel is left out here: MHCPostFwd's planner names it).
 pub(crate) fn planned_kernels(plan: &PrePlan) -> Vec<&'static str> {
     if fused_pair(plan).is_some() {
-        vec![PreKernel::PostPrePartialMmaFixedPoint.name(), PreKernel::PostPreMixFixedPoint.name()]
+        vec![PreKernel::PostPrePartialSlabFixedPoint.name(), PreKernel::PostPreMixFixedPoint.name()]
     } else {
         plan.kernels().to_vec()
     }
@@ -216,9 +216,9 @@ pub(crate) fn planned_kernels(plan: &PrePlan) -> Vec<&'static str> {
 
 /// The geometry of MHCPreFwd's fixed-point pair, the one the fused kernels extend, when `plan`
 /// is that pair.
-fn fused_pair(plan: &PrePlan) -> Option<(MmaPartialGrid, ColumnMix)> {
+fn fused_pair(plan: &PrePlan) -> Option<(SlabPartialGrid, ColumnMix)> {
     match (plan.partials, plan.mix) {
-        (Partials::MmaFixedPoint(g1), Mix::FixedPoint(g2)) => Some((g1, g2)),
+        (Partials::SlabFixedPoint(g1), Mix::FixedPoint(g2)) => Some((g1, g2)),
         _ => None,
     }
 }
@@ -273,7 +273,7 @@ pub fn post_pre_fwd_launches(
         bpc: g1.batch_per_group,
     };
     let dims = LaunchDims { grid: (g1.grid, g1.groups, 1), block: (g1.block, 1, 1), shared_bytes: g1.smem };
-    let k1 = Planned { kernel: PreKernel::PostPrePartialMmaFixedPoint.name(), dims, args };
+    let k1 = Planned { kernel: PreKernel::PostPrePartialSlabFixedPoint.name(), dims, args };
     let args = PostPreMixArgs {
         x_layer_out,
         h_post_in,

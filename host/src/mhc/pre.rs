@@ -12,7 +12,7 @@ use crate::error::{check_len, check_positive, checked_product};
 use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, Planned};
 use crate::{Error, Gpu, Result};
 use kernel_abi::mhc as abi;
-use kernel_abi::{PreMixArgs, PreMixFixedPointArgs, PrePartialFmaArgs, PrePartialMmaArgs};
+use kernel_abi::{PreMixArgs, PreMixFixedPointArgs, PrePartialFmaArgs, PrePartialSlabArgs};
 
 /// MHCPreFwd's kernels from `kernel_abi::mhc_pre_kernels!` (the list the PTX entries are
 /// declared from): [`PreKernel`] and [`KERNELS`].
@@ -46,16 +46,16 @@ const UN: usize = abi::UN as usize;
 const XS_BUDGET: usize = 32 * 1024;
 /// Dynamic shared memory available without opting in, bytes.
 const SMEM_DEFAULT: usize = 48 * 1024;
-/// Batch rows per group of the tensor-core kernel 1 (the kernels' `BTF`: the fp64 MMA's M = 8).
+/// Batch rows per group of the slab kernel 1 (the kernels' `BTF`: one x tile per group).
 const BTF: usize = abi::BTF as usize;
-/// Largest n of the tensor-core kernel 1 and of the register-coefficient kernels 2 (the
-/// kernels' `NMAX_FUSED` / `NMAX_MIX4`: ⌈(n²+2n)/8⌉ ≤ 3 phi tiles, a 4×4 R in one warp).
+/// Largest n of the slab kernel 1 and of the register-coefficient kernels 2 (the kernels'
+/// `NMAX_SMALL_N`: a 4×4 R in one warp).
 const NMAX_SMALL_N: usize = abi::NMAX_SMALL_N as usize;
 /// Bytes of `mhc_pre_mix_small_n`'s shared memory before its x tile (`tot[32]` f64, `hs[4]`,
 /// `ra[16]`; the kernel's `MIX4_SMEM_HEAD`).
 const MIX_SMALL_N_SMEM_HEAD: usize = abi::MIX_SMALL_N_SMEM_HEAD as usize;
 /// Largest grid y (CUDA): `mhc_pre_mix_fixed_point` runs one y-block per batch row, the
-/// tensor-core kernel 1 one per group of 8 batch rows.
+/// slab kernel 1 one per group of 8 batch rows.
 const MAX_GRID_Y: usize = 65535;
 
 /// u64 words per (batch row, logit) accumulator of the fixed-point pair (the kernels'
@@ -75,11 +75,11 @@ pub enum PreClass {
     /// 5.06 / 5.47 / 5.92 µs against 5.52 / 5.90 / 6.69 for the same pair storing block
     /// partials (kernel 2 then sums 64 partials per logit across warps).
     FixedPoint,
-    /// Tensor-core partials + staged tiles with register coefficients, where kernel 2's
+    /// Slab partials + staged tiles with register coefficients, where kernel 2's
     /// `(tiles, batch)` grid does not fit (batch > 65535).
-    MmaPartials,
+    SlabPartials,
     /// FMA partials + staged tiles with register coefficients, where one block's phi slab
-    /// exceeds shared memory (large c) or the tensor-core grid's y (batch > 524280).
+    /// exceeds shared memory (large c) or the slab kernel's grid y (batch > 524280).
     FmaSmallN,
     /// n > 4: FMA partials + staged tiles with block-parallel coefficients (any n).
     FmaAnyN,
@@ -100,9 +100,9 @@ const MIX_BLOCK_SMALL_N: u32 = 256;
 const MIX_BLOCK_ANY_N: u32 = 512;
 
 impl PreClass {
-    /// The row of the tuning table for `shape`; `mma_fits`: the tensor-core kernel 1's phi slab
-    /// and staged x fit shared memory at the planned grid ([`mma_fits`]).
-    pub fn of(shape: MhcPreShape, mma_fits: bool) -> Self {
+    /// The row of the tuning table for `shape`; `slab_fits`: the slab kernel 1's phi slab
+    /// and staged x fit shared memory at the planned grid ([`slab_fits`]).
+    pub fn of(shape: MhcPreShape, slab_fits: bool) -> Self {
         // Measured against the shipped pair on the seed rows and deleted (docs/decisions/mhc.md):
         // - one launch of a 16-block cluster, DSMEM exchange: 9.54 / 10.30 / 10.90 against 6.82 / 7.26 / 8.32 µs;
         // - kernel 1 in 8-block clusters summing partials through DSMEM: +1.1 µs (kernel 1 +1.7);
@@ -114,23 +114,27 @@ impl PreClass {
         // - one launch whose last-arriving blocks (arrival counter, polled) mix: 6.56 / 7.87 / 8.88 against 4.77 / 5.38 / 5.86 µs;
         // - kernel 2 as a plain launch, Σx² a 25th accumulator of kernel 1: 5.89 / 6.37 / 6.98 against 4.86 / 5.25 / 5.73 µs;
         // - kernel 1 without shared memory (phi and x loaded per lane into registers, slot butterfly): 8.67 / 12.26 / 22.35 µs;
-        // - kernel 1's products as f64 FMAs from the slab, one thread per (item, slot), no DMMA: kernel 1 +0.1…+1.0 µs.
+        // - kernel 1's products as f64 FMAs from the slab (two conversions per product): kernel 1 +0.1…+1.0 µs;
+        // - kernel 1's products on fp64 tensor cores (DMMA re-layout of the slab, warp tiles, a second barrier): op 4.96 / 5.28 / 5.78 against 4.51 / 4.90 / 5.89 µs (fused op 4.96 / 5.50 / 6.08 against 4.77 / 5.18 / 5.98);
+        // - two f32 chains per thread instead of four: kernel 1 +0.13…+0.17 µs at hidden-1280 and -1920;
+        // - DMMA operands straight from global memory (no slab): kernel 1 +0.5…+2.3 µs.
         let groups = shape.batch.div_ceil(BTF);
-        match (shape.n <= NMAX_SMALL_N, mma_fits && groups <= MAX_GRID_Y, shape.batch <= MAX_GRID_Y) {
+        match (shape.n <= NMAX_SMALL_N, slab_fits && groups <= MAX_GRID_Y, shape.batch <= MAX_GRID_Y) {
             (true, true, true) => Self::FixedPoint,
-            (true, true, false) => Self::MmaPartials,
+            (true, true, false) => Self::SlabPartials,
             (true, false, _) => Self::FmaSmallN,
             (false, _, _) => Self::FmaAnyN,
         }
     }
 }
 
-/// The tensor-core kernel 1's block: 256 threads, or 512 when its slot sums — 4 threads per
+/// The slab kernel 1's block: 256 threads, or 512 when its block partials — 4 threads per
 /// (batch row of its group of ≤ 8, quantity) — would need a second round at 256 (batch ≥ 3
-/// for n = 4): hidden-2560 (batch 4) 6.25 → 5.95 µs at 512, hidden-1920 (batch 2) 5.44 →
-/// 5.70 µs (worse) at 512.
+/// for n = 4; measured with the tensor-core product it replaced: hidden-2560 (batch 4) 6.25 →
+/// 5.95 µs at 512, hidden-1920 (batch 2) 5.44 → 5.70 µs (worse) at 512; 128 threads: kernel 1
+/// 3.07 / 4.03 / 4.99 µs against 3.07 / 3.39 / 3.87).
 #[doc(hidden)]
-pub fn mma_block(shape: MhcPreShape) -> u32 {
+pub fn slab_block(shape: MhcPreShape) -> u32 {
     let items = 4 * shape.batch.min(BTF) * (shape.logits() + 1);
     if items > 256 {
         512
@@ -260,22 +264,22 @@ impl MhcPreParams {
 
 // ---------------------------------------------------------------- plan
 
-/// Geometry of a tensor-core kernel 1 (`mhc_pre_partial_mma[_fixed_point]`): grid
+/// Geometry of a slab kernel 1 (`mhc_pre_partial_slab[_fixed_point]`): grid
 /// `(grid, groups)`, block `(block, 1, 1)`.
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MmaPartialGrid {
+pub struct SlabPartialGrid {
     /// Blocks along x; block `g` owns channel columns `[g·cols, min((g+1)·cols, c))`.
     pub grid: u32,
     /// Channel columns per block.
     pub cols: u32,
-    /// Batch rows per y-block (≤ 8: one group of the MMA's M = 8 rows).
+    /// Batch rows per y-block (≤ 8: one staged x tile).
     pub batch_per_group: u32,
     /// y-blocks (`⌈batch / batch_per_group⌉`).
     pub groups: u32,
     /// Threads per block.
     pub block: u32,
-    /// Dynamic shared memory per block, bytes ([`mma_partial_smem_bytes`]).
+    /// Dynamic shared memory per block, bytes ([`slab_partial_smem_bytes`]).
     pub smem: u32,
 }
 
@@ -301,12 +305,12 @@ pub struct FmaPartialGrid {
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Partials {
-    /// `mhc_pre_partial_mma_fixed_point`: fp64 tensor cores; each block partial added as integer
+    /// `mhc_pre_partial_slab_fixed_point`: phi slab, f32 FMAs; each block partial added as integer
     /// limbs into one accumulator per (batch row, logit).
-    MmaFixedPoint(MmaPartialGrid),
-    /// `mhc_pre_partial_mma`: fp64 tensor cores; block partials to `part[(β·(m+1) + q)·G + g]`.
-    Mma(MmaPartialGrid),
-    /// `mhc_pre_partial_fma`: f64 FMAs over staged tiles; the same partial layout as `Mma`.
+    SlabFixedPoint(SlabPartialGrid),
+    /// `mhc_pre_partial_slab`: phi slab, f32 FMAs; block partials to `part[(β·(m+1) + q)·G + g]`.
+    Slab(SlabPartialGrid),
+    /// `mhc_pre_partial_fma`: f64 FMAs over staged tiles; the same partial layout as `Slab`.
     Fma(FmaPartialGrid),
 }
 
@@ -356,8 +360,8 @@ impl Partials {
     /// The PTX entry.
     pub fn kernel(&self) -> &'static str {
         match self {
-            Self::MmaFixedPoint(_) => PreKernel::PartialMmaFixedPoint.name(),
-            Self::Mma(_) => PreKernel::PartialMma.name(),
+            Self::SlabFixedPoint(_) => PreKernel::PartialSlabFixedPoint.name(),
+            Self::Slab(_) => PreKernel::PartialSlab.name(),
             Self::Fma(_) => PreKernel::PartialFma.name(),
         }
     }
@@ -365,7 +369,7 @@ impl Partials {
     /// Blocks along x (= partials per quantity when they are stored).
     pub fn grid(&self) -> u32 {
         match self {
-            Self::MmaFixedPoint(g) | Self::Mma(g) => g.grid,
+            Self::SlabFixedPoint(g) | Self::Slab(g) => g.grid,
             Self::Fma(g) => g.grid,
         }
     }
@@ -373,7 +377,7 @@ impl Partials {
     /// `(threads per block, dynamic shared bytes)`.
     fn block_smem(&self) -> (u32, u32) {
         match self {
-            Self::MmaFixedPoint(g) | Self::Mma(g) => (g.block, g.smem),
+            Self::SlabFixedPoint(g) | Self::Slab(g) => (g.block, g.smem),
             Self::Fma(g) => (g.block, g.smem),
         }
     }
@@ -398,17 +402,13 @@ impl Mix {
     }
 }
 
-/// The tensor-core kernel 1's dynamic shared memory (mirror of the kernel's `layout_fused`),
-/// bytes: phi slab, staged x, warp tiles and the per-group scratch.
+/// The slab kernel 1's dynamic shared memory (mirror of the kernel's `layout_slab`), bytes:
+/// phi slab, staged x and the group's partials.
 #[doc(hidden)]
-pub fn mma_partial_smem_bytes(block: usize, n: usize, cw: usize) -> usize {
+pub fn slab_partial_smem_bytes(n: usize, cw: usize) -> usize {
     let m = n * n + 2 * n;
-    let (mq, nn, rows, ntt) = (m + 1, n * n, n * cw, m.div_ceil(8) + 1);
-    (4 * rows * m).next_multiple_of(16)
-        + (2 * BTF * rows).next_multiple_of(16)
-        + 8 * (block / 32) * ntt * 64
-        + 8 * (2 * BTF * mq + BTF * nn)
-        + 4 * (2 * BTF * nn + BTF * n + m)
+    let rows = n * cw;
+    (4 * rows * m).next_multiple_of(16) + (2 * BTF * rows).next_multiple_of(16) + 8 * BTF * (m + 1)
 }
 
 /// `mhc_pre_partial_fma`'s dynamic shared memory (mirror of `layout1`), bytes.
@@ -425,14 +425,12 @@ pub fn mix_smem_bytes(slices: usize, n: usize, jt: usize) -> usize {
     (8 * (mq * slices + mq + n * n) + 4 * (2 * n * n + n) + 2 * n * jt).next_multiple_of(16)
 }
 
-/// Whether the tensor-core kernel 1 fits `shape` with `cols` columns per block: n ≤ 4, its
+/// Whether the slab kernel 1 fits `shape` with `cols` columns per block: n ≤ 4, its
 /// shared memory within `max_smem`, and its multiply-high indices ≤ 2^16.
 #[doc(hidden)]
-pub fn mma_fits(shape: MhcPreShape, cols: usize, max_smem: usize) -> bool {
+pub fn slab_fits(shape: MhcPreShape, cols: usize, max_smem: usize) -> bool {
     let n = shape.n;
-    n <= NMAX_SMALL_N
-        && mma_partial_smem_bytes(mma_block(shape) as usize, n, cols) <= max_smem
-        && BTF * n * cols <= 1 << 16
+    n <= NMAX_SMALL_N && slab_partial_smem_bytes(n, cols) <= max_smem && BTF * n * cols <= 1 << 16
 }
 
 /// A validated shape with its kernel pair and launch geometry on one device (no device
@@ -497,26 +495,26 @@ impl PrePlan {
         let target = c.min(sms.max(1)).min(PARTIAL_GRID_CAP);
         let cols = c.div_ceil(target);
         let grid = c.div_ceil(cols);
-        let class = PreClass::of(shape, mma_fits(shape, cols, max_smem));
+        let class = PreClass::of(shape, slab_fits(shape, cols, max_smem));
         let too_big = |smem: usize| Error::Shape {
             arg: "n",
             msg: format!("n = {n} needs {smem} bytes of shared memory per block, the device has {max_smem}"),
         };
-        let mma_grid = || {
-            let block = mma_block(shape);
+        let slab_grid = || {
+            let block = slab_block(shape);
             let bpc = BTF.min(batch);
-            MmaPartialGrid {
+            SlabPartialGrid {
                 grid: grid as u32,
                 cols: cols as u32,
                 batch_per_group: bpc as u32,
                 groups: batch.div_ceil(bpc) as u32,
                 block,
-                smem: mma_partial_smem_bytes(block as usize, n, cols) as u32,
+                smem: slab_partial_smem_bytes(n, cols) as u32,
             }
         };
         let partials = match class {
-            PreClass::FixedPoint => Partials::MmaFixedPoint(mma_grid()),
-            PreClass::MmaPartials => Partials::Mma(mma_grid()),
+            PreClass::FixedPoint => Partials::SlabFixedPoint(slab_grid()),
+            PreClass::SlabPartials => Partials::Slab(slab_grid()),
             PreClass::FmaSmallN | PreClass::FmaAnyN => {
                 let block = FMA_BLOCK as usize;
                 let mut bg = batch.min(BT);
@@ -798,7 +796,7 @@ pub unsafe fn pre_fwd_raw(
 ) -> Result<()> {
     let (partials, mix) = pre_fwd_launches(plan, params, phi, x, b, x_res, x_layer, h_post, workspace, workspace_len)?;
     match partials {
-        PrePartialsLaunch::Mma(p) => launch(gpu.function(p.kernel)?, p.dims, stream, &p.args)?,
+        PrePartialsLaunch::Slab(p) => launch(gpu.function(p.kernel)?, p.dims, stream, &p.args)?,
         PrePartialsLaunch::Fma(p) => launch(gpu.function(p.kernel)?, p.dims, stream, &p.args)?,
     }
     match mix {
@@ -811,7 +809,7 @@ pub unsafe fn pre_fwd_raw(
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug)]
 pub enum PrePartialsLaunch {
-    Mma(Planned<PrePartialMmaArgs>),
+    Slab(Planned<PrePartialSlabArgs>),
     Fma(Planned<PrePartialFmaArgs>),
 }
 
@@ -850,10 +848,10 @@ pub fn pre_fwd_launches(
     let (phi, x, part_ws) = (phi as *const f32, x as *const u16, workspace as *mut f64);
     let (batch, n, c) = (s.batch as u32, s.n as u32, s.c as u32);
     let partials = match plan.partials {
-        Partials::MmaFixedPoint(g) | Partials::Mma(g) => {
-            let args = PrePartialMmaArgs { phi, x, part_ws, batch, n, c, cw: g.cols, bpc: g.batch_per_group };
+        Partials::SlabFixedPoint(g) | Partials::Slab(g) => {
+            let args = PrePartialSlabArgs { phi, x, part_ws, batch, n, c, cw: g.cols, bpc: g.batch_per_group };
             let dims = LaunchDims { grid: (g.grid, g.groups, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
-            PrePartialsLaunch::Mma(Planned { kernel, dims, args })
+            PrePartialsLaunch::Slab(Planned { kernel, dims, args })
         }
         Partials::Fma(g) => {
             let mc = (s.logits() as u32 + 1).min(g.block);

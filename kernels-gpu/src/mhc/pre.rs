@@ -3,13 +3,14 @@
 //! launch that waits in `griddepcontrol.wait`). No inter-block communication inside a launch —
 //! no fences, polling or co-residency assumptions. Three pairs, chosen by the host planner
 //! (`rgk::mhc::PreClass`):
-//! - n ≤ 4 (the usual case): [`mhc_pre_partial_mma_fixed_point`] + [`mhc_pre_mix_fixed_point`]:
-//!   kernel 1 on fp64 tensor cores adds its block partials as integer fixed-point limbs with
+//! - n ≤ 4 (the usual case): [`mhc_pre_partial_slab_fixed_point`] + [`mhc_pre_mix_fixed_point`]:
+//!   kernel 1 stages a phi slab and sums its block partials by f32 FMAs, then adds them as
+//!   integer fixed-point limbs with
 //!   `red.global.add` into one accumulator per logit (integer addition is associative: the
 //!   result does not depend on the order); the workspace keeps two accumulator halves and an
 //!   epoch word between calls;
-//! - n ≤ 4 with a batch beyond kernel 2's grid: [`mhc_pre_partial_mma`] (partials stored) +
-//!   [`mhc_pre_mix_small_n`]; where the tensor-core slab does not fit shared memory,
+//! - n ≤ 4 with a batch beyond kernel 2's grid: [`mhc_pre_partial_slab`] (partials stored) +
+//!   [`mhc_pre_mix_small_n`]; where the phi slab does not fit shared memory,
 //!   [`mhc_pre_partial_fma`] + [`mhc_pre_mix_small_n`];
 //! - n > 4: [`mhc_pre_partial_fma`] + [`mhc_pre_mix`] (below), whose workspace carries no state.
 //!
@@ -37,7 +38,7 @@
 use super::post::{fma8, post_elem};
 use crate::prim::*;
 use kernel_abi::{
-    PostPreMixArgs, PostPrePartialArgs, PreMixArgs, PreMixFixedPointArgs, PrePartialFmaArgs, PrePartialMmaArgs,
+    PostPreMixArgs, PostPrePartialArgs, PreMixArgs, PreMixFixedPointArgs, PrePartialFmaArgs, PrePartialSlabArgs,
 };
 
 /// The PTX entries: one per row of `kernel_abi::mhc_pre_kernels!` (the list the host names
@@ -94,7 +95,7 @@ fn min_u32(a: u32, b: u32) -> u32 {
     }
 }
 
-/// Where the tensor-core kernel 1 and the fixed-point kernel 2 read x: the stored `x`
+/// Where the slab kernel 1 and the fixed-point kernel 2 read x: the stored `x`
 /// (MHCPreFwd), or, in the fused post→pre op (MHCPostPreFwd), the post half computed on the fly
 /// from its inputs — `x[β, k·c + j] = q(h_post_in[β·n + k]·x_layer_out[β·c + j] + x[β, k·c + j])`
 /// with `x` then the post half's `x_res` (the same layout) — by MHCPostFwd's arithmetic
@@ -1030,7 +1031,7 @@ unsafe fn sum4(p: *const f64, count: u32, stride: u32) -> f64 {
     (s[0] + s[1]) + (s[2] + s[3])
 }
 
-/// Kernel 2 of the fixed-point pair (n ≤ 4, after [`mhc_pre_partial_mma_fixed_point`]): grid
+/// Kernel 2 of the fixed-point pair (n ≤ 4, after [`mhc_pre_partial_slab_fixed_point`]): grid
 /// `(tiles, batch)`, block `(T, 1, 1)`; block `(tile, β)` mixes the columns `col = tile·T + t`
 /// of batch row β, one per thread. Everything that does not need kernel 1 happens before
 /// `griddepcontrol.wait`:
@@ -1366,10 +1367,10 @@ fn accumulator_value(s: &[u64; ACC_WORDS as usize]) -> f64 {
     h
 }
 
-crate::entry_directive!("mhc_pre_partial_mma_fixed_point", ".maxntid 512, 1, 1 .minnctapersm 1");
-crate::entry_directive!("mhc_post_pre_partial_mma_fixed_point", ".maxntid 512, 1, 1 .minnctapersm 1");
+crate::entry_directive!("mhc_pre_partial_slab_fixed_point", ".maxntid 512, 1, 1 .minnctapersm 1");
+crate::entry_directive!("mhc_post_pre_partial_slab_fixed_point", ".maxntid 512, 1, 1 .minnctapersm 1");
 
-/// Kernel 1 of the fixed-point pair on fp64 tensor cores: grid `(G, groups)`, block `(T, 1, 1)`;
+/// Kernel 1 of the fixed-point pair ([`pre_slab_body`]): grid `(G, groups)`, block `(T, 1, 1)`;
 /// block `g` owns the channel columns `[g·cw, min((g+1)·cw, c))` and adds each of its block
 /// partials as [`ACC_LIMBS`] integer limbs ([`add_limb`]) into `part_ws[par][(β·m + q)·ACC_WORDS ..]`,
 /// where `m = n²+2n` and `par` is the parity of the u32 epoch word at u64 word
@@ -1378,16 +1379,16 @@ crate::entry_directive!("mhc_post_pre_partial_mma_fixed_point", ".maxntid 512, 1
 /// flips the epoch). Every block adds to every accumulator of its batch rows; the integer sums
 /// do not depend on the order. Triggers the dependent launch of kernel 2 at entry.
 #[inline(always)]
-unsafe fn partial_mma_fixed_point(a: PrePartialMmaArgs) {
-    let PrePartialMmaArgs { phi, x, part_ws, batch, n, c, cw, bpc } = a;
-    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, true);
+unsafe fn partial_slab_fixed_point(a: PrePartialSlabArgs) {
+    let PrePartialSlabArgs { phi, x, part_ws, batch, n, c, cw, bpc } = a;
+    partial_slab_entry(phi, x, part_ws, batch, n, c, cw, bpc, true);
 }
 
 /// [`mhc_pre_mix_fixed_point`]'s dynamic shared memory as launched, bytes: `ssw[32]` f64, then
 /// 8 bytes per thread that the kernel does not touch (the measured launch configuration).
 pub use kernel_abi::mhc::mix_fixed_point_smem;
 
-// ================================================================ kernel 1 on fp64 tensor cores (n ≤ 4)
+// ================================================================ kernel 1 from a staged phi slab (n ≤ 4)
 
 /// `(a / d, a % d)` by the hardware-free u32 division sequence (`d ≥ 1`; 0 for `d = 0`, no
 /// panic path). Used off the hot loops, where a multiply-high `FastDiv` gained nothing.
@@ -1397,61 +1398,49 @@ fn divrem_u32(a: u32, d: u32) -> (u32, u32) {
     (q, a - q * d)
 }
 
-/// Batch rows per group of the tensor-core kernels 1 (the M = 8 rows of the fp64 MMA).
+/// Batch rows per group of the slab kernels 1 (one x tile in shared memory per group).
 pub use kernel_abi::mhc::BTF;
-/// Largest n of the tensor-core kernels 1: `⌈(n²+2n)/8⌉ ≤ NTMAX` phi tiles of 8 columns. (n = 6
-/// with six tiles failed its GPU test with a single-warp block, not understood: n ≤ 4 only.)
-pub const NMAX_MMA: u32 = kernel_abi::mhc::NMAX_SMALL_N;
-const NTMAX: usize = 3;
+/// Largest n of the slab kernels 1 (that of the fixed-point kernel 2's register coefficients).
+pub const NMAX_SLAB: u32 = kernel_abi::mhc::NMAX_SMALL_N;
 
-/// [`pre_mma_body`]'s shared memory (bytes): phis n·cw·m f32 | xs BTF·n·cw u16 | red
-/// W·(NT+1)·64 f64 | part BTF·mq f64 (each of the first three 16-byte aligned). The host
-/// (`rgk::mhc::pre_mma_partial_smem_bytes`) still launches with the size of the deleted
-/// one-launch path's layout, which added the coefficient areas after `part`.
+/// [`pre_slab_body`]'s shared memory (bytes): phis n·cw·m f32 | xs BTF·n·cw u16 | part BTF·mq
+/// f64 (each 16-byte aligned); `rgk::mhc::pre_slab_partial_smem_bytes` is the host's mirror.
 struct SmemF {
     phis: *mut f32,
     xs: *mut u16,
-    red: *mut f64,
     part: *mut f64,
 }
 
 #[inline(always)]
-unsafe fn layout_mma(nt: u32, m: u32, n: u32, cw: u32) -> SmemF {
+unsafe fn layout_slab(m: u32, n: u32, cw: u32) -> SmemF {
     let base = dyn_smem::<u8>();
     let bt = BTF as usize;
     let rows = (n * cw) as usize;
-    let ntt = m.div_ceil(8) as usize + 1;
     let xs = (4 * rows * m as usize).next_multiple_of(16);
-    let red = xs + (2 * bt * rows).next_multiple_of(16);
-    let part = red + 8 * (nt as usize / 32) * ntt * 64;
-    SmemF {
-        phis: base as *mut f32,
-        xs: base.add(xs) as *mut u16,
-        red: base.add(red) as *mut f64,
-        part: base.add(part) as *mut f64,
-    }
+    let part = xs + (2 * bt * rows).next_multiple_of(16);
+    SmemF { phis: base as *mut f32, xs: base.add(xs) as *mut u16, part: base.add(part) as *mut f64 }
 }
 
-crate::entry_directive!("mhc_pre_partial_mma", ".maxntid 512, 1, 1 .minnctapersm 1");
+crate::entry_directive!("mhc_pre_partial_slab", ".maxntid 512, 1, 1 .minnctapersm 1");
 
-/// Kernel 1 on fp64 tensor cores with stored partials (n ≤ [`NMAX_MMA`], for batches whose
+/// Kernel 1 from the phi slab with stored partials (n ≤ [`NMAX_SLAB`], for batches whose
 /// [`mhc_pre_mix_fixed_point`] grid does not fit): grid `(G, groups)`, block `(T, 1, 1)`; block
 /// `g` owns the channel columns `[g·cw, min((g+1)·cw, c))` and writes its partial logits and Σx²
 /// of every batch row of its y range to `part[(β·(m+1) + q)·G + g]` (f64), the layout
-/// [`mhc_pre_mix`] and [`mhc_pre_mix_small_n`] read; slab staging, DMMA product and fixed-order
-/// warp sums of [`pre_mma_body`]. Triggers the dependent launch of kernel 2 at entry.
+/// [`mhc_pre_mix`] and [`mhc_pre_mix_small_n`] read; slab staging and block partials of
+/// [`pre_slab_body`]. Triggers the dependent launch of kernel 2 at entry.
 #[inline(always)]
-unsafe fn partial_mma(a: PrePartialMmaArgs) {
-    let PrePartialMmaArgs { phi, x, part_ws, batch, n, c, cw, bpc } = a;
-    partial_mma_entry(phi, x, part_ws, batch, n, c, cw, bpc, false);
+unsafe fn partial_slab(a: PrePartialSlabArgs) {
+    let PrePartialSlabArgs { phi, x, part_ws, batch, n, c, cw, bpc } = a;
+    partial_slab_entry(phi, x, part_ws, batch, n, c, cw, bpc, false);
 }
 
-/// The body of the two kernel-1 entries on tensor cores: trigger kernel 2's dependent launch,
-/// then [`pre_mma_body`] writing partials only (`fixed_point`: as limb adds into the
+/// The body of the two slab kernel-1 entries: trigger kernel 2's dependent launch,
+/// then [`pre_slab_body`] writing partials only (`fixed_point`: as limb adds into the
 /// accumulators, else stored to `part_ws`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn partial_mma_entry(
+unsafe fn partial_slab_entry(
     phi: *const f32,
     x: *const u16,
     part_ws: *mut f64,
@@ -1463,18 +1452,18 @@ unsafe fn partial_mma_entry(
     fixed_point: bool,
 ) {
     grid_launch_dependents();
-    pre_mma_body(phi, XSrc::plain(x), batch, n, c, cw, bpc, part_ws, fixed_point);
+    pre_slab_body(phi, XSrc::plain(x), batch, n, c, cw, bpc, part_ws, fixed_point);
 }
 
-/// Kernel 1 of the fused post→pre op (MHCPostPreFwd): [`mhc_pre_partial_mma_fixed_point`] with x
+/// Kernel 1 of the fused post→pre op (MHCPostPreFwd): [`mhc_pre_partial_slab_fixed_point`] with x
 /// computed from the post half's inputs and written to `x_out` unless it is null ([`XSrc`]).
 /// Triggers the dependent launch of kernel 2 at entry.
 #[inline(always)]
-unsafe fn post_pre_partial_mma_fixed_point(a: PostPrePartialArgs) {
+unsafe fn post_pre_partial_slab_fixed_point(a: PostPrePartialArgs) {
     let PostPrePartialArgs { phi, x_layer_out, h_post_in, x_res_in, x_out, part_ws, batch, n, c, cw, bpc } = a;
     grid_launch_dependents();
     let src = XSrc { x: x_res_in, post: true, x_layer_out, h_post_in, x_out };
-    pre_mma_body(phi, src, batch, n, c, cw, bpc, part_ws, true);
+    pre_slab_body(phi, src, batch, n, c, cw, bpc, part_ws, true);
 }
 
 /// The scalar parameters of the coefficient phase.
@@ -1591,14 +1580,20 @@ unsafe fn coefficients_warp(
     }
 }
 
-/// The body of the tensor-core kernels 1: phi slab and x staged in shared memory, the DMMA
-/// product, fixed-order warp sums into block partials, then (`fixed_point`) limb adds into the
-/// fixed-point accumulators, or the partials stored to `part_ws`. (One launch of a
+/// The body of the slab kernels 1: phi slab (`cp.async`) and x staged in shared memory, then
+/// each block partial of item (batch row, quantity) by four threads, each an f32 FMA chain over
+/// every fourth row of the slab (an FMA rounds once; a chain is at most ⌈rows/16⌉ deep per
+/// accumulator), a fixed-order quad butterfly, then (`fixed_point`) limb adds into the
+/// fixed-point accumulators, or the partials stored to `part_ws`. The products are f32: a block
+/// partial carries f32 rounding (relative error ≈ 2^-24·√(rows/4) of the summed magnitudes),
+/// the sum over blocks none. (An fp64 tensor-core product on the same slab, the products
+/// straight from global memory, and f64 FMAs with two conversions per product measured slower:
+/// `docs/decisions/mhc.md`.) (One launch of a
 /// thread-block cluster doing the coefficients and mixing too, and a cluster launch of kernel 1
 /// summing partials through DSMEM, measured slower than the pair: `docs/decisions/mhc.md`.)
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn pre_mma_body(
+unsafe fn pre_slab_body(
     phi: *const f32,
     xsrc: XSrc,
     batch: u32,
@@ -1615,19 +1610,12 @@ unsafe fn pre_mma_body(
     let cs = grid_dim_x();
     let m = n * n + 2 * n;
     let mq = m + 1;
-    let ntile = m.div_ceil(8);
-    let ntt = ntile + 1;
-    let sm = layout_mma(nt, m, n, cw);
+    let sm = layout_slab(m, n, cw);
     let j0 = rank * cw;
     let cwa = min_u32(cw, c - j0);
     let rows = n * cwa;
     let b_lo = block_idx_y() * bpc;
     let b_hi = min_u32(batch, b_lo + bpc);
-    let warp = t >> 5;
-    let lane = t & 31;
-    let nw = nt >> 5;
-    let g = lane >> 2;
-    let tq = lane & 3;
     // 16-byte copies of x into shared memory when every row segment is 16-byte aligned.
     let x = xsrc.x;
     let xvec = (x as u64) & 15 == 0
@@ -1740,106 +1728,69 @@ unsafe fn pre_mma_body(
             }
         }
 
-        // ---- fp64 MMA over the slab: warp w, 4-row steps w, w+W, …
-        let mut acc = [[0f64; 2]; NTMAX];
-        let mut accx = [0f64; 2];
-        let steps = rows.div_ceil(4);
-        // Step s's raw operands (x bits, three phi values) from clamped, always valid addresses;
-        // they are converted and zeroed by select one step later, so every step's shared loads
-        // are in flight while the previous step converts and multiplies.
-        let raw = |s: u32| -> (u16, [f32; NTMAX]) {
-            let r = 4 * s + tq;
-            let rc = if r < rows { r } else { 0 };
-            let xb = *sm.xs.add((min_u32(g, bga - 1) * rows + rc) as usize);
-            let prow = sm.phis.add((rc * m) as usize);
-            let mut pv = [0f32; NTMAX];
-            let mut j = 0;
-            while j < NTMAX {
-                pv[j] = *prow.add(min_u32(8 * j as u32 + g, m - 1) as usize);
-                j += 1;
-            }
-            (xb, pv)
-        };
-        let mut s = warp;
-        let mut cur = raw(s);
-        // `s` is warp-uniform and the operands are selects: the warp stays converged for the
-        // warp-collective MMAs.
-        while s < steps {
-            let next = raw(s + nw);
-            let ok = 4 * s + tq < rows;
-            let a = if ok && g < bga { bf16_to_f32(cur.0) as f64 } else { 0.0 };
-            let mut bv = [0f64; NTMAX];
-            let mut j = 0;
-            while j < NTMAX {
-                bv[j] = if ok && 8 * j as u32 + g < m { cur.1[j] as f64 } else { 0.0 };
-                j += 1;
-            }
-            let mut j = 0;
-            while j < NTMAX {
-                if (j as u32) < ntile {
-                    acc[j] = dmma_m8n8k4(a, bv[j], acc[j]);
-                }
-                j += 1;
-            }
-            accx = dmma_m8n8k4(a, a, accx);
-            cur = next;
-            s += nw;
-        }
-        // Warp tiles → red[(w·NTT + j)·64 + 8·row + col]; lane holds (row g, cols 2tq, 2tq+1),
-        // i.e. elements 2·lane and 2·lane + 1.
-        let rw = sm.red.add((warp * ntt * 64 + 2 * lane) as usize);
-        let mut j = 0;
-        while j < NTMAX {
-            if (j as u32) < ntile {
-                *rw.add(j * 64) = acc[j][0];
-                *rw.add(j * 64 + 1) = acc[j][1];
-            }
-            j += 1;
-        }
-        *rw.add((ntile * 64) as usize) = accx[0];
-        *rw.add((ntile * 64 + 1) as usize) = accx[1];
-        sync_threads();
-        // ---- block partial of item (β, q): 4 slices s sum warps w ≡ s (mod 4) in order, then
-        // (s0 + s1) + (s2 + s3) by butterfly. Every thread runs the same number of rounds.
+        // ---- block partial of item (βl, q) by f32 FMAs from the slab: thread i < 4·items owns
+        // item i >> 2 and the rows slot, slot + 4, … (slot = i & 3) in two interleaved chains,
+        // then the quad's (s0 + s1) + (s2 + s3) by butterfly (every lane the same bits). Every
+        // thread runs the same number of rounds.
         let items = bga * mq;
         let mut i0 = 0;
         while i0 < 4 * items {
             let i = i0 + t;
-            let mut sum = 0f64;
-            if i < 4 * items {
-                let item = i >> 2;
-                let bl = item / mq;
-                let q = item - bl * mq;
-                let off = if q < m { (q >> 3) * 64 + bl * 8 + (q & 7) } else { ntile * 64 + bl * 9 };
-                let src = sm.red.add(off as usize);
-                let mut w = i & 3;
-                while w < nw {
-                    sum += *src.add((w * ntt * 64) as usize);
-                    w += 4;
+            let mut sum = 0f32;
+            let item = i >> 2;
+            let bl = item / mq;
+            let q = item - bl * mq;
+            // Fixed point: the Σx² item (q = m) is not needed (kernel 2 computes r).
+            if i < 4 * items && !(fixed_point && q == m) {
+                let xrow = sm.xs.add((bl * rows) as usize);
+                let prow = sm.phis.add(min_u32(q, m - 1) as usize);
+                let sq = q == m;
+                let term = |r: u32| -> (f32, f32) {
+                    let xv = bf16_to_f32(*xrow.add(r as usize));
+                    (xv, if sq { xv } else { *prow.add((r * m) as usize) })
+                };
+                let mut a = [0f32; 4];
+                let mut r = i & 3;
+                while r + 12 < rows {
+                    let v = [term(r), term(r + 4), term(r + 8), term(r + 12)];
+                    a[0] = fma(v[0].0, v[0].1, a[0]);
+                    a[1] = fma(v[1].0, v[1].1, a[1]);
+                    a[2] = fma(v[2].0, v[2].1, a[2]);
+                    a[3] = fma(v[3].0, v[3].1, a[3]);
+                    r += 16;
                 }
+                if r < rows {
+                    let (x0, f0) = term(r);
+                    a[0] = fma(x0, f0, a[0]);
+                }
+                if r + 4 < rows {
+                    let (x1, f1) = term(r + 4);
+                    a[1] = fma(x1, f1, a[1]);
+                }
+                if r + 8 < rows {
+                    let (x2, f2) = term(r + 8);
+                    a[2] = fma(x2, f2, a[2]);
+                }
+                sum = (a[0] + a[1]) + (a[2] + a[3]);
             }
-            sum += shfl_xor_f64(sum, 1);
-            sum += shfl_xor_f64(sum, 2);
+            sum += shfl_xor_f32(sum, 1);
+            sum += shfl_xor_f32(sum, 2);
             if fixed_point {
-                // Fixed point: lane i & 3 of the quad adds limb i & 3 of the block partial (all four lanes
-                // hold the same sum); the Σx² item (q = m) is not needed (kernel 2 computes r).
-                if i < 4 * items {
-                    let item = i >> 2;
-                    let bl = item / mq;
-                    let q = item - bl * mq;
-                    if q < m {
-                        let acc = (part_ws as *mut u64).add(((par & 1) * acc_words) as usize);
-                        add_limb(acc.add((((b0 + bl) * m + q) * ACC_WORDS) as usize), sum, i & 3);
-                    }
+                // Lane i & 3 of the quad adds limb i & 3 of the block partial.
+                if i < 4 * items && q < m {
+                    let acc = (part_ws as *mut u64).add(((par & 1) * acc_words) as usize);
+                    add_limb(acc.add((((b0 + bl) * m + q) * ACC_WORDS) as usize), sum as f64, i & 3);
                 }
             } else if i < 4 * items && i & 3 == 0 {
-                *sm.part.add((i >> 2) as usize) = sum;
+                *sm.part.add(item as usize) = sum as f64;
             }
             i0 += nt;
         }
         if fixed_point {
-            // No trailing barrier: the next group writes `red` only after its staging barrier,
-            // which every thread reaches after its slot sums of this group.
+            // The next group stages its x tile once every thread has read this one.
+            if b0 + bga < b_hi {
+                sync_threads();
+            }
             b0 += bga;
             continue;
         }

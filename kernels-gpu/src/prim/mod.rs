@@ -144,7 +144,7 @@ pub fn shfl_xor_f64(v: f64, lane_mask: u32) -> f64 {
 }
 
 /// Puts a PTX performance-tuning directive on a kernel entry, e.g.
-/// `entry_directive!("mhc_pre_partial_mma", ".maxntid 512, 1, 1");` (ptxas then fits the registers
+/// `entry_directive!("mhc_pre_partial_slab", ".maxntid 512, 1, 1");` (ptxas then fits the registers
 /// to that block size). Emits a module comment that `nvptx-link` applies after `llc`.
 #[macro_export]
 macro_rules! entry_directive {
