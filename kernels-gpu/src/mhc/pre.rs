@@ -1729,7 +1729,7 @@ unsafe fn pre_slab_body(
         }
 
         // ---- block partial of item (βl, q) by f32 FMAs from the slab: thread i < 4·items owns
-        // item i >> 2 and the rows slot, slot + 4, … (slot = i & 3) in two interleaved chains,
+        // item i >> 2 and the rows slot, slot + 4, … (slot = i & 3) in four interleaved chains,
         // then the quad's (s0 + s1) + (s2 + s3) by butterfly (every lane the same bits). Every
         // thread runs the same number of rounds.
         let items = bga * mq;
