@@ -117,6 +117,7 @@ impl PreClass {
         // - kernel 1's products as f64 FMAs from the slab (two conversions per product): kernel 1 +0.1…+1.0 µs;
         // - kernel 1's products on fp64 tensor cores (DMMA re-layout of the slab, warp tiles, a second barrier): op 4.96 / 5.28 / 5.78 against 4.51 / 4.90 / 5.89 µs (fused op 4.96 / 5.50 / 6.08 against 4.77 / 5.18 / 5.98);
         // - two f32 chains per thread instead of four: kernel 1 +0.13…+0.17 µs at hidden-1280 and -1920;
+        // - one thread per (quantity, slot) for all the group's batch rows (phi loaded once): kernel 1 +0.35…+1.25 µs;
         // - DMMA operands straight from global memory (no slab): kernel 1 +0.5…+2.3 µs.
         let groups = shape.batch.div_ceil(BTF);
         match (shape.n <= NMAX_SMALL_N, slab_fits && groups <= MAX_GRID_Y, shape.batch <= MAX_GRID_Y) {
