@@ -1400,9 +1400,6 @@ fn divrem_u32(a: u32, d: u32) -> (u32, u32) {
 
 /// Batch rows per group of the slab kernels 1 (one x tile in shared memory per group).
 pub use kernel_abi::mhc::BTF;
-/// Largest n of the slab kernels 1 (that of the fixed-point kernel 2's register coefficients).
-pub const NMAX_SLAB: u32 = kernel_abi::mhc::NMAX_SMALL_N;
-
 /// [`pre_slab_body`]'s shared memory (bytes): phis n·cw·m f32 | xs BTF·n·cw u16 | part BTF·mq
 /// f64 (each 16-byte aligned); `rgk::mhc::pre_slab_partial_smem_bytes` is the host's mirror.
 struct SmemF {
@@ -1423,7 +1420,7 @@ unsafe fn layout_slab(m: u32, n: u32, cw: u32) -> SmemF {
 
 crate::entry_directive!("mhc_pre_partial_slab", ".maxntid 512, 1, 1 .minnctapersm 1");
 
-/// Kernel 1 from the phi slab with stored partials (n ≤ [`NMAX_SLAB`], for batches whose
+/// Kernel 1 from the phi slab with stored partials (n ≤ [`NMAX_SMALL_N`], for batches whose
 /// [`mhc_pre_mix_fixed_point`] grid does not fit): grid `(G, groups)`, block `(T, 1, 1)`; block
 /// `g` owns the channel columns `[g·cw, min((g+1)·cw, c))` and writes its partial logits and Σx²
 /// of every batch row of its y range to `part[(β·(m+1) + q)·G + g]` (f64), the layout
@@ -1586,11 +1583,10 @@ unsafe fn coefficients_warp(
 /// accumulator), a fixed-order quad butterfly, then (`fixed_point`) limb adds into the
 /// fixed-point accumulators, or the partials stored to `part_ws`. The products are f32: a block
 /// partial carries f32 rounding (relative error ≈ 2^-24·√(rows/4) of the summed magnitudes),
-/// the sum over blocks none. (An fp64 tensor-core product on the same slab, the products
-/// straight from global memory, and f64 FMAs with two conversions per product measured slower:
-/// `docs/decisions/mhc.md`.) (One launch of a
-/// thread-block cluster doing the coefficients and mixing too, and a cluster launch of kernel 1
-/// summing partials through DSMEM, measured slower than the pair: `docs/decisions/mhc.md`.)
+/// the sum over blocks none. Measured slower (`docs/decisions/mhc.md`): an fp64 tensor-core
+/// product on the same slab, the products straight from global memory, f64 FMAs with two
+/// conversions per product, one launch of a thread-block cluster doing the coefficients and
+/// mixing too, and a cluster launch of kernel 1 summing partials through DSMEM.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pre_slab_body(

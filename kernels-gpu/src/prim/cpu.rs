@@ -402,24 +402,6 @@ pub unsafe fn mma_m16n8k16_bf16_f32(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f
     mma_m16n8k16(a, b, c, super::bf16_to_f32)
 }
 
-/// `mma.sync.m8n8k4` f64: lane `l` holds A[l/4][l%4], B[l%4][l/4], C[l/4][2(l%4)..+2].
-pub unsafe fn dmma_m8n8k4(a: f64, b: f64, c: [f64; 2]) -> [f64; 2] {
-    let lane = lane_id();
-    let (g, t) = (lane / 4, lane % 4);
-    exchange(&[a.to_bits(), b.to_bits()], |get| {
-        let mut d = c;
-        for (j, dj) in d.iter_mut().enumerate() {
-            let n = 2 * t + j as u32;
-            for k in 0..4 {
-                let ak = f64::from_bits(get(g * 4 + k, 0));
-                let bk = f64::from_bits(get(n * 4 + k, 1));
-                *dj = ak.mul_add(bk, *dj);
-            }
-        }
-        d
-    })
-}
-
 // ---------------------------------------------------------------- math
 
 pub fn sqrt_rn(v: f32) -> f32 {

@@ -425,19 +425,6 @@ pub fn cp_async_wait_all() {
     unsafe { asm!("cp.async.wait_all;", options(nostack)) };
 }
 
-/// `mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64` (fp64 tensor cores, IEEE f64 arithmetic):
-/// `D = A·B + C` with A 8×4, B 4×8, C/D 8×8. Lane `l`, `g = l/4`, `t = l%4`: `a` = A[g][t],
-/// `b` = B[t][g], `c`/result = (C[g][2t], C[g][2t+1]). Warp-collective: not `pure` (see
-/// [`shfl_xor_f32`]); every lane must execute it convergently.
-#[inline(always)]
-pub unsafe fn dmma_m8n8k4(a: f64, b: f64, c: [f64; 2]) -> [f64; 2] {
-    let (d0, d1): (f64, f64);
-    asm!("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {{{}, {}}}, {{{}}}, {{{}}}, {{{}, {}}};",
-         out(reg64) d0, out(reg64) d1, in(reg64) a, in(reg64) b, in(reg64) c[0], in(reg64) c[1],
-         options(nomem, nostack));
-    [d0, d1]
-}
-
 /// 16-byte load through a generic address (e.g. shared memory), 16-byte aligned.
 #[inline(always)]
 pub unsafe fn ld_v4(p: *const u32) -> [u32; 4] {
