@@ -120,21 +120,24 @@ fn any_n_pair() {
 /// The fused post→pre pair (MHCPostPreFwd): the stored x_out bit for bit (not written on the
 /// second call, which passes none), the pre half within the bars above and bitwise equal to the
 /// plain pair run on the stored x_out, two calls on one workspace (both halves); aligned and unaligned
-/// (scalar paths) inputs, and 8 columns per block (kernel 1's 16-byte path).
+/// (scalar paths) inputs, and 8 columns per block (kernel 1's 16-byte path). The plain pair's
+/// kernel 1 takes groups of 2 batch rows where the fused one takes one group (batch 9: 5 against 2
+/// y-blocks): the block partials, and so the bits, do not depend on the grouping.
 #[test]
 fn post_pre_fused_pair() {
     let mut rng = fresh_rng("mhc_pre post_pre_fused_pair");
     // (shape, input offset, Sinkhorn rounds, SMs): few SMs keep the grids small for the CPU;
     // 8 SMs at c = 512 give 64 columns per block, 5 at c = 40 give 8 (both the 16-byte path,
-    // the second unaligned: scalar); batch 9 is two groups of the MMA's 8 rows.
+    // the second unaligned: scalar); batch 9 is two groups of 8 rows in the fused kernel 1 (five of 2 in the plain one).
     let cases = [((1, 4, 64), 0, 20, 8), ((9, 4, 40), 1, 0, 5), ((2, 3, 33), 1, 1, 4), ((2, 4, 512), 0, 1, 8)];
     for ((batch, n, c), off, repeat, sms) in cases {
         let s = MhcPreShape { batch, n, c };
-        let plan = PrePlan::for_device(s, sms, MAX_SMEM).unwrap();
+        let plan = PrePlan::for_device_fused(s, sms, MAX_SMEM).unwrap();
+        let plan_plain = PrePlan::for_device(s, sms, MAX_SMEM).unwrap();
         let l = s.lens().unwrap();
         let p = params(repeat);
         let mut ws = DevBuf::from_slice(&vec![0u64; plan.workspace]);
-        let mut ws_plain = DevBuf::from_slice(&vec![0u64; plan.workspace]);
+        let mut ws_plain = DevBuf::from_slice(&vec![0u64; plan_plain.workspace]);
         for call in 0..2 {
             let y = randn_half::<bf16>(&mut rng, l.x_layer, 1.0);
             let h: Vec<f32> =
@@ -170,9 +173,19 @@ fn post_pre_fused_pair() {
             let mut pr = DevBuf::from_slice(&poisoned::<bf16>(l.x));
             let mut pl = DevBuf::from_slice(&poisoned::<bf16>(l.x_layer));
             let mut ph = DevBuf::from_slice(&vec![f32::NAN; l.h_post]);
-            let (wa, wl) = (ws_plain.addr(), plan.workspace);
-            let plain =
-                pre_fwd_launches(&plan, p, dphi.addr(), dx.addr(), db.addr(), pr.addr(), pl.addr(), ph.addr(), wa, wl);
+            let (wa, wl) = (ws_plain.addr(), plan_plain.workspace);
+            let plain = pre_fwd_launches(
+                &plan_plain,
+                p,
+                dphi.addr(),
+                dx.addr(),
+                db.addr(),
+                pr.addr(),
+                pl.addr(),
+                ph.addr(),
+                wa,
+                wl,
+            );
             let (PrePartialsLaunch::Slab(q1), PreMixLaunch::FixedPoint(q2)) = plain.unwrap() else {
                 panic!("{what}: not the fixed-point pair")
             };

@@ -616,13 +616,21 @@ fn tuning_table_picks_each_class() {
     assert_eq!(class(2, 2, 200_000), PreClass::FmaSmallN);
     assert_eq!(class(9, 5, 1), PreClass::FmaAnyN);
     assert_eq!(class(2, 16, 300), PreClass::FmaAnyN);
-    // The seed rows' geometry: 64 kernel-1 blocks, 256 threads (512 at batch 4: one slot-sum
-    // round), kernel 2 one 256-thread block per 256 columns of a batch row.
+    // The seed rows' geometry: 64 kernel-1 blocks of 256 threads over groups of ≤ 2 batch rows
+    // (the fused op: one group of every row, 512 threads at batch 4), kernel 2 one 256-thread
+    // block per 256 columns of a batch row.
     for (batch, c) in SEEDS {
-        let plan = PrePlan::for_device(MhcPreShape { batch, n: 4, c }, 132, SMEM).unwrap();
-        let (Partials::SlabFixedPoint(k1), Mix::FixedPoint(k2)) = (plan.partials, plan.mix) else { unreachable!() };
-        assert_eq!((k1.grid, k1.block), (64, if batch == 4 { 512 } else { 256 }), "{plan:?}");
-        assert_eq!((k2.block, k2.tiles as usize), (256, c.div_ceil(256)), "{plan:?}");
+        let s = MhcPreShape { batch, n: 4, c };
+        for (plan, fused) in
+            [(PrePlan::for_device(s, 132, SMEM), false), (PrePlan::for_device_fused(s, 132, SMEM), true)]
+        {
+            let plan = plan.unwrap();
+            let (Partials::SlabFixedPoint(k1), Mix::FixedPoint(k2)) = (plan.partials, plan.mix) else { unreachable!() };
+            let (bpc, block) = if fused && batch == 4 { (4, 512) } else { (batch.min(2), 256) };
+            assert_eq!((k1.grid, k1.block, k1.batch_per_group as usize), (64, block, bpc), "{plan:?}");
+            assert_eq!(k1.groups as usize, batch / bpc, "{plan:?}");
+            assert_eq!((k2.block, k2.tiles as usize), (256, c.div_ceil(256)), "{plan:?}");
+        }
     }
 }
 
@@ -640,49 +648,64 @@ fn plan_invariants() {
             for batch in [1, 3, 4, 5, 32, 70_000] {
                 for sms in [132, 3, 64] {
                     let s = MhcPreShape { batch, n, c };
-                    let Ok(plan) = PrePlan::for_device(s, sms, SMEM) else { continue };
-                    let class = class_of(&plan);
-                    let mq = n * n + 2 * n + 1;
-                    let grid = plan.partials.grid() as usize;
-                    assert!(grid >= 1 && grid <= sms.min(64), "{s:?} {plan:?}");
-                    match plan.partials {
-                        Partials::SlabFixedPoint(g) | Partials::Slab(g) => {
-                            let cols = g.cols as usize;
-                            assert!(n <= 4 && grid * cols >= c && (grid - 1) * cols < c, "{s:?} {plan:?}");
-                            assert!(8 * n * cols <= 1 << 16 && g.smem as usize <= SMEM, "{s:?} {plan:?}");
-                            assert_eq!(g.smem as usize, rgk::mhc::pre_slab_partial_smem_bytes(n, cols));
-                            let bpc = g.batch_per_group as usize;
-                            assert!(bpc == batch.min(8) && g.groups as usize == batch.div_ceil(bpc), "{s:?} {plan:?}");
-                            assert!(g.groups <= 65535 && g.block == rgk::mhc::pre_slab_block(s), "{s:?} {plan:?}");
+                    for fused in [false, true] {
+                        let plan = if fused {
+                            PrePlan::for_device_fused(s, sms, SMEM)
+                        } else {
+                            PrePlan::for_device(s, sms, SMEM)
+                        };
+                        let Ok(plan) = plan else { continue };
+                        let class = class_of(&plan);
+                        let mq = n * n + 2 * n + 1;
+                        let grid = plan.partials.grid() as usize;
+                        assert!(grid >= 1 && grid <= sms.min(64), "{s:?} {plan:?}");
+                        match plan.partials {
+                            Partials::SlabFixedPoint(g) | Partials::Slab(g) => {
+                                let cols = g.cols as usize;
+                                assert!(n <= 4 && grid * cols >= c && (grid - 1) * cols < c, "{s:?} {plan:?}");
+                                assert!(8 * n * cols <= 1 << 16 && g.smem as usize <= SMEM, "{s:?} {plan:?}");
+                                assert_eq!(g.smem as usize, rgk::mhc::pre_slab_partial_smem_bytes(n, cols));
+                                let bpc = g.batch_per_group as usize;
+                                let want = if fused || batch <= 2 { batch.min(8) } else { 2 };
+                                assert!(bpc == want && g.groups as usize == batch.div_ceil(bpc), "{s:?} {plan:?}");
+                                assert_eq!(bpc, rgk::mhc::pre_slab_batch_per_group(batch, fused));
+                                assert!(
+                                    g.groups <= 65535 && g.block == rgk::mhc::pre_slab_block(s, bpc),
+                                    "{s:?} {plan:?}"
+                                );
+                                assert_eq!(g.block, if 4 * bpc * mq > 256 { 512 } else { 256 }, "{s:?} {plan:?}");
+                            }
+                            Partials::Fma(g) => {
+                                let cols = g.cols as usize;
+                                assert!(grid * cols >= c && (grid - 1) * cols < c, "{s:?} {plan:?}");
+                                assert!(g.jc as usize <= cols && g.bg >= 1 && g.bg as usize <= BT.min(batch), "{s:?}");
+                                assert!((g.bg as usize) * n * (g.jc as usize) <= 1 << 16, "{s:?} {plan:?}");
+                                assert!(g.smem as usize <= SMEM, "{s:?} {plan:?}");
+                                // FMA partials for n ≤ 4 only where the slab kernel does not fit.
+                                assert!(n > 4 || !rgk::mhc::pre_slab_fits(s, cols, SMEM) || batch > 524_280);
+                            }
                         }
-                        Partials::Fma(g) => {
-                            let cols = g.cols as usize;
-                            assert!(grid * cols >= c && (grid - 1) * cols < c, "{s:?} {plan:?}");
-                            assert!(g.jc as usize <= cols && g.bg >= 1 && g.bg as usize <= BT.min(batch), "{s:?}");
-                            assert!((g.bg as usize) * n * (g.jc as usize) <= 1 << 16, "{s:?} {plan:?}");
-                            assert!(g.smem as usize <= SMEM, "{s:?} {plan:?}");
-                            // FMA partials for n ≤ 4 only where the slab kernel does not fit.
-                            assert!(n > 4 || !rgk::mhc::pre_slab_fits(s, cols, SMEM) || batch > 524_280);
+                        match plan.mix {
+                            Mix::FixedPoint(g) => {
+                                assert!(
+                                    batch <= 65535 && g.block == 256 && (g.tiles as usize) == c.div_ceil(c.min(256))
+                                );
+                                // Two halves of 5 words per (batch row, logit), then the epoch word.
+                                assert_eq!(plan.workspace, 2 * batch * (mq - 1) * rgk::mhc::ACC_WORDS + 1);
+                            }
+                            Mix::SmallN(g) | Mix::AnyN(g) => {
+                                let (jt, tiles, mb) = (g.jt as usize, g.tiles as usize, g.block as usize);
+                                assert_eq!(mb, if n <= 4 { 256 } else { 512 });
+                                assert!(jt >= 1 && jt <= mb && n * jt <= UN * mb, "{s:?} {plan:?}");
+                                assert!(tiles * jt >= c && (tiles - 1) * jt < c, "{s:?} {plan:?}");
+                                let sl = 1usize << g.slices_log2;
+                                assert!(sl <= 32 && sl <= grid && (mq * sl <= mb || sl == 1), "{s:?} {plan:?}");
+                                assert!(g.smem as usize <= SMEM);
+                                assert_eq!(plan.workspace, batch * mq * grid);
+                            }
                         }
+                        assert_eq!(class == PreClass::FmaAnyN, n > 4, "{s:?} {plan:?}");
                     }
-                    match plan.mix {
-                        Mix::FixedPoint(g) => {
-                            assert!(batch <= 65535 && g.block == 256 && (g.tiles as usize) == c.div_ceil(c.min(256)));
-                            // Two halves of 5 words per (batch row, logit), then the epoch word.
-                            assert_eq!(plan.workspace, 2 * batch * (mq - 1) * rgk::mhc::ACC_WORDS + 1);
-                        }
-                        Mix::SmallN(g) | Mix::AnyN(g) => {
-                            let (jt, tiles, mb) = (g.jt as usize, g.tiles as usize, g.block as usize);
-                            assert_eq!(mb, if n <= 4 { 256 } else { 512 });
-                            assert!(jt >= 1 && jt <= mb && n * jt <= UN * mb, "{s:?} {plan:?}");
-                            assert!(tiles * jt >= c && (tiles - 1) * jt < c, "{s:?} {plan:?}");
-                            let sl = 1usize << g.slices_log2;
-                            assert!(sl <= 32 && sl <= grid && (mq * sl <= mb || sl == 1), "{s:?} {plan:?}");
-                            assert!(g.smem as usize <= SMEM);
-                            assert_eq!(plan.workspace, batch * mq * grid);
-                        }
-                    }
-                    assert_eq!(class == PreClass::FmaAnyN, n > 4, "{s:?} {plan:?}");
                 }
             }
         }
@@ -865,45 +888,52 @@ fn fixed_point_accumulator_layout() {
         for (batch, c) in [(1, 1280), (2, 1920), (4, 2560), (5, 7), (11, 77), (32, 4099), (9, 1)] {
             for sms in [132, 64, 7, 1] {
                 let s = MhcPreShape { batch, n, c };
-                let plan = PrePlan::for_device(s, sms, 227 * 1024).unwrap();
-                let Partials::SlabFixedPoint(k1) = plan.partials else { continue };
-                let (block, bpc, groups) = (k1.block, k1.batch_per_group, k1.groups);
-                let g = plan;
-                let m = s.logits();
-                let words = batch * m * ACC_WORDS;
-                assert_eq!(g.workspace, 2 * words + 1, "{s:?} {g:?}");
-                // Kernel 1's adds: every (β, q) of every y-block's group, limbs and count word.
-                let mut added = vec![0u32; words];
-                for by in 0..groups as usize {
-                    let b0 = by * bpc as usize;
-                    for bl in 0..(batch - b0).min(8).min(bpc as usize) {
-                        for q in 0..m {
-                            for k in 0..ACC_WORDS {
-                                added[((b0 + bl) * m + q) * ACC_WORDS + k] += 1;
+                for fused in [false, true] {
+                    let plan = if fused {
+                        PrePlan::for_device_fused(s, sms, 227 * 1024)
+                    } else {
+                        PrePlan::for_device(s, sms, 227 * 1024)
+                    };
+                    let plan = plan.unwrap();
+                    let Partials::SlabFixedPoint(k1) = plan.partials else { continue };
+                    let (block, bpc, groups) = (k1.block, k1.batch_per_group, k1.groups);
+                    let g = plan;
+                    let m = s.logits();
+                    let words = batch * m * ACC_WORDS;
+                    assert_eq!(g.workspace, 2 * words + 1, "{s:?} {g:?}");
+                    // Kernel 1's adds: every (β, q) of every y-block's group, limbs and count word.
+                    let mut added = vec![0u32; words];
+                    for by in 0..groups as usize {
+                        let b0 = by * bpc as usize;
+                        for bl in 0..(batch - b0).min(8).min(bpc as usize) {
+                            for q in 0..m {
+                                for k in 0..ACC_WORDS {
+                                    added[((b0 + bl) * m + q) * ACC_WORDS + k] += 1;
+                                }
                             }
                         }
                     }
-                }
-                assert!(added.iter().all(|&a| a == 1), "{s:?} {g:?}: an accumulator no block adds to");
-                // Kernel 1's zeroing of the other half, over all grid × groups blocks.
-                let (nb, t) = (k1.grid as usize * groups as usize, block as usize);
-                let mut zeroed = vec![0u32; words];
-                for bid in 0..nb {
-                    for th in 0..t {
-                        let mut i = bid * t + th;
-                        while i < words {
-                            zeroed[i] += 1;
-                            i += nb * t;
+                    assert!(added.iter().all(|&a| a == 1), "{s:?} {g:?}: an accumulator no block adds to");
+                    // Kernel 1's zeroing of the other half, over all grid × groups blocks.
+                    let (nb, t) = (k1.grid as usize * groups as usize, block as usize);
+                    let mut zeroed = vec![0u32; words];
+                    for bid in 0..nb {
+                        for th in 0..t {
+                            let mut i = bid * t + th;
+                            while i < words {
+                                zeroed[i] += 1;
+                                i += nb * t;
+                            }
                         }
                     }
-                }
-                assert!(zeroed.iter().all(|&z| z == 1), "{s:?} {g:?}: zeroing misses or repeats a word");
-                // Kernel 2: lane logit e of row β reads words (β·m + e)·ACC_WORDS + k of both halves.
-                for beta in 0..batch {
-                    for lane in 0..32 {
-                        if let Some(e) = lane_logit(lane, n) {
-                            let hi = words + (beta * m + e) * ACC_WORDS + ACC_WORDS - 1;
-                            assert!(hi < 2 * words, "{s:?} {g:?}");
+                    assert!(zeroed.iter().all(|&z| z == 1), "{s:?} {g:?}: zeroing misses or repeats a word");
+                    // Kernel 2: lane logit e of row β reads words (β·m + e)·ACC_WORDS + k of both halves.
+                    for beta in 0..batch {
+                        for lane in 0..32 {
+                            if let Some(e) = lane_logit(lane, n) {
+                                let hi = words + (beta * m + e) * ACC_WORDS + ACC_WORDS - 1;
+                                assert!(hi < 2 * words, "{s:?} {g:?}");
+                            }
                         }
                     }
                 }

@@ -20,9 +20,10 @@ pub use post::PostKernel;
 pub use post_pre::post_pre_fwd_launches;
 #[doc(hidden)]
 pub use pre::{
-    mix_smem_bytes as pre_mix_smem_bytes, partial_smem_bytes as pre_partial_smem_bytes, slab_block as pre_slab_block,
-    slab_fits as pre_slab_fits, slab_partial_smem_bytes as pre_slab_partial_smem_bytes, ColumnMix, FmaPartialGrid, Mix,
-    Partials, PreClass, SlabPartialGrid, TileMix, ACC_WORDS,
+    mix_smem_bytes as pre_mix_smem_bytes, partial_smem_bytes as pre_partial_smem_bytes,
+    slab_batch_per_group as pre_slab_batch_per_group, slab_block as pre_slab_block, slab_fits as pre_slab_fits,
+    slab_partial_smem_bytes as pre_slab_partial_smem_bytes, ColumnMix, FmaPartialGrid, Mix, Partials, PreClass,
+    SlabPartialGrid, TileMix, ACC_WORDS,
 };
 #[doc(hidden)]
 pub use pre::{pre_fwd_launches, PreMixLaunch, PrePartialsLaunch};
@@ -42,9 +43,8 @@ pub(crate) const PRE_KERNELS: &[&str] = pre::KERNELS;
 pub fn planned_kernels(gpu: &Gpu) -> Result<BTreeSet<&'static str>> {
     let mut set = BTreeSet::new();
     for &s in pre::SWEEP_SHAPES {
-        let plan = PrePlan::new(gpu, s)?;
-        set.extend(plan.kernels());
-        set.extend(post_pre::planned_kernels(&plan));
+        set.extend(PrePlan::new(gpu, s)?.kernels());
+        set.extend(post_pre::planned_kernels(&PrePlan::new_fused(gpu, s)?));
     }
     for (batch, n, c) in [(1, 4, 1280), (2, 4, 1920), (4, 4, 2560), (3, 3, 7), (70_000, 1, 8)] {
         for aligned in [true, false] {

@@ -77,10 +77,11 @@ pub struct MhcPostPre {
 }
 
 impl MhcPostPre {
-    /// Plans `shape` (MHCPreFwd's planner, [`PrePlan::new`]) and allocates the workspace.
+    /// Plans `shape` (MHCPreFwd's planner with kernel 1's batch rows in one group,
+    /// [`PrePlan::for_device_fused`]) and allocates the workspace.
     /// Errors: those of [`PrePlan::new`], or a driver error.
     pub fn new(gpu: &Gpu, shape: MhcPreShape) -> Result<Self> {
-        let plan = PrePlan::new(gpu, shape)?;
+        let plan = PrePlan::new_fused(gpu, shape)?;
         let st = gpu.stream();
         let path = if let Some((g1, g2)) = fused_pair(&plan) {
             // The fused kernels take the pair's geometry and shared memory.

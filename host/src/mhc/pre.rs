@@ -118,7 +118,8 @@ impl PreClass {
         // - kernel 1's products on fp64 tensor cores (DMMA re-layout of the slab, warp tiles, a second barrier): op 4.96 / 5.28 / 5.78 against 4.51 / 4.90 / 5.89 µs (fused op 4.96 / 5.50 / 6.08 against 4.77 / 5.18 / 5.98);
         // - two f32 chains per thread instead of four: kernel 1 +0.13…+0.17 µs at hidden-1280 and -1920;
         // - one thread per (quantity, slot) for all the group's batch rows (phi loaded once): kernel 1 +0.35…+1.25 µs;
-        // - DMMA operands straight from global memory (no slab): kernel 1 +0.5…+2.3 µs.
+        // - DMMA operands straight from global memory (no slab): kernel 1 +0.5…+2.3 µs;
+        // - the accumulator words spread one per 128-byte line (or 32-byte sector): kernel 2 ends +0.9 (+0.3) µs later.
         let groups = shape.batch.div_ceil(BTF);
         match (shape.n <= NMAX_SMALL_N, slab_fits && groups <= MAX_GRID_Y, shape.batch <= MAX_GRID_Y) {
             (true, true, true) => Self::FixedPoint,
@@ -129,14 +130,30 @@ impl PreClass {
     }
 }
 
-/// The slab kernel 1's block: 256 threads, or 512 when its block partials — 4 threads per
-/// (batch row of its group of ≤ 8, quantity) — would need a second round at 256 (batch ≥ 3
-/// for n = 4; measured with the tensor-core product it replaced: hidden-2560 (batch 4) 6.25 →
-/// 5.95 µs at 512, hidden-1920 (batch 2) 5.44 → 5.70 µs (worse) at 512; 128 threads: kernel 1
-/// 3.07 / 4.03 / 4.99 µs against 3.07 / 3.39 / 3.87).
+/// Batch rows per y-block of the slab kernel 1 (each y-block stages the phi slab and one x
+/// tile of its rows). MHCPreFwd takes groups of 2 rows from batch 3 up, so that a block's
+/// partials (4 threads per (batch row, quantity)) fit 256 threads: hidden-2560 (batch 4) 5.70
+/// against 5.92 µs in one group of 4 at 512 threads; one row per group 5.82 (and at hidden-1920,
+/// batch 2, 5.12 against 4.90 in one group). The fused MHCPostPreFwd keeps one group of up to
+/// 8 rows: with 2 its hidden-2560 row takes 6.43 against 6.05 µs (128 kernel-1 blocks leave
+/// its kernel 2's early blocks no free SM for their post-half prologue).
 #[doc(hidden)]
-pub fn slab_block(shape: MhcPreShape) -> u32 {
-    let items = 4 * shape.batch.min(BTF) * (shape.logits() + 1);
+pub fn slab_batch_per_group(batch: usize, fused: bool) -> usize {
+    if fused || batch <= 2 {
+        batch.clamp(1, BTF)
+    } else {
+        2
+    }
+}
+
+/// The slab kernel 1's block for groups of `bpc` batch rows: 256 threads, or 512 when its block
+/// partials — 4 threads per (batch row of its group, quantity) — would need a second round at
+/// 256 (measured with the tensor-core product it replaced: hidden-2560 (batch 4) 6.25 → 5.95 µs
+/// at 512, hidden-1920 (batch 2) 5.44 → 5.70 µs (worse) at 512; 128 threads: kernel 1 3.07 /
+/// 4.03 / 4.99 µs against 3.07 / 3.39 / 3.87).
+#[doc(hidden)]
+pub fn slab_block(shape: MhcPreShape, bpc: usize) -> u32 {
+    let items = 4 * bpc * (shape.logits() + 1);
     if items > 256 {
         512
     } else {
@@ -459,11 +476,20 @@ impl PrePlan {
     /// Errors: those of [`PrePlan::for_device`]; a driver error; [`Error::Shape`] naming `n`
     /// when a block of either kernel does not fit on a multiprocessor.
     pub fn new(gpu: &Gpu, shape: MhcPreShape) -> Result<Self> {
+        Self::new_for(gpu, shape, false)
+    }
+
+    /// [`PrePlan::new`] for the fused MHCPostPreFwd ([`PrePlan::for_device_fused`]).
+    pub(crate) fn new_fused(gpu: &Gpu, shape: MhcPreShape) -> Result<Self> {
+        Self::new_for(gpu, shape, true)
+    }
+
+    fn new_for(gpu: &Gpu, shape: MhcPreShape, fused: bool) -> Result<Self> {
         use sys::CUdevice_attribute as A;
         let ctx = gpu.context();
         let sms = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         let max_smem = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
-        let plan = Self::for_device(shape, sms, max_smem)?;
+        let plan = Self::plan(shape, sms, max_smem, fused)?;
         for (name, (block, smem)) in
             [(plan.partials.kernel(), plan.partials.block_smem()), (plan.mix.kernel(), plan.mix.block_smem())]
         {
@@ -490,6 +516,17 @@ impl PrePlan {
     /// [`Error::Overflow`] naming `x` when the workspace or a grid exceeds 32-bit indexing.
     #[doc(hidden)]
     pub fn for_device(shape: MhcPreShape, sms: usize, max_smem: usize) -> Result<Self> {
+        Self::plan(shape, sms, max_smem, false)
+    }
+
+    /// [`PrePlan::for_device`] for the fused MHCPostPreFwd, whose kernel 1 takes its batch rows in
+    /// one group ([`slab_batch_per_group`]).
+    #[doc(hidden)]
+    pub fn for_device_fused(shape: MhcPreShape, sms: usize, max_smem: usize) -> Result<Self> {
+        Self::plan(shape, sms, max_smem, true)
+    }
+
+    fn plan(shape: MhcPreShape, sms: usize, max_smem: usize, fused: bool) -> Result<Self> {
         let lens = shape.lens()?;
         let MhcPreShape { batch, n, c } = shape;
         let mq = shape.logits() + 1;
@@ -502,9 +539,8 @@ impl PrePlan {
             msg: format!("n = {n} needs {smem} bytes of shared memory per block, the device has {max_smem}"),
         };
         let slab_grid = || {
-            let block = slab_block(shape);
-            // Groups of 2 batch rows: MHCPreFwd hidden-2560 −0.2 µs, MHCPostPreFwd +0.38 µs (docs/decisions/mhc.md).
-            let bpc = BTF.min(batch);
+            let bpc = slab_batch_per_group(batch, fused);
+            let block = slab_block(shape, bpc);
             SlabPartialGrid {
                 grid: grid as u32,
                 cols: cols as u32,
