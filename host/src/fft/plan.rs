@@ -144,7 +144,8 @@ pub(crate) const TUNING: &[Row] = &[
     // Hoisted stage twiddles: latency-4k 5.86 → 3.65, fnet-512 16.38 → 12.83 against the
     // per-stage / W_Lt-table loads.
     row(false, 7, 8, one(Hoisted, 256, 64, true)),
-    // fnet-512: 64-thread blocks 11.33 against 12.74; staged input 9.70 against 11.17.
+    // fnet-512: 64-thread blocks 11.33 against 12.74; staged input 9.70 against 11.17;
+    // staged at 128 threads 10.05–10.08 against 9.76.
     row(false, 9, 9, one(Staged, 64, 64, true)),
     // spectrogram-1k: 8 elements per thread with ping-pong buffers 3.46 against 3.81.
     row(false, 10, 10, one(PingPong, 256, 64, true)),
@@ -153,13 +154,15 @@ pub(crate) const TUNING: &[Row] = &[
     row(false, 12, 12, one(PingPong, 256, 64, true)),
     // 8192 points at 16 elements: hoisting needs more registers than 512 threads allow.
     row(false, 13, 13, one(PerStage, 256, 64, true)),
-    // longconv-16k: 64-point columns 13.70 against 14.98 balanced; 32 per block 13.28
-    // against 13.98 at 16.
-    row(false, 14, 14, four(Some(6), 32, 32, Hoisted)),
+    // longconv-16k: 64-point columns 13.70 against 14.98 balanced; 16 columns and 16 rows
+    // per block (128- and 256-thread blocks) 11.71–11.74 against 12.51–12.53 at 32 and 32
+    // (16 / 8 rows 11.71–11.74, 16 / 32 12.38, 8 / 16 12.13, 8 / 8 12.10, 32 / 16 11.87,
+    // 32 / 8 11.87, 32 / 4 12.74, 32 / 2 17.07, 64 / 16 12.06).
+    row(false, 14, 14, four(Some(6), 16, 16, Hoisted)),
     row(false, 15, 15, four(None, 16, 16, Hoisted)),
     // longconv-64k: 64-point columns 11.52 against 12.24; 32 per block 11.04 against 11.52;
     // 4 rows per row-pass block (256 threads) 9.60 against 10.66 at 8 (512 threads, one block
-    // per SM on 64 SMs).
+    // per SM on 64 SMs), 11.70 at 2; 16 / 64 columns 9.69–9.79 / 9.95 against 9.63–9.76.
     row(false, 16, 16, four(Some(6), 32, 4, Hoisted)),
     row(false, 17, 18, four(None, 16, 16, Hoisted)),
     // 1024-point rows in 256-thread blocks, as for 2^16.
@@ -174,7 +177,8 @@ pub(crate) const TUNING: &[Row] = &[
     row(true, 12, 12, one(PerStage, 256, 64, true)),
     row(true, 13, 19, four(None, 16, 16, Hoisted)),
     // scientific-1m: 512-point columns 126.5 against 138.4 balanced; per-stage twiddles as
-    // for c64 (hoisted 176.8).
+    // for c64 (hoisted 176.8); 4 columns 126.3–126.4 against 120.1–120.3, 1 row per row-pass
+    // block 194.8.
     row(true, 20, 20, four(Some(9), 16, 16, PerStage)),
     row(true, 21, 24, four(None, 16, 16, PerStage)),
 ];
