@@ -145,7 +145,8 @@ pub(crate) const TUNING: &[Row] = &[
     // per-stage / W_Lt-table loads.
     row(false, 7, 8, one(Hoisted, 256, 64, true)),
     // fnet-512: 64-thread blocks 11.33 against 12.74; staged input 9.70 against 11.17;
-    // staged at 128 threads 10.05–10.08 against 9.76.
+    // staged at 128 threads 10.05–10.08 against 9.76; the kernel's evict-first staging copies
+    // 9.47 against 9.63.
     row(false, 9, 9, one(Staged, 64, 64, true)),
     // spectrogram-1k: 8 elements per thread with ping-pong buffers 3.46 against 3.81.
     row(false, 10, 10, one(PingPong, 256, 64, true)),

@@ -649,6 +649,9 @@ pub unsafe fn cp_async_16(dst: *mut u8, src: *const u8) {
     aligned(src, 16);
     core::ptr::copy_nonoverlapping(src, dst, 16);
 }
+pub unsafe fn cp_async_16_evict_first(dst: *mut u8, src: *const u8) {
+    cp_async_16(dst, src)
+}
 pub unsafe fn cp_async_4(dst: *mut u8, src: *const u8) {
     aligned(dst, 4);
     aligned(src, 4);

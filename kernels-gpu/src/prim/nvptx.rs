@@ -411,6 +411,14 @@ pub unsafe fn cp_async_16(dst: *mut u8, src: *const u8) {
          d = in(reg64) dst as u64, g = in(reg64) src as u64, options(nostack));
 }
 
+/// [`cp_async_16`] with an L2 evict-first policy: data read once, whose lines L2 should give
+/// up before others when it needs room.
+#[inline(always)]
+pub unsafe fn cp_async_16_evict_first(dst: *mut u8, src: *const u8) {
+    asm!("{{ .reg .u64 s; .reg .b64 pol; cvta.to.shared.u64 s, {d}; createpolicy.fractional.L2::evict_first.b64 pol, 1.0; cp.async.cg.shared.global.L2::cache_hint [s], [{g}], 16, pol; }}",
+         d = in(reg64) dst as u64, g = in(reg64) src as u64, options(nostack));
+}
+
 /// `cp.async.ca.shared.global` of 4 bytes (both addresses 4-byte aligned); see [`cp_async_16`].
 #[inline(always)]
 pub unsafe fn cp_async_4(dst: *mut u8, src: *const u8) {
