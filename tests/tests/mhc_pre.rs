@@ -645,7 +645,7 @@ fn plan_invariants() {
     const SMEM: usize = 227 * 1024;
     for n in [1, 2, 3, 4, 5, 8, 16, 31] {
         for c in [1, 2, 7, 100, 1280, 2560, 4099, 70000] {
-            for batch in [1, 3, 4, 5, 32, 70_000] {
+            for batch in [1, 3, 4, 5, 32, 70_000, 524_280] {
                 for sms in [132, 3, 64] {
                     let s = MhcPreShape { batch, n, c };
                     for fused in [false, true] {
@@ -666,7 +666,7 @@ fn plan_invariants() {
                                 assert!(8 * n * cols <= 1 << 16 && g.smem as usize <= SMEM, "{s:?} {plan:?}");
                                 assert_eq!(g.smem as usize, rgk::mhc::pre_slab_partial_smem_bytes(n, cols));
                                 let bpc = g.batch_per_group as usize;
-                                let want = if fused || batch <= 2 { batch.min(8) } else { 2 };
+                                let want = if fused || batch <= 2 || batch > 8 { batch.min(8) } else { 2 };
                                 assert!(bpc == want && g.groups as usize == batch.div_ceil(bpc), "{s:?} {plan:?}");
                                 assert_eq!(bpc, rgk::mhc::pre_slab_batch_per_group(batch, fused));
                                 assert!(

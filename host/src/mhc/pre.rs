@@ -131,15 +131,17 @@ impl PreClass {
 }
 
 /// Batch rows per y-block of the slab kernel 1 (each y-block stages the phi slab and one x
-/// tile of its rows). MHCPreFwd takes groups of 2 rows from batch 3 up, so that a block's
-/// partials (4 threads per (batch row, quantity)) fit 256 threads: hidden-2560 (batch 4) 5.70
-/// against 5.92 µs in one group of 4 at 512 threads; one row per group 5.82 (and at hidden-1920,
-/// batch 2, 5.12 against 4.90 in one group). The fused MHCPostPreFwd keeps one group of up to
-/// 8 rows: with 2 its hidden-2560 row takes 6.43 against 6.05 µs (128 kernel-1 blocks leave
-/// its kernel 2's early blocks no free SM for their post-half prologue).
+/// tile of its rows). MHCPreFwd splits a batch of 3 to 8 rows (one group of [`BTF`]) into
+/// groups of 2, so that a block's partials (4 threads per (batch row, quantity)) fit 256
+/// threads: hidden-2560 (batch 4) 5.70 against 5.92 µs in one group of 4 at 512 threads; one row
+/// per group 5.82 (and at hidden-1920, batch 2, 5.12 against 4.90 in one group). Larger batches
+/// keep groups of 8 (not measured with pairs), whose count is what [`PreClass::of`] checks
+/// against the grid's y limit. The fused MHCPostPreFwd keeps one group of up to 8 rows: with 2
+/// its hidden-2560 row takes 6.43 against 6.05 µs (128 kernel-1 blocks leave its kernel 2's
+/// early blocks no free SM for their post-half prologue).
 #[doc(hidden)]
 pub fn slab_batch_per_group(batch: usize, fused: bool) -> usize {
-    if fused || batch <= 2 {
+    if fused || batch <= 2 || batch > BTF {
         batch.clamp(1, BTF)
     } else {
         2
