@@ -73,6 +73,11 @@ pub enum Form {
     /// block's next group of rows copied while the current one computes (needs a 16-byte
     /// aligned `x`).
     Staged,
+    /// [`Form::Staged`] with the copies carrying an L2 evict-first policy
+    /// (`createpolicy.fractional.L2::evict_first`): after the bench's L2 flush every line the
+    /// outputs allocate evicts another, and with the consumed input lines first in line fewer
+    /// of those evictions are write-backs of dirty lines.
+    StagedEvictFirst,
 }
 
 /// Whether a row of [`fft_pass_kernels!`](crate::fft_pass_kernels) is a valid pass kernel: a
@@ -106,7 +111,11 @@ impl Form {
     }
     /// Whether the row pass's input is staged into shared memory by `cp.async`.
     pub const fn staged(self) -> bool {
-        matches!(self, Self::Staged)
+        matches!(self, Self::Staged | Self::StagedEvictFirst)
+    }
+    /// Whether the staging copies carry an L2 evict-first policy.
+    pub const fn stages_evict_first(self) -> bool {
+        matches!(self, Self::StagedEvictFirst)
     }
     /// Whether the kernels of this form are compiled for single-pass plans only: rows in
     /// natural order in and out (`log_min = log_mout = 0`), no flags.
@@ -120,6 +129,9 @@ impl Form {
             Self::PerStage => "pass, each stage's twiddles loaded after its barrier",
             Self::PingPong => "pass, twiddles hoisted, two shared-memory buffers (one barrier per stage)",
             Self::Staged => "pass, twiddles hoisted, input staged into shared memory by cp.async",
+            Self::StagedEvictFirst => {
+                "pass, twiddles hoisted, input staged into shared memory by cp.async with an L2 evict-first policy"
+            }
         }
     }
 }
@@ -198,7 +210,7 @@ macro_rules! fft_pass_kernels {
             fft_c64_l10_radix8_ping_pong: c64, 10, 8, PingPong, 512;
             fft_c64_l12_ping_pong: c64, 12, 16, PingPong, 512;
             fft_c64_l6_staged: c64, 6, 8, Staged, 512;
-            fft_c64_l9_staged: c64, 9, 8, Staged, 512;
+            fft_c64_l9_staged: c64, 9, 8, StagedEvictFirst, 512;
             fft_c128_l1_tw_hoisted: c128, 1, 2, Hoisted, 512;
             fft_c128_l2_tw_hoisted: c128, 2, 4, Hoisted, 512;
             fft_c128_l3_tw_hoisted: c128, 3, 8, Hoisted, 512;

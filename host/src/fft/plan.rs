@@ -66,7 +66,7 @@ macro_rules! kernel_table {
         pub(crate) const PTX_ENTRIES: &[&str] = &[$(<pass_policies::$name as Policy>::ENTRY,)* super::floor::KERNEL];
     };
 }
-use Form::{Hoisted, PerStage, PingPong, Staged};
+use Form::{Hoisted, PerStage, PingPong, Staged, StagedEvictFirst};
 
 kernel_abi::fft_pass_kernels!(kernel_table);
 
@@ -147,7 +147,7 @@ pub(crate) const TUNING: &[Row] = &[
     // fnet-512: 64-thread blocks 11.33 against 12.74; staged input 9.70 against 11.17;
     // staged at 128 threads 10.05–10.08 against 9.76; the kernel's evict-first staging copies
     // 9.47 against 9.63.
-    row(false, 9, 9, one(Staged, 64, 64, true)),
+    row(false, 9, 9, one(StagedEvictFirst, 64, 64, true)),
     // spectrogram-1k: 8 elements per thread with ping-pong buffers 3.46 against 3.81.
     row(false, 10, 10, one(PingPong, 256, 64, true)),
     row(false, 11, 11, one(Hoisted, 256, 64, true)),
@@ -320,7 +320,7 @@ fn pass(
     let mut smem = c * sm_stride as usize * elem_bytes;
     match kernel.form {
         PingPong => smem *= 2,
-        Staged => smem += 2 * (c << log_l) * elem_bytes,
+        Staged | StagedEvictFirst => smem += 2 * (c << log_l) * elem_bytes,
         Hoisted | PerStage => {}
     }
     Pass {
@@ -358,7 +358,7 @@ pub fn plan(prec: Precision, log_n: u32, batch: usize) -> Vec<Pass> {
         Shape::Copy => Vec::new(),
         Shape::OnePass { form, threads, min_threads, persistent } => {
             let kn = kernel(prec, log_n, form);
-            let unaligned = if form == Staged { kernel(prec, log_n, Hoisted) } else { kn };
+            let unaligned = if form.staged() { kernel(prec, log_n, Hoisted) } else { kn };
             vec![one_pass(kn, unaligned, batch, (threads, min_threads), persistent)]
         }
         Shape::FourStep { log_n1, cols, rows, form } => {
@@ -550,7 +550,7 @@ mod tests {
         }
         let all: std::collections::BTreeSet<_> = KERNELS.iter().map(|k| k.name).collect();
         assert_eq!(used, all);
-        for k in KERNELS.iter().filter(|k| matches!(k.form, Hoisted | PerStage | Staged)) {
+        for k in KERNELS.iter().filter(|k| matches!(k.form, Hoisted | PerStage | Staged | StagedEvictFirst)) {
             assert_eq!(k.e, elems_per_thread(k.log_l, if k.c128 { 16 } else { 8 }), "{}", k.name);
         }
     }

@@ -266,7 +266,15 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
 /// thread, block size `C·L/E` threads.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const HOIST: bool, const PP: bool, const STG: bool>(
+unsafe fn fft_block<
+    T: Mem,
+    const LOG_L: u32,
+    const E: usize,
+    const HOIST: bool,
+    const PP: bool,
+    const STG: bool,
+    const EVF: bool,
+>(
     x: *const Cx<T>,
     y: *mut Cx<T>,
     tw: *const Cx<T>,
@@ -288,10 +296,6 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const HOIST: bool,
     // staged form lost on fnet-512 (9.70 → 10.48) although it gained on shortconv-64 (18.95 →
     // 18.43), and is not kept.
     let (log_min, log_mout, flags) = if PP { (0, 0, 0) } else { (log_min, log_mout, flags) };
-    // The 512-point staged pass copies its rows with an L2 evict-first policy, so that the room
-    // its outputs need comes from consumed input lines rather than dirty ones (fnet-512 9.54–9.57
-    // against 9.70 µs); the 64-point one does not (shortconv-64 19.18–19.26 against 18.98).
-    let stage_evict_first = LOG_L == 9;
     let log_l = LOG_L;
     let tid = thread_idx_x();
     let log_e = E.trailing_zeros();
@@ -356,7 +360,7 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const HOIST: bool,
         grid_dependency_wait();
     }
     if STG && g < ngroups {
-        stage_copy(stage_evict_first, x, g, log_c, log_l, count, stg0, tid, nthreads);
+        stage_copy(EVF, x, g, log_c, log_l, count, stg0, tid, nthreads);
     }
     while g < ngroups {
         // Loop-variant copies: the per-thread addresses derived from them (twiddle, shared
@@ -370,17 +374,7 @@ unsafe fn fft_block<T: Mem, const LOG_L: u32, const E: usize, const HOIST: bool,
             // previous group's first stage, before its first barrier); then this group's rows
             // (committed one group earlier) must have landed, and everyone's must be visible.
             if next < ngroups {
-                stage_copy(
-                    stage_evict_first,
-                    x,
-                    next,
-                    log_c,
-                    log_l,
-                    count,
-                    stg0.add(((sbuf ^ 1) * stg_len) as usize),
-                    tid,
-                    nthreads,
-                );
+                stage_copy(EVF, x, next, log_c, log_l, count, stg0.add(((sbuf ^ 1) * stg_len) as usize), tid, nthreads);
                 cp_async_wait_group_1();
             } else {
                 cp_async_wait_all();
@@ -500,6 +494,7 @@ macro_rules! pass_entries {
                 { <P as FftPassPolicy>::FORM.hoists_twiddles() },
                 { <P as FftPassPolicy>::FORM.ping_pong() },
                 { <P as FftPassPolicy>::FORM.staged() },
+                { <P as FftPassPolicy>::FORM.stages_evict_first() },
             >(
                 a.x as *const Cx<$t>,
                 a.y as *mut Cx<$t>,
