@@ -205,6 +205,29 @@ fn plans_in_place_odd_batches_persistent() {
     }
 }
 
+/// Four-step plans whose passes loop (`four_persistent`, planned for scientific-1m, beyond the
+/// simulation's reach): blocks over several groups of columns, then of rows, the per-stage
+/// kernels prefetching each next group (c128 2^18: the shipped 512-point per-stage kernel in
+/// both passes), and a hoisted c128 and c64 plan (no prefetch).
+#[test]
+fn persistent_four_step_passes() {
+    for (prec, log_n, log_n1, b, form) in [
+        (Precision::C128, 18, 9, 1, Form::PerStage),
+        (Precision::C128, 14, 7, 3, Form::Hoisted),
+        (Precision::C64, 16, 6, 2, Form::Hoisted),
+    ] {
+        for slots in [1, 3] {
+            let mut passes = four_step(prec, log_n, b, log_n1, 16, 16, form, true);
+            for p in passes.iter_mut() {
+                assert!(p.persistent);
+                persist(p, 1, slots);
+                assert!(p.grid == slots && p.blocks > 2 * slots, "{p:?}");
+            }
+            check(prec, &passes, log_n, b, slots == 3, false);
+        }
+    }
+}
+
 /// The per-stage kernels (planned for n ≥ 2^20, beyond the simulation's reach, and the longest
 /// one-pass lengths): each as a row pass, and c128 in the four-step passes of 2^18 and 2^19
 /// (column pass with the four-step twiddle, row pass with the transposed store).
@@ -220,7 +243,7 @@ fn per_stage_kernels() {
     for log_n in [18, 19] {
         check(
             Precision::C128,
-            &four_step(Precision::C128, log_n, 1, 9, 16, 16, Form::PerStage),
+            &four_step(Precision::C128, log_n, 1, 9, 16, 16, Form::PerStage, false),
             log_n,
             1,
             false,

@@ -107,8 +107,10 @@ pub(crate) enum Shape {
     /// Four-step `n = n1·n2`: a column pass of length `n1 = 2^log_n1` (`None`: `⌊log2 n / 2⌋`)
     /// with the four-step twiddle, then a row pass of length `n2` with a transposed store; at
     /// most `cols` transforms per block in the column pass and `rows` in the row pass; both
-    /// passes in `form`.
-    FourStep { log_n1: Option<u32>, cols: usize, rows: usize, form: Form },
+    /// passes in `form`. `persistent`: both passes may run persistent blocks (as `OnePass`'s
+    /// `persistent`); the per-stage 8-element kernels then prefetch each next group into L2
+    /// once the current group's loads have landed.
+    FourStep { log_n1: Option<u32>, cols: usize, rows: usize, form: Form, persistent: bool },
 }
 
 /// One row of the tuning table: lengths `2^lo ..= 2^hi` of one precision.
@@ -124,7 +126,12 @@ const fn one(form: Form, threads: u32, min_threads: u32, persistent: bool) -> Sh
 }
 const fn four(log_n1: Option<u32>, cols: usize, rows: usize, form: Form) -> Shape {
     assert!(!form.single_pass_only(), "a four-step pass cannot take a single-pass-only kernel");
-    Shape::FourStep { log_n1, cols, rows, form }
+    Shape::FourStep { log_n1, cols, rows, form, persistent: false }
+}
+/// [`four`] with persistent passes.
+const fn four_persistent(log_n1: Option<u32>, cols: usize, rows: usize, form: Form) -> Shape {
+    assert!(!form.single_pass_only(), "a four-step pass cannot take a single-pass-only kernel");
+    Shape::FourStep { log_n1, cols, rows, form, persistent: true }
 }
 const fn row(c128: bool, lo: u32, hi: u32, shape: Shape) -> Row {
     Row { c128, lo, hi, shape }
@@ -179,8 +186,10 @@ pub(crate) const TUNING: &[Row] = &[
     row(true, 13, 19, four(None, 16, 16, Hoisted)),
     // scientific-1m: 512-point columns 126.5 against 138.4 balanced; per-stage twiddles as
     // for c64 (hoisted 176.8); 4 columns 126.3–126.4 against 120.1–120.3, 1 row per row-pass
-    // block 194.8.
-    row(true, 20, 20, four(Some(9), 16, 16, PerStage)),
+    // block 194.8; persistent passes (one block per SM looping, each prefetching its next
+    // group after the current group's loads): the column pass alone 117.4 against 120.9, both
+    // passes 115.2 against 116.9–118.6 for the column pass alone.
+    row(true, 20, 20, four_persistent(Some(9), 16, 16, PerStage)),
     row(true, 21, 24, four(None, 16, 16, PerStage)),
 ];
 
@@ -361,8 +370,8 @@ pub fn plan(prec: Precision, log_n: u32, batch: usize) -> Vec<Pass> {
             let unaligned = if form.staged() { kernel(prec, log_n, Hoisted) } else { kn };
             vec![one_pass(kn, unaligned, batch, (threads, min_threads), persistent)]
         }
-        Shape::FourStep { log_n1, cols, rows, form } => {
-            four_step(prec, log_n, batch, log_n1.unwrap_or(log_n / 2), cols, rows, form)
+        Shape::FourStep { log_n1, cols, rows, form, persistent } => {
+            four_step(prec, log_n, batch, log_n1.unwrap_or(log_n / 2), cols, rows, form, persistent)
         }
     }
 }
@@ -381,7 +390,8 @@ pub fn one_pass(
 }
 
 /// The four-step plan with columns of `2^log_n1` (see [`plan`]), at most `cols` columns per
-/// block of the column pass and `rows` rows per block of the row pass.
+/// block of the column pass and `rows` rows per block of the row pass; `persistent`: both
+/// passes may loop ([`persist`]).
 #[allow(clippy::too_many_arguments)]
 pub fn four_step(
     prec: Precision,
@@ -391,20 +401,23 @@ pub fn four_step(
     cols: usize,
     rows: usize,
     form: Form,
+    persistent: bool,
 ) -> Vec<Pass> {
     let elem = prec.element_bytes();
     let log_n2 = log_n - log_n1;
     let (n1, n2) = (1usize << log_n1, 1usize << log_n2);
     let (k1, k2) = (kernel(prec, log_n1, form), kernel(prec, log_n2, form));
     let none = (TARGET_THREADS, 64);
+    let col = COL_MAP | TW4;
     vec![
-        pass(k1, k1, batch * n2, n2.min(cols), elem, log_n2, log_n2, COL_MAP | TW4, 1, Buf::X, Buf::Work, none, false),
-        pass(k2, k2, batch * n1, n1.min(rows), elem, 0, log_n1, OUT_SMEM, 1, Buf::Work, Buf::Y, none, false),
+        pass(k1, k1, batch * n2, n2.min(cols), elem, log_n2, log_n2, col, 1, Buf::X, Buf::Work, none, persistent),
+        pass(k2, k2, batch * n1, n1.min(rows), elem, 0, log_n1, OUT_SMEM, 1, Buf::Work, Buf::Y, none, persistent),
     ]
 }
 
-/// Sizes a persistent pass for a device of `sms` SMs on which `resident` blocks of it fit per
-/// SM: when its groups exceed two waves, one block per resident slot, each looping.
+/// Sizes a persistent pass (a row pass, or a pass of a `four_persistent` plan) for a device of
+/// `sms` SMs on which `resident` blocks of it fit per SM: when its groups exceed two waves,
+/// one block per resident slot, each looping.
 pub fn persist(p: &mut Pass, sms: u32, resident: u32) {
     let resident = resident.max(1);
     if p.persistent && p.blocks > 2 * sms * resident {
@@ -517,7 +530,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "runs single-pass plans only")]
     fn four_step_refuses_single_pass_only_kernels() {
-        four_step(Precision::C64, 22, 1, 10, 16, 16, PingPong);
+        four_step(Precision::C64, 22, 1, 10, 16, 16, PingPong, false);
     }
 
     /// The tuning table covers every supported length of both precisions exactly once, and
@@ -624,7 +637,6 @@ mod tests {
                         assert_eq!((p.count as usize) << p.log_l, batch << log_n, "{p:?}");
                         if p.log_min > 0 || p.log_mout > 0 {
                             assert!(p.log_c <= p.log_min.max(p.log_mout), "{p:?}");
-                            assert!(!p.persistent);
                         }
                         persist(&mut p, 132, 4);
                         assert!(p.grid >= 1 && p.grid <= p.blocks, "{p:?}");

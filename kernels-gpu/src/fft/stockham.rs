@@ -318,6 +318,11 @@ unsafe fn fft_block<
         prefetch_table(twlo as *const u8, esz << log_split, tid, nthreads, true);
         prefetch_table(twhi as *const u8, esz << log_n.saturating_sub(log_split), tid, nthreads, true);
     }
+    // The four-step passes' prefetch after the first stage (persistent passes, below) is
+    // compiled into the per-stage 8-element kernels only (c128 512- to 2048-point: the planned
+    // persistent four-step passes); in the other kernels its code alone cost time through their
+    // register allocation (throughput-4k c128 5.98 → 6.34 µs, longconv-16k and -64k +0.07).
+    let pf_late = !HOIST && !STG && !PP && E == 8;
     let nst = (LOG_L as usize).div_ceil(log_e as usize);
     let first = log_l - log_e * (nst as u32 - 1);
     let out_smem = flags & OUT_SMEM != 0;
@@ -350,7 +355,8 @@ unsafe fn fft_block<
     let stg_len = 1u32 << (log_c + log_l);
     // Groups of 2^log_c transforms; a grid smaller than the group count loops (persistent
     // blocks), prefetching the next group's rows (into L2, or with `STG` into shared memory)
-    // while this one computes and stores.
+    // while this one computes and stores; a persistent column pass prefetches the next
+    // group's tile into L2 once this group's loads have landed (after the first stage).
     let ngroups = (count + (1 << log_c) - 1) >> log_c;
     let mut g = block_idx_x();
     let mut sbuf = 0u32;
@@ -380,7 +386,7 @@ unsafe fn fft_block<
                 cp_async_wait_all();
             }
             sync_threads();
-        } else if next < ngroups && log_min == 0 {
+        } else if next < ngroups && log_min == 0 && !(pf_late && out_smem) {
             let tn = next << log_c;
             let rows = (count - tn).min(1 << log_c);
             prefetch_table(x.add((tn << log_l) as usize) as *const u8, (rows << log_l) * esz, tid, nthreads, false);
@@ -434,6 +440,32 @@ unsafe fn fft_block<
                 3 => stage::<T, E, 8>(&c, &mut v, ls, from_global, to_global, &w, b),
                 4 => stage::<T, E, 16>(&c, &mut v, ls, from_global, to_global, &w, b),
                 _ => stage::<T, E, 32>(&c, &mut v, ls, from_global, to_global, &w, b),
+            }
+            if pf_late && s == 0 && out_smem && next < ngroups {
+                // Persistent four-step row pass: the next group's rows into L2 once this
+                // group's loads have landed (at the loop's top, beside them: scientific-1m
+                // 117.9 against 115.2 µs).
+                let tn = next << log_c;
+                let rows = (count - tn).min(1 << log_c);
+                prefetch_table(x.add((tn << log_l) as usize) as *const u8, (rows << log_l) * esz, tid, nthreads, false);
+            }
+            if pf_late && s == 0 && log_min > 0 && next < ngroups {
+                // Persistent column pass: the next group's tile (2^log_l row segments of 2^log_c
+                // elements, stride 2^log_min) into L2, one 128-byte line per thread and step.
+                // Issued after this group's loads so the two do not compete (scientific-1m's
+                // column pass 53.8 → 49.5 µs with one block per SM looping).
+                let tn = next << log_c;
+                let log_seg = log_c + esz.trailing_zeros();
+                let log_lines = log_seg.saturating_sub(7);
+                let total = 1u32 << (log_l + log_lines);
+                let b0 = x.add(base(tn, log_l, log_min) as usize) as *const u8;
+                let mut i = tid;
+                while i < total {
+                    let j = i >> log_lines;
+                    let q = i & ((1 << log_lines) - 1);
+                    prefetch_l2(b0.add(((j << log_min) * esz + (q << 7)) as usize));
+                    i += nthreads;
+                }
             }
         });
         if out_smem {
