@@ -107,9 +107,9 @@ pub(crate) enum Shape {
     /// Four-step `n = n1·n2`: a column pass of length `n1 = 2^log_n1` (`None`: `⌊log2 n / 2⌋`)
     /// with the four-step twiddle, then a row pass of length `n2` with a transposed store; at
     /// most `cols` transforms per block in the column pass and `rows` in the row pass; both
-    /// passes in `form`. `persistent`: both passes may run persistent blocks (as `OnePass`'s
-    /// `persistent`); the per-stage 8-element kernels then prefetch each next group into L2
-    /// once the current group's loads have landed.
+    /// passes in `form`. `persistent`: the column pass may run persistent blocks (as
+    /// `OnePass`'s `persistent`); the per-stage 8-element kernels then prefetch each next group
+    /// into L2 once the current group's loads have landed.
     FourStep { log_n1: Option<u32>, cols: usize, rows: usize, form: Form, persistent: bool },
 }
 
@@ -128,7 +128,7 @@ const fn four(log_n1: Option<u32>, cols: usize, rows: usize, form: Form) -> Shap
     assert!(!form.single_pass_only(), "a four-step pass cannot take a single-pass-only kernel");
     Shape::FourStep { log_n1, cols, rows, form, persistent: false }
 }
-/// [`four`] with persistent passes.
+/// [`four`] with a persistent column pass.
 const fn four_persistent(log_n1: Option<u32>, cols: usize, rows: usize, form: Form) -> Shape {
     assert!(!form.single_pass_only(), "a four-step pass cannot take a single-pass-only kernel");
     Shape::FourStep { log_n1, cols, rows, form, persistent: true }
@@ -390,8 +390,8 @@ pub fn one_pass(
 }
 
 /// The four-step plan with columns of `2^log_n1` (see [`plan`]), at most `cols` columns per
-/// block of the column pass and `rows` rows per block of the row pass; `persistent`: both
-/// passes may loop ([`persist`]).
+/// block of the column pass and `rows` rows per block of the row pass; `persistent`: the column
+/// pass may loop ([`persist`]).
 #[allow(clippy::too_many_arguments)]
 pub fn four_step(
     prec: Precision,
@@ -411,12 +411,12 @@ pub fn four_step(
     let col = COL_MAP | TW4;
     vec![
         pass(k1, k1, batch * n2, n2.min(cols), elem, log_n2, log_n2, col, 1, Buf::X, Buf::Work, none, persistent),
-        pass(k2, k2, batch * n1, n1.min(rows), elem, 0, log_n1, OUT_SMEM, 1, Buf::Work, Buf::Y, none, persistent),
+        pass(k2, k2, batch * n1, n1.min(rows), elem, 0, log_n1, OUT_SMEM, 1, Buf::Work, Buf::Y, none, false),
     ]
 }
 
-/// Sizes a persistent pass (a row pass, or a pass of a `four_persistent` plan) for a device of
-/// `sms` SMs on which `resident` blocks of it fit per SM: when its groups exceed two waves,
+/// Sizes a persistent pass (a row pass, or the column pass of a `four_persistent` plan) for a
+/// device of `sms` SMs on which `resident` blocks of it fit per SM: when its groups exceed two waves,
 /// one block per resident slot, each looping.
 pub fn persist(p: &mut Pass, sms: u32, resident: u32) {
     let resident = resident.max(1);

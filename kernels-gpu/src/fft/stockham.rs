@@ -386,7 +386,7 @@ unsafe fn fft_block<
                 cp_async_wait_all();
             }
             sync_threads();
-        } else if next < ngroups && log_min == 0 && !(pf_late && out_smem) {
+        } else if next < ngroups && log_min == 0 {
             let tn = next << log_c;
             let rows = (count - tn).min(1 << log_c);
             prefetch_table(x.add((tn << log_l) as usize) as *const u8, (rows << log_l) * esz, tid, nthreads, false);
@@ -440,14 +440,6 @@ unsafe fn fft_block<
                 3 => stage::<T, E, 8>(&c, &mut v, ls, from_global, to_global, &w, b),
                 4 => stage::<T, E, 16>(&c, &mut v, ls, from_global, to_global, &w, b),
                 _ => stage::<T, E, 32>(&c, &mut v, ls, from_global, to_global, &w, b),
-            }
-            if pf_late && s == 0 && out_smem && next < ngroups {
-                // Persistent four-step row pass: the next group's rows into L2 once this
-                // group's loads have landed (at the loop's top, beside them: scientific-1m
-                // 117.9 against 115.2 µs).
-                let tn = next << log_c;
-                let rows = (count - tn).min(1 << log_c);
-                prefetch_table(x.add((tn << log_l) as usize) as *const u8, (rows << log_l) * esz, tid, nthreads, false);
             }
             if pf_late && s == 0 && log_min > 0 && next < ngroups {
                 // Persistent column pass: the next group's tile (2^log_l row segments of 2^log_c
