@@ -186,9 +186,9 @@ pub(crate) const TUNING: &[Row] = &[
     row(true, 13, 19, four(None, 16, 16, Hoisted)),
     // scientific-1m: 512-point columns 126.5 against 138.4 balanced; per-stage twiddles as
     // for c64 (hoisted 176.8); 4 columns 126.3–126.4 against 120.1–120.3, 1 row per row-pass
-    // block 194.8; persistent passes (one block per SM looping, each prefetching its next
-    // group after the current group's loads): the column pass alone 117.4 against 120.9, both
-    // passes 115.2 against 116.9–118.6 for the column pass alone.
+    // block 194.8; the column pass persistent (one block per SM looping, each prefetching its
+    // next tile after the current group's loads) 117.4–117.8 against 120.9–121.0; the row pass
+    // persistent as well (the same prefetch of its next rows) 114.9 against 114.4–114.7.
     row(true, 20, 20, four_persistent(Some(9), 16, 16, PerStage)),
     row(true, 21, 24, four(None, 16, 16, PerStage)),
 ];

@@ -318,11 +318,11 @@ unsafe fn fft_block<
         prefetch_table(twlo as *const u8, esz << log_split, tid, nthreads, true);
         prefetch_table(twhi as *const u8, esz << log_n.saturating_sub(log_split), tid, nthreads, true);
     }
-    // The four-step passes' prefetch after the first stage (persistent passes, below) is
-    // compiled into the per-stage 8-element kernels only (c128 512- to 2048-point: the planned
-    // persistent four-step passes); in the other kernels its code alone cost time through their
-    // register allocation (throughput-4k c128 5.98 → 6.34 µs, longconv-16k and -64k +0.07).
-    let pf_late = !HOIST && !STG && !PP && E == 8;
+    // The persistent column pass's prefetch (below) is compiled into the per-stage 8-element
+    // kernels only (c128 512- to 2048-point: the planned persistent column pass); in the other
+    // kernels its code alone cost time through their register allocation (throughput-4k c128
+    // 5.98 → 6.34 µs, longconv-16k and -64k +0.07).
+    let prefetch_columns = !HOIST && !STG && !PP && E == 8;
     let nst = (LOG_L as usize).div_ceil(log_e as usize);
     let first = log_l - log_e * (nst as u32 - 1);
     let out_smem = flags & OUT_SMEM != 0;
@@ -441,7 +441,7 @@ unsafe fn fft_block<
                 4 => stage::<T, E, 16>(&c, &mut v, ls, from_global, to_global, &w, b),
                 _ => stage::<T, E, 32>(&c, &mut v, ls, from_global, to_global, &w, b),
             }
-            if pf_late && s == 0 && log_min > 0 && next < ngroups {
+            if prefetch_columns && s == 0 && log_min > 0 && next < ngroups {
                 // Persistent column pass: the next group's tile (2^log_l row segments of 2^log_c
                 // elements, stride 2^log_min) into L2, one 128-byte line per thread and step.
                 // Issued after this group's loads so the two do not compete (scientific-1m's
