@@ -124,14 +124,16 @@ pub(crate) struct Row {
 const fn one(form: Form, threads: u32, min_threads: u32, persistent: bool) -> Shape {
     Shape::OnePass { form, threads, min_threads, persistent }
 }
-const fn four(log_n1: Option<u32>, cols: usize, rows: usize, form: Form) -> Shape {
+const fn four_step_shape(log_n1: Option<u32>, cols: usize, rows: usize, form: Form, persistent: bool) -> Shape {
     assert!(!form.single_pass_only(), "a four-step pass cannot take a single-pass-only kernel");
-    Shape::FourStep { log_n1, cols, rows, form, persistent: false }
+    Shape::FourStep { log_n1, cols, rows, form, persistent }
+}
+const fn four(log_n1: Option<u32>, cols: usize, rows: usize, form: Form) -> Shape {
+    four_step_shape(log_n1, cols, rows, form, false)
 }
 /// [`four`] with a persistent column pass.
 const fn four_persistent(log_n1: Option<u32>, cols: usize, rows: usize, form: Form) -> Shape {
-    assert!(!form.single_pass_only(), "a four-step pass cannot take a single-pass-only kernel");
-    Shape::FourStep { log_n1, cols, rows, form, persistent: true }
+    four_step_shape(log_n1, cols, rows, form, true)
 }
 const fn row(c128: bool, lo: u32, hi: u32, shape: Shape) -> Row {
     Row { c128, lo, hi, shape }
@@ -416,8 +418,8 @@ pub fn four_step(
 }
 
 /// Sizes a persistent pass (a row pass, or the column pass of a `four_persistent` plan) for a
-/// device of `sms` SMs on which `resident` blocks of it fit per SM: when its groups exceed two waves,
-/// one block per resident slot, each looping.
+/// device of `sms` SMs on which `resident` blocks of it fit per SM: when its groups exceed two
+/// waves, one block per resident slot, each looping.
 pub fn persist(p: &mut Pass, sms: u32, resident: u32) {
     let resident = resident.max(1);
     if p.persistent && p.blocks > 2 * sms * resident {
@@ -637,6 +639,9 @@ mod tests {
                         assert_eq!((p.count as usize) << p.log_l, batch << log_n, "{p:?}");
                         if p.log_min > 0 || p.log_mout > 0 {
                             assert!(p.log_c <= p.log_min.max(p.log_mout), "{p:?}");
+                            // Only a column pass (strided input) may loop; the row pass with
+                            // its transposed store never does.
+                            assert!(!p.persistent || p.log_min > 0, "{p:?}");
                         }
                         persist(&mut p, 132, 4);
                         assert!(p.grid >= 1 && p.grid <= p.blocks, "{p:?}");
