@@ -238,10 +238,12 @@ fn per_stage_kernels() {
             check(prec, &[p], kn.log_l, b, in_place, false);
         }
     }
-    for log_n in [18, 19] {
+    // The 2048-point kernel (16 elements per thread) as a row pass (scientific-1m's split) and
+    // as a column pass.
+    for (log_n, log_n1) in [(19, 9), (20, 9), (20, 11)] {
         check(
             Precision::C128,
-            &four_step(Precision::C128, log_n, 1, 9, 16, 16, Form::PerStage, false),
+            &four_step(Precision::C128, log_n, 1, log_n1, 16, 16, Form::PerStage, false),
             log_n,
             1,
             false,

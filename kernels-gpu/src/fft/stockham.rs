@@ -319,7 +319,7 @@ unsafe fn fft_block<
         prefetch_table(twhi as *const u8, esz << log_n.saturating_sub(log_split), tid, nthreads, true);
     }
     // The persistent column pass's prefetch (below) is compiled into the per-stage 8-element
-    // kernels only (c128 512- to 2048-point: the planned persistent column pass); in the other
+    // kernels only (c128 512- and 1024-point: the planned persistent column pass); in the other
     // kernels its code alone cost time through their register allocation (throughput-4k c128
     // 5.98 → 6.34 µs, longconv-16k and -64k +0.07).
     let prefetch_columns = !HOIST && !STG && !PP && E == 8;
@@ -538,3 +538,9 @@ macro_rules! pass_entries {
 }
 
 kernel_abi::fft_pass_kernels!(pass_entries);
+
+// The 2048-point c128 per-stage kernel (16 elements per thread: three stages, two exchanges of
+// the tile, against four stages and three at 8) fitted to two 256-thread blocks per SM: 128
+// registers, no spills (151 unconstrained). Scientific-1m's row pass: 8 elements 114.9 µs,
+// 16 elements 108.1, 16 in two blocks per SM 100.6–101.1 (same device call).
+crate::entry_directive!("fft_c128_l11_tw_per_stage", ".maxntid 256, 1, 1 .minnctapersm 2");
