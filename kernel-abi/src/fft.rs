@@ -63,8 +63,9 @@ pub enum Form {
     /// Every stage's twiddles loaded at kernel entry, in flight with the data loads.
     Hoisted,
     /// Twiddles loaded in each stage after its barrier (fewer registers: the 8192-point c64 /
-    /// 4096-point c128 passes at 16 elements, and the 1024-point and longer passes of
-    /// `n ≥ 2^20`, whose column blocks the hoisted kernels' registers would halve).
+    /// 4096-point c128 passes at 16 elements, and the 512-point and longer passes of
+    /// `n ≥ 2^20`, whose blocks the hoisted kernels' registers would halve; the c128
+    /// 2048-point one at 16 elements, fitted to 128 registers).
     PerStage,
     /// Hoisted, with two shared-memory Stockham buffers: one barrier per stage instead of two.
     /// Single-pass plans only ([`Form::single_pass_only`]).

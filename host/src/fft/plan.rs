@@ -190,7 +190,9 @@ pub(crate) const TUNING: &[Row] = &[
     // for c64 (hoisted 176.8); 4 columns 126.3–126.4 against 120.1–120.3, 1 row per row-pass
     // block 194.8; the column pass persistent (one block per SM looping, each prefetching its
     // next tile after the current group's loads) 117.4–117.8 against 120.9–121.0; the row pass
-    // persistent as well (the same prefetch of its next rows) 114.9 against 114.4–114.7.
+    // persistent as well (the same prefetch of its next rows) 114.9 against 114.4–114.7; the
+    // 2048-point row kernel at 16 elements fitted to two 256-thread blocks per SM 99.04–99.07
+    // against 114.46–114.50 (same device call, A B B A).
     row(true, 20, 20, four_persistent(Some(9), 16, 16, PerStage)),
     row(true, 21, 24, four(None, 16, 16, PerStage)),
 ];
