@@ -18,6 +18,10 @@ pub const TW4: u32 = 4;
 /// (single-pass plans only, never a dependent launch) ignore it and wait unconditionally, a
 /// no-op for them.
 pub const WAIT_FIRST: u32 = 8;
+/// Pass flag: block `b` takes group `grid − 1 − b` first (then every `grid`-th as usual), so the
+/// blocks that start first read the groups a previous pass wrote last. Set on the row pass of a
+/// four-step plan: the column pass's last-written workspace rows are the ones still in L2.
+pub const REVERSE_GROUPS: u32 = 16;
 
 kernel_args! {
     /// Every FFT pass kernel: `fft_c64_*` (elements are `f32` pairs) and `fft_c128_*` (`f64`
@@ -49,7 +53,7 @@ kernel_args! {
         pub count: u32,
         /// `log2 S` of the four-step table split.
         pub log_split: u32,
-        /// [`COL_MAP`] | [`OUT_SMEM`] | [`TW4`] | [`WAIT_FIRST`].
+        /// [`COL_MAP`] | [`OUT_SMEM`] | [`TW4`] | [`WAIT_FIRST`] | [`REVERSE_GROUPS`].
         pub flags: u32,
         /// Elements of shared memory per transform of the block (its Stockham buffer, padded).
         pub sm_stride: u32,

@@ -23,7 +23,7 @@ pub(crate) fn max_log_n(elem_bytes: usize) -> u32 {
 pub const MAX_ELEMENTS: usize = 1 << 31;
 
 /// Flags of a pass (the kernel's `flags` argument).
-pub(crate) use kernel_abi::fft::{COL_MAP, OUT_SMEM, TW4};
+pub(crate) use kernel_abi::fft::{COL_MAP, OUT_SMEM, REVERSE_GROUPS, TW4};
 
 /// Threads per block a row pass aims for (before the spreading rule), and the most any pass
 /// plans.
@@ -419,7 +419,7 @@ pub fn four_step(
     let col = COL_MAP | TW4;
     vec![
         pass(k1, k1, batch * n2, n2.min(cols), elem, log_n2, log_n2, col, 1, Buf::X, Buf::Work, none, persistent),
-        pass(k2, k2, batch * n1, n1.min(rows), elem, 0, log_n1, OUT_SMEM, 1, Buf::Work, Buf::Y, none, false),
+        pass(k2, k2, batch * n1, n1.min(rows), elem, 0, log_n1, OUT_SMEM | REVERSE_GROUPS, 1, Buf::Work, Buf::Y, none, false),
     ]
 }
 

@@ -20,7 +20,7 @@ use super::cx::{dft, unroll, Cx, Mem};
 use super::prim::*;
 use kernel_abi::FftPassPolicy;
 
-pub use kernel_abi::fft::{COL_MAP, OUT_SMEM, TW4, WAIT_FIRST};
+pub use kernel_abi::fft::{COL_MAP, OUT_SMEM, REVERSE_GROUPS, TW4, WAIT_FIRST};
 
 struct Ctx<T: Mem> {
     x: *const Cx<T>,
@@ -358,7 +358,7 @@ unsafe fn fft_block<
     // while this one computes and stores; a persistent column pass prefetches the next
     // group's tile into L2 once this group's loads have landed (after the first stage).
     let ngroups = (count + (1 << log_c) - 1) >> log_c;
-    let mut g = block_idx_x();
+    let mut g = if flags & REVERSE_GROUPS != 0 { grid_dim_x() - 1 - block_idx_x() } else { block_idx_x() };
     let mut sbuf = 0u32;
     // Programmatic dependent launch: the twiddle tables (written at plan time, never by a
     // pass) are already on their way; wait for the previous pass before touching `x` or `y`.
