@@ -367,7 +367,9 @@ fn pass(
 /// - four-step, `n = n1·n2`, element `j = j1·n2 + j2`: pass 1 transforms the `n2` columns
 ///   (length `n1`, stride `n2`) and multiplies output `k1` of column `j2` by `W_n^{j2·k1}`, into
 ///   the workspace in the same layout; pass 2 transforms the `n1` rows of the workspace
-///   (length `n2`) and stores output `k2` of row `k1` at `y[k1 + n1·k2]`.
+///   (length `n2`) and stores output `k2` of row `k1` at `y[k1 + n1·k2]`, its blocks taking
+///   their groups last first (`REVERSE_GROUPS`: the rows pass 1 wrote last are still in L2;
+///   scientific-1m 101.1 → 99.4 µs).
 ///
 /// Persistent row passes get `grid = blocks` here; [`persist`] sizes them for a device.
 pub fn plan(prec: Precision, log_n: u32, batch: usize) -> Vec<Pass> {
@@ -417,9 +419,10 @@ pub fn four_step(
     let (k1, k2) = (kernel(prec, log_n1, form), kernel(prec, log_n2, form));
     let none = (TARGET_THREADS, 64);
     let col = COL_MAP | TW4;
+    let transposed = OUT_SMEM | REVERSE_GROUPS;
     vec![
         pass(k1, k1, batch * n2, n2.min(cols), elem, log_n2, log_n2, col, 1, Buf::X, Buf::Work, none, persistent),
-        pass(k2, k2, batch * n1, n1.min(rows), elem, 0, log_n1, OUT_SMEM | REVERSE_GROUPS, 1, Buf::Work, Buf::Y, none, false),
+        pass(k2, k2, batch * n1, n1.min(rows), elem, 0, log_n1, transposed, 1, Buf::Work, Buf::Y, none, false),
     ]
 }
 
