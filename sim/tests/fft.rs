@@ -226,9 +226,9 @@ fn persistent_column_passes() {
     }
 }
 
-/// The per-stage kernels (planned for n ≥ 2^20, beyond the simulation's reach, and the longest
-/// one-pass lengths): each as a row pass, and c128 in the four-step passes of 2^18 and 2^19
-/// (column pass with the four-step twiddle, row pass with the transposed store).
+/// The per-stage kernels (planned for n ≥ 2^20 and the longest one-pass lengths): each as a
+/// one-pass row, and c128 in the four-step passes of 2^19 and 2^20 (column pass with the
+/// four-step twiddle, row pass with the transposed store).
 #[test]
 fn per_stage_kernels() {
     for kn in KERNELS.iter().filter(|k| k.form == Form::PerStage) {
