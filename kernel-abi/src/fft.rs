@@ -23,6 +23,24 @@ pub const WAIT_FIRST: u32 = 8;
 /// four-step plan: the column pass's last-written workspace rows are the ones still in L2.
 pub const REVERSE_GROUPS: u32 = 16;
 
+/// log2 of the elements between two pad elements of a transform's shared-memory slot (the
+/// kernels' `sidx(i) = i + (i >> shift)`; the host sizes the slot from it) for a pass kernel of
+/// `elem_bytes`-byte elements, length `2^log_l` and `e` elements per thread. One 128-byte
+/// wavefront holds 16 c64 or 8 c128 elements. A first stage of radix `R` writes at stride `R`;
+/// with a pad after every 16 those writes are conflict-free for c64 at any `R ≤ 16` and for c128
+/// only at `R = 16` (two-way conflicts at `R ≤ 8`); a pad after every 8 makes c128 radix ≤ 8
+/// conflict-free, and with it each later radix-8 stage (and a radix-16 one after a radix-8 first stage).
+pub const fn pad_shift(elem_bytes: u32, log_l: u32, e: u32) -> u32 {
+    let log_e = e.trailing_zeros();
+    let first = log_l - log_e * (log_l.div_ceil(log_e) - 1);
+    let eight = if e <= 8 { first < 4 } else { first == 3 };
+    if elem_bytes == 16 && eight {
+        3
+    } else {
+        4
+    }
+}
+
 kernel_args! {
     /// Every FFT pass kernel: `fft_c64_*` (elements are `f32` pairs) and `fft_c128_*` (`f64`
     /// pairs). One launch is one pass of a plan: `count` transforms of length `2^LOG_L` (the

@@ -23,7 +23,7 @@ pub(crate) fn max_log_n(elem_bytes: usize) -> u32 {
 pub const MAX_ELEMENTS: usize = 1 << 31;
 
 /// Flags of a pass (the kernel's `flags` argument).
-pub(crate) use kernel_abi::fft::{COL_MAP, OUT_SMEM, REVERSE_GROUPS, TW4};
+pub(crate) use kernel_abi::fft::{pad_shift, COL_MAP, OUT_SMEM, REVERSE_GROUPS, TW4};
 
 /// Threads per block a row pass aims for (before the spreading rule), and the most any pass
 /// plans.
@@ -262,10 +262,22 @@ pub(crate) fn elems_per_thread(log_l: u32, elem_bytes: usize, form: Form) -> u32
 }
 
 /// Shared-memory elements one transform of length `2^log_l` occupies: one pad element after
-/// every 16 (the kernel's `sidx`), so strided Stockham accesses avoid bank conflicts.
-pub(crate) fn smem_len(log_l: u32) -> u32 {
+/// every `2^shift` (the kernel's `sidx`, [`pad_shift`]), so strided Stockham accesses avoid bank
+/// conflicts.
+pub(crate) fn smem_len(log_l: u32, shift: u32) -> u32 {
     let l = 1u32 << log_l;
-    l + (l >> 4)
+    l + (l >> shift)
+}
+
+/// The shared-memory stride between the `c` transforms of a block whose last loop reads
+/// element `k` of every transform with consecutive threads on consecutive transforms (the
+/// transposed store, `OUT_SMEM`): the smallest stride `≥ len` that is `W/c` modulo the `W`
+/// elements of one 128-byte wavefront (1 when `c ≥ W`), so the `W` elements one wavefront
+/// serves (`W/c` consecutive `k` of each of `c` transforms) fall in distinct banks.
+fn transposed_stride(len: u32, c: u32, elem_bytes: usize) -> u32 {
+    let w = 128 / elem_bytes as u32;
+    let want = (w / c).max(1);
+    len + (want + w - len % w) % w
 }
 
 /// Most threads per block a column pass aims for with `e` elements per thread: the c128 kernel
@@ -318,7 +330,8 @@ fn pass(
     // Column passes take up to 512 threads for more columns per block (longer coalesced runs).
     let target = if row { row_threads.0 } else { column_threads(e, elem_bytes) };
     let by_threads = (target as usize / tpt).max(1);
-    let sm_stride = smem_len(log_l) + pad;
+    let shift = pad_shift(elem_bytes as u32, log_l, e);
+    let sm_stride = smem_len(log_l, shift) + pad;
     let by_smem = floor_pow2((COLUMN_SMEM / (sm_stride as usize * elem_bytes)).max(1));
     let mut c = floor_pow2(by_threads.min(max_c).min(by_smem).max(1));
     if row {
@@ -334,6 +347,8 @@ fn pass(
         c /= 2;
     }
     assert!(c * tpt <= kernel.max_threads as usize, "{} cannot run {tpt} threads per transform", kernel.name);
+    let sm_stride =
+        if flags & OUT_SMEM != 0 { transposed_stride(smem_len(log_l, shift), c as u32, elem_bytes) } else { sm_stride };
     let mut smem = c * sm_stride as usize * elem_bytes;
     match kernel.form {
         PingPong => smem *= 2,

@@ -20,7 +20,7 @@ use super::cx::{dft, unroll, Cx, Mem};
 use super::prim::*;
 use kernel_abi::FftPassPolicy;
 
-pub use kernel_abi::fft::{COL_MAP, OUT_SMEM, REVERSE_GROUPS, TW4, WAIT_FIRST};
+pub use kernel_abi::fft::{pad_shift, COL_MAP, OUT_SMEM, REVERSE_GROUPS, TW4, WAIT_FIRST};
 
 struct Ctx<T: Mem> {
     x: *const Cx<T>,
@@ -42,13 +42,16 @@ struct Ctx<T: Mem> {
     /// Shared-window byte address (32-bit, `dyn_smem_u32`-based) of this transform's slot in
     /// the first Stockham buffer.
     smc: u32,
+    /// log2 of the elements between pad elements ([`sidx`]).
+    ps: u32,
 }
 
-/// Shared-memory slot of element `i` of a transform: one pad element after every 16, so the
-/// stride-`R` accesses of a Stockham stage (R ≤ 16) fall in distinct banks.
+/// Shared-memory slot of element `i` of a transform: one pad element after every `2^ps`
+/// (`kernel_abi::fft::pad_shift`: 16, or 8 for the c128 kernels whose first stage has radix
+/// ≤ 8), so the stride-`R` accesses of a Stockham stage fall in distinct banks.
 #[inline(always)]
-fn sidx(i: u32) -> u32 {
-    i + (i >> 4)
+fn sidx(i: u32, ps: u32) -> u32 {
+    i + (i >> ps)
 }
 
 /// Shared-window byte address of slot `i` of the `T` elements at `at` (all shared-memory
@@ -58,17 +61,18 @@ fn saddr<T: Mem>(at: u32, i: u32) -> u32 {
     at + i * core::mem::size_of::<Cx<T>>() as u32
 }
 
-/// `sidx(a + d)` as `sidx(a) + sidx(d)` where that is exact: when `(a mod 16) + (d mod 16) < 16`
-/// for every `a mod 16 ≤ amax` (then `(a + d) >> 4 = (a >> 4) + (d >> 4)`). `d` and `amax` are
-/// compile-time constants in the unrolled stages, so the branch folds and the access becomes
-/// one shared-memory instruction at `at_a + constant` (`sa = saddr(at, sidx(a))`); otherwise
-/// the full index arithmetic. The address is the same either way.
+/// `sidx(a + d)` as `sidx(a) + sidx(d)` where that is exact: when `(a mod P) + (d mod P) < P`
+/// (`P = 2^ps`) for every `a mod P ≤ amax` (then `(a + d) >> ps = (a >> ps) + (d >> ps)`). `d`
+/// and `amax` are compile-time constants in the unrolled stages, so the branch folds and the
+/// access becomes one shared-memory instruction at `at_a + constant` (`sa = saddr(at,
+/// sidx(a))`); otherwise the full index arithmetic. The address is the same either way.
 #[inline(always)]
-fn saddr_off<T: Mem>(at: u32, sa: u32, a: u32, d: u32, amax: u32) -> u32 {
-    if (d & 15) + amax.min(15) < 16 {
-        saddr::<T>(sa, sidx(d))
+fn saddr_off<T: Mem>(at: u32, sa: u32, a: u32, d: u32, amax: u32, ps: u32) -> u32 {
+    let m = (1u32 << ps) - 1;
+    if (d & m) + amax.min(m) <= m {
+        saddr::<T>(sa, sidx(d, ps))
     } else {
-        saddr::<T>(at, sidx(a + d))
+        saddr::<T>(at, sidx(a + d, ps))
     }
 }
 
@@ -195,7 +199,7 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
     // Read: element e of the thread is input r = e mod R of its butterfly q = e / R. The
     // shared-memory addresses are a per-thread base plus constants where exact (`saddr_off`):
     // reads at `jt + off` (`jt < tpt`), writes at `o0 + d` (see below).
-    let rd_jt = saddr::<T>(bufs.rd, sidx(c.jt));
+    let rd_jt = saddr::<T>(bufs.rd, sidx(c.jt, c.ps));
     unroll!(E, e, {
         let off = (e / R) as u32 * tpt + (e % R) as u32 * quarter;
         let idx = c.jt + off;
@@ -208,7 +212,7 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
                 T::ld_ro(c.x.add((c.base_in + (idx << c.log_min)) as usize))
             }
         } else {
-            T::lds(saddr_off::<T>(bufs.rd, rd_jt, c.jt, off, tpt - 1))
+            T::lds(saddr_off::<T>(bufs.rd, rd_jt, c.jt, off, tpt - 1, c.ps))
         };
     });
     if !from_global && !to_global && !bufs.ping_pong {
@@ -229,12 +233,12 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
     });
     // Write. When `q·tpt` is a multiple of `Ns`, `k = jt mod Ns` for every butterfly q of the
     // thread and `o = o0 + d` with `o0 = ((jt − k) << lr) + k` and the constant
-    // `d = (q·tpt << lr) + (r << ls)`; `o0 mod 2^(ls + lr) = k < Ns`, so `o0 mod 16 < Ns` when
-    // `ls + lr ≥ 4` (any value below 16 otherwise).
+    // `d = (q·tpt << lr) + (r << ls)`; `o0 mod 2^(ls + lr) = k < Ns`, so `o0 mod 2^ps < Ns` when
+    // `ls + lr ≥ ps` (any value below 2^ps otherwise).
     let k0 = c.jt & ns_mask;
     let o0 = ((c.jt - k0) << lr) + k0;
-    let wr_o0 = saddr::<T>(bufs.wr, sidx(o0));
-    let o0max = if ls + lr >= 4 { ns_mask } else { 15 };
+    let wr_o0 = saddr::<T>(bufs.wr, sidx(o0, c.ps));
+    let o0max = if ls + lr >= c.ps { ns_mask } else { (1 << c.ps) - 1 };
     unroll!(E, e, {
         let j = c.jt + (e / R) as u32 * tpt;
         let k = j & ns_mask;
@@ -250,9 +254,9 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
             }
         } else {
             let a = if qt & ns_mask == 0 {
-                saddr_off::<T>(bufs.wr, wr_o0, o0, (qt << lr) + (((e % R) as u32) << ls), o0max)
+                saddr_off::<T>(bufs.wr, wr_o0, o0, (qt << lr) + (((e % R) as u32) << ls), o0max, c.ps)
             } else {
-                saddr::<T>(bufs.wr, sidx(o))
+                saddr::<T>(bufs.wr, sidx(o, c.ps))
             };
             T::sts(a, v[e]);
         }
@@ -326,6 +330,7 @@ unsafe fn fft_block<
     let nst = (LOG_L as usize).div_ceil(log_e as usize);
     let first = log_l - log_e * (nst as u32 - 1);
     let out_smem = flags & OUT_SMEM != 0;
+    let ps = pad_shift(esz, LOG_L, E as u32);
     // Stage tables: stage s ≥ 1 (radix E, Ns = 2^(first + log_e·(s−1))) starts at
     // `off[s − 1] = Σ_{s' < s} (E − 1)·Ns'`. With `HOIST` every stage's twiddles are loaded here,
     // once, before any data: no twiddle load waits behind a barrier (they depend only on `jt`).
@@ -409,6 +414,7 @@ unsafe fn fft_block<
             base_out: base(t, log_l, log_mout),
             log_min,
             smc: saddr::<T>(sm32, ci * sm_stride),
+            ps,
         };
         let smc_b = saddr::<T>(sm_b, ci * sm_stride);
         let stg = if STG { saddr::<T>(stg0_32, sbuf * stg_len + (ci << log_l)) } else { 0 };
@@ -471,7 +477,7 @@ unsafe fn fft_block<
                 let k = e >> log_c;
                 let t2 = t0 + c2;
                 if t2 < count {
-                    let mut val = T::lds(saddr::<T>(fin, c2 * sm_stride + sidx(k)));
+                    let mut val = T::lds(saddr::<T>(fin, c2 * sm_stride + sidx(k, ps)));
                     if flags & TW4 != 0 {
                         val = tw4(&c, val, t2 & c.min_mask, k);
                     }
