@@ -330,8 +330,8 @@ fn pass(
     // Column passes take up to 512 threads for more columns per block (longer coalesced runs).
     let target = if row { row_threads.0 } else { column_threads(e, elem_bytes) };
     let by_threads = (target as usize / tpt).max(1);
-    let shift = pad_shift(elem_bytes as u32, log_l, e);
-    let sm_stride = smem_len(log_l, shift) + pad;
+    let len = smem_len(log_l, pad_shift(elem_bytes as u32, log_l, e));
+    let sm_stride = len + pad;
     let by_smem = floor_pow2((COLUMN_SMEM / (sm_stride as usize * elem_bytes)).max(1));
     let mut c = floor_pow2(by_threads.min(max_c).min(by_smem).max(1));
     if row {
@@ -347,8 +347,7 @@ fn pass(
         c /= 2;
     }
     assert!(c * tpt <= kernel.max_threads as usize, "{} cannot run {tpt} threads per transform", kernel.name);
-    let sm_stride =
-        if flags & OUT_SMEM != 0 { transposed_stride(smem_len(log_l, shift), c as u32, elem_bytes) } else { sm_stride };
+    let sm_stride = if flags & OUT_SMEM != 0 { transposed_stride(len, c as u32, elem_bytes) } else { sm_stride };
     let mut smem = c * sm_stride as usize * elem_bytes;
     match kernel.form {
         PingPong => smem *= 2,
