@@ -159,6 +159,35 @@ impl Form {
     }
 }
 
+/// The layout parameters a pass kernel is compiled for (the layout column of
+/// [`fft_pass_kernels!`](crate::fft_pass_kernels)). A kernel of a fixed layout ignores the
+/// arguments `log_c`, `log_min`, `log_mout` and every flag but [`WAIT_FIRST`]: with them
+/// compile-time constants its index arithmetic folds and the flag branches go (longconv-16k's
+/// column pass 6.55 → 5.87 µs of kernel time, -64k's two passes 9.54 → 8.05 µs of op time).
+/// The planner substitutes one only for a pass of exactly its layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Every layout parameter from the pass arguments.
+    Runtime,
+    /// `Columns(log_c, log_m)`: the column pass of a four-step plan, `2^log_c` columns per
+    /// block of a `[L, 2^log_m]` matrix (`log_min = log_mout = log_m`, [`COL_MAP`] | [`TW4`]).
+    Columns(u32, u32),
+    /// `Rows(log_c, log_mout)`: the row pass of a four-step plan, `2^log_c` rows per block, the
+    /// output transposed to stride `2^log_mout` ([`OUT_SMEM`] | [`REVERSE_GROUPS`]).
+    Rows(u32, u32),
+}
+
+impl Layout {
+    /// `(log_c, log_min, log_mout, flags)` of a fixed layout (`None` for [`Layout::Runtime`]).
+    pub const fn fixed(self) -> Option<(u32, u32, u32, u32)> {
+        match self {
+            Self::Runtime => None,
+            Self::Columns(log_c, log_m) => Some((log_c, log_m, log_m, COL_MAP | TW4)),
+            Self::Rows(log_c, log_mout) => Some((log_c, 0, log_mout, OUT_SMEM | REVERSE_GROUPS)),
+        }
+    }
+}
+
 /// An FFT pass kernel variant (a type of [`pass_policies`]).
 pub trait FftPassPolicy: crate::Policy {
     /// `C64` or `C128`.
@@ -171,6 +200,8 @@ pub trait FftPassPolicy: crate::Policy {
     const FORM: Form;
     /// The most threads per block the planner gives it (from its sm_90 registers).
     const MAX_THREADS: u32;
+    /// The layout parameters it is compiled for.
+    const LAYOUT: Layout;
     /// Evaluates to `()`, or stops the build where the policy is not a valid pass kernel
     /// ([`pass_row_is_valid`]; every generated policy is checked, the error names the type).
     const VALID: () = assert!(
@@ -182,7 +213,7 @@ pub trait FftPassPolicy: crate::Policy {
 /// Declares the policy type of each row of [`fft_pass_kernels!`](crate::fft_pass_kernels),
 /// rejecting at compile time a row that is not a valid pass kernel.
 macro_rules! pass_policy_types {
-    ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
+    ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal, $layout:expr;)*) => {
         $(policy_type!(
             $name,
             concat!("[`", stringify!($form), "`](crate::Form::", stringify!($form), "), ", stringify!($prec), ", length 2^", stringify!($log_l), ", ", stringify!($e), " elements per thread, at most ", stringify!($max), " threads."),
@@ -193,6 +224,11 @@ macro_rules! pass_policy_types {
                 const E: u32 = $e;
                 const FORM: $crate::Form = $crate::Form::$form;
                 const MAX_THREADS: u32 = $max;
+                const LAYOUT: $crate::fft::Layout = {
+                    #[allow(unused_imports)]
+                    use $crate::fft::Layout::*;
+                    $layout
+                };
             }
         );)*
     };
@@ -204,9 +240,10 @@ pub mod pass_policies {
     crate::fft_pass_kernels!(pass_policy_types);
 }
 
-/// The FFT pass kernels, one row per PTX entry: `name: precision, log_l, e, form, max_threads;`
-/// (length `2^log_l`, `e` elements per thread; `form`: a [`Form`]; `max_threads`: the most
-/// threads per block the planner gives it, from its sm_90 registers). Each row is a type of
+/// The FFT pass kernels, one row per PTX entry: `name: precision, log_l, e, form, max_threads,
+/// layout;` (length `2^log_l`, `e` elements per thread; `form`: a [`Form`]; `max_threads`: the
+/// most threads per block the planner gives it, from its sm_90 registers; `layout`: a
+/// [`Layout`], `Runtime` or the one four-step pass it is compiled for). Each row is a type of
 /// [`pass_policies`], checked by
 /// [`pass_row_is_valid`] at compile time. Expands to `$cb! { rows }`: the device crate declares
 /// each entry from it (`kernels-gpu/src/fft/stockham.rs`), the host builds its kernel table
@@ -215,40 +252,44 @@ pub mod pass_policies {
 macro_rules! fft_pass_kernels {
     ($cb:ident) => {
         $cb! {
-            fft_c64_l1_tw_hoisted: c64, 1, 2, Hoisted, 512;
-            fft_c64_l2_tw_hoisted: c64, 2, 4, Hoisted, 512;
-            fft_c64_l3_tw_hoisted: c64, 3, 8, Hoisted, 512;
-            fft_c64_l4_tw_hoisted: c64, 4, 16, Hoisted, 512;
-            fft_c64_l5_tw_hoisted: c64, 5, 8, Hoisted, 512;
-            fft_c64_l6_tw_hoisted: c64, 6, 8, Hoisted, 512;
-            fft_c64_l7_tw_hoisted: c64, 7, 16, Hoisted, 512;
-            fft_c64_l8_tw_hoisted: c64, 8, 16, Hoisted, 512;
-            fft_c64_l9_tw_hoisted: c64, 9, 8, Hoisted, 512;
-            fft_c64_l10_tw_hoisted: c64, 10, 16, Hoisted, 512;
-            fft_c64_l11_tw_hoisted: c64, 11, 16, Hoisted, 512;
-            fft_c64_l10_tw_per_stage: c64, 10, 16, PerStage, 512;
-            fft_c64_l11_tw_per_stage: c64, 11, 16, PerStage, 512;
-            fft_c64_l12_tw_per_stage: c64, 12, 16, PerStage, 512;
-            fft_c64_l13_tw_per_stage: c64, 13, 16, PerStage, 512;
-            fft_c64_l10_radix8_ping_pong: c64, 10, 8, PingPong, 512;
-            fft_c64_l12_ping_pong: c64, 12, 16, PingPong, 512;
-            fft_c64_l6_staged: c64, 6, 8, Staged, 512;
-            fft_c64_l9_staged: c64, 9, 8, StagedEvictFirst, 512;
-            fft_c128_l1_tw_hoisted: c128, 1, 2, Hoisted, 512;
-            fft_c128_l2_tw_hoisted: c128, 2, 4, Hoisted, 512;
-            fft_c128_l3_tw_hoisted: c128, 3, 8, Hoisted, 512;
-            fft_c128_l4_tw_hoisted: c128, 4, 8, Hoisted, 512;
-            fft_c128_l5_tw_hoisted: c128, 5, 8, Hoisted, 512;
-            fft_c128_l6_tw_hoisted: c128, 6, 8, Hoisted, 512;
-            fft_c128_l7_tw_hoisted: c128, 7, 8, Hoisted, 256;
-            fft_c128_l8_tw_hoisted: c128, 8, 8, Hoisted, 256;
-            fft_c128_l9_tw_hoisted: c128, 9, 8, Hoisted, 256;
-            fft_c128_l10_tw_hoisted: c128, 10, 8, Hoisted, 256;
-            fft_c128_l11_tw_hoisted: c128, 11, 8, Hoisted, 256;
-            fft_c128_l9_tw_per_stage: c128, 9, 8, PerStage, 512;
-            fft_c128_l10_tw_per_stage: c128, 10, 8, PerStage, 512;
-            fft_c128_l11_tw_per_stage: c128, 11, 16, PerStage, 256;
-            fft_c128_l12_tw_per_stage: c128, 12, 16, PerStage, 256;
+            fft_c64_l1_tw_hoisted: c64, 1, 2, Hoisted, 512, Runtime;
+            fft_c64_l2_tw_hoisted: c64, 2, 4, Hoisted, 512, Runtime;
+            fft_c64_l3_tw_hoisted: c64, 3, 8, Hoisted, 512, Runtime;
+            fft_c64_l4_tw_hoisted: c64, 4, 16, Hoisted, 512, Runtime;
+            fft_c64_l5_tw_hoisted: c64, 5, 8, Hoisted, 512, Runtime;
+            fft_c64_l6_tw_hoisted: c64, 6, 8, Hoisted, 512, Runtime;
+            fft_c64_l6_tw_hoisted_cols16_m256: c64, 6, 8, Hoisted, 512, Columns(4, 8);
+            fft_c64_l6_tw_hoisted_cols32_m1024: c64, 6, 8, Hoisted, 512, Columns(5, 10);
+            fft_c64_l7_tw_hoisted: c64, 7, 16, Hoisted, 512, Runtime;
+            fft_c64_l8_tw_hoisted: c64, 8, 16, Hoisted, 512, Runtime;
+            fft_c64_l8_tw_hoisted_rows16_out64: c64, 8, 16, Hoisted, 512, Rows(4, 6);
+            fft_c64_l9_tw_hoisted: c64, 9, 8, Hoisted, 512, Runtime;
+            fft_c64_l10_tw_hoisted: c64, 10, 16, Hoisted, 512, Runtime;
+            fft_c64_l10_tw_hoisted_rows4_out64: c64, 10, 16, Hoisted, 512, Rows(2, 6);
+            fft_c64_l11_tw_hoisted: c64, 11, 16, Hoisted, 512, Runtime;
+            fft_c64_l10_tw_per_stage: c64, 10, 16, PerStage, 512, Runtime;
+            fft_c64_l11_tw_per_stage: c64, 11, 16, PerStage, 512, Runtime;
+            fft_c64_l12_tw_per_stage: c64, 12, 16, PerStage, 512, Runtime;
+            fft_c64_l13_tw_per_stage: c64, 13, 16, PerStage, 512, Runtime;
+            fft_c64_l10_radix8_ping_pong: c64, 10, 8, PingPong, 512, Runtime;
+            fft_c64_l12_ping_pong: c64, 12, 16, PingPong, 512, Runtime;
+            fft_c64_l6_staged: c64, 6, 8, Staged, 512, Runtime;
+            fft_c64_l9_staged: c64, 9, 8, StagedEvictFirst, 512, Runtime;
+            fft_c128_l1_tw_hoisted: c128, 1, 2, Hoisted, 512, Runtime;
+            fft_c128_l2_tw_hoisted: c128, 2, 4, Hoisted, 512, Runtime;
+            fft_c128_l3_tw_hoisted: c128, 3, 8, Hoisted, 512, Runtime;
+            fft_c128_l4_tw_hoisted: c128, 4, 8, Hoisted, 512, Runtime;
+            fft_c128_l5_tw_hoisted: c128, 5, 8, Hoisted, 512, Runtime;
+            fft_c128_l6_tw_hoisted: c128, 6, 8, Hoisted, 512, Runtime;
+            fft_c128_l7_tw_hoisted: c128, 7, 8, Hoisted, 256, Runtime;
+            fft_c128_l8_tw_hoisted: c128, 8, 8, Hoisted, 256, Runtime;
+            fft_c128_l9_tw_hoisted: c128, 9, 8, Hoisted, 256, Runtime;
+            fft_c128_l10_tw_hoisted: c128, 10, 8, Hoisted, 256, Runtime;
+            fft_c128_l11_tw_hoisted: c128, 11, 8, Hoisted, 256, Runtime;
+            fft_c128_l9_tw_per_stage: c128, 9, 8, PerStage, 512, Runtime;
+            fft_c128_l10_tw_per_stage: c128, 10, 8, PerStage, 512, Runtime;
+            fft_c128_l11_tw_per_stage: c128, 11, 16, PerStage, 256, Runtime;
+            fft_c128_l12_tw_per_stage: c128, 12, 16, PerStage, 256, Runtime;
         }
     };
 }

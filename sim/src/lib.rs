@@ -56,7 +56,7 @@ pub type EntryTable = fn(&str) -> Option<Box<dyn Any>>;
 macro_rules! entry_table {
     ($d:tt $table:ident, $list:ident, $module:path) => {
         macro_rules! $table {
-                    ($d($d name:ident: $d($d rest:tt),*;)*) => {
+                    ($d($d name:ident: $d($d rest:expr),*;)*) => {
                         #[doc = concat!("The entries of `", stringify!($module), "` by PTX name (see [`EntryTable`]).")]
                         pub fn $table(name: &str) -> Option<Box<dyn Any>> {
                             use $module as m;

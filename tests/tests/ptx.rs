@@ -180,7 +180,7 @@ fn module_entries_are_exactly_the_planned_kernels() {
 /// `(name, log_l, e, form)` of every FFT pass kernel, from the list the entries are declared
 /// from.
 macro_rules! fft_pass_rows {
-    ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
+    ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal, $layout:expr;)*) => {
         &[$((stringify!($name), $log_l, $e, stringify!($form)),)*]
     };
 }

@@ -37,6 +37,8 @@ const COLUMN_SMEM: usize = 160 * 1024;
 /// How a pass kernel gets its stage twiddles and uses shared memory (shared with the kernel
 /// list in `kernel_abi`).
 pub use kernel_abi::fft::Form;
+/// The layout parameters a pass kernel is compiled for (shared with the kernel list).
+pub use kernel_abi::fft::Layout;
 
 /// A PTX entry of the FFT: a pass policy of `kernel_abi::pass_policies` as a value (the entries
 /// are declared in kernels-gpu/src/fft/stockham.rs).
@@ -53,12 +55,14 @@ pub struct Kernel {
     /// registers allow fewer than 512 (133–168 registers: 384–480 threads). The GPU test
     /// `kernel_thread_limits_match_the_device` checks every value against the driver.
     pub max_threads: u32,
+    /// The layout parameters it is compiled for ([`Layout::Runtime`]: every pass's own).
+    pub layout: Layout,
 }
 
 /// The kernel table from the policy types of `kernel_abi::fft_pass_kernels!` (one per PTX
 /// entry), giving [`KERNELS`] and [`PTX_ENTRIES`].
 macro_rules! kernel_table {
-    ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
+    ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal, $layout:expr;)*) => {
         /// Every FFT kernel the planner launches (one row per PTX entry).
         pub const KERNELS: &[Kernel] = &[$(Kernel::of::<pass_policies::$name>(),)*];
         /// The FFT family's PTX entries: the names of [`KERNELS`] and the copy-chain floor's
@@ -81,18 +85,33 @@ impl Kernel {
             e: P::E,
             form: P::FORM,
             max_threads: P::MAX_THREADS,
+            layout: P::LAYOUT,
         }
     }
 }
 
-/// The kernel of `form` for length `2^log_l`. Panics if there is none: the tuning table names
-/// only existing kernels (`plan::tests::every_row_plans_existing_kernels`).
+/// The kernel of `form` for length `2^log_l` (of [`Layout::Runtime`]). Panics if there is none:
+/// the tuning table names only existing kernels (`plan::tests::every_row_plans_existing_kernels`).
 pub fn kernel(prec: Precision, log_l: u32, form: Form) -> &'static Kernel {
     let c128 = prec == Precision::C128;
     KERNELS
         .iter()
-        .find(|k| k.c128 == c128 && k.log_l == log_l && k.form == form)
+        .find(|k| k.c128 == c128 && k.log_l == log_l && k.form == form && k.layout == Layout::Runtime)
         .unwrap_or_else(|| panic!("no {prec:?} kernel of length 2^{log_l} in form {form:?}"))
+}
+
+/// The kernel compiled for exactly `p`'s layout (the same length, elements per thread and form
+/// as `p.kernel`), if there is one: it computes the same outputs with its layout parameters as
+/// constants.
+fn fixed_layout_kernel(p: &Pass) -> Option<&'static Kernel> {
+    let k = p.kernel;
+    KERNELS.iter().find(|f| {
+        f.c128 == k.c128
+            && f.log_l == k.log_l
+            && f.e == k.e
+            && f.form == k.form
+            && f.layout.fixed() == Some((p.log_c, p.log_min, p.log_mout, p.flags & !kernel_abi::fft::WAIT_FIRST))
+    })
 }
 
 /// The plan of one class of lengths (a row of [`TUNING`]).
@@ -168,11 +187,14 @@ pub(crate) const TUNING: &[Row] = &[
     // per block (128- and 256-thread blocks) 11.71–11.74 against 12.51–12.53 at 32 and 32
     // (16 / 8 rows 11.71–11.74, 16 / 32 12.38, 8 / 16 12.13, 8 / 8 12.10, 32 / 16 11.87,
     // 32 / 8 11.87, 32 / 4 12.74, 32 / 2 17.07, 64 / 16 12.06).
+    // Both passes run fixed-layout kernels (`fixed_layout_kernel`): 11.30 against 11.78.
     row(false, 14, 14, four(Some(6), 16, 16, Hoisted)),
     row(false, 15, 15, four(None, 16, 16, Hoisted)),
     // longconv-64k: 64-point columns 11.52 against 12.24; 32 per block 11.04 against 11.52;
     // 4 rows per row-pass block (256 threads) 9.60 against 10.66 at 8 (512 threads, one block
     // per SM on 64 SMs), 11.70 at 2; 16 / 64 columns 9.69–9.79 / 9.95 against 9.63–9.76.
+    // Both passes fixed-layout: 8.10 against 9.54–9.66; with fixed layouts 256 × 256 9.31,
+    // 128 × 512 8.93 against 8.03.
     row(false, 16, 16, four(Some(6), 32, 4, Hoisted)),
     row(false, 17, 18, four(None, 16, 16, Hoisted)),
     // 1024-point rows in 256-thread blocks, as for 2^16.
@@ -434,10 +456,18 @@ pub fn four_step(
     let none = (TARGET_THREADS, 64);
     let col = COL_MAP | TW4;
     let transposed = OUT_SMEM | REVERSE_GROUPS;
-    vec![
+    let mut passes = vec![
         pass(k1, k1, batch * n2, n2.min(cols), elem, log_n2, log_n2, col, 1, Buf::X, Buf::Work, none, persistent),
         pass(k2, k2, batch * n1, n1.min(rows), elem, 0, log_n1, transposed, 1, Buf::Work, Buf::Y, none, false),
-    ]
+    ];
+    for p in &mut passes {
+        if let Some(f) = fixed_layout_kernel(p) {
+            assert!(f.max_threads >= p.threads, "{} cannot run {} threads", f.name, p.threads);
+            p.kernel = f;
+            p.unaligned = f;
+        }
+    }
+    passes
 }
 
 /// Sizes a persistent pass (a row pass, or the column pass of a `four_persistent` plan) for a
@@ -590,6 +620,33 @@ mod tests {
         assert_eq!(used, all);
         for k in KERNELS.iter().filter(|k| matches!(k.form, Hoisted | PerStage | Staged | StagedEvictFirst)) {
             assert_eq!(k.e, elems_per_thread(k.log_l, if k.c128 { 16 } else { 8 }, k.form), "{}", k.name);
+        }
+    }
+
+    /// A kernel compiled for a fixed layout runs only passes of exactly that layout, and a
+    /// four-step pass of a layout some kernel is compiled for always runs that kernel.
+    #[test]
+    fn fixed_layout_kernels_run_exactly_their_layout() {
+        for prec in PRECS {
+            for log_n in 0..=max_log_n(prec.element_bytes()) {
+                for batch in [1, 3, 64] {
+                    for p in plan(prec, log_n, batch) {
+                        let layout = (p.log_c, p.log_min, p.log_mout, p.flags & !kernel_abi::fft::WAIT_FIRST);
+                        if let Some(fixed) = p.kernel.layout.fixed() {
+                            assert_eq!(fixed, layout, "{}", p.kernel.name);
+                        } else {
+                            let same = |k: &&Kernel| {
+                                k.c128 == p.kernel.c128 && k.log_l == p.log_l && k.e == p.e && k.form == p.kernel.form
+                            };
+                            assert!(
+                                !KERNELS.iter().filter(same).any(|k| k.layout.fixed() == Some(layout)),
+                                "{prec:?} 2^{log_n}: {} runs a layout a kernel is compiled for",
+                                p.kernel.name
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 

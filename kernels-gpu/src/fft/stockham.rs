@@ -502,7 +502,7 @@ unsafe fn fft_block<
 /// code paths (on the host, for the CPU simulation in `sim/tests/fft.rs`: plain functions of
 /// the same names taking the same [`kernel_abi::FftPassArgs`]).
 macro_rules! pass_entries {
-    ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal;)*) => {
+    ($($name:ident: $prec:ident, $log_l:literal, $e:literal, $form:ident, $max:literal, $layout:expr;)*) => {
         $(pass_entries!(@entry $name, pass_entries!(@t $prec));)*
     };
     (@t c64) => { f32 };
@@ -517,6 +517,13 @@ macro_rules! pass_entries {
             if a.flags & WAIT_FIRST != 0 {
                 grid_dependency_wait();
             }
+            // A fixed layout's parameters are constants here, so they fold through the inlined
+            // body; `WAIT_FIRST` stays the argument's (its runtime branch is what keeps ptxas
+            // from hoisting the wait above the twiddle loads).
+            let (log_c, log_min, log_mout, flags) = match <P as FftPassPolicy>::LAYOUT.fixed() {
+                Some((c, mi, mo, f)) => (c, mi, mo, f | (a.flags & WAIT_FIRST)),
+                None => (a.log_c, a.log_min, a.log_mout, a.flags),
+            };
             fft_block::<
                 $t,
                 { <P as FftPassPolicy>::LOG_L },
@@ -531,12 +538,12 @@ macro_rules! pass_entries {
                 a.tw as *const Cx<$t>,
                 a.twlo as *const Cx<$t>,
                 a.twhi as *const Cx<$t>,
-                a.log_c,
-                a.log_min,
-                a.log_mout,
+                log_c,
+                log_min,
+                log_mout,
                 a.count,
                 a.log_split,
-                a.flags,
+                flags,
                 a.sm_stride,
             )
         });
