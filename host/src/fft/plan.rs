@@ -215,6 +215,8 @@ pub(crate) const TUNING: &[Row] = &[
     // persistent as well (the same prefetch of its next rows) 114.9 against 114.4–114.7; the
     // 2048-point row kernel at 16 elements fitted to two 256-thread blocks per SM 99.04–99.07
     // against 114.46–114.50 (same device call, A B B A).
+    // The row pass runs its fixed-layout kernel: 93.63–93.76 against 94.34–94.46 (the column
+    // pass fixed too: 101.2).
     row(true, 20, 20, four_persistent(Some(9), 16, 16, PerStage)),
     row(true, 21, 24, four(None, 16, 16, PerStage)),
 ];

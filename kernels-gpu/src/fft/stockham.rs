@@ -557,3 +557,4 @@ kernel_abi::fft_pass_kernels!(pass_entries);
 // registers, no spills (151 unconstrained). Scientific-1m's row pass: 8 elements 114.9 µs,
 // 16 elements 108.1, 16 in two blocks per SM 100.6–101.1 (same device call).
 crate::entry_directive!("fft_c128_l11_tw_per_stage", ".maxntid 256, 1, 1 .minnctapersm 2");
+crate::entry_directive!("fft_c128_l11_tw_per_stage_rows2_out512", ".maxntid 256, 1, 1 .minnctapersm 2");
