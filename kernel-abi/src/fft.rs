@@ -262,7 +262,7 @@ macro_rules! fft_pass_kernels {
             fft_c64_l6_tw_hoisted_cols32_m1024: c64, 6, 8, Hoisted, 512, Columns(5, 10);
             fft_c64_l7_tw_hoisted: c64, 7, 16, Hoisted, 512, Runtime;
             fft_c64_l8_tw_hoisted: c64, 8, 16, Hoisted, 512, Runtime;
-            fft_c64_l8_tw_hoisted_rows16_out64: c64, 8, 16, Hoisted, 512, Rows(4, 6);
+            fft_c64_l8_tw_hoisted_rows32_out64: c64, 8, 16, Hoisted, 512, Rows(5, 6);
             fft_c64_l9_tw_hoisted: c64, 9, 8, Hoisted, 512, Runtime;
             fft_c64_l10_tw_hoisted: c64, 10, 16, Hoisted, 512, Runtime;
             fft_c64_l10_tw_hoisted_rows4_out64: c64, 10, 16, Hoisted, 512, Rows(2, 6);

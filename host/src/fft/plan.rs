@@ -187,8 +187,10 @@ pub(crate) const TUNING: &[Row] = &[
     // per block (128- and 256-thread blocks) 11.71–11.74 against 12.51–12.53 at 32 and 32
     // (16 / 8 rows 11.71–11.74, 16 / 32 12.38, 8 / 16 12.13, 8 / 8 12.10, 32 / 16 11.87,
     // 32 / 8 11.87, 32 / 4 12.74, 32 / 2 17.07, 64 / 16 12.06).
-    // Both passes run fixed-layout kernels (`fixed_layout_kernel`): 11.30 against 11.78.
-    row(false, 14, 14, four(Some(6), 16, 16, Hoisted)),
+    // Both passes run fixed-layout kernels (`fixed_layout_kernel`): 11.30 against 11.78; then
+    // 32 rows per row-pass block (512 threads; the fixed 256-point kernel takes 76 registers
+    // against 102) 11.01 against 11.26 at 16, 8 rows 11.42–11.49, 32 columns 11.29.
+    row(false, 14, 14, four(Some(6), 16, 32, Hoisted)),
     row(false, 15, 15, four(None, 16, 16, Hoisted)),
     // longconv-64k: 64-point columns 11.52 against 12.24; 32 per block 11.04 against 11.52;
     // 4 rows per row-pass block (256 threads) 9.60 against 10.66 at 8 (512 threads, one block
