@@ -163,7 +163,8 @@ impl Form {
 /// [`fft_pass_kernels!`](crate::fft_pass_kernels)). A kernel of a fixed layout ignores the
 /// arguments `log_c`, `log_min`, `log_mout` and every flag but [`WAIT_FIRST`]: with them
 /// compile-time constants its index arithmetic folds and the flag branches go (longconv-16k's
-/// column pass 6.55 → 5.87 µs of kernel time, -64k's two passes 9.54 → 8.05 µs of op time).
+/// column pass 6.56–6.59 → 5.79 µs of kernel time, -64k's two passes 9.54–9.66 → 8.10 µs of op
+/// time).
 /// The planner substitutes one only for a pass of exactly its layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {

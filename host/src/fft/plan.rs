@@ -106,11 +106,7 @@ pub fn kernel(prec: Precision, log_l: u32, form: Form) -> &'static Kernel {
 fn fixed_layout_kernel(p: &Pass) -> Option<&'static Kernel> {
     let k = p.kernel;
     KERNELS.iter().find(|f| {
-        f.c128 == k.c128
-            && f.log_l == k.log_l
-            && f.e == k.e
-            && f.form == k.form
-            && f.layout.fixed() == Some((p.log_c, p.log_min, p.log_mout, p.flags & !kernel_abi::fft::WAIT_FIRST))
+        f.c128 == k.c128 && f.log_l == k.log_l && f.e == k.e && f.form == k.form && f.layout.fixed() == Some(p.layout())
     })
 }
 
@@ -268,6 +264,14 @@ pub struct Pass {
     pub smem_bytes: u32,
     pub src: Buf,
     pub dst: Buf,
+}
+
+impl Pass {
+    /// `(log_c, log_min, log_mout, flags)` as a fixed-layout kernel has them ([`Layout::fixed`]):
+    /// every flag but `WAIT_FIRST`, which stays a kernel argument.
+    pub fn layout(&self) -> (u32, u32, u32, u32) {
+        (self.log_c, self.log_min, self.log_mout, self.flags & !kernel_abi::fft::WAIT_FIRST)
+    }
 }
 
 /// Elements per thread of the kernel for length `2^log_l` in its hoisted, per-stage and staged
@@ -635,15 +639,11 @@ mod tests {
             for log_n in 0..=max_log_n(prec.element_bytes()) {
                 for batch in [1, 3, 64] {
                     for p in plan(prec, log_n, batch) {
-                        let layout = (p.log_c, p.log_min, p.log_mout, p.flags & !kernel_abi::fft::WAIT_FIRST);
                         if let Some(fixed) = p.kernel.layout.fixed() {
-                            assert_eq!(fixed, layout, "{}", p.kernel.name);
+                            assert_eq!(fixed, p.layout(), "{}", p.kernel.name);
                         } else {
-                            let same = |k: &&Kernel| {
-                                k.c128 == p.kernel.c128 && k.log_l == p.log_l && k.e == p.e && k.form == p.kernel.form
-                            };
                             assert!(
-                                !KERNELS.iter().filter(same).any(|k| k.layout.fixed() == Some(layout)),
+                                fixed_layout_kernel(&p).is_none(),
                                 "{prec:?} 2^{log_n}: {} runs a layout a kernel is compiled for",
                                 p.kernel.name
                             );
