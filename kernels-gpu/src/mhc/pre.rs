@@ -1406,16 +1406,26 @@ struct SmemF {
     phis: *mut f32,
     xs: *mut u16,
     part: *mut f64,
+    /// `phis` and `xs` as shared-window addresses (the block partials' `ld.shared` loads).
+    phis32: u32,
+    xs32: u32,
 }
 
 #[inline(always)]
 unsafe fn layout_slab(m: u32, n: u32, cw: u32) -> SmemF {
     let base = dyn_smem::<u8>();
+    let base32 = dyn_smem_u32();
     let bt = BTF as usize;
     let rows = (n * cw) as usize;
     let xs = (4 * rows * m as usize).next_multiple_of(16);
     let part = xs + (2 * bt * rows).next_multiple_of(16);
-    SmemF { phis: base as *mut f32, xs: base.add(xs) as *mut u16, part: base.add(part) as *mut f64 }
+    SmemF {
+        phis: base as *mut f32,
+        xs: base.add(xs) as *mut u16,
+        part: base.add(part) as *mut f64,
+        phis32: base32,
+        xs32: base32 + xs as u32,
+    }
 }
 
 crate::entry_directive!("mhc_pre_partial_slab", ".maxntid 512, 1, 1 .minnctapersm 1");
@@ -1587,6 +1597,48 @@ unsafe fn coefficients_warp(
 /// product on the same slab, the products straight from global memory, f64 FMAs with two
 /// conversions per product, one launch of a thread-block cluster doing the coefficients and
 /// mixing too, and a cluster launch of kernel 1 summing partials through DSMEM.
+/// The four interleaved f32 FMA chains of one block partial: chain `k` sums
+/// `x[r]·phi[r]` over the slab rows `r = slot + 4k, slot + 4k + 16, …` below `rows` (`sq`:
+/// `x[r]²` instead, the Σx² item), x (bf16) at shared-window address `xa + 2r`, phi at
+/// `pa + 4·m·r`. `M` is `m` as a constant (row offsets as immediates), or 0: `m` at run time.
+#[inline(always)]
+unsafe fn slab_chains<const M: u32>(xa: u32, pa: u32, m: u32, rows: u32, slot: u32, sq: bool) -> [f32; 4] {
+    let m = if M != 0 { M } else { m };
+    // Byte steps from row r to row r + 4.
+    let (dx, dp) = (8u32, 16 * m);
+    let mut xa = xa + 2 * slot;
+    let mut pa = pa + 4 * m * slot;
+    let term = |xa: u32, pa: u32| -> (f32, f32) {
+        let xv = bf16_to_f32(lds_u16(xa));
+        (xv, if sq { xv } else { lds_f32(pa) })
+    };
+    let mut a = [0f32; 4];
+    let mut r = slot;
+    while r + 12 < rows {
+        let v = [term(xa, pa), term(xa + dx, pa + dp), term(xa + 2 * dx, pa + 2 * dp), term(xa + 3 * dx, pa + 3 * dp)];
+        a[0] = fma(v[0].0, v[0].1, a[0]);
+        a[1] = fma(v[1].0, v[1].1, a[1]);
+        a[2] = fma(v[2].0, v[2].1, a[2]);
+        a[3] = fma(v[3].0, v[3].1, a[3]);
+        xa += 4 * dx;
+        pa += 4 * dp;
+        r += 16;
+    }
+    if r < rows {
+        let (x0, f0) = term(xa, pa);
+        a[0] = fma(x0, f0, a[0]);
+    }
+    if r + 4 < rows {
+        let (x1, f1) = term(xa + dx, pa + dp);
+        a[1] = fma(x1, f1, a[1]);
+    }
+    if r + 8 < rows {
+        let (x2, f2) = term(xa + 2 * dx, pa + 2 * dp);
+        a[2] = fma(x2, f2, a[2]);
+    }
+    a
+}
+
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pre_slab_body(
@@ -1738,35 +1790,16 @@ unsafe fn pre_slab_body(
             let q = item - bl * mq;
             // Fixed point: the Σx² item (q = m) is not needed (kernel 2 computes r).
             if i < 4 * items && !(fixed_point && q == m) {
-                let xrow = sm.xs.add((bl * rows) as usize);
-                let prow = sm.phis.add(min_u32(q, m - 1) as usize);
-                let sq = q == m;
-                let term = |r: u32| -> (f32, f32) {
-                    let xv = bf16_to_f32(*xrow.add(r as usize));
-                    (xv, if sq { xv } else { *prow.add((r * m) as usize) })
+                // Row r's x at `xa + 2r`, its phi at `pa + 4·m·r` (shared-window addresses,
+                // stepped per round: no 64-bit address per load). n = 4 (m = 24) takes the
+                // rows' offsets as immediates.
+                let xa = sm.xs32 + 2 * bl * rows;
+                let pa = sm.phis32 + 4 * min_u32(q, m - 1);
+                let a = if m == 24 {
+                    slab_chains::<24>(xa, pa, m, rows, i & 3, q == m)
+                } else {
+                    slab_chains::<0>(xa, pa, m, rows, i & 3, q == m)
                 };
-                let mut a = [0f32; 4];
-                let mut r = i & 3;
-                while r + 12 < rows {
-                    let v = [term(r), term(r + 4), term(r + 8), term(r + 12)];
-                    a[0] = fma(v[0].0, v[0].1, a[0]);
-                    a[1] = fma(v[1].0, v[1].1, a[1]);
-                    a[2] = fma(v[2].0, v[2].1, a[2]);
-                    a[3] = fma(v[3].0, v[3].1, a[3]);
-                    r += 16;
-                }
-                if r < rows {
-                    let (x0, f0) = term(r);
-                    a[0] = fma(x0, f0, a[0]);
-                }
-                if r + 4 < rows {
-                    let (x1, f1) = term(r + 4);
-                    a[1] = fma(x1, f1, a[1]);
-                }
-                if r + 8 < rows {
-                    let (x2, f2) = term(r + 8);
-                    a[2] = fma(x2, f2, a[2]);
-                }
                 sum = (a[0] + a[1]) + (a[2] + a[3]);
             }
             sum += shfl_xor_f32(sum, 1);
