@@ -691,7 +691,7 @@ fn plan_invariants() {
                                     batch <= 65535 && g.block == 256 && (g.tiles as usize) == c.div_ceil(c.min(256))
                                 );
                                 // Two halves of 5 words per (batch row, logit), then the epoch word.
-                                assert_eq!(plan.workspace, 2 * batch * mq * rgk::mhc::ACC_WORDS + 1);
+                                assert_eq!(plan.workspace, 2 * batch * (mq - 1) * rgk::mhc::ACC_WORDS + 1);
                             }
                             Mix::SmallN(g) | Mix::AnyN(g) => {
                                 let (jt, tiles, mb) = (g.jt as usize, g.tiles as usize, g.block as usize);
@@ -877,7 +877,7 @@ fn fixed_point_limbs_are_exact() {
 }
 
 /// The fixed-point workspace, mirrored from the kernels: kernel 1's limb adds of every (batch row of its
-/// y-block groups, logit or Σx² (q = m)) land in one half (`((β·(m+1) + q)·ACC_WORDS + k`, k < ACC_WORDS), its zeroing
+/// y-block groups, logit) land in one half (`((β·m + q)·ACC_WORDS + k`, k < ACC_WORDS), its zeroing
 /// loop (word `bid·T + t`, stride `blocks·T`) writes every word of the other half exactly once,
 /// kernel 2's loads (one logit per lane, both halves) stay inside the halves, and the epoch word
 /// is the workspace's last u64 word.
@@ -899,16 +899,16 @@ fn fixed_point_accumulator_layout() {
                     let (block, bpc, groups) = (k1.block, k1.batch_per_group, k1.groups);
                     let g = plan;
                     let m = s.logits();
-                    let words = batch * (m + 1) * ACC_WORDS;
+                    let words = batch * m * ACC_WORDS;
                     assert_eq!(g.workspace, 2 * words + 1, "{s:?} {g:?}");
                     // Kernel 1's adds: every (β, q) of every y-block's group, limbs and count word.
                     let mut added = vec![0u32; words];
                     for by in 0..groups as usize {
                         let b0 = by * bpc as usize;
                         for bl in 0..(batch - b0).min(8).min(bpc as usize) {
-                            for q in 0..=m {
+                            for q in 0..m {
                                 for k in 0..ACC_WORDS {
-                                    added[((b0 + bl) * (m + 1) + q) * ACC_WORDS + k] += 1;
+                                    added[((b0 + bl) * m + q) * ACC_WORDS + k] += 1;
                                 }
                             }
                         }
@@ -927,12 +927,11 @@ fn fixed_point_accumulator_layout() {
                         }
                     }
                     assert!(zeroed.iter().all(|&z| z == 1), "{s:?} {g:?}: zeroing misses or repeats a word");
-                    // Kernel 2: lane logit e of row β and its Σx² (e = m) read words
-                    // (β·(m+1) + e)·ACC_WORDS + k of both halves.
+                    // Kernel 2: lane logit e of row β reads words (β·m + e)·ACC_WORDS + k of both halves.
                     for beta in 0..batch {
                         for lane in 0..32 {
-                            for e in lane_logit(lane, n).into_iter().chain([m]) {
-                                let hi = words + (beta * (m + 1) + e) * ACC_WORDS + ACC_WORDS - 1;
+                            if let Some(e) = lane_logit(lane, n) {
+                                let hi = words + (beta * m + e) * ACC_WORDS + ACC_WORDS - 1;
                                 assert!(hi < 2 * words, "{s:?} {g:?}");
                             }
                         }

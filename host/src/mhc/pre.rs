@@ -58,7 +58,7 @@ const MIX_SMALL_N_SMEM_HEAD: usize = abi::MIX_SMALL_N_SMEM_HEAD as usize;
 /// slab kernel 1 one per group of 8 batch rows.
 const MAX_GRID_Y: usize = 65535;
 
-/// u64 words per (batch row, logit or Σx²) accumulator of the fixed-point pair (the kernels'
+/// u64 words per (batch row, logit) accumulator of the fixed-point pair (the kernels'
 /// `ACC_WORDS`: four integer limbs and a count of non-finite partials).
 #[doc(hidden)]
 pub const ACC_WORDS: usize = abi::ACC_WORDS as usize;
@@ -325,8 +325,8 @@ pub struct FmaPartialGrid {
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Partials {
-    /// `mhc_pre_partial_slab_fixed_point`: phi slab, f32 FMAs (Σx² in f64); each block partial
-    /// added as integer limbs into one accumulator per (batch row, logit or Σx²).
+    /// `mhc_pre_partial_slab_fixed_point`: phi slab, f32 FMAs; each block partial added as integer
+    /// limbs into one accumulator per (batch row, logit).
     SlabFixedPoint(SlabPartialGrid),
     /// `mhc_pre_partial_slab`: phi slab, f32 FMAs; block partials to `part[(β·(m+1) + q)·G + g]`.
     Slab(SlabPartialGrid),
@@ -459,7 +459,7 @@ pub fn slab_fits(shape: MhcPreShape, cols: usize, max_smem: usize) -> bool {
 pub struct PrePlan {
     pub shape: MhcPreShape,
     /// Workspace length, u64 words: the fixed-point pair's two accumulator halves of
-    /// `batch·(n²+2n+1)·5` words (the logits and Σx²) and an epoch word, else one f64 partial per (batch row,
+    /// `batch·(n²+2n)·5` words and an epoch word, else one f64 partial per (batch row,
     /// quantity, kernel-1 block), the quantities being the `n²+2n` logits and Σx².
     pub workspace: usize,
     /// Kernel 1.
@@ -594,7 +594,7 @@ impl PrePlan {
                 tiles: tiles as u32,
                 smem: abi::mix_fixed_point_smem(mb as u32),
             });
-            (mix, tiles, 2 * checked_product("x", &[batch, mq, ACC_WORDS])? + 1)
+            (mix, tiles, 2 * checked_product("x", &[batch, shape.logits(), ACC_WORDS])? + 1)
         } else {
             let jt = c.min(mb).min(UN * mb / n);
             let tiles = c.div_ceil(jt);

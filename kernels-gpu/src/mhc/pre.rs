@@ -1002,18 +1002,48 @@ pub use kernel_abi::mhc::MIX_SMALL_N_SMEM_HEAD;
 
 // ================================================================ kernel 2 of the fixed-point pair (n ≤ 4)
 
+/// 16-byte x loads in flight per thread in [`mhc_pre_mix_fixed_point`]'s Σx² pass.
+const XR: usize = 4;
+/// `Σ_{i<count} p[i·stride]` in a fixed order: rounds of 16 independent loads, added into four
+/// interleaved chains (i mod 4), then `(s0 + s1) + (s2 + s3)`.
+#[inline(always)]
+unsafe fn sum4(p: *const f64, count: u32, stride: u32) -> f64 {
+    let mut s = [0f64; 4];
+    let mut i = 0;
+    while i < count {
+        let mut v = [0f64; 16];
+        let mut u = 0;
+        while u < 16 {
+            if i + (u as u32) < count {
+                v[u] = *p.add(((i + u as u32) * stride) as usize);
+            }
+            u += 1;
+        }
+        let mut u = 0;
+        while u < 16 {
+            if i + (u as u32) < count {
+                s[u & 3] += v[u];
+            }
+            u += 1;
+        }
+        i += 16;
+    }
+    (s[0] + s[1]) + (s[2] + s[3])
+}
+
 /// Kernel 2 of the fixed-point pair (n ≤ 4, after [`mhc_pre_partial_slab_fixed_point`]): grid
 /// `(tiles, batch)`, block `(T, 1, 1)`; block `(tile, β)` mixes the columns `col = tile·T + t`
 /// of batch row β, one per thread. Everything that does not need kernel 1 happens before
 /// `griddepcontrol.wait`:
 /// - the thread's column `x[β, k·c + col]` (k < n) into registers (no staged tile);
-/// - each lane's alpha and bias;
+/// - `r` from x itself: Σx² of the whole row (16-byte loads where aligned, exact f64 FMAs in a
+///   fixed order, warp butterfly, warp sums in order — every block of the row gets the same
+///   bits), then `1/r` ([`inv_r_of`]) and each lane's `alpha/r` and bias;
 ///
 /// after the wait, one dependent chain per warp and no barrier:
-/// - lane l loads its logit's ([`lane_logit`]) accumulator words and row β's Σx² words from
-///   both halves of `part_ws` (one half holds this call's sums, kernel 1 zeroed the other), adds
-///   them as integers and converts ([`accumulator_value`]), then `1/r` ([`inv_r_of`]); block
-///   (0, 0) flips the epoch word;
+/// - lane l loads its logit's ([`lane_logit`]) accumulator words from both halves of `part_ws`
+///   (one half holds this call's sums, kernel 1 zeroed the other), adds them as integers and
+///   converts ([`accumulator_value`]); block (0, 0) flips the epoch word;
 /// - every warp runs [`lane_coefficients`] itself (identical bits in every warp) and takes
 ///   H_pre and R by 20 broadcast shuffles — no shared round trip;
 /// - mixing from registers: `x_layer = q(Σ_k H_pre[k]·x_k)`, `x_res[i] = q(Σ_k R[i,k]·x_k)`.
@@ -1095,9 +1125,12 @@ unsafe fn fixed_point_mix(
     let nt = block_dim_x();
     let lane = t & 31;
     let w = t >> 5;
+    let nw = nt >> 5;
     let tile = block_idx_x();
     let beta = block_idx_y();
     let m = n * n + 2 * n;
+    let base = dyn_smem::<u8>();
+    let ssw = base as *mut f64;
     let col = tile * nt + t;
     let active = col < c;
 
@@ -1118,6 +1151,107 @@ unsafe fn fixed_point_mix(
         None => (0, false),
     };
     let bias_l = if valid { *bias.add(e as usize) } else { 0.0 };
+    // Σx² of row β: products of bf16 values exact in f64, added in a fixed order per thread.
+    let len = n * c;
+    let mut ss = 0f64;
+    let yvec = c % 8 == 0 && (src.x_layer_out as u64 + 2 * (beta * c) as u64) & 15 == 0;
+    if src.post && !((xrow as u64) & 15 == 0 && yvec) {
+        // The post half's x without vector loads, in the order MHCPreFwd takes a stored,
+        // 16-byte aligned x_out (chunks of 8 at t, t+T, … when len % 8 == 0), so that Σx² has
+        // its bits (f64 sums of squares round once the row's sum outgrows small squares: the
+        // order matters).
+        let vector_order = len % 8 == 0;
+        let (unit, count) = if vector_order { (8, len / 8) } else { (1, len) };
+        let mut i = t;
+        while i < count {
+            let mut q = 0;
+            while q < unit {
+                let el = unit * i + q;
+                let (k, j) = divrem_u32(el, c);
+                let f = bf16_to_f32(src.post_elem_at(beta * n + k, beta, c, j)) as f64;
+                ss = fma_f64(f, f, ss);
+                q += 1;
+            }
+            i += nt;
+        }
+    } else if (xrow as u64) & 15 == 0 && len % 8 == 0 {
+        let nch = len / 8;
+        let p = xrow as *const u32;
+        let mut i0 = t;
+        while i0 < nch {
+            let mut v = [[0u32; 4]; XR];
+            let mut y = [[0u32; 4]; XR];
+            let mut h = [0f32; XR];
+            let mut u = 0;
+            while u < XR {
+                let i = i0 + u as u32 * nt;
+                if i < nch {
+                    v[u] = ld_nc_v4(p.add(4 * i as usize));
+                    if src.post {
+                        // The chunk lies in one stream row k (c % 8 == 0).
+                        let (k, j) = divrem_u32(8 * i, c);
+                        y[u] = ld_nc_v4(src.x_layer_out.add((beta * c + j) as usize) as *const u32);
+                        h[u] = *src.h_post_in.add((beta * n + k) as usize);
+                    }
+                }
+                u += 1;
+            }
+            if src.post {
+                let mut u = 0;
+                while u < XR {
+                    v[u] = fma8(h[u], y[u], v[u]);
+                    u += 1;
+                }
+            }
+            let mut u = 0;
+            while u < XR {
+                if i0 + (u as u32) * nt < nch {
+                    let mut q = 0;
+                    while q < 4 {
+                        let (lo, hi) = bf16x2_to_f32(v[u][q]);
+                        ss = fma_f64(lo as f64, lo as f64, ss);
+                        ss = fma_f64(hi as f64, hi as f64, ss);
+                        q += 1;
+                    }
+                }
+                u += 1;
+            }
+            i0 += XR as u32 * nt;
+        }
+    } else {
+        let mut i0 = t;
+        while i0 < len {
+            let mut v = [0u16; UN];
+            let mut u = 0;
+            while u < UN {
+                let i = i0 + u as u32 * nt;
+                if i < len {
+                    v[u] = *xrow.add(i as usize);
+                }
+                u += 1;
+            }
+            let mut u = 0;
+            while u < UN {
+                if i0 + (u as u32) * nt < len {
+                    let f = bf16_to_f32(v[u]) as f64;
+                    ss = fma_f64(f, f, ss);
+                }
+                u += 1;
+            }
+            i0 += UN as u32 * nt;
+        }
+    }
+    let mut k = 16;
+    while k > 0 {
+        ss += shfl_xor_f64(ss, k);
+        k >>= 1;
+    }
+    if lane == 0 {
+        *ssw.add(w as usize) = ss;
+    }
+    sync_threads();
+    let ss = sum4(ssw, nw, 1);
+    let inv_r = inv_r_of(ss, inv_sqrt_nc);
     let alpha = if lane < 4 {
         alpha_pre
     } else if lane < 8 {
@@ -1125,27 +1259,22 @@ unsafe fn fixed_point_mix(
     } else {
         alpha_res
     };
+    let scale = alpha as f64 * inv_r;
     grid_dependency_wait();
 
-    // ---- the lane's logit and row β's Σx² from the two accumulator halves (this call's sums
-    // and the half kernel 1 zeroed), one round of 4·ACC_WORDS independent loads per lane, no
-    // barrier.
-    let mq = m + 1;
-    let words = batch * mq * ACC_WORDS;
+    // ---- the lane's logit from the two accumulator halves (this call's sums and the
+    // half kernel 1 zeroed), one round of 2·ACC_WORDS independent loads per lane, no barrier.
+    let words = batch * m * ACC_WORDS;
     let a = part_ws as *const u64;
     let mut v = [0u64; 2 * ACC_WORDS as usize];
-    let mut vs = [0u64; 2 * ACC_WORDS as usize];
-    let ps = a.add(((beta * mq + m) * ACC_WORDS) as usize);
-    let p0 = a.add(((beta * mq + e) * ACC_WORDS) as usize);
-    let mut k = 0;
-    while k < ACC_WORDS as usize {
-        if valid {
+    if valid {
+        let p0 = a.add(((beta * m + e) * ACC_WORDS) as usize);
+        let mut k = 0;
+        while k < ACC_WORDS as usize {
             v[k] = *p0.add(k);
             v[ACC_WORDS as usize + k] = *p0.add(words as usize + k);
+            k += 1;
         }
-        vs[k] = *ps.add(k);
-        vs[ACC_WORDS as usize + k] = *ps.add(words as usize + k);
-        k += 1;
     }
     if tile == 0 && beta == 0 && t == 0 {
         // Every kernel-1 block read the epoch before this grid's wait returned: flip it.
@@ -1158,12 +1287,6 @@ unsafe fn fixed_point_mix(
         k += 1;
     }
     let h = accumulator_value(&sw);
-    let mut k = 0;
-    while k < ACC_WORDS as usize {
-        sw[k] = vs[k].wrapping_add(vs[ACC_WORDS as usize + k]);
-        k += 1;
-    }
-    let scale = alpha as f64 * inv_r_of(accumulator_value(&sw), inv_sqrt_nc);
 
     // ---- coefficients, redundantly in every warp (the same bits everywhere).
     let z = if valid { fma_f64(scale, h, bias_l as f64) } else { f64::NEG_INFINITY };
@@ -1249,10 +1372,9 @@ crate::entry_directive!("mhc_post_pre_partial_slab_fixed_point", ".maxntid 512, 
 
 /// Kernel 1 of the fixed-point pair ([`pre_slab_body`]): grid `(G, groups)`, block `(T, 1, 1)`;
 /// block `g` owns the channel columns `[g·cw, min((g+1)·cw, c))` and adds each of its block
-/// partials as [`ACC_LIMBS`] integer limbs ([`add_limb`]) into `part_ws[par][(β·(m+1) + q)·ACC_WORDS ..]`,
-/// where `m = n²+2n`, `q < m` the logits and `q = m` the row's Σx² ([`slab_squares`], f64:
-/// like a logit's, a block partial must stay below 2^128, |x| below ≈ 2^60), and `par` is the parity of the u32 epoch word at u64 word
-/// `2·batch·(m+1)·ACC_WORDS` of `part_ws`; the other half is zeroed. `part_ws` must be all zero before
+/// partials as [`ACC_LIMBS`] integer limbs ([`add_limb`]) into `part_ws[par][(β·m + q)·ACC_WORDS ..]`,
+/// where `m = n²+2n` and `par` is the parity of the u32 epoch word at u64 word
+/// `2·batch·m·ACC_WORDS` of `part_ws`; the other half is zeroed. `part_ws` must be all zero before
 /// the first call of a workspace and is then left to the kernels ([`mhc_pre_mix_fixed_point`]
 /// flips the epoch). Every block adds to every accumulator of its batch rows; the integer sums
 /// do not depend on the order. Triggers the dependent launch of kernel 2 at entry.
@@ -1517,39 +1639,6 @@ unsafe fn slab_chains<const M: u32>(xa: u32, pa: u32, m: u32, rows: u32, slot: u
     a
 }
 
-/// The Σx² block partial of one slot thread: `x[r]²` (exact in f64, bf16 squared) added in f64
-/// over the slab rows `r = slot, slot + 4, …` below `rows` in four interleaved chains (chain `k`:
-/// `slot + 4k + 16j`), then `(a0 + a1) + (a2 + a3)`; x at shared-window address `xa + 2r`.
-#[inline(always)]
-unsafe fn slab_squares(xa: u32, rows: u32, slot: u32) -> f64 {
-    let x = |xa: u32| -> f64 { bf16_to_f32(lds_u16(xa)) as f64 };
-    let mut a = [0f64; 4];
-    let mut xa = xa + 2 * slot;
-    let mut r = slot;
-    while r + 12 < rows {
-        let v = [x(xa), x(xa + 8), x(xa + 16), x(xa + 24)];
-        a[0] = fma_f64(v[0], v[0], a[0]);
-        a[1] = fma_f64(v[1], v[1], a[1]);
-        a[2] = fma_f64(v[2], v[2], a[2]);
-        a[3] = fma_f64(v[3], v[3], a[3]);
-        xa += 32;
-        r += 16;
-    }
-    if r < rows {
-        let v = x(xa);
-        a[0] = fma_f64(v, v, a[0]);
-    }
-    if r + 4 < rows {
-        let v = x(xa + 8);
-        a[1] = fma_f64(v, v, a[1]);
-    }
-    if r + 8 < rows {
-        let v = x(xa + 16);
-        a[2] = fma_f64(v, v, a[2]);
-    }
-    (a[0] + a[1]) + (a[2] + a[3])
-}
-
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pre_slab_body(
@@ -1587,7 +1676,7 @@ unsafe fn pre_slab_body(
     // zeroed here for the next call, the words spread over every block of the grid.
     // The epoch load is issued here and first used after the staging barrier (its DRAM trip
     // overlaps the phi and x loads); the zeroing stores follow that barrier.
-    let acc_words = batch * mq * ACC_WORDS;
+    let acc_words = batch * m * ACC_WORDS;
     let par = if fixed_point {
         core::ptr::read_volatile((part_ws as *const u64).add(2 * acc_words as usize) as *const u32)
     } else {
@@ -1699,12 +1788,8 @@ unsafe fn pre_slab_body(
             let item = i >> 2;
             let bl = item / mq;
             let q = item - bl * mq;
-            // Fixed point: the Σx² item (q = m) in f64 (`slab_squares`), each of its four
-            // threads adding all limbs of its own partial (no butterfly).
-            let mut sq64 = 0f64;
-            if i < 4 * items && fixed_point && q == m {
-                sq64 = slab_squares(sm.xs32 + 2 * bl * rows, rows, i & 3);
-            } else if i < 4 * items {
+            // Fixed point: the Σx² item (q = m) is not needed (kernel 2 computes r).
+            if i < 4 * items && !(fixed_point && q == m) {
                 // Row r's x at `xa + 2r`, its phi at `pa + 4·m·r` (shared-window addresses,
                 // stepped per round: no 64-bit address per load). n = 4 (m = 24) takes the
                 // rows' offsets as immediates.
@@ -1719,18 +1804,11 @@ unsafe fn pre_slab_body(
             }
             sum += shfl_xor_f32(sum, 1);
             sum += shfl_xor_f32(sum, 2);
-            if fixed_point && i < 4 * items {
-                let acc = (part_ws as *mut u64).add(((par & 1) * acc_words) as usize);
-                let p = acc.add((((b0 + bl) * mq + q) * ACC_WORDS) as usize);
-                if q < m {
-                    // Lane i & 3 of the quad adds limb i & 3 of the block partial.
-                    add_limb(p, sum as f64, i & 3);
-                } else {
-                    let mut k = 0;
-                    while k < ACC_LIMBS {
-                        add_limb(p, sq64, k);
-                        k += 1;
-                    }
+            if fixed_point {
+                // Lane i & 3 of the quad adds limb i & 3 of the block partial.
+                if i < 4 * items && q < m {
+                    let acc = (part_ws as *mut u64).add(((par & 1) * acc_words) as usize);
+                    add_limb(acc.add((((b0 + bl) * m + q) * ACC_WORDS) as usize), sum as f64, i & 3);
                 }
             } else if i < 4 * items && i & 3 == 0 {
                 *sm.part.add(item as usize) = sum as f64;
