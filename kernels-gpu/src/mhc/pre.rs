@@ -1589,16 +1589,6 @@ unsafe fn coefficients_warp(
     }
 }
 
-/// The body of the slab kernels 1: phi slab (`cp.async`) and x staged in shared memory, then
-/// each block partial of item (batch row, quantity) by four threads, each an f32 FMA chain over
-/// every fourth row of the slab (an FMA rounds once; a chain is at most ⌈rows/16⌉ deep per
-/// accumulator), a fixed-order quad butterfly, then (`fixed_point`) limb adds into the
-/// fixed-point accumulators, or the partials stored to `part_ws`. The products are f32: a block
-/// partial carries f32 rounding (relative error ≈ 2^-24·√(rows/4) of the summed magnitudes),
-/// the sum over blocks none. Measured slower (`docs/decisions/mhc.md`): an fp64 tensor-core
-/// product on the same slab, the products straight from global memory, f64 FMAs with two
-/// conversions per product, one launch of a thread-block cluster doing the coefficients and
-/// mixing too, and a cluster launch of kernel 1 summing partials through DSMEM.
 /// The four interleaved f32 FMA chains of one block partial: chain `k` sums
 /// `x[r]·phi[r]` over the slab rows `r = slot + 4k, slot + 4k + 16, …` below `rows` (`sq`:
 /// `x[r]²` instead, the Σx² item), x (bf16) at shared-window address `xa + 2r`, phi at
@@ -1641,6 +1631,16 @@ unsafe fn slab_chains<const M: u32>(xa: u32, pa: u32, m: u32, rows: u32, slot: u
     a
 }
 
+/// The body of the slab kernels 1: phi slab (`cp.async`) and x staged in shared memory, then
+/// each block partial of item (batch row, quantity) by four threads, each an f32 FMA chain over
+/// every fourth row of the slab (an FMA rounds once; a chain is at most ⌈rows/16⌉ deep per
+/// accumulator), a fixed-order quad butterfly, then (`fixed_point`) limb adds into the
+/// fixed-point accumulators, or the partials stored to `part_ws`. The products are f32: a block
+/// partial carries f32 rounding (relative error ≈ 2^-24·√(rows/4) of the summed magnitudes),
+/// the sum over blocks none. Measured slower (`docs/decisions/mhc.md`): an fp64 tensor-core
+/// product on the same slab, the products straight from global memory, f64 FMAs with two
+/// conversions per product, one launch of a thread-block cluster doing the coefficients and
+/// mixing too, and a cluster launch of kernel 1 summing partials through DSMEM.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pre_slab_body(
