@@ -175,7 +175,9 @@ pub(crate) const TUNING: &[Row] = &[
     // spectrogram-1k: 8 elements per thread with ping-pong buffers 3.46 against 3.81.
     row(false, 10, 10, one(PingPong, 256, 64, true)),
     row(false, 11, 11, one(Hoisted, 256, 64, true)),
-    // throughput-4k: ping-pong 4.16 against 4.32 (8 elements per thread: 4.67).
+    // throughput-4k: ping-pong 4.16 against 4.32 (8 elements per thread: 4.67). Two blocks
+    // per transform after one radix-2 step (each reading the whole row): 4.40 against 3.68,
+    // c128 7.26 against 5.95, latency-4k 3.01 against 2.98–3.01.
     row(false, 12, 12, one(PingPong, 256, 64, true)),
     // 8192 points at 16 elements: hoisting needs more registers than 512 threads allow.
     row(false, 13, 13, one(PerStage, 256, 64, true)),
@@ -214,7 +216,8 @@ pub(crate) const TUNING: &[Row] = &[
     // 2048-point row kernel at 16 elements fitted to two 256-thread blocks per SM 99.04–99.07
     // against 114.46–114.50 (same device call, A B B A).
     // The row pass runs its fixed-layout kernel: 93.63–93.76 against 94.34–94.46 (the column
-    // pass fixed too: 101.2).
+    // pass fixed too: 101.2). The column kernel with launch bounds (kernels-gpu, 118 registers
+    // instead of 82): 92.83–93.06 against 93.76–93.86.
     row(true, 20, 20, four_persistent(Some(9), 16, 16, PerStage)),
     row(true, 21, 24, four(None, 16, 16, PerStage)),
 ];

@@ -119,7 +119,11 @@ impl PreClass {
         // - two f32 chains per thread instead of four: kernel 1 +0.13…+0.17 µs at hidden-1280 and -1920;
         // - one thread per (quantity, slot) for all the group's batch rows (phi loaded once): kernel 1 +0.35…+1.25 µs;
         // - DMMA operands straight from global memory (no slab): kernel 1 +0.5…+2.3 µs;
-        // - the accumulator words spread one per 128-byte line (or 32-byte sector): kernel 2 ends +0.9 (+0.3) µs later.
+        // - the accumulator words spread one per 128-byte line (or 32-byte sector): kernel 2 ends +0.9 (+0.3) µs later;
+        // - Σx² as kernel 1's 25th item in f32 chains (no Σx² pass in kernel 2): +0.03…+0.39 µs, kernel 1 +0.16…+0.32;
+        // - eight threads per kernel-1 block partial instead of four: +0…+0.9 µs;
+        // - kernel 2 with launch bounds (more registers): fused op +0.13…+0.32 µs;
+        // - kernel 2's column conversions after its Σx² pass, the pass's loads unbranched: +0.04…+0.38 µs.
         let groups = shape.batch.div_ceil(BTF);
         match (shape.n <= NMAX_SMALL_N, slab_fits && groups <= MAX_GRID_Y, shape.batch <= MAX_GRID_Y) {
             (true, true, true) => Self::FixedPoint,

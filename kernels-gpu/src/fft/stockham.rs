@@ -558,3 +558,10 @@ kernel_abi::fft_pass_kernels!(pass_entries);
 // 16 elements 108.1, 16 in two blocks per SM 100.6–101.1 (same device call).
 crate::entry_directive!("fft_c128_l11_tw_per_stage", ".maxntid 256, 1, 1 .minnctapersm 2");
 crate::entry_directive!("fft_c128_l11_tw_per_stage_rows2_out512", ".maxntid 256, 1, 1 .minnctapersm 2");
+
+// scientific-1m's column pass (the 512-point c128 per-stage kernel, one 512-thread block per
+// SM): declared for its launch, ptxas gives it 118 registers instead of the 82 it picks
+// unbounded, 992 → 920 SASS instructions; 92.83–93.06 µs against 93.76–93.86 (column pass
+// 47.4 → 46.5; same device call, A B B A, outputs bitwise equal). The same directive on every
+// other FFT kernel lost or tied on every other row (docs/decisions/fft.md).
+crate::entry_directive!("fft_c128_l9_tw_per_stage", ".maxntid 512, 1, 1 .minnctapersm 1");
