@@ -123,7 +123,7 @@ impl PreClass {
         // - Σx² as kernel 1's 25th item in f32 chains (no Σx² pass in kernel 2): +0.03…+0.39 µs, kernel 1 +0.16…+0.32;
         // - eight threads per kernel-1 block partial instead of four: +0…+0.9 µs;
         // - kernel 2 with launch bounds (more registers): fused op +0.13…+0.32 µs;
-        // - kernel 2's column conversions after its Σx² pass, the pass's loads unbranched: +0.04…+0.38 µs.
+        // - kernel 2's column conversions after its Σx² pass, the pass's loads unbranched: +0…+0.38 µs.
         let groups = shape.batch.div_ceil(BTF);
         match (shape.n <= NMAX_SMALL_N, slab_fits && groups <= MAX_GRID_Y, shape.batch <= MAX_GRID_Y) {
             (true, true, true) => Self::FixedPoint,
