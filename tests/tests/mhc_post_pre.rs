@@ -273,3 +273,78 @@ fn short_buffers_are_errors() {
     assert!(matches!(res, Err(Error::Shape { arg: "sinkhorn_eps", .. })), "{res:?}");
     st.synchronize().unwrap();
 }
+
+/// Diagnostic: the fused op's `%globaltimer` stamps (RGK_STAMPS) after an L2 flush.
+#[test]
+#[ignore]
+fn stamps_timeline() {
+    let Some(gpu) = gpu_or_skip("mhc_post_pre::stamps_timeline") else { return };
+    let mut rng = fresh_rng("mhc_post_pre::stamps_timeline");
+    let st = gpu.stream().clone();
+    let mut flush = st.alloc_zeros::<u8>(256 << 20).unwrap();
+    for (batch, c) in [(1, 1280), (2, 1920), (4, 2560)] {
+        let s = MhcPreShape { batch, n: 4, c };
+        let inp = inputs(&mut rng, s, 1.0);
+        let d = upload(&gpu, &inp, ALIGNED);
+        let mut op = MhcPostPre::new(&gpu, s).unwrap();
+        let l = s.lens().unwrap();
+        let mut r = st.alloc_zeros::<bf16>(l.x).unwrap();
+        let mut y = st.alloc_zeros::<bf16>(l.x_layer).unwrap();
+        let mut h = st.alloc_zeros::<f32>(l.h_post).unwrap();
+        let mut rows: Vec<Vec<i64>> = Vec::new();
+        for it in 0..40 {
+            st.memset_zeros(&mut flush).unwrap();
+            {
+                let mut g = gpu.module().get_global("RGK_STAMPS", &st).unwrap();
+                st.memset_zeros(&mut g).unwrap();
+            }
+            let inputs = MhcPostPreInputs {
+                x_layer_out: &d.x_layer_out.slice(0..),
+                h_post: &d.h_post,
+                x_res: &d.x_res.slice(0..),
+                phi: &d.phi,
+                b: &d.b,
+            };
+            op.run(
+                &gpu,
+                MhcPreParams::default(),
+                inputs,
+                MhcPostPreOutputs { x_out: None, x_res: &mut r, x_layer: &mut y, h_post: &mut h },
+            )
+            .unwrap();
+            st.synchronize().unwrap();
+            let g = gpu.module().get_global("RGK_STAMPS", &st).unwrap();
+            let bytes: Vec<u8> = st.clone_dtoh(&g).unwrap();
+            let v: Vec<u64> = bytes.chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+            let k1: Vec<&[u64]> = v[4096..].chunks(4).filter(|c| c[0] != 0).collect();
+            let k2: Vec<&[u64]> = v[..4096].chunks(16).filter(|c| c[0] != 0).collect();
+            let t0 = k1.iter().map(|c| c[0]).min().unwrap();
+            let rel = |x: u64| x as i64 - t0 as i64;
+            let mut row = Vec::new();
+            for i in 0..3 {
+                row.push(k1.iter().map(|c| rel(c[i])).max().unwrap());
+            }
+            for i in 0..8 {
+                row.push(k2.iter().map(|c| rel(c[i])).min().unwrap());
+                row.push(k2.iter().map(|c| rel(c[i])).max().unwrap());
+            }
+            if it >= 8 {
+                rows.push(row);
+            }
+        }
+        let n = rows.len();
+        let med: Vec<i64> = (0..rows[0].len())
+            .map(|j| {
+                let mut c: Vec<i64> = rows.iter().map(|r| r[j]).collect();
+                c.sort();
+                c[n / 2]
+            })
+            .collect();
+        println!(
+            "STAMPS batch {batch} c {c} (ns after the first k1 block's entry, median of {n}): k1 last entry {} / last staged {} / last partials {}; k2 [min,max]: entry {:?} sumsq-own {:?} sumsq-block {:?} column {:?} wait-returned {:?} logit {:?} coefs {:?} stores {:?}",
+            med[0], med[1], med[2],
+            (med[3], med[4]), (med[5], med[6]), (med[7], med[8]), (med[9], med[10]),
+            (med[11], med[12]), (med[13], med[14]), (med[15], med[16]), (med[17], med[18])
+        );
+    }
+}
