@@ -160,7 +160,7 @@ fn run() -> Result<(), String> {
         return Err(format!("PTX is not self-contained, it declares: {line}"));
     }
     for k in &args.exports {
-        if !ptx.contains(&format!(".entry {k}(")) && !ptx.contains(&format!(" {k}[")) {
+        if !ptx.contains(&format!(".entry {k}(")) {
             return Err(format!("kernel {k} is missing from the PTX"));
         }
     }

@@ -1133,8 +1133,6 @@ unsafe fn fixed_point_mix(
     let ssw = base as *mut f64;
     let col = tile * nt + t;
     let active = col < c;
-    let sb = 16 * (beta * grid_dim_x() + tile);
-    stamp(sb, 0);
 
     // ---- prologue (independent of kernel 1).
     let xrow = x.add((beta * n * c) as usize);
@@ -1245,7 +1243,6 @@ unsafe fn fixed_point_mix(
             i0 += UN as u32 * nt;
         }
     }
-    stamp(sb + 1, ss.to_bits());
     let mut k = 16;
     while k > 0 {
         ss += shfl_xor_f64(ss, k);
@@ -1257,7 +1254,6 @@ unsafe fn fixed_point_mix(
     sync_threads();
     let ss = sum4(ssw, nw, 1);
     let inv_r = inv_r_of(ss, inv_sqrt_nc);
-    stamp(sb + 2, inv_r.to_bits());
     let alpha = if lane < 4 {
         alpha_pre
     } else if lane < 8 {
@@ -1266,9 +1262,7 @@ unsafe fn fixed_point_mix(
         alpha_res
     };
     let scale = alpha as f64 * inv_r;
-    stamp(sb + 3, xk[0].to_bits() as u64);
     grid_dependency_wait();
-    stamp(sb + 4, 0);
 
     // ---- the lane's logit from the two accumulator halves (this call's sums and the
     // half kernel 1 zeroed), one round of 2·ACC_WORDS independent loads per lane, no barrier.
@@ -1295,7 +1289,6 @@ unsafe fn fixed_point_mix(
         k += 1;
     }
     let h = accumulator_value(&sw);
-    stamp(sb + 5, h.to_bits());
 
     // ---- coefficients, redundantly in every warp (the same bits everywhere).
     let z = if valid { fma_f64(scale, h, bias_l as f64) } else { f64::NEG_INFINITY };
@@ -1305,7 +1298,6 @@ unsafe fn fixed_point_mix(
         *h_post.add((beta * n + lane - 4) as usize) = 2.0 * sg;
     }
     let (hs, ra) = broadcast_coefficients(sg, v);
-    stamp(sb + 6, (hs[0] + ra[15]).to_bits() as u64);
 
     // ---- mixing from registers.
     if active {
@@ -1321,7 +1313,6 @@ unsafe fn fixed_point_mix(
             i += 1;
         }
     }
-    stamp(sb + 7, 0);
 }
 
 // ================================================================ fixed-point split-K sums (n ≤ 4)
@@ -1675,8 +1666,6 @@ unsafe fn pre_slab_body(
     let rows = n * cwa;
     let b_lo = block_idx_y() * bpc;
     let b_hi = min_u32(batch, b_lo + bpc);
-    let sk = 4096 + 4 * (block_idx_y() * grid_dim_x() + rank);
-    stamp(sk, 0);
     // 16-byte copies of x into shared memory when every row segment is 16-byte aligned.
     let x = xsrc.x;
     let xvec = (x as u64) & 15 == 0
@@ -1779,7 +1768,6 @@ unsafe fn pre_slab_body(
         }
         cp_async_wait_all();
         sync_threads();
-        stamp(sk + 1, 0);
         if fixed_point && b0 == b_lo {
             let other = (part_ws as *mut u64).add((((par & 1) ^ 1) * acc_words) as usize);
             let step = grid_dim_x() * grid_dim_y() * nt;
@@ -1830,7 +1818,6 @@ unsafe fn pre_slab_body(
             i0 += nt;
         }
         if fixed_point {
-            stamp(sk + 2, 0);
             // The next group stages its x tile once every thread has read this one.
             if b0 + bga < b_hi {
                 sync_threads();
@@ -1849,20 +1836,4 @@ unsafe fn pre_slab_body(
         sync_threads();
         b0 += bga;
     }
-}
-
-/// Diagnostic: `%globaltimer` stamps of the fused op's kernels (thread 0 of each block).
-#[no_mangle]
-pub static mut RGK_STAMPS: [u64; 8192] = [0; 8192];
-
-#[inline(always)]
-unsafe fn stamp(slot: u32, dep: u64) {
-    #[cfg(target_arch = "nvptx64")]
-    if thread_idx_x() == 0 {
-        let t: u64;
-        core::arch::asm!("mov.u64 {}, %globaltimer;", out(reg64) t, options(nostack));
-        core::ptr::write_volatile(core::ptr::addr_of_mut!(RGK_STAMPS[slot as usize]), t + (dep & 0));
-    }
-    #[cfg(not(target_arch = "nvptx64"))]
-    let _ = (slot, dep);
 }
