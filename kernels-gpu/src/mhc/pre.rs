@@ -1152,8 +1152,9 @@ unsafe fn fixed_point_mix(
     };
     let bias_l = if valid { *bias.add(e as usize) } else { 0.0 };
     // Σx² of row β: products of bf16 values exact in f64, added in a fixed order per thread.
-    // (Σx² as kernel 1's 25th accumulator instead, f64 squares per slot thread: kernel 1
-    // +0.5–0.8 µs, every op slower; docs/decisions/mhc.md.)
+    // (Σx² as kernel 1's 25th accumulator instead, so no pass here: with f64 squares per slot
+    // thread kernel 1 +0.5–0.8 µs, with f32 chains like a logit's +0.16–0.32 µs; every op
+    // slower either way, docs/decisions/mhc.md.)
     let len = n * c;
     let mut ss = 0f64;
     let yvec = c % 8 == 0 && (src.x_layer_out as u64 + 2 * (beta * c) as u64) & 15 == 0;
