@@ -136,22 +136,26 @@ impl XSrc {
 /// and a fraction `f ∈ [-½, ½]`, `2^f` by `ex2.approx` (2^-22.5), times the exact `2^k`
 /// (one final rounding where the result is subnormal). Relative error ≈ 2^-22 for every d whose
 /// result is a normal f32, unlike `ex2.approx(d·log2 e)` whose argument rounding costs
-/// `2^-24·|d·log2 e|`.
+/// `2^-24·|d·log2 e|`. Branch-free, and `k` is read from the low word of `t + 1.5·2^52` (whose
+/// ulp is 1) instead of a saturating f64 → i32 conversion; `f` is never subnormal-sensitive
+/// (2^f ∈ [2^-½, 2^½]), so the `.ftz` form gives the same bits without the range fix-up.
 #[inline(always)]
 pub fn exp_le1(d: f64) -> f32 {
     const MAGIC: f64 = 6755399441055744.0; // 2^52 + 2^51: round-to-nearest-integer trick
     let t = d * core::f64::consts::LOG2_E;
+    let tm = t + MAGIC;
+    let kf = tm - MAGIC;
+    let p = ex2_approx_ftz((t - kf) as f32);
+    // |t| < 2^31 wherever the result is used (t ≥ -160, t ≤ log2 e), so the low word is k.
+    let k = tm.to_bits() as u32 as i32;
+    let normal = p * f32::from_bits((k.wrapping_add(127) as u32) << 23);
+    // k ∈ [-160, -127]: 2^(k+64) is normal and exact, then one rounding into the subnormals.
+    let sub = (p * f32::from_bits((k.wrapping_add(64 + 127) as u32) << 23)) * f32::from_bits((127 - 64) << 23);
+    let r = if k >= -126 { normal } else { sub };
     if t < -160.0 {
-        return 0.0;
-    }
-    let kf = (t + MAGIC) - MAGIC;
-    let p = ex2_approx((t - kf) as f32);
-    let k = kf as i32;
-    if k >= -126 {
-        p * f32::from_bits(((k + 127) as u32) << 23)
+        0.0
     } else {
-        // k ∈ [-160, -127]: 2^(k+64) is normal and exact, then one rounding into the subnormals.
-        (p * f32::from_bits(((k + 64 + 127) as u32) << 23)) * f32::from_bits((127 - 64) << 23)
+        r
     }
 }
 
@@ -747,11 +751,13 @@ fn lane_logit(l: u32, n: u32) -> Option<u32> {
 /// logit [`lane_logit`] (`z` in f64; `valid` false and `z = −∞` on the padding lanes): the row
 /// max by two butterfly levels, one exponential per lane (`e^-|z|` for σ on lanes < 8,
 /// `e^(z − max)` for R on lanes ≥ 16), σ(z) = 1/(1+e) (z ≥ 0) or e/(1+e) by a reciprocal
-/// estimate and one Newton step, passed to `sigma` on the valid lanes < 8; then `repeat`
-/// Sinkhorn rounds (rows: lanes ^1, ^2; columns: ^4, ^8), each division a Newton-refined
-/// reciprocal. Returns R on lanes ≥ 16 (0 elsewhere). Every lane of the warp must call it.
+/// estimate and one Newton step, then `repeat` Sinkhorn rounds (rows: lanes ^1, ^2; columns:
+/// ^4, ^8), each division a Newton-refined reciprocal. Returns `(σ, R)`: σ is meaningful on the
+/// valid lanes < 8 (every lane computes it, unbranched, so its arithmetic fills the Sinkhorn
+/// shuffles' latency instead of running before them), R on lanes ≥ 16 (0 elsewhere). Every
+/// lane of the warp must call it.
 #[inline(always)]
-unsafe fn lane_coefficients(z: f64, valid: bool, lane: u32, repeat: u32, eps: f32, mut sigma: impl FnMut(f32)) -> f32 {
+unsafe fn lane_coefficients(z: f64, valid: bool, lane: u32, repeat: u32, eps: f32) -> (f32, f32) {
     // Row max over lanes 4i..4i+3 (padding −∞; lanes < 16 compute a max they do not use).
     let mut zmax = z;
     let o = shfl_xor_f64(zmax, 1);
@@ -762,35 +768,49 @@ unsafe fn lane_coefficients(z: f64, valid: bool, lane: u32, repeat: u32, eps: f3
     if o > zmax {
         zmax = o;
     }
-    // One exponential per lane: e^-|z| for σ (lanes < 8), e^(z − max) for R (lanes ≥ 16).
-    let arg = if lane < 8 {
-        if z >= 0.0 {
-            -z
-        } else {
-            z
-        }
+    // One exponential per lane: e^-|z| for σ (lanes < 8), e^(z − max) for R (lanes ≥ 16), e^−∞
+    // = 0 on the padding lanes (selects, no divergent branch).
+    let arg = if !valid {
+        f64::NEG_INFINITY
+    } else if lane < 8 {
+        f64::from_bits(z.to_bits() | (1 << 63))
     } else {
         z - zmax
     };
-    let ex = if valid { exp_le1(arg) } else { 0.0 };
-    if valid && lane < 8 {
-        // σ(z) = 1/(1+e) (z ≥ 0) or e/(1+e): reciprocal estimate + one Newton step.
-        let d = 1.0 + ex;
-        let mut q = rcp_approx(d);
-        q = fma(q, fma(-d, q, 1.0), q);
-        sigma(if z >= 0.0 { q } else { ex * q });
-    }
-    let mut v = if lane >= 16 { ex } else { 0.0 };
+    let ex = exp_le1(arg);
+    // σ(z) = 1/(1+e) (z ≥ 0) or e/(1+e): reciprocal estimate + one Newton step. 1 + e ∈ [1, 2]
+    // is normal, so `rcp.approx.ftz` has `rcp.approx`'s bits without its range fix-up.
+    let d = 1.0 + ex;
+    let mut q = rcp_approx_ftz(d);
+    q = fma(q, fma(-d, q, 1.0), q);
+    let sg = if z >= 0.0 { q } else { ex * q };
+    let v = if lane >= 16 { ex } else { 0.0 };
+    // Each Sinkhorn divisor is a sum of entries in [0, 1] plus eps: normal and below 2^126
+    // whenever eps is, so the `.ftz` reciprocal gives the same bits there (a uniform branch).
+    let v = if (f32::MIN_POSITIVE..=f32::from_bits(0x7D80_0000)).contains(&eps) {
+        sinkhorn::<true>(v, repeat, eps)
+    } else {
+        sinkhorn::<false>(v, repeat, eps)
+    };
+    (sg, v)
+}
+
+/// `repeat` Sinkhorn rounds of [`lane_coefficients`] over the 4×4 matrix on lanes 16–31 (lane
+/// `16 + 4i + k` holds `R[i][k]`); `FTZ` selects `rcp.approx.ftz` (exact only for divisors in
+/// [2^-126, 2^126]).
+#[inline(always)]
+fn sinkhorn<const FTZ: bool>(mut v: f32, repeat: u32, eps: f32) -> f32 {
+    let rcp = |d: f32| if FTZ { rcp_approx_ftz(d) } else { rcp_approx(d) };
     let mut rep = 0;
     while rep < repeat {
         let s = v + shfl_xor_f32(v, 1);
         let d = s + shfl_xor_f32(s, 2) + eps;
-        let mut q = rcp_approx(d);
+        let mut q = rcp(d);
         q = fma(q, fma(-d, q, 1.0), q);
         v *= q;
         let s = v + shfl_xor_f32(v, 4);
         let d = s + shfl_xor_f32(s, 8) + eps;
-        let mut q = rcp_approx(d);
+        let mut q = rcp(d);
         q = fma(q, fma(-d, q, 1.0), q);
         v *= q;
         rep += 1;
@@ -939,13 +959,12 @@ unsafe fn mix_small_n(a: PreMixArgs) {
             alpha_res
         };
         let z = if valid { alpha as f64 * *tot.add(e as usize) * inv_r + bias_l as f64 } else { f64::NEG_INFINITY };
-        let v = lane_coefficients(z, valid, lane, repeat, eps, |sg| {
-            if lane < 4 {
-                *hs.add(lane as usize) = sg;
-            } else if tile == 0 {
-                *h_post.add((beta * n + lane - 4) as usize) = 2.0 * sg;
-            }
-        });
+        let (sg, v) = lane_coefficients(z, valid, lane, repeat, eps);
+        if valid && lane < 4 {
+            *hs.add(lane as usize) = sg;
+        } else if valid && lane < 8 && tile == 0 {
+            *h_post.add((beta * n + lane - 4) as usize) = 2.0 * sg;
+        }
         if lane >= 16 {
             *ra.add((lane - 16) as usize) = v;
         }
@@ -1253,17 +1272,27 @@ unsafe fn fixed_point_mix(
         *ssw.add(w as usize) = ss;
     }
     sync_threads();
-    let ss = sum4(ssw, nw, 1);
-    let inv_r = inv_r_of(ss, inv_sqrt_nc);
-    let alpha = if lane < 4 {
-        alpha_pre
-    } else if lane < 8 {
-        alpha_post
-    } else {
-        alpha_res
-    };
-    let scale = alpha as f64 * inv_r;
+    // The three logit scales alpha/r, by thread 0 into ssw[32..35] and through a second
+    // barrier: computed in registers, ptxas scheduled the f64 reciprocal chain of `1/r` after
+    // `griddepcontrol.wait`, behind the accumulator loads, where it lengthened the chain.
+    if t == 0 {
+        let ss = sum4(ssw, nw, 1);
+        let inv_r = inv_r_of(ss, inv_sqrt_nc);
+        *ssw.add(32) = alpha_pre as f64 * inv_r;
+        *ssw.add(33) = alpha_post as f64 * inv_r;
+        *ssw.add(34) = alpha_res as f64 * inv_r;
+    }
+    sync_threads();
     grid_dependency_wait();
+    let scale = *ssw.add(
+        32 + if lane < 4 {
+            0
+        } else if lane < 8 {
+            1
+        } else {
+            2
+        },
+    );
 
     // ---- the lane's logit from the two accumulator halves (this call's sums and the
     // half kernel 1 zeroed), one round of 2·ACC_WORDS independent loads per lane, no barrier.
@@ -1293,8 +1322,7 @@ unsafe fn fixed_point_mix(
 
     // ---- coefficients, redundantly in every warp (the same bits everywhere).
     let z = if valid { fma_f64(scale, h, bias_l as f64) } else { f64::NEG_INFINITY };
-    let mut sg = 0f32;
-    let v = lane_coefficients(z, valid, lane, repeat, eps, |s| sg = s);
+    let (sg, v) = lane_coefficients(z, valid, lane, repeat, eps);
     if tile == 0 && w == 0 && valid && (4..8).contains(&lane) {
         *h_post.add((beta * n + lane - 4) as usize) = 2.0 * sg;
     }
@@ -1358,16 +1386,19 @@ unsafe fn add_limb(p: *mut u64, v: f64, k: u32) {
 /// f64); NaN when a partial was counted as non-finite.
 #[inline(always)]
 fn accumulator_value(s: &[u64; ACC_WORDS as usize]) -> f64 {
-    if s[ACC_LIMBS as usize] != 0 {
-        return f64::NAN;
-    }
+    // Each limb times its power of two is exact, so the FMA is the rounded sum (the same bits
+    // as the product then the addition), and the NaN case is a select, not a branch.
     let mut h = 0f64;
     let mut k = 0;
     while k < ACC_LIMBS {
-        h += (s[k as usize] as i64) as f64 * f64::from_bits(((959 + 48 * k) as u64) << 52);
+        h = fma_f64((s[k as usize] as i64) as f64, f64::from_bits(((959 + 48 * k) as u64) << 52), h);
         k += 1;
     }
-    h
+    if s[ACC_LIMBS as usize] != 0 {
+        f64::NAN
+    } else {
+        h
+    }
 }
 
 crate::entry_directive!("mhc_pre_partial_slab_fixed_point", ".maxntid 512, 1, 1 .minnctapersm 1");
