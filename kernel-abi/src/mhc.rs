@@ -54,6 +54,10 @@ pub const BTF: u32 = 8;
 /// Largest n of the slab kernels 1 and of `mhc_pre_mix_small_n` /
 /// `mhc_pre_mix_fixed_point` (one warp holds a padded 4×4 R, one element per lane).
 pub const NMAX_SMALL_N: u32 = 4;
+/// Kernel 2's block for n ≤ 4 (`mhc_pre_mix_fixed_point`, `mhc_pre_mix_small_n`); also the
+/// thread count whose order the fused kernel 1's row blocks follow for Σx², so that the fused
+/// op's outputs have MHCPreFwd's bits.
+pub const MIX_BLOCK_SMALL_N: u32 = 256;
 /// Bytes of `mhc_pre_mix_small_n`'s shared memory before its x tile (`tot[32]` f64, `hs[4]`
 /// f32, `ra[16]` f32, padded).
 pub const MIX_SMALL_N_SMEM_HEAD: u32 = 336;
@@ -71,8 +75,9 @@ pub const fn fastdiv_magic(d: u32) -> u64 {
     (1u64 << 32) / d as u64 + 1
 }
 
-/// `mhc_pre_mix_fixed_point`'s dynamic shared memory as launched, bytes: `ssw[32]` f64, then 8
-/// bytes per thread that the kernel does not touch (the measured launch configuration).
+/// `mhc_pre_mix_fixed_point`'s dynamic shared memory as launched, bytes: 256 + 8 per thread,
+/// none of which the kernel touches (the measured launch configuration; it had held the Σx²
+/// pass's warp sums before kernel 1's row blocks took that pass over).
 pub const fn mix_fixed_point_smem(block: u32) -> u32 {
     256 + 8 * block
 }
@@ -125,6 +130,13 @@ kernel_args! {
         pub cw: u32,
         /// Batch rows per group (a multiple of [`BTF`]).
         pub bpc: u32,
+        /// The fixed-point kernel's row blocks (grid `(G + bpc, groups)`: block `G + i` takes
+        /// batch row i of its group) store the row's three logit scales `alpha/r` (f64) at
+        /// u64 words `2·batch·m·ACC_WORDS + 1 + 3β ..` of `part_ws`; unused by the plain kernel.
+        pub alpha_pre: f32,
+        pub alpha_post: f32,
+        pub alpha_res: f32,
+        pub inv_sqrt_nc: f64,
     }
 }
 
@@ -170,7 +182,8 @@ kernel_args! {
     /// `mhc_pre_mix_fixed_point` (kernel 2 of the fixed-point pair, n ≤ [`NMAX_SMALL_N`]),
     /// launched as a programmatic dependent of kernel 1: grid `(tiles, batch)`, block `(T, 1,
     /// 1)`, dynamic shared memory [`mix_fixed_point_smem`]`(T)`. Reads the accumulators of the
-    /// epoch's half of `part_ws` (kernel 1 zeroes the other half); block (0, 0) flips the epoch.
+    /// epoch's half of `part_ws` (kernel 1 zeroes the other half) and the row's logit scales
+    /// that kernel 1's row blocks stored; block (0, 0) flips the epoch.
     pub struct PreMixFixedPointArgs / pre_mix_fixed_point_entry {
         pub x: *const u16,
         pub bias: *const f32,
@@ -183,12 +196,8 @@ kernel_args! {
         pub c: u32,
         /// Unused by the kernel (kernel 1's grid; the accumulators need no partial count).
         pub grid1: u32,
-        pub alpha_pre: f32,
-        pub alpha_post: f32,
-        pub alpha_res: f32,
         pub repeat: u32,
         pub eps: f32,
-        pub inv_sqrt_nc: f64,
     }
 }
 
@@ -197,6 +206,9 @@ kernel_args! {
     /// [`PrePartialSlabArgs`]'s kernel with `x` computed from the post half's inputs,
     /// `x[β, k·c + j] = q(h_post_in[β, k]·x_layer_out[β, j] + x_res_in[β, k·c + j])`, and
     /// written to `x_out` where that is not null (each element by the block that stages it).
+    /// Grid `(⌈c/cw⌉ + bpc, groups)`: the last `bpc` blocks of each group are row blocks, one per
+    /// batch row of the group, each summing its row's Σx² and storing the row's three logit
+    /// scales `alpha/r` (f64) at u64 words `2·batch·m·ACC_WORDS + 1 + 3β ..` of `part_ws`.
     pub struct PostPrePartialArgs / post_pre_partial_entry {
         pub phi: *const f32,
         pub x_layer_out: *const u16,
@@ -210,6 +222,10 @@ kernel_args! {
         pub c: u32,
         pub cw: u32,
         pub bpc: u32,
+        pub alpha_pre: f32,
+        pub alpha_post: f32,
+        pub alpha_res: f32,
+        pub inv_sqrt_nc: f64,
     }
 }
 
@@ -228,12 +244,8 @@ kernel_args! {
         pub batch: u32,
         pub n: u32,
         pub c: u32,
-        pub alpha_pre: f32,
-        pub alpha_post: f32,
-        pub alpha_res: f32,
         pub repeat: u32,
         pub eps: f32,
-        pub inv_sqrt_nc: f64,
     }
 }
 

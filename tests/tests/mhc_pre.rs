@@ -690,8 +690,9 @@ fn plan_invariants() {
                                 assert!(
                                     batch <= 65535 && g.block == 256 && (g.tiles as usize) == c.div_ceil(c.min(256))
                                 );
-                                // Two halves of 5 words per (batch row, logit), then the epoch word.
-                                assert_eq!(plan.workspace, 2 * batch * (mq - 1) * rgk::mhc::ACC_WORDS + 1);
+                                // Two halves of 5 words per (batch row, logit), the epoch word,
+                                // then three logit scales per batch row.
+                                assert_eq!(plan.workspace, 2 * batch * (mq - 1) * rgk::mhc::ACC_WORDS + 1 + 3 * batch);
                             }
                             Mix::SmallN(g) | Mix::AnyN(g) => {
                                 let (jt, tiles, mb) = (g.jt as usize, g.tiles as usize, g.block as usize);
@@ -879,8 +880,9 @@ fn fixed_point_limbs_are_exact() {
 /// The fixed-point workspace, mirrored from the kernels: kernel 1's limb adds of every (batch row of its
 /// y-block groups, logit) land in one half (`((β·m + q)·ACC_WORDS + k`, k < ACC_WORDS), its zeroing
 /// loop (word `bid·T + t`, stride `blocks·T`) writes every word of the other half exactly once,
-/// kernel 2's loads (one logit per lane, both halves) stay inside the halves, and the epoch word
-/// is the workspace's last u64 word.
+/// kernel 2's loads (one logit per lane, both halves) stay inside the halves, the epoch word
+/// follows them, and the row blocks (one per batch row of a group, after the partial blocks)
+/// store each batch row's three logit scales exactly once, in the workspace's last words.
 #[test]
 fn fixed_point_accumulator_layout() {
     use rgk::mhc::ACC_WORDS;
@@ -900,7 +902,7 @@ fn fixed_point_accumulator_layout() {
                     let g = plan;
                     let m = s.logits();
                     let words = batch * m * ACC_WORDS;
-                    assert_eq!(g.workspace, 2 * words + 1, "{s:?} {g:?}");
+                    assert_eq!(g.workspace, 2 * words + 1 + 3 * batch, "{s:?} {g:?}");
                     // Kernel 1's adds: every (β, q) of every y-block's group, limbs and count word.
                     let mut added = vec![0u32; words];
                     for by in 0..groups as usize {
@@ -914,8 +916,20 @@ fn fixed_point_accumulator_layout() {
                         }
                     }
                     assert!(added.iter().all(|&a| a == 1), "{s:?} {g:?}: an accumulator no block adds to");
-                    // Kernel 1's zeroing of the other half, over all grid × groups blocks.
-                    let (nb, t) = (k1.grid as usize * groups as usize, block as usize);
+                    // The row blocks: block grid + i of group by takes batch row by·bpc + i.
+                    let mut scaled = vec![0u32; batch];
+                    for by in 0..groups as usize {
+                        for i in 0..bpc as usize {
+                            let beta = by * bpc as usize + i;
+                            if beta < batch {
+                                scaled[beta] += 1;
+                                assert!(2 * words + 1 + 3 * beta + 2 < g.workspace, "{s:?} {g:?}");
+                            }
+                        }
+                    }
+                    assert!(scaled.iter().all(|&a| a == 1), "{s:?} {g:?}: a batch row without one row block");
+                    // Kernel 1's zeroing of the other half, over all (grid + bpc) × groups blocks.
+                    let (nb, t) = ((k1.grid + bpc) as usize * groups as usize, block as usize);
                     let mut zeroed = vec![0u32; words];
                     for bid in 0..nb {
                         for th in 0..t {

@@ -95,7 +95,7 @@ const PARTIAL_GRID_CAP: usize = 64;
 const FMA_BLOCK: u32 = 256;
 /// Kernel 2's block for n ≤ 4: 256 threads (fixed point: 5.06 / 5.34 / 6.18 µs against 5.38 /
 /// 5.82 / 6.40 at 512: each block reads one accumulator per logit, so more, smaller blocks win).
-const MIX_BLOCK_SMALL_N: u32 = 256;
+const MIX_BLOCK_SMALL_N: u32 = abi::MIX_BLOCK_SMALL_N;
 /// Kernel 2's block for n > 4: 512 threads (`mhc_pre_mix`'s tiles of 8 x values per thread).
 const MIX_BLOCK_ANY_N: u32 = 512;
 
@@ -463,7 +463,7 @@ pub fn slab_fits(shape: MhcPreShape, cols: usize, max_smem: usize) -> bool {
 pub struct PrePlan {
     pub shape: MhcPreShape,
     /// Workspace length, u64 words: the fixed-point pair's two accumulator halves of
-    /// `batch·(n²+2n)·5` words and an epoch word, else one f64 partial per (batch row,
+    /// `batch·(n²+2n)·5` words, an epoch word and three f64 logit scales per batch row, else one f64 partial per (batch row,
     /// quantity, kernel-1 block), the quantities being the `n²+2n` logits and Σx².
     pub workspace: usize,
     /// Kernel 1.
@@ -598,7 +598,8 @@ impl PrePlan {
                 tiles: tiles as u32,
                 smem: abi::mix_fixed_point_smem(mb as u32),
             });
-            (mix, tiles, 2 * checked_product("x", &[batch, shape.logits(), ACC_WORDS])? + 1)
+            // The accumulator halves, the epoch word, then three logit scales per batch row.
+            (mix, tiles, 2 * checked_product("x", &[batch, shape.logits(), ACC_WORDS])? + 1 + 3 * batch)
         } else {
             let jt = c.min(mb).min(UN * mb / n);
             let tiles = c.div_ceil(jt);
@@ -815,7 +816,8 @@ impl MhcPre {
 /// `workspace`: at least `plan.workspace` u64 words, 8-byte aligned. With the fixed-point pair
 /// (n ≤ 4, batch ≤ 65535, the usual case) the whole workspace is state: all zero before the
 /// first call with it, then left to the kernels (each call's kernel 1 adds into the half the
-/// last word's parity names and zeroes the other; kernel 2 flips the parity). Otherwise it is
+/// epoch word's parity names and zeroes the other, and rewrites the three logit scales per
+/// batch row that follow the epoch word; kernel 2 flips the parity). Otherwise it is
 /// scratch (any contents: kernel 1 overwrites every word kernel 2 reads). One workspace must
 /// not serve two calls that may run concurrently (different streams).
 ///
@@ -893,8 +895,30 @@ pub fn pre_fwd_launches(
     let (batch, n, c) = (s.batch as u32, s.n as u32, s.c as u32);
     let partials = match plan.partials {
         Partials::SlabFixedPoint(g) | Partials::Slab(g) => {
-            let args = PrePartialSlabArgs { phi, x, part_ws, batch, n, c, cw: g.cols, bpc: g.batch_per_group };
-            let dims = LaunchDims { grid: (g.grid, g.groups, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
+            let args = PrePartialSlabArgs {
+                phi,
+                x,
+                part_ws,
+                batch,
+                n,
+                c,
+                cw: g.cols,
+                bpc: g.batch_per_group,
+                alpha_pre: params.alpha_pre,
+                alpha_post: params.alpha_post,
+                alpha_res: params.alpha_res,
+                inv_sqrt_nc: 1.0 / ((s.n * s.c) as f64).sqrt(),
+            };
+            // The fixed-point kernel's row blocks (Σx² and the scales) follow the partial
+            // blocks; their warp sums (8 f64) share the slab's dynamic shared memory.
+            let dims = match plan.partials {
+                Partials::SlabFixedPoint(_) => LaunchDims {
+                    grid: (g.grid + g.batch_per_group, g.groups, 1),
+                    block: (g.block, 1, 1),
+                    shared_bytes: g.smem.max(64),
+                },
+                _ => LaunchDims { grid: (g.grid, g.groups, 1), block: (g.block, 1, 1), shared_bytes: g.smem },
+            };
             PrePartialsLaunch::Slab(Planned { kernel, dims, args })
         }
         Partials::Fma(g) => {
@@ -928,24 +952,8 @@ pub fn pre_fwd_launches(
     let inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
     let mix = match plan.mix {
         Mix::FixedPoint(g) => {
-            let args = PreMixFixedPointArgs {
-                x,
-                bias,
-                part_ws,
-                x_res,
-                x_layer,
-                h_post,
-                batch,
-                n,
-                c,
-                grid1,
-                alpha_pre,
-                alpha_post,
-                alpha_res,
-                repeat,
-                eps,
-                inv_sqrt_nc,
-            };
+            let args =
+                PreMixFixedPointArgs { x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, repeat, eps };
             let dims = LaunchDims { grid: (g.tiles, s.batch as u32, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
             PreMixLaunch::FixedPoint(Planned { kernel, dims, args })
         }

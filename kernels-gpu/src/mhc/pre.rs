@@ -7,8 +7,10 @@
 //!   kernel 1 stages a phi slab and sums its block partials by f32 FMAs, then adds them as
 //!   integer fixed-point limbs with
 //!   `red.global.add` into one accumulator per logit (integer addition is associative: the
-//!   result does not depend on the order); the workspace keeps two accumulator halves and an
-//!   epoch word between calls;
+//!   result does not depend on the order); one row block per batch row (after the partial
+//!   blocks) sums the row's Σx² and stores its logit scales `alpha/r`, so kernel 2 has no pass
+//!   over x before its wait; the workspace keeps two accumulator halves and an epoch word
+//!   between calls;
 //! - n ≤ 4 with a batch beyond kernel 2's grid: [`mhc_pre_partial_slab`] (partials stored) +
 //!   [`mhc_pre_mix_small_n`]; where the phi slab does not fit shared memory,
 //!   [`mhc_pre_partial_fma`] + [`mhc_pre_mix_small_n`];
@@ -718,6 +720,7 @@ unsafe fn mix(a: PreMixArgs) {
 
 // ================================================================ kernel 2, register coefficients (n ≤ 4)
 
+use kernel_abi::mhc::MIX_BLOCK_SMALL_N;
 /// Largest n of [`mhc_pre_mix_small_n`] (one warp holds a padded 4×4 R, one element per lane).
 pub use kernel_abi::mhc::NMAX_SMALL_N;
 /// Partial loads per lane and quantity in flight in [`mhc_pre_mix_small_n`] (`G ≤ 32·GL` in one round).
@@ -1021,7 +1024,7 @@ pub use kernel_abi::mhc::MIX_SMALL_N_SMEM_HEAD;
 
 // ================================================================ kernel 2 of the fixed-point pair (n ≤ 4)
 
-/// 16-byte x loads in flight per thread in [`mhc_pre_mix_fixed_point`]'s Σx² pass.
+/// 16-byte x loads in flight per thread in [`row_sumsq`].
 const XR: usize = 4;
 /// `Σ_{i<count} p[i·stride]` in a fixed order: rounds of 16 independent loads, added into four
 /// interleaved chains (i mod 4), then `(s0 + s1) + (s2 + s3)`.
@@ -1052,46 +1055,24 @@ unsafe fn sum4(p: *const f64, count: u32, stride: u32) -> f64 {
 
 /// Kernel 2 of the fixed-point pair (n ≤ 4, after [`mhc_pre_partial_slab_fixed_point`]): grid
 /// `(tiles, batch)`, block `(T, 1, 1)`; block `(tile, β)` mixes the columns `col = tile·T + t`
-/// of batch row β, one per thread. Everything that does not need kernel 1 happens before
-/// `griddepcontrol.wait`:
-/// - the thread's column `x[β, k·c + col]` (k < n) into registers (no staged tile);
-/// - `r` from x itself: Σx² of the whole row (16-byte loads where aligned, exact f64 FMAs in a
-///   fixed order, warp butterfly, warp sums in order — every block of the row gets the same
-///   bits), then `1/r` ([`inv_r_of`]) and each lane's `alpha/r` and bias;
-///
-/// after the wait, one dependent chain per warp and no barrier:
+/// of batch row β, one per thread. Before `griddepcontrol.wait`: the thread's column
+/// `x[β, k·c + col]` (k < n) into registers (no staged tile) and its lane's bias; after the wait,
+/// one dependent chain per warp and no barrier:
 /// - lane l loads its logit's ([`lane_logit`]) accumulator words from both halves of `part_ws`
 ///   (one half holds this call's sums, kernel 1 zeroed the other), adds them as integers and
-///   converts ([`accumulator_value`]); block (0, 0) flips the epoch word;
+///   converts ([`accumulator_value`]), and loads its `alpha/r`, which kernel 1's row block of β
+///   stored ([`row_scales`]); block (0, 0) flips the epoch word;
 /// - every warp runs [`lane_coefficients`] itself (identical bits in every warp) and takes
 ///   H_pre and R by 20 broadcast shuffles — no shared round trip;
 /// - mixing from registers: `x_layer = q(Σ_k H_pre[k]·x_k)`, `x_res[i] = q(Σ_k R[i,k]·x_k)`.
 ///
-/// Tile 0, warp 0 writes h_post. Shared memory [`mix_fixed_point_smem`]. `grid1` is unused.
+/// Tile 0, warp 0 writes h_post. Shared memory [`mix_fixed_point_smem`] (untouched). `grid1` is unused.
 /// Fixed summation orders: bitwise reproducible.
 #[inline(always)]
 unsafe fn mix_fixed_point(a: PreMixFixedPointArgs) {
-    let PreMixFixedPointArgs {
-        x,
-        bias,
-        part_ws,
-        x_res,
-        x_layer,
-        h_post,
-        batch,
-        n,
-        c,
-        grid1: _,
-        alpha_pre,
-        alpha_post,
-        alpha_res,
-        repeat,
-        eps,
-        inv_sqrt_nc,
-    } = a;
-    let alphas = [alpha_pre, alpha_post, alpha_res];
+    let PreMixFixedPointArgs { x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1: _, repeat, eps } = a;
     let outs = (x_res, x_layer, h_post);
-    fixed_point_mix(XSrc::plain(x), bias, part_ws, outs, batch, n, c, alphas, repeat, eps, inv_sqrt_nc);
+    fixed_point_mix(XSrc::plain(x), bias, part_ws, outs, batch, n, c, repeat, eps);
 }
 
 /// Kernel 2 of the fused post→pre op (MHCPostPreFwd): [`mhc_pre_mix_fixed_point`] with x
@@ -1110,70 +1091,30 @@ unsafe fn post_pre_mix_fixed_point(a: PostPreMixArgs) {
         batch,
         n,
         c,
-        alpha_pre,
-        alpha_post,
-        alpha_res,
         repeat,
         eps,
-        inv_sqrt_nc,
     } = a;
     let src = XSrc { x: x_res_in, post: true, x_layer_out, h_post_in, x_out: core::ptr::null_mut() };
-    let alphas = [alpha_pre, alpha_post, alpha_res];
     let outs = (x_res, x_layer, h_post);
-    fixed_point_mix(src, bias, part_ws, outs, batch, n, c, alphas, repeat, eps, inv_sqrt_nc);
+    fixed_point_mix(src, bias, part_ws, outs, batch, n, c, repeat, eps);
 }
 
-/// The body of the fixed-point kernels 2 (see [`mhc_pre_mix_fixed_point`]).
+/// Σx² of batch row β in f64 (products of bf16 values exact, added in a fixed order), by the
+/// first `nt` threads of the block (the other threads add nothing): each thread's chunks
+/// `t, t + nt, …` in turn, then a warp butterfly; lane 0 of warp `w < nt/32` stores its warp's
+/// sum to `ssw[w]`, then a block barrier (every thread of the block must call it;
+/// [`sum4`]`(ssw, nt/32, 1)` is the row's Σx²). The post half's x (`src.post`) is taken in the
+/// order of a stored, 16-byte aligned x_out, so that the fused op's Σx² has MHCPreFwd's bits
+/// (f64 sums of squares round once the row's sum outgrows small squares: the order matters).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn fixed_point_mix(
-    src: XSrc,
-    bias: *const f32,
-    part_ws: *const f64,
-    (x_res, x_layer, h_post): (*mut u16, *mut u16, *mut f32),
-    batch: u32,
-    n: u32,
-    c: u32,
-    [alpha_pre, alpha_post, alpha_res]: [f32; 3],
-    repeat: u32,
-    eps: f32,
-    inv_sqrt_nc: f64,
-) {
+unsafe fn row_sumsq(src: XSrc, beta: u32, n: u32, c: u32, t: u32, nt: u32, ssw: *mut f64) {
     let x = src.x;
-    let t = thread_idx_x();
-    let nt = block_dim_x();
-    let lane = t & 31;
-    let w = t >> 5;
-    let nw = nt >> 5;
-    let tile = block_idx_x();
-    let beta = block_idx_y();
-    let m = n * n + 2 * n;
-    let base = dyn_smem::<u8>();
-    let ssw = base as *mut f64;
-    let col = tile * nt + t;
-    let active = col < c;
-
-    // ---- prologue (independent of kernel 1).
     let xrow = x.add((beta * n * c) as usize);
-    let mut xk = [0f32; NMAX_SMALL_N as usize];
-    let mut k = 0;
-    while k < NMAX_SMALL_N {
-        if k < n && active {
-            let v =
-                if src.post { src.post_elem_at(beta * n + k, beta, c, col) } else { *xrow.add((k * c + col) as usize) };
-            xk[k as usize] = bf16_to_f32(v);
-        }
-        k += 1;
-    }
-    let (e, valid) = match lane_logit(lane, n) {
-        Some(e) => (e, true),
-        None => (0, false),
-    };
-    let bias_l = if valid { *bias.add(e as usize) } else { 0.0 };
-    // Σx² of row β: products of bf16 values exact in f64, added in a fixed order per thread.
-    // (Σx² as kernel 1's 25th accumulator instead, so no pass here: with f64 squares per slot
-    // thread kernel 1 +0.5–0.8 µs, with f32 chains like a logit's +0.16–0.32 µs; every op
-    // slower either way, docs/decisions/mhc.md.)
+    let (lane, w) = (t & 31, t >> 5);
+    // A thread beyond `nt` (of a 512-thread kernel-1 block) starts past every loop's end.
+    let t = if t < nt { t } else { u32::MAX - nt };
+
     let len = n * c;
     let mut ss = 0f64;
     let yvec = c % 8 == 0 && (src.x_layer_out as u64 + 2 * (beta * c) as u64) & 15 == 0;
@@ -1268,36 +1209,71 @@ unsafe fn fixed_point_mix(
         ss += shfl_xor_f64(ss, k);
         k >>= 1;
     }
-    if lane == 0 {
+    if lane == 0 && w < nt >> 5 {
         *ssw.add(w as usize) = ss;
     }
     sync_threads();
-    // The three logit scales alpha/r, by thread 0 into ssw[32..35] and through a second
-    // barrier: computed in registers, ptxas scheduled the f64 reciprocal chain of `1/r` after
-    // `griddepcontrol.wait`, behind the accumulator loads, where it lengthened the chain.
-    if t == 0 {
-        let ss = sum4(ssw, nw, 1);
-        let inv_r = inv_r_of(ss, inv_sqrt_nc);
-        *ssw.add(32) = alpha_pre as f64 * inv_r;
-        *ssw.add(33) = alpha_post as f64 * inv_r;
-        *ssw.add(34) = alpha_res as f64 * inv_r;
+}
+
+/// The body of the fixed-point kernels 2 (see [`mhc_pre_mix_fixed_point`]).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fixed_point_mix(
+    src: XSrc,
+    bias: *const f32,
+    part_ws: *const f64,
+    (x_res, x_layer, h_post): (*mut u16, *mut u16, *mut f32),
+    batch: u32,
+    n: u32,
+    c: u32,
+    repeat: u32,
+    eps: f32,
+) {
+    let x = src.x;
+    let t = thread_idx_x();
+    let nt = block_dim_x();
+    let lane = t & 31;
+    let w = t >> 5;
+    let tile = block_idx_x();
+    let beta = block_idx_y();
+    let m = n * n + 2 * n;
+    let col = tile * nt + t;
+    let active = col < c;
+
+    // ---- prologue (independent of kernel 1).
+    let xrow = x.add((beta * n * c) as usize);
+    let mut xk = [0f32; NMAX_SMALL_N as usize];
+    let mut k = 0;
+    while k < NMAX_SMALL_N {
+        if k < n && active {
+            let v =
+                if src.post { src.post_elem_at(beta * n + k, beta, c, col) } else { *xrow.add((k * c + col) as usize) };
+            xk[k as usize] = bf16_to_f32(v);
+        }
+        k += 1;
     }
-    sync_threads();
+    let (e, valid) = match lane_logit(lane, n) {
+        Some(e) => (e, true),
+        None => (0, false),
+    };
+    let bias_l = if valid { *bias.add(e as usize) } else { 0.0 };
+    let cls = if lane < 4 {
+        0
+    } else if lane < 8 {
+        1
+    } else {
+        2
+    };
+    let words = batch * m * ACC_WORDS;
+    let a = part_ws as *const u64;
+    // Kernel 1's row blocks stored the row's scales ([`row_scales`]): no Σx² pass here. (The
+    // fused op's kernel 2 had recomputed the post half over the whole row for it, and that
+    // prologue ended the op's chain; MHCPreFwd's pass cost its x reads.)
     grid_dependency_wait();
-    let scale = *ssw.add(
-        32 + if lane < 4 {
-            0
-        } else if lane < 8 {
-            1
-        } else {
-            2
-        },
-    );
+    let scale = *(a.add((2 * words + 1 + 3 * beta + cls) as usize) as *const f64);
 
     // ---- the lane's logit from the two accumulator halves (this call's sums and the
     // half kernel 1 zeroed), one round of 2·ACC_WORDS independent loads per lane, no barrier.
-    let words = batch * m * ACC_WORDS;
-    let a = part_ws as *const u64;
     let mut v = [0u64; 2 * ACC_WORDS as usize];
     if valid {
         let p0 = a.add(((beta * m + e) * ACC_WORDS) as usize);
@@ -1404,7 +1380,10 @@ fn accumulator_value(s: &[u64; ACC_WORDS as usize]) -> f64 {
 crate::entry_directive!("mhc_pre_partial_slab_fixed_point", ".maxntid 512, 1, 1 .minnctapersm 1");
 crate::entry_directive!("mhc_post_pre_partial_slab_fixed_point", ".maxntid 512, 1, 1 .minnctapersm 1");
 
-/// Kernel 1 of the fixed-point pair ([`pre_slab_body`]): grid `(G, groups)`, block `(T, 1, 1)`;
+/// Kernel 1 of the fixed-point pair ([`pre_slab_body`]): grid `(G + bpc, groups)`, block `(T, 1, 1)`;
+/// the last `bpc` blocks of each group are row blocks ([`row_scales`]: Σx² and the logit scales
+/// of one batch row, in parallel with the partial blocks, where kernel 2 had summed the whole
+/// row before its wait);
 /// block `g` owns the channel columns `[g·cw, min((g+1)·cw, c))` and adds each of its block
 /// partials as [`ACC_LIMBS`] integer limbs ([`add_limb`]) into `part_ws[par][(β·m + q)·ACC_WORDS ..]`,
 /// where `m = n²+2n` and `par` is the parity of the u32 epoch word at u64 word
@@ -1414,8 +1393,10 @@ crate::entry_directive!("mhc_post_pre_partial_slab_fixed_point", ".maxntid 512, 
 /// do not depend on the order. Triggers the dependent launch of kernel 2 at entry.
 #[inline(always)]
 unsafe fn partial_slab_fixed_point(a: PrePartialSlabArgs) {
-    let PrePartialSlabArgs { phi, x, part_ws, batch, n, c, cw, bpc } = a;
-    partial_slab_entry(phi, x, part_ws, batch, n, c, cw, bpc, true);
+    let PrePartialSlabArgs { phi, x, part_ws, batch, n, c, cw, bpc, alpha_pre, alpha_post, alpha_res, inv_sqrt_nc } = a;
+    let scales = Some(([alpha_pre, alpha_post, alpha_res], inv_sqrt_nc));
+    grid_launch_dependents();
+    pre_slab_body(phi, XSrc::plain(x), batch, n, c, cw, bpc, part_ws, true, scales);
 }
 
 /// [`mhc_pre_mix_fixed_point`]'s dynamic shared memory as launched, bytes: `ssw[32]` f64, then
@@ -1472,28 +1453,9 @@ crate::entry_directive!("mhc_pre_partial_slab", ".maxntid 512, 1, 1 .minnctapers
 /// [`pre_slab_body`]. Triggers the dependent launch of kernel 2 at entry.
 #[inline(always)]
 unsafe fn partial_slab(a: PrePartialSlabArgs) {
-    let PrePartialSlabArgs { phi, x, part_ws, batch, n, c, cw, bpc } = a;
-    partial_slab_entry(phi, x, part_ws, batch, n, c, cw, bpc, false);
-}
-
-/// The body of the two slab kernel-1 entries: trigger kernel 2's dependent launch,
-/// then [`pre_slab_body`] writing partials only (`fixed_point`: as limb adds into the
-/// accumulators, else stored to `part_ws`).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn partial_slab_entry(
-    phi: *const f32,
-    x: *const u16,
-    part_ws: *mut f64,
-    batch: u32,
-    n: u32,
-    c: u32,
-    cw: u32,
-    bpc: u32,
-    fixed_point: bool,
-) {
+    let PrePartialSlabArgs { phi, x, part_ws, batch, n, c, cw, bpc, .. } = a;
     grid_launch_dependents();
-    pre_slab_body(phi, XSrc::plain(x), batch, n, c, cw, bpc, part_ws, fixed_point);
+    pre_slab_body(phi, XSrc::plain(x), batch, n, c, cw, bpc, part_ws, false, None);
 }
 
 /// Kernel 1 of the fused post→pre op (MHCPostPreFwd): [`mhc_pre_partial_slab_fixed_point`] with x
@@ -1501,10 +1463,73 @@ unsafe fn partial_slab_entry(
 /// Triggers the dependent launch of kernel 2 at entry.
 #[inline(always)]
 unsafe fn post_pre_partial_slab_fixed_point(a: PostPrePartialArgs) {
-    let PostPrePartialArgs { phi, x_layer_out, h_post_in, x_res_in, x_out, part_ws, batch, n, c, cw, bpc } = a;
+    let PostPrePartialArgs {
+        phi,
+        x_layer_out,
+        h_post_in,
+        x_res_in,
+        x_out,
+        part_ws,
+        batch,
+        n,
+        c,
+        cw,
+        bpc,
+        alpha_pre,
+        alpha_post,
+        alpha_res,
+        inv_sqrt_nc,
+    } = a;
     grid_launch_dependents();
     let src = XSrc { x: x_res_in, post: true, x_layer_out, h_post_in, x_out };
-    pre_slab_body(phi, src, batch, n, c, cw, bpc, part_ws, true);
+    let scales = Some(([alpha_pre, alpha_post, alpha_res], inv_sqrt_nc));
+    pre_slab_body(phi, src, batch, n, c, cw, bpc, part_ws, true, scales);
+}
+
+/// Zeroes the accumulator half that the epoch parity `par` does not name (`acc_words` u64 words
+/// from `part_ws`), the words spread over every thread of the grid (each block calls it once).
+#[inline(always)]
+unsafe fn zero_other_half(part_ws: *mut f64, par: u32, acc_words: u32) {
+    let nt = block_dim_x();
+    let other = (part_ws as *mut u64).add((((par & 1) ^ 1) * acc_words) as usize);
+    let step = grid_dim_x() * grid_dim_y() * nt;
+    let mut i = (block_idx_y() * grid_dim_x() + block_idx_x()) * nt + thread_idx_x();
+    while i < acc_words {
+        *other.add(i as usize) = 0;
+        i += step;
+    }
+}
+
+/// A row block of the fixed-point kernel 1 (MHCPreFwd's and the fused op's): Σx² of batch row β
+/// (of x, or of the post half's output) by [`row_sumsq`] in the order of [`MIX_BLOCK_SMALL_N`]
+/// threads (the same bits for both ops), then thread 0 stores the three logit scales
+/// `alpha_k/r` (f64) at u64 words `at + 3β ..` of `part_ws`, which kernel 2 reads after its
+/// wait. The block needs ≥ 256 threads (the slab kernel's are 256 or 512) and 64 bytes of
+/// shared memory (the host launches at least that).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn row_scales(
+    src: XSrc,
+    part_ws: *mut f64,
+    at: u32,
+    beta: u32,
+    n: u32,
+    c: u32,
+    alpha: [f32; 3],
+    inv_sqrt_nc: f64,
+) {
+    let ssw = dyn_smem::<f64>();
+    let t = thread_idx_x();
+    row_sumsq(src, beta, n, c, t, MIX_BLOCK_SMALL_N, ssw);
+    if t == 0 {
+        let inv_r = inv_r_of(sum4(ssw, MIX_BLOCK_SMALL_N >> 5, 1), inv_sqrt_nc);
+        let out = part_ws.add((at + 3 * beta) as usize);
+        let mut k = 0;
+        while k < 3 {
+            *out.add(k) = alpha[k] as f64 * inv_r;
+            k += 1;
+        }
+    }
 }
 
 /// The scalar parameters of the coefficient phase.
@@ -1685,6 +1710,7 @@ unsafe fn pre_slab_body(
     bpc: u32,
     part_ws: *mut f64,
     fixed_point: bool,
+    scales: Option<([f32; 3], f64)>,
 ) {
     let t = thread_idx_x();
     let nt = block_dim_x();
@@ -1726,6 +1752,20 @@ unsafe fn pre_slab_body(
         // thread asks for the line of the last byte).
         if i * 128 < bytes + 127 {
             prefetch_global_l2((part_ws as *const u8).add(min_u32(i * 128, bytes - 1) as usize));
+        }
+    }
+
+    if let Some((alpha, inv_sqrt_nc)) = scales {
+        // Row blocks (fixed point): after the ⌈c/cw⌉ partial blocks, block ⌈c/cw⌉ + i takes
+        // batch row b_lo + i of the group (rows past the batch only zero their share).
+        let gp = c.div_ceil(cw);
+        if rank >= gp {
+            let beta = b_lo + (rank - gp);
+            if beta < b_hi {
+                row_scales(xsrc, part_ws, 2 * acc_words + 1, beta, n, c, alpha, inv_sqrt_nc);
+            }
+            zero_other_half(part_ws, par, acc_words);
+            return;
         }
     }
 
@@ -1801,13 +1841,7 @@ unsafe fn pre_slab_body(
         cp_async_wait_all();
         sync_threads();
         if fixed_point && b0 == b_lo {
-            let other = (part_ws as *mut u64).add((((par & 1) ^ 1) * acc_words) as usize);
-            let step = grid_dim_x() * grid_dim_y() * nt;
-            let mut i = (block_idx_y() * grid_dim_x() + block_idx_x()) * nt + t;
-            while i < acc_words {
-                *other.add(i as usize) = 0;
-                i += step;
-            }
+            zero_other_half(part_ws, par, acc_words);
         }
 
         // ---- block partial of item (βl, q) by f32 FMAs from the slab: thread i < 4·items owns
@@ -1822,7 +1856,7 @@ unsafe fn pre_slab_body(
             let item = i >> 2;
             let bl = item / mq;
             let q = item - bl * mq;
-            // Fixed point: the Σx² item (q = m) is not needed (kernel 2 computes r).
+            // Fixed point: the Σx² item (q = m) is not needed (the row blocks compute r).
             if i < 4 * items && !(fixed_point && q == m) {
                 // Row r's x at `xa + 2r`, its phi at `pa + 4·m·r` (shared-window addresses,
                 // stepped per round: no 64-bit address per load). n = 4 (m = 24) takes the
