@@ -121,6 +121,7 @@ impl PreClass {
         // - DMMA operands straight from global memory (no slab): kernel 1 +0.5…+2.3 µs;
         // - the accumulator words spread one per 128-byte line (or 32-byte sector): kernel 2 ends +0.9 (+0.3) µs later;
         // - Σx² as kernel 1's 25th item in f32 chains (no Σx² pass in kernel 2): +0.03…+0.39 µs, kernel 1 +0.16…+0.32;
+        // - Σx² as kernel 1's 25th accumulator in f64 per slot thread: kernel 1 +0.5…+0.8 µs (row blocks ship instead);
         // - eight threads per kernel-1 block partial instead of four: +0…+0.9 µs;
         // - kernel 2 with launch bounds (more registers): fused op +0.13…+0.32 µs;
         // - kernel 2's column conversions after its Σx² pass, the pass's loads unbranched: +0…+0.38 µs.
@@ -142,7 +143,8 @@ impl PreClass {
 /// keep groups of 8 (not measured with pairs), whose count is what [`PreClass::of`] checks
 /// against the grid's y limit. The fused MHCPostPreFwd keeps one group of up to 8 rows: with 2
 /// its hidden-2560 row takes 6.43 against 6.05 µs (128 kernel-1 blocks leave its kernel 2's
-/// early blocks no free SM for their post-half prologue).
+/// early blocks no free SM for their post-half prologue; measured before kernel 1's row blocks
+/// took that prologue over, not since).
 #[doc(hidden)]
 pub fn slab_batch_per_group(batch: usize, fused: bool) -> usize {
     if fused || batch <= 2 || batch > BTF {
