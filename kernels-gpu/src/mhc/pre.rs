@@ -1720,7 +1720,8 @@ unsafe fn pre_slab_body(
     let mq = m + 1;
     let sm = layout_slab(m, n, cw);
     let j0 = rank * cw;
-    let cwa = min_u32(cw, c - j0);
+    // 0 for the row blocks (past the last column).
+    let cwa = min_u32(cw, c.saturating_sub(j0));
     let rows = n * cwa;
     let b_lo = block_idx_y() * bpc;
     let b_hi = min_u32(batch, b_lo + bpc);
