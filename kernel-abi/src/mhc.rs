@@ -58,6 +58,9 @@ pub const NMAX_SMALL_N: u32 = 4;
 /// thread count whose order the fused kernel 1's row blocks follow for Σx², so that the fused
 /// op's outputs have MHCPreFwd's bits.
 pub const MIX_BLOCK_SMALL_N: u32 = 256;
+/// Least dynamic shared memory of the fixed-point kernel 1, bytes: its row blocks' warp sums of
+/// Σx² (one f64 per warp of [`MIX_BLOCK_SMALL_N`] threads) share the slab's memory.
+pub const ROW_BLOCK_SMEM: u32 = 8 * (MIX_BLOCK_SMALL_N / 32);
 /// Bytes of `mhc_pre_mix_small_n`'s shared memory before its x tile (`tot[32]` f64, `hs[4]`
 /// f32, `ra[16]` f32, padded).
 pub const MIX_SMALL_N_SMEM_HEAD: u32 = 336;

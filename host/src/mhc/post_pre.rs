@@ -275,12 +275,9 @@ pub fn post_pre_fwd_launches(
         alpha_pre: params.alpha_pre,
         alpha_post: params.alpha_post,
         alpha_res: params.alpha_res,
-        inv_sqrt_nc: 1.0 / ((s.n * s.c) as f64).sqrt(),
+        inv_sqrt_nc: s.inv_sqrt_nc(),
     };
-    // One row block per batch row of a group after the partial blocks (Σx² and the scales).
-    let grid = g1.grid + g1.batch_per_group;
-    // The row blocks' warp sums (8 f64) share the slab's dynamic shared memory.
-    let dims = LaunchDims { grid: (grid, g1.groups, 1), block: (g1.block, 1, 1), shared_bytes: g1.smem.max(64) };
+    let dims = g1.launch_dims(true);
     let k1 = Planned { kernel: PreKernel::PostPrePartialSlabFixedPoint.name(), dims, args };
     let args = PostPreMixArgs {
         x_layer_out,

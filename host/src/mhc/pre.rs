@@ -227,6 +227,11 @@ impl MhcPreShape {
         self.n * self.n + 2 * self.n
     }
 
+    /// `1/√(n·c)`, the kernels' factor from `√Σx²` to the RMS of a row.
+    pub(crate) fn inv_sqrt_nc(&self) -> f64 {
+        1.0 / ((self.n * self.c) as f64).sqrt()
+    }
+
     /// Checks every size is ≥ 1 and that the kernel's 32-bit indices hold (`phi` and `x` below
     /// 2^31 elements); returns the buffer lengths.
     pub fn lens(&self) -> Result<MhcPreLens> {
@@ -308,6 +313,17 @@ pub struct SlabPartialGrid {
     pub block: u32,
     /// Dynamic shared memory per block, bytes ([`slab_partial_smem_bytes`]).
     pub smem: u32,
+}
+
+impl SlabPartialGrid {
+    /// The launch: `(grid, groups)` partial blocks; with `row_blocks` (the fixed-point kernels
+    /// 1) one more block per batch row of a group after them (Σx² and the logit scales), whose
+    /// warp sums share the slab's dynamic shared memory ([`abi::ROW_BLOCK_SMEM`]).
+    pub(crate) fn launch_dims(&self, row_blocks: bool) -> LaunchDims {
+        let (extra, smem) =
+            if row_blocks { (self.batch_per_group, self.smem.max(abi::ROW_BLOCK_SMEM)) } else { (0, self.smem) };
+        LaunchDims { grid: (self.grid + extra, self.groups, 1), block: (self.block, 1, 1), shared_bytes: smem }
+    }
 }
 
 /// Geometry of `mhc_pre_partial_fma`: grid `(grid, 1, 1)`, block `(block, 1, 1)`.
@@ -896,6 +912,7 @@ pub fn pre_fwd_launches(
     let kernel = plan.partials.kernel();
     let (phi, x, part_ws) = (phi as *const f32, x as *const u16, workspace as *mut f64);
     let (batch, n, c) = (s.batch as u32, s.n as u32, s.c as u32);
+    let inv_sqrt_nc = s.inv_sqrt_nc();
     let partials = match plan.partials {
         Partials::SlabFixedPoint(g) | Partials::Slab(g) => {
             let args = PrePartialSlabArgs {
@@ -910,18 +927,9 @@ pub fn pre_fwd_launches(
                 alpha_pre: params.alpha_pre,
                 alpha_post: params.alpha_post,
                 alpha_res: params.alpha_res,
-                inv_sqrt_nc: 1.0 / ((s.n * s.c) as f64).sqrt(),
+                inv_sqrt_nc,
             };
-            // The fixed-point kernel's row blocks (Σx² and the scales) follow the partial
-            // blocks; their warp sums (8 f64) share the slab's dynamic shared memory.
-            let dims = match plan.partials {
-                Partials::SlabFixedPoint(_) => LaunchDims {
-                    grid: (g.grid + g.batch_per_group, g.groups, 1),
-                    block: (g.block, 1, 1),
-                    shared_bytes: g.smem.max(64),
-                },
-                _ => LaunchDims { grid: (g.grid, g.groups, 1), block: (g.block, 1, 1), shared_bytes: g.smem },
-            };
+            let dims = g.launch_dims(matches!(plan.partials, Partials::SlabFixedPoint(_)));
             PrePartialsLaunch::Slab(Planned { kernel, dims, args })
         }
         Partials::Fma(g) => {
@@ -952,7 +960,6 @@ pub fn pre_fwd_launches(
     let grid1 = plan.partials.grid();
     let (alpha_pre, alpha_post, alpha_res) = (params.alpha_pre, params.alpha_post, params.alpha_res);
     let (repeat, eps) = (params.sinkhorn_repeat, params.sinkhorn_eps);
-    let inv_sqrt_nc = 1.0 / ((s.n * s.c) as f64).sqrt();
     let mix = match plan.mix {
         Mix::FixedPoint(g) => {
             let args =
