@@ -1504,8 +1504,8 @@ unsafe fn zero_other_half(part_ws: *mut f64, par: u32, acc_words: u32) {
 /// (of x, or of the post half's output) by [`row_sumsq`] in the order of [`MIX_BLOCK_SMALL_N`]
 /// threads (the same bits for both ops), then thread 0 stores the three logit scales
 /// `alpha_k/r` (f64) at u64 words `at + 3β ..` of `part_ws`, which kernel 2 reads after its
-/// wait. The block needs ≥ 256 threads (the slab kernel's are 256 or 512) and 64 bytes of
-/// shared memory (the host launches at least that).
+/// wait. The block needs ≥ 256 threads (the slab kernel's are 256 or 512) and
+/// `kernel_abi::mhc::ROW_BLOCK_SMEM` bytes of shared memory (the host launches at least that).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn row_scales(
