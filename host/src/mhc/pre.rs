@@ -317,8 +317,8 @@ pub struct SlabPartialGrid {
 
 impl SlabPartialGrid {
     /// The launch: `(grid, groups)` partial blocks; with `row_blocks` (the fixed-point kernels
-    /// 1) one more block per batch row of a group after them (Σx² and the logit scales), whose
-    /// warp sums share the slab's dynamic shared memory ([`abi::ROW_BLOCK_SMEM`]).
+    /// 1), one more block per batch row of a group after them (Σx² and the logit scales),
+    /// whose warp sums share the slab's dynamic shared memory ([`abi::ROW_BLOCK_SMEM`]).
     pub(crate) fn launch_dims(&self, row_blocks: bool) -> LaunchDims {
         let (extra, smem) =
             if row_blocks { (self.batch_per_group, self.smem.max(abi::ROW_BLOCK_SMEM)) } else { (0, self.smem) };
