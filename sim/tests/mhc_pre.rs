@@ -68,7 +68,7 @@ fn params(repeat: u32) -> MhcPreParams {
 #[test]
 fn fixed_point_pair() {
     let mut rng = fresh_rng("mhc_pre fixed_point_pair");
-    for (batch, n, c) in [(1, 4, 64), (3, 2, 7), (9, 4, 40)] {
+    for (batch, n, c) in [(1, 4, 64), (3, 2, 7), (9, 4, 40), (2, 3, 21), (5, 1, 13)] {
         let plan = PrePlan::for_device(MhcPreShape { batch, n, c }, SMS, MAX_SMEM).unwrap();
         assert!(matches!(plan.partials, Partials::SlabFixedPoint(_)), "{plan:?}");
         // Two calls: the second adds into the other half of the workspace.

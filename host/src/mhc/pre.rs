@@ -156,8 +156,9 @@ pub fn slab_batch_per_group(batch: usize, fused: bool) -> usize {
 }
 
 /// The slab kernel 1's block for groups of `bpc` batch rows: 256 threads, or 512 when its block
-/// partials — 4 threads per (batch row of its group, quantity) — would need a second round at
-/// 256 (measured with the tensor-core product it replaced: hidden-2560 (batch 4) 6.25 → 5.95 µs
+/// partials — 4 threads per (batch row of its group, quantity) in the stored-partials kernel,
+/// no fewer than the fixed-point kernel's 16 per (batch row, four logits) — would need a second
+/// round at 256 (measured with the tensor-core product it replaced: hidden-2560 (batch 4) 6.25 → 5.95 µs
 /// at 512, hidden-1920 (batch 2) 5.44 → 5.70 µs (worse) at 512; 128 threads: kernel 1 3.07 /
 /// 4.03 / 4.99 µs against 3.07 / 3.39 / 3.87).
 #[doc(hidden)]
