@@ -1058,7 +1058,8 @@ unsafe fn sum4(p: *const f64, count: u32, stride: u32) -> f64 {
 /// of batch row β, one per thread. Before `griddepcontrol.wait`: the thread's column
 /// `x[β, k·c + col]` (k < n) into registers (no staged tile) and its lane's bias, then one pass
 /// of the post-wait code below on zero logits, without its loads and stores, so that the
-/// instructions are cached when the wait returns (measured −0.03…−0.1 µs on every seed row);
+/// instructions are cached when the wait returns (measured −0.03…−0.1 µs on five of the six seed
+/// rows of MHCPreFwd and MHCPostPreFwd, 0 on MHCPreFwd hidden-2560);
 /// after the wait, one dependent chain per warp and no barrier:
 /// - lane l loads its logit's ([`lane_logit`]) accumulator words from both halves of `part_ws`
 ///   (one half holds this call's sums, kernel 1 zeroed the other), adds them as integers and
@@ -1715,7 +1716,9 @@ const QU: u32 = 2;
 /// by one 16-byte shared load per row (`m % 4 == 0`); then the QS lanes' sums by a
 /// reduce-scatter butterfly ([`reduce_scatter16`]: lane `s` ends with logit `4g + (s >> 2 & 3)`
 /// summed over the QS slots in a fixed order, the same bits on its four lanes `s & 3`), and lane
-/// `s & 3` adds limb `s & 3` of it. Every thread runs the same number of rounds. Against four
+/// `s & 3` adds limb `s & 3` of it. Every thread runs the same number of rounds, and `s` is the
+/// thread's lane mod QS (`G4·QS` and the block are multiples of QS), so the QS threads of one
+/// (batch row, g) are consecutive lanes of one warp, as the butterfly needs. Against four
 /// threads per logit, each four chains of one column by 4-byte loads (23 SASS instructions per
 /// four products against 9 here): MHCPreFwd 4.99–5.02 → 4.80–4.86 µs at hidden-2560, the other
 /// seed rows of both ops within one CUPTI tick (same device call, A B … B A).
