@@ -137,8 +137,8 @@ impl PreClass {
 
 /// Batch rows per y-block of the slab kernel 1 (each y-block stages the phi slab and one x
 /// tile of its rows). MHCPreFwd splits a batch of 3 to 8 rows (one group of [`BTF`]) into
-/// groups of 2, so that a block's partials (4 threads per (batch row, quantity)) fit 256
-/// threads: hidden-2560 (batch 4) 5.70 against 5.92 µs in one group of 4 at 512 threads; one row
+/// groups of 2, so that a block's partials fit 256 threads (measured with 4 threads per (batch
+/// row, quantity); the logit quads take 96 per batch row at n = 4): hidden-2560 (batch 4) 5.70 against 5.92 µs in one group of 4 at 512 threads; one row
 /// per group 5.82 (and at hidden-1920, batch 2, 5.12 against 4.90 in one group); with kernel 1's
 /// row blocks, one group of 4 again 5.06 against 4.96–4.99 µs (same device call, bitwise equal). Larger batches
 /// keep groups of 8 (not measured with pairs), whose count is what [`PreClass::of`] checks
