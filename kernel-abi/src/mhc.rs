@@ -70,6 +70,9 @@ pub const ACC_LIMBS: u32 = 4;
 /// u64 words per accumulator: the [`ACC_LIMBS`] limbs, then a count of partials that were not
 /// finite or not below 2^128 (the logit is then NaN).
 pub const ACC_WORDS: u32 = ACC_LIMBS + 1;
+/// f64 words per batch row after the fixed-point pair's epoch word: the logit scales
+/// `alpha_pre/r`, `alpha_post/r`, `alpha_res/r` that kernel 1's row block of the row stores.
+pub const ROW_SCALES: u32 = 3;
 
 /// The magic of the kernels' division by a divisor fixed per launch: `⌊2^32/d⌋ + 1`, with which
 /// `(a·magic) >> 32 = a / d` exactly for every `a, d ≤ 2^16` (the error

@@ -692,7 +692,10 @@ fn plan_invariants() {
                                 );
                                 // Two halves of 5 words per (batch row, logit), the epoch word,
                                 // then three logit scales per batch row.
-                                assert_eq!(plan.workspace, 2 * batch * (mq - 1) * rgk::mhc::ACC_WORDS + 1 + 3 * batch);
+                                assert_eq!(
+                                    plan.workspace,
+                                    2 * batch * (mq - 1) * rgk::mhc::ACC_WORDS + 1 + rgk::mhc::ROW_SCALES * batch
+                                );
                             }
                             Mix::SmallN(g) | Mix::AnyN(g) => {
                                 let (jt, tiles, mb) = (g.jt as usize, g.tiles as usize, g.block as usize);
@@ -885,7 +888,7 @@ fn fixed_point_limbs_are_exact() {
 /// store each batch row's three logit scales exactly once, in the workspace's last words.
 #[test]
 fn fixed_point_accumulator_layout() {
-    use rgk::mhc::ACC_WORDS;
+    use rgk::mhc::{ACC_WORDS, ROW_SCALES};
     for n in [1, 2, 3, 4] {
         for (batch, c) in [(1, 1280), (2, 1920), (4, 2560), (5, 7), (11, 77), (32, 4099), (9, 1)] {
             for sms in [132, 64, 7, 1] {
@@ -902,7 +905,7 @@ fn fixed_point_accumulator_layout() {
                     let g = plan;
                     let m = s.logits();
                     let words = batch * m * ACC_WORDS;
-                    assert_eq!(g.workspace, 2 * words + 1 + 3 * batch, "{s:?} {g:?}");
+                    assert_eq!(g.workspace, 2 * words + 1 + ROW_SCALES * batch, "{s:?} {g:?}");
                     // Kernel 1's adds: every (β, q) of every y-block's group, limbs and count word.
                     let mut added = vec![0u32; words];
                     for by in 0..groups as usize {
@@ -923,7 +926,7 @@ fn fixed_point_accumulator_layout() {
                             let beta = by * bpc as usize + i;
                             if beta < batch {
                                 scaled[beta] += 1;
-                                assert!(2 * words + 1 + 3 * beta + 2 < g.workspace, "{s:?} {g:?}");
+                                assert!(2 * words + 1 + ROW_SCALES * (beta + 1) <= g.workspace, "{s:?} {g:?}");
                             }
                         }
                     }

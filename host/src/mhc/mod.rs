@@ -23,7 +23,7 @@ pub use pre::{
     mix_smem_bytes as pre_mix_smem_bytes, partial_smem_bytes as pre_partial_smem_bytes,
     slab_batch_per_group as pre_slab_batch_per_group, slab_block as pre_slab_block, slab_fits as pre_slab_fits,
     slab_partial_smem_bytes as pre_slab_partial_smem_bytes, ColumnMix, FmaPartialGrid, Mix, Partials, PreClass,
-    SlabPartialGrid, TileMix, ACC_WORDS,
+    SlabPartialGrid, TileMix, ACC_WORDS, ROW_SCALES,
 };
 #[doc(hidden)]
 pub use pre::{pre_fwd_launches, PreMixLaunch, PrePartialsLaunch};

@@ -62,6 +62,10 @@ const MAX_GRID_Y: usize = 65535;
 /// `ACC_WORDS`: four integer limbs and a count of non-finite partials).
 #[doc(hidden)]
 pub const ACC_WORDS: usize = abi::ACC_WORDS as usize;
+/// f64 logit scales per batch row after the fixed-point pair's epoch word (the kernels'
+/// `ROW_SCALES`).
+#[doc(hidden)]
+pub const ROW_SCALES: usize = abi::ROW_SCALES as usize;
 
 // ---------------------------------------------------------------- tuning table
 
@@ -138,10 +142,10 @@ impl PreClass {
 /// Batch rows per y-block of the slab kernel 1 (each y-block stages the phi slab and one x
 /// tile of its rows). MHCPreFwd splits a batch of 3 to 8 rows (one group of [`BTF`]) into
 /// groups of 2, so that a block's partials fit 256 threads (measured with 4 threads per (batch
-/// row, quantity); the logit quads take 96 per batch row at n = 4): hidden-2560 (batch 4) 5.70 against 5.92 µs in one group of 4 at 512 threads; one row
-/// per group 5.82 (and at hidden-1920, batch 2, 5.12 against 4.90 in one group); with kernel 1's
-/// row blocks, one group of 4 again 5.06 against 4.96–4.99 µs (same device call, bitwise equal). Larger batches
-/// keep groups of 8 (not measured with pairs), whose count is what [`PreClass::of`] checks
+/// row, quantity); the logit quads take 96 per batch row at n = 4): hidden-2560 (batch 4) 5.70
+/// against 5.92 µs in one group of 4 at 512 threads; one row per group 5.82 (and at hidden-1920,
+/// batch 2, 5.12 against 4.90 in one group); with kernel 1's row blocks, one group of 4 again
+/// 5.06 against 4.96–4.99 µs (same device call, bitwise equal). Larger batches keep groups of 8 (not measured with pairs), whose count is what [`PreClass::of`] checks
 /// against the grid's y limit. The fused MHCPostPreFwd keeps one group of up to 8 rows: with 2
 /// its hidden-2560 row takes 6.43 against 6.05 µs (128 kernel-1 blocks leave its kernel 2's
 /// early blocks no free SM for their post-half prologue), and still 5.28 against 5.18 µs with
@@ -619,7 +623,7 @@ impl PrePlan {
                 smem: abi::mix_fixed_point_smem(mb as u32),
             });
             // The accumulator halves, the epoch word, then three logit scales per batch row.
-            (mix, tiles, 2 * checked_product("x", &[batch, shape.logits(), ACC_WORDS])? + 1 + 3 * batch)
+            (mix, tiles, 2 * checked_product("x", &[batch, shape.logits(), ACC_WORDS])? + 1 + ROW_SCALES * batch)
         } else {
             let jt = c.min(mb).min(UN * mb / n);
             let tiles = c.div_ceil(jt);

@@ -1282,7 +1282,7 @@ unsafe fn fixed_point_mix(
         let mut v = [0u64; 2 * ACC_WORDS as usize];
         if last {
             grid_dependency_wait();
-            scale = *(a.add((2 * words + 1 + 3 * beta + cls) as usize) as *const f64);
+            scale = *(a.add((2 * words + 1 + ROW_SCALES * beta + cls) as usize) as *const f64);
             if valid {
                 let p0 = a.add(((beta * m + e) * ACC_WORDS) as usize);
                 let mut k = 0;
@@ -1344,6 +1344,7 @@ pub use kernel_abi::mhc::ACC_LIMBS;
 /// u64 words per accumulator: the [`ACC_LIMBS`] limbs, then a count of partials that were not
 /// finite or not below 2^128 (the logit is then NaN).
 pub use kernel_abi::mhc::ACC_WORDS;
+use kernel_abi::mhc::ROW_SCALES;
 
 /// Adds limb `k < ACC_LIMBS` of the f64 block partial `v` to the accumulator `p`
 /// (`red.global.add`, no result): `⌊|v|·2^(64−48k)⌋ mod 2^48`, negated for `v < 0`; limb 0 also
@@ -1411,7 +1412,7 @@ unsafe fn partial_slab_fixed_point(a: PrePartialSlabArgs) {
     let PrePartialSlabArgs { phi, x, part_ws, batch, n, c, cw, bpc, alpha_pre, alpha_post, alpha_res, inv_sqrt_nc } = a;
     let scales = Some(([alpha_pre, alpha_post, alpha_res], inv_sqrt_nc));
     grid_launch_dependents();
-    pre_slab_body(phi, XSrc::plain(x), batch, n, c, cw, bpc, part_ws, true, scales);
+    pre_slab_body(phi, XSrc::plain(x), batch, n, c, cw, bpc, part_ws, scales);
 }
 
 /// [`mhc_pre_mix_fixed_point`]'s dynamic shared memory as launched, bytes: `ssw[32]` f64, then
@@ -1471,7 +1472,7 @@ crate::entry_directive!("mhc_pre_partial_slab", ".maxntid 512, 1, 1 .minnctapers
 unsafe fn partial_slab(a: PrePartialSlabArgs) {
     let PrePartialSlabArgs { phi, x, part_ws, batch, n, c, cw, bpc, .. } = a;
     grid_launch_dependents();
-    pre_slab_body(phi, XSrc::plain(x), batch, n, c, cw, bpc, part_ws, false, None);
+    pre_slab_body(phi, XSrc::plain(x), batch, n, c, cw, bpc, part_ws, None);
 }
 
 /// Kernel 1 of the fused post→pre op (MHCPostPreFwd): [`mhc_pre_partial_slab_fixed_point`] with x
@@ -1499,7 +1500,7 @@ unsafe fn post_pre_partial_slab_fixed_point(a: PostPrePartialArgs) {
     grid_launch_dependents();
     let src = XSrc { x: x_res_in, post: true, x_layer_out, h_post_in, x_out };
     let scales = Some(([alpha_pre, alpha_post, alpha_res], inv_sqrt_nc));
-    pre_slab_body(phi, src, batch, n, c, cw, bpc, part_ws, true, scales);
+    pre_slab_body(phi, src, batch, n, c, cw, bpc, part_ws, scales);
 }
 
 /// Zeroes the accumulator half that the epoch parity `par` does not name (`acc_words` u64 words
@@ -1539,9 +1540,9 @@ unsafe fn row_scales(
     row_sumsq(src, beta, n, c, t, MIX_BLOCK_SMALL_N, ssw);
     if t == 0 {
         let inv_r = inv_r_of(sum4(ssw, MIX_BLOCK_SMALL_N >> 5, 1), inv_sqrt_nc);
-        let out = part_ws.add((at + 3 * beta) as usize);
+        let out = part_ws.add((at + ROW_SCALES * beta) as usize);
         let mut k = 0;
-        while k < 3 {
+        while k < ROW_SCALES as usize {
             *out.add(k) = alpha[k] as f64 * inv_r;
             k += 1;
         }
@@ -1853,8 +1854,8 @@ fn reduce_scatter16(a: [f32; 4], s: u32) -> (f32, u32) {
 /// accumulators. Stored partials: each item (batch row, quantity) by four threads, each four
 /// f32 FMA chains over every fourth row, a fixed-order quad butterfly, the partials stored to
 /// `part_ws`. An FMA rounds once; the products are f32: a block partial carries f32 rounding
-/// (relative error ≈ 2^-24·√(rows/16) of the summed magnitudes), the sum over blocks none. Measured slower (`docs/decisions/mhc.md`): an fp64 tensor-core
-/// product on the same slab, the products straight from global memory, f64 FMAs with two
+/// (relative error ≈ 2^-24·√(rows/16) of the summed magnitudes), the sum over blocks none.
+/// Measured slower (`docs/decisions/mhc.md`): an fp64 tensor-core product on the same slab, the products straight from global memory, f64 FMAs with two
 /// conversions per product, one launch of a thread-block cluster doing the coefficients and
 /// mixing too, and a cluster launch of kernel 1 summing partials through DSMEM.
 #[inline(always)]
@@ -1868,9 +1869,11 @@ unsafe fn pre_slab_body(
     cw: u32,
     bpc: u32,
     part_ws: *mut f64,
-    fixed_point: bool,
     scales: Option<([f32; 3], f64)>,
 ) {
+    // The fixed-point kernels pass their logit scales' factors (for the row blocks); the
+    // stored-partials kernel passes none.
+    let fixed_point = scales.is_some();
     let t = thread_idx_x();
     let nt = block_dim_x();
     let rank = block_idx_x();
