@@ -20,9 +20,16 @@ fn main() {
     let embedded = out.join("kernels.ptx");
     std::fs::copy(&ptx, &embedded).expect("copying the PTX into OUT_DIR");
     let cubin = out.join("kernels.cubin");
+    // The report of the ptxas that made the embedded cubin (its version line first): the tests
+    // check the shipped machine code's registers and spills from it.
+    let report = out.join("kernels.ptxas.txt");
     let assembled = match ptx_build::find_ptxas() {
         Some(ptxas) => match ptx_build::ptxas_report(&ptxas, &embedded, &cubin) {
-            Ok(_) => true,
+            Ok(text) => {
+                let version = ptx_build::ptxas_version(&ptxas).unwrap_or_default();
+                std::fs::write(&report, format!("{version}\n{text}")).expect("writing the ptxas report into OUT_DIR");
+                true
+            }
             Err(e) => {
                 println!("cargo:warning=no sm_90 machine code embedded (the driver will compile the PTX at load): {e}");
                 false
@@ -32,5 +39,6 @@ fn main() {
     };
     if !assembled {
         std::fs::write(&cubin, b"").expect("writing an empty cubin into OUT_DIR");
+        std::fs::write(&report, b"").expect("writing an empty ptxas report into OUT_DIR");
     }
 }

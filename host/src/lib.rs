@@ -49,7 +49,7 @@ pub use error::{Error, Result};
 /// CUDA graphs each two-kernel plan keeps, one per set of buffers and parameters (tests).
 #[doc(hidden)]
 pub use runtime::GRAPH_CACHE;
-pub use runtime::{cuda_available, Gpu, KERNELS_CUBIN, KERNELS_PTX};
+pub use runtime::{cuda_available, Gpu, KERNELS_CUBIN, KERNELS_CUBIN_REPORT, KERNELS_PTX};
 #[doc(hidden)]
 pub use runtime::{LaunchDims, Planned};
 

@@ -19,6 +19,11 @@ pub const KERNELS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.pt
 /// driver then has nothing to compile (the PTX takes it tens of seconds on an H200).
 pub const KERNELS_CUBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kernels.cubin"));
 
+/// The `ptxas -v` report of the build's [`KERNELS_CUBIN`] (registers, stack and spills per
+/// kernel), after the line naming that ptxas's release; empty when the build found no `ptxas`.
+#[doc(hidden)]
+pub const KERNELS_CUBIN_REPORT: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptxas.txt"));
+
 /// Whether a CUDA driver library and at least one device are present. Never panics.
 pub fn cuda_available() -> bool {
     // cudarc's loader panics when libcuda is missing: look for the library first.

@@ -177,6 +177,14 @@ pub fn find_cuda_tool(name: &str) -> Option<PathBuf> {
     s.lines().next().map(PathBuf::from).filter(|p| p.is_file())
 }
 
+/// `ptxas --version`'s release line (e.g. `Cuda compilation tools, release 13.5, V13.5.37`);
+/// `None` when it does not run.
+pub fn ptxas_version(ptxas: &Path) -> Option<String> {
+    let out = Command::new(ptxas).arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.lines().find(|l| l.contains("release")).map(|l| l.trim().to_string())
+}
+
 /// Runs `ptxas -arch=sm_90 -v` on a PTX file; returns its report (registers, spills per kernel).
 pub fn ptxas_report(ptxas: &Path, ptx: &Path, out_cubin: &Path) -> Result<String, String> {
     let out = Command::new(ptxas)

@@ -31,24 +31,67 @@ fn ptx_is_self_contained() {
     assert!(missing.is_empty(), "declared but not defined in the PTX: {missing:?}");
 }
 
+/// Checks one `ptxas -v` report of the embedded PTX: every entry compiled; `Err` with the report's
+/// lines that spill (none allowed).
+fn check_report(report: &str) -> Result<(), String> {
+    let entries = rgk::KERNELS_PTX.matches(".entry ").count();
+    let compiled = report.matches("Compiling entry function").count();
+    assert_eq!(entries, compiled, "ptxas compiled {compiled} of {entries} entries:\n{report}");
+    // ptxas prints `Function properties for NAME`, then the line with its stack and spills.
+    let mut kernel = "";
+    let mut spills = Vec::new();
+    for l in report.lines() {
+        if let Some(name) = l.split("Function properties for ").nth(1) {
+            kernel = name.trim();
+        } else if l.contains("spill") && !l.contains("0 bytes spill stores, 0 bytes spill loads") {
+            spills.push(format!("{kernel}: {}", l.trim()));
+        }
+    }
+    if spills.is_empty() {
+        Ok(())
+    } else {
+        Err(spills.join("\n"))
+    }
+}
+
+/// The shipped machine code (the build's cubin) has no spills, and every kernel assembles for
+/// sm_90 with the `ptxas` found here. Spills are an error for the ptxas release that built the
+/// cubin; another release's are printed, not failed: an sm_90 device runs the build's cubin
+/// (`sm90_loads_the_embedded_machine_code`), and releases allocate registers differently
+/// (measured: ptxas 13.0.88 spills 4 bytes in `fft_c128_l11_tw_per_stage_rows2_out512`, fitted to
+/// 128 registers, where 13.5.37 spills none).
 #[test]
 fn every_kernel_assembles_for_sm90() {
+    let built = rgk::KERNELS_CUBIN_REPORT;
+    let built_release = built.lines().next().unwrap_or("");
+    if rgk::KERNELS_CUBIN.is_empty() {
+        println!("every_kernel_assembles_for_sm90: no embedded cubin (the build found no ptxas)");
+    } else {
+        assert!(!built.is_empty(), "an embedded cubin without its ptxas report");
+        if let Err(spills) = check_report(built) {
+            panic!("the embedded cubin ({built_release}) spills:\n{spills}");
+        }
+    }
     let Some(ptxas) = ptx_build::find_ptxas() else {
         println!("every_kernel_assembles_for_sm90: skipped: ptxas not found (pip install nvidia-cuda-nvcc)");
         return;
     };
+    let release = ptx_build::ptxas_version(&ptxas).unwrap_or_default();
     let dir = std::env::temp_dir().join(format!("rgk-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let ptx = dir.join("kernels.ptx");
     std::fs::write(&ptx, rgk::KERNELS_PTX).unwrap();
     let report = ptx_build::ptxas_report(&ptxas, &ptx, &dir.join("kernels.cubin")).unwrap_or_else(|e| panic!("{e}"));
-    let entries = rgk::KERNELS_PTX.matches(".entry ").count();
-    let compiled = report.matches("Compiling entry function").count();
-    assert_eq!(entries, compiled, "ptxas compiled {compiled} of {entries} entries:\n{report}");
-    for line in report.lines().filter(|l| l.contains("spill")) {
-        assert!(line.contains("0 bytes spill stores, 0 bytes spill loads"), "spills: {line}\n{report}");
-    }
     std::fs::remove_dir_all(&dir).ok();
+    match check_report(&report) {
+        Ok(()) => println!("every_kernel_assembles_for_sm90: {release}: every entry, no spills"),
+        Err(spills) if rgk::KERNELS_CUBIN.is_empty() || release == built_release => {
+            panic!("{release} (the build's ptxas) spills:\n{spills}")
+        }
+        Err(spills) => println!(
+            "every_kernel_assembles_for_sm90: {release} (not the build's {built_release}, whose cubin the device runs) spills:\n{spills}"
+        ),
+    }
 }
 
 /// Where the build embedded sm_90 machine code (it found ptxas), an sm_90 device loads it — no

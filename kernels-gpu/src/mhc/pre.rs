@@ -1707,9 +1707,11 @@ unsafe fn slab_chains<const M: u32>(xa: u32, pa: u32, m: u32, rows: u32, slot: u
 
 /// Slots (threads) per (batch row, group of four logits) in [`slab_logit_quads`].
 const QS: u32 = 16;
-/// Slab rows per round of [`slab_quad`]. 4 rows per round (more loads in flight): MHCPreFwd
-/// hidden-2560 4.93 against 4.86 µs (same device call, A B B A).
-const QU: u32 = 2;
+/// Slab rows per round of [`slab_quad`] (a round's rows past the slab predicated off). Same device
+/// call, A B … B A, MHCPreFwd / MHCPostPreFwd hidden-1280, -1920, -2560 (µs): 4 rows 3.97 / 4.16 /
+/// 4.77 and 4.06 / 4.48 / 4.96 against 2 rows 4.00 / 4.19–4.22 / 4.77–4.80 and 4.10–4.13 / 4.54 /
+/// 4.96; 8 rows keep their loads in local memory (a 160-byte stack frame).
+const QU: u32 = 4;
 
 /// The fixed-point block partials of one group of `bga` batch rows: thread `i` takes batch row
 /// `i / (G4·QS)` (G4 = ⌈m/4⌉), the four logits `4g .. 4g+3` (`g = (i / QS) mod G4`) and the slab
@@ -1723,9 +1725,11 @@ const QU: u32 = 2;
 /// threads per logit, each four chains of one column by 4-byte loads (23 SASS instructions per
 /// four products against 9 here): MHCPreFwd 4.99–5.02 → 4.80–4.86 µs at hidden-2560, the other
 /// seed rows of both ops within one CUPTI tick (same device call, A B … B A).
+/// `M` is `m` as a constant (at n = 4 the item division is then by a constant), or 0: `m` at run
+/// time.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn slab_logit_quads(
+unsafe fn slab_logit_quads<const M: u32>(
     sm: SmemF,
     part_ws: *mut f64,
     par: u32,
@@ -1737,6 +1741,7 @@ unsafe fn slab_logit_quads(
     t: u32,
     nt: u32,
 ) {
+    let m = if M != 0 { M } else { m };
     let g4 = m.div_ceil(4);
     let per_row = g4 * QS;
     let total = bga * per_row;
@@ -1750,11 +1755,7 @@ unsafe fn slab_logit_quads(
         let mut a = [0f32; 4];
         if i < total {
             let xa = sm.xs32 + 2 * bl * rows;
-            a = if m == 24 {
-                slab_quad::<24>(xa, sm.phis32, m, rows, s, g)
-            } else {
-                slab_quad::<0>(xa, sm.phis32, m, rows, s, g)
-            };
+            a = slab_quad::<M>(xa, sm.phis32, m, rows, s, g);
         }
         let (sum, k) = reduce_scatter16(a, s);
         let q = 4 * g + k;
@@ -1792,39 +1793,33 @@ unsafe fn slab_quad<const M: u32>(xa: u32, pa: u32, m: u32, rows: u32, slot: u32
     };
     let mut a = [0f32; 4];
     let mut r = slot;
-    // QU rows per round, the round's loads issued before its FMAs.
-    while r + (QU - 1) * QS < rows {
+    // QU rows per round, the round's loads issued before its FMAs; a round's rows past the slab
+    // load nothing and add nothing (predicated: no remainder loop).
+    while r < rows {
         let mut xv = [0f32; QU as usize];
         let mut pv = [[0f32; 4]; QU as usize];
         let mut u = 0;
         while u < QU {
-            xv[u as usize] = bf16_to_f32(lds_u16(xa + u * dx));
-            pv[u as usize] = load(pa + u * dp);
+            if r + u * QS < rows {
+                xv[u as usize] = bf16_to_f32(lds_u16(xa + u * dx));
+                pv[u as usize] = load(pa + u * dp);
+            }
             u += 1;
         }
         let mut u = 0;
-        while u < QU as usize {
-            let mut k = 0;
-            while k < 4 {
-                a[k] = fma(xv[u], pv[u][k], a[k]);
-                k += 1;
+        while u < QU {
+            if r + u * QS < rows {
+                let mut k = 0;
+                while k < 4 {
+                    a[k] = fma(xv[u as usize], pv[u as usize][k], a[k]);
+                    k += 1;
+                }
             }
             u += 1;
         }
         xa += QU * dx;
         pa += QU * dp;
         r += QU * QS;
-    }
-    while r < rows {
-        let (x0, p0) = (bf16_to_f32(lds_u16(xa)), load(pa));
-        let mut k = 0;
-        while k < 4 {
-            a[k] = fma(x0, p0[k], a[k]);
-            k += 1;
-        }
-        xa += dx;
-        pa += dp;
-        r += QS;
     }
     a
 }
@@ -1845,6 +1840,105 @@ fn reduce_scatter16(a: [f32; 4], s: u32) -> (f32, u32) {
     c += shfl_xor_f32(c, 2);
     c += shfl_xor_f32(c, 1);
     (c, 2 * hi as u32 + mid as u32)
+}
+
+/// One thread's item of a group's x tile as loaded (before the post half's arithmetic): x's (or
+/// x_res's) 8 elements, or 1 (in word 0), and in the fused op x_layer_out's and h_post's.
+#[derive(Clone, Copy)]
+struct XRaw {
+    xr: [u32; 4],
+    y: [u32; 4],
+    h: f32,
+    /// The item's stream row `r = β·n + k` (global β) and column `j`.
+    r: u32,
+    j: u32,
+}
+
+/// The staging of one group's x tile, `x[b0+β, k·c + j0 + jj] → xs[(β·n + k)·cwa + jj]` (bf16):
+/// item (row segment `β·n + k`, column) is 8 elements by 16-byte loads where every row segment is
+/// 16-byte aligned (`xvec`), else one. Loads and stores are separate, so that kernel 1 issues its
+/// first item's loads before the phi slab's copies and stores them after.
+#[derive(Clone, Copy)]
+struct XStage {
+    src: XSrc,
+    sm: SmemF,
+    n: u32,
+    c: u32,
+    j0: u32,
+    cwa: u32,
+    xvec: bool,
+}
+
+impl XStage {
+    /// Items per row segment: 8-element chunks (`xvec`) or elements.
+    fn cols(self) -> u32 {
+        if self.xvec {
+            self.cwa / 8
+        } else {
+            self.cwa
+        }
+    }
+
+    /// The loads of item `col` of row segment `row` (stream row `b0·n + row`); none past the
+    /// group's `nrow` segments.
+    #[inline(always)]
+    unsafe fn load(self, b0: u32, nrow: u32, row: u32, col: u32) -> XRaw {
+        let mut v = XRaw { xr: [0; 4], y: [0; 4], h: 0.0, r: 0, j: 0 };
+        if row < nrow && col < self.cols() {
+            let r = b0 * self.n + row;
+            let j = self.j0 + if self.xvec { 8 * col } else { col };
+            (v.r, v.j) = (r, j);
+            let e = (r * self.c + j) as usize;
+            let src = self.src;
+            let ye = if src.post { (divrem_u32(r, self.n).0 * self.c + j) as usize } else { 0 };
+            if self.xvec {
+                v.xr = ld_nc_v4(src.x.add(e) as *const u32);
+                if src.post {
+                    v.y = ld_nc_v4(src.x_layer_out.add(ye) as *const u32);
+                }
+            } else {
+                v.xr[0] = *src.x.add(e) as u32;
+                if src.post {
+                    v.y[0] = *src.x_layer_out.add(ye) as u32;
+                }
+            }
+            if src.post {
+                v.h = *src.h_post_in.add(r as usize);
+            }
+        }
+        v
+    }
+
+    /// An item loaded by [`XStage::load`] into the x tile (nothing for one past the group): the
+    /// post half's arithmetic first in the fused op, whose output also goes to `x_out` when asked
+    /// (this block is the only one staging these elements).
+    #[inline(always)]
+    unsafe fn store(self, b0: u32, nrow: u32, row: u32, col: u32, v: XRaw) {
+        if row >= nrow || col >= self.cols() {
+            return;
+        }
+        let src = self.src;
+        let (r, j) = (v.r, v.j);
+        let e = (r * self.c + j) as usize;
+        let t = ((r - b0 * self.n) * self.cwa + j - self.j0) as usize;
+        if self.xvec {
+            let o = if src.post { fma8(v.h, v.y, v.xr) } else { v.xr };
+            if src.post && !src.x_out.is_null() {
+                st_v4(src.x_out.add(e) as *mut u32, o);
+            }
+            st_v4_generic(self.sm.xs.add(t) as *mut u32, o);
+        } else {
+            let o = if src.post {
+                post_elem(v.h, bf16_to_f32(v.y[0] as u16), bf16_to_f32(v.xr[0] as u16))
+            } else {
+                v.xr[0] as u16
+            };
+            if src.post && !src.x_out.is_null() {
+                *src.x_out.add(e) = o;
+            }
+            *self.sm.xs.add(t) = o;
+        }
+    }
 }
 
 /// The body of the slab kernels 1: phi slab (`cp.async`) and x staged in shared memory, then
@@ -1932,26 +2026,41 @@ unsafe fn pre_slab_body(
         }
     }
 
-    // ---- phi slab → shared memory, asynchronously: segment k = phi rows k·c + j0 .. + cwa.
+    // ---- the first group's first x item: its loads issued before the slab's copies (the
+    // tile's DRAM trip starts as early as the slab's).
+    // Item (row segment, column) of the tile by (warp, lane): rows w, w + warps, …; columns
+    // lane, lane + 32, … (no index division).
+    let stage = XStage { src: xsrc, sm, n, c, j0, cwa, xvec };
+    let (w, lane, warps) = (t >> 5, t & 31, nt >> 5);
+    let first = stage.load(b_lo, n * min_u32(BTF, b_hi - b_lo), w, lane);
+
+    // ---- phi slab → shared memory, asynchronously: segment k = phi rows k·c + j0 .. + cwa, at
+    // a stride of c·m floats in phi and seg in the slab.
     let seg = cwa * m; // floats per segment
-    let mut k = 0;
-    while k < n {
-        let src = phi.add(((k * c + j0) * m) as usize) as *const u8;
-        let dst = sm.phis.add((k * seg) as usize) as *mut u8;
-        if (src as u64 | dst as u64 | (4 * seg) as u64) & 15 == 0 {
+    let src0 = phi.add((j0 * m) as usize) as *const u8;
+    let dst0 = sm.phis as *mut u8;
+    if (src0 as u64 | (4 * seg) as u64 | (4 * c * m) as u64) & 15 == 0 {
+        let mut k = 0;
+        while k < n {
+            let (src, dst) = (src0.add((4 * k * c * m) as usize), sm.phis32 + 4 * k * seg);
             let mut i = t;
             while i < seg / 4 {
-                cp_async_16(dst.add(16 * i as usize), src.add(16 * i as usize));
+                cp_async_16_s(dst + 16 * i, src.add(16 * i as usize));
                 i += nt;
             }
-        } else {
+            k += 1;
+        }
+    } else {
+        let mut k = 0;
+        while k < n {
+            let (src, dst) = (src0.add((4 * k * c * m) as usize), dst0.add((4 * k * seg) as usize));
             let mut i = t;
             while i < seg {
                 cp_async_4(dst.add(4 * i as usize), src.add(4 * i as usize));
                 i += nt;
             }
+            k += 1;
         }
-        k += 1;
     }
 
     let mut b0 = b_lo;
@@ -1959,47 +2068,18 @@ unsafe fn pre_slab_body(
         let bga = min_u32(BTF, b_hi - b0);
         // ---- x[b0+β, k·c + j0 + jj] → xs[(β·n + k)·cwa + jj] (bf16), row segments of cwa.
         let nrow = bga * n;
-        let xg = x.add((b0 * n * c + j0) as usize);
-        if xvec {
-            let chunks = cwa / 8;
-            let mut i = t;
-            while i < nrow * chunks {
-                let (row, ch) = divrem_u32(i, chunks);
-                let v = if xsrc.post {
-                    // Global stream row r = β·n + k; the post half's output computed, written
-                    // once (this block is the only one staging these elements).
-                    let r = b0 * n + row;
-                    let e = (r * c + j0 + 8 * ch) as usize;
-                    let xr = ld_nc_v4(x.add(e) as *const u32);
-                    let y =
-                        ld_nc_v4(xsrc.x_layer_out.add((divrem_u32(r, n).0 * c + j0 + 8 * ch) as usize) as *const u32);
-                    let o = fma8(*xsrc.h_post_in.add(r as usize), y, xr);
-                    if !xsrc.x_out.is_null() {
-                        st_v4(xsrc.x_out.add(e) as *mut u32, o);
-                    }
-                    o
-                } else {
-                    ld_nc_v4(xg.add((row * c + 8 * ch) as usize) as *const u32)
-                };
-                st_v4_generic(sm.xs.add((row * cwa + 8 * ch) as usize) as *mut u32, v);
-                i += nt;
+        let (mut row, mut col) = (w, lane);
+        if b0 == b_lo {
+            stage.store(b0, nrow, row, col, first);
+            col += 32;
+        }
+        while row < nrow {
+            while col < stage.cols() {
+                stage.store(b0, nrow, row, col, stage.load(b0, nrow, row, col));
+                col += 32;
             }
-        } else {
-            let mut i = t;
-            while i < nrow * cwa {
-                let (row, jj) = divrem_u32(i, cwa);
-                *sm.xs.add(i as usize) = if xsrc.post {
-                    let r = b0 * n + row;
-                    let v = xsrc.post_elem_at(r, divrem_u32(r, n).0, c, j0 + jj);
-                    if !xsrc.x_out.is_null() {
-                        *xsrc.x_out.add((r * c + j0 + jj) as usize) = v;
-                    }
-                    v
-                } else {
-                    *xg.add((row * c + jj) as usize)
-                };
-                i += nt;
-            }
+            row += warps;
+            col = lane;
         }
         cp_async_wait_all();
         sync_threads();
@@ -2009,7 +2089,12 @@ unsafe fn pre_slab_body(
 
         let items = bga * mq;
         if fixed_point {
-            slab_logit_quads(sm, part_ws, par, acc_words, b0, bga, m, rows, t, nt);
+            // n = 4 (m = 24) with m a constant.
+            if m == 24 {
+                slab_logit_quads::<24>(sm, part_ws, par, acc_words, b0, bga, m, rows, t, nt);
+            } else {
+                slab_logit_quads::<0>(sm, part_ws, par, acc_words, b0, bga, m, rows, t, nt);
+            }
         } else {
             // ---- block partial of item (βl, q) by f32 FMAs from the slab: thread i < 4·items owns
             // item i >> 2 and the rows slot, slot + 4, … (slot = i & 3) in four interleaved chains,
