@@ -1352,9 +1352,9 @@ use kernel_abi::mhc::ROW_SCALES;
 /// (`red.global.add`, no result): `⌊|v|·2^(64−48k)⌋ mod 2^48`, negated for `v < 0`; limb 0 also
 /// counts a non-finite `v` in word [`ACC_LIMBS`]. From `v`'s exponent and mantissa by integer
 /// shifts (the f64 scaling, two floors and a conversion it replaces were ≈ 25 dependent
-/// instructions). The limbs are exact: the sum of
-/// the limbs is `v` truncated toward zero to a multiple of 2^-64, and integer addition is
-/// associative, so the total does not depend on the order in which blocks arrive.
+/// instructions). The limbs are exact: the sum of the limbs is `v` truncated toward zero to a
+/// multiple of 2^-64, and integer addition is associative, so the total does not depend on the
+/// order in which blocks arrive.
 #[inline(always)]
 unsafe fn add_limb(p: *mut u64, v: f32, k: u32) {
     let bits = v.to_bits();

@@ -422,13 +422,6 @@ pub fn fma_f64(a: f64, b: f64, c: f64) -> f64 {
 pub fn sqrt_rn_f64(v: f64) -> f64 {
     v.sqrt()
 }
-pub fn floor_f64(v: f64) -> f64 {
-    v.floor()
-}
-/// Saturating, NaN → 0, as `cvt.rzi.s64.f64`.
-pub fn f64_to_i64_rz(v: f64) -> i64 {
-    v as i64
-}
 pub fn ex2_approx(v: f32) -> f32 {
     v.exp2()
 }

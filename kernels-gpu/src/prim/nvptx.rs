@@ -691,19 +691,3 @@ pub unsafe fn red_add_u64(p: *mut u64, v: u64) {
 pub unsafe fn red_add_u32(p: *mut u32, v: u32) {
     asm!("red.global.add.u32 [{}], {};", in(reg64) p, in(reg32) v, options(nostack));
 }
-
-/// `cvt.rmi.f64.f64`: ⌊v⌋.
-#[inline(always)]
-pub fn floor_f64(v: f64) -> f64 {
-    let r: f64;
-    unsafe { asm!("cvt.rmi.f64.f64 {}, {};", out(reg64) r, in(reg64) v, options(pure, nomem, nostack)) };
-    r
-}
-
-/// `cvt.rzi.s64.f64`: `v` rounded toward zero to an i64 (the caller keeps `|v| < 2^63`).
-#[inline(always)]
-pub fn f64_to_i64_rz(v: f64) -> i64 {
-    let r: i64;
-    unsafe { asm!("cvt.rzi.s64.f64 {}, {};", out(reg64) r, in(reg64) v, options(pure, nomem, nostack)) };
-    r
-}
