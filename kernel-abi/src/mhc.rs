@@ -54,9 +54,9 @@ pub const BTF: u32 = 8;
 /// Largest n of the slab kernels 1 and of `mhc_pre_mix_small_n` /
 /// `mhc_pre_mix_fixed_point` (one warp holds a padded 4×4 R, one element per lane).
 pub const NMAX_SMALL_N: u32 = 4;
-/// Kernel 2's block for n ≤ 4 (`mhc_pre_mix_fixed_point`, `mhc_pre_mix_small_n`); also the
-/// thread count whose order the fused kernel 1's row blocks follow for Σx², so that the fused
-/// op's outputs have MHCPreFwd's bits.
+/// Kernel 2's block for n ≤ 4 with stored partials (`mhc_pre_mix_small_n`; the fixed-point
+/// kernel 2 takes 128, the host planner's choice); also the thread count whose order kernel 1's
+/// row blocks follow for Σx², so that the fused op's outputs have MHCPreFwd's bits.
 pub const MIX_BLOCK_SMALL_N: u32 = 256;
 /// Least dynamic shared memory of the fixed-point kernel 1, bytes: its row blocks' warp sums of
 /// Σx² (one f64 per warp of [`MIX_BLOCK_SMALL_N`] threads) share the slab's memory.

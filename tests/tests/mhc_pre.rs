@@ -617,8 +617,8 @@ fn tuning_table_picks_each_class() {
     assert_eq!(class(9, 5, 1), PreClass::FmaAnyN);
     assert_eq!(class(2, 16, 300), PreClass::FmaAnyN);
     // The seed rows' geometry: 64 kernel-1 blocks of 256 threads over groups of ≤ 2 batch rows
-    // (the fused op: one group of every row, 512 threads at batch 4), kernel 2 one 256-thread
-    // block per 256 columns of a batch row.
+    // (the fused op: one group of every row, 512 threads at batch 4), kernel 2 one 128-thread
+    // block per 128 columns of a batch row.
     for (batch, c) in SEEDS {
         let s = MhcPreShape { batch, n: 4, c };
         for (plan, fused) in
@@ -629,7 +629,7 @@ fn tuning_table_picks_each_class() {
             let (bpc, block) = if fused && batch == 4 { (4, 512) } else { (batch.min(2), 256) };
             assert_eq!((k1.grid, k1.block, k1.batch_per_group as usize), (64, block, bpc), "{plan:?}");
             assert_eq!(k1.groups as usize, batch / bpc, "{plan:?}");
-            assert_eq!((k2.block, k2.tiles as usize), (256, c.div_ceil(256)), "{plan:?}");
+            assert_eq!((k2.block, k2.tiles as usize), (128, c.div_ceil(128)), "{plan:?}");
         }
     }
 }
@@ -688,7 +688,7 @@ fn plan_invariants() {
                         match plan.mix {
                             Mix::FixedPoint(g) => {
                                 assert!(
-                                    batch <= 65535 && g.block == 256 && (g.tiles as usize) == c.div_ceil(c.min(256))
+                                    batch <= 65535 && g.block == 128 && (g.tiles as usize) == c.div_ceil(c.min(128))
                                 );
                                 // Two halves of 5 words per (batch row, logit), the epoch word,
                                 // then three logit scales per batch row.

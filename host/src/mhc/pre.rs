@@ -97,9 +97,16 @@ pub enum PreClass {
 const PARTIAL_GRID_CAP: usize = 64;
 /// `mhc_pre_partial_fma`'s block: 256 threads.
 const FMA_BLOCK: u32 = 256;
-/// Kernel 2's block for n ≤ 4: 256 threads (fixed point: 5.06 / 5.34 / 6.18 µs against 5.38 /
-/// 5.82 / 6.40 at 512: each block reads one accumulator per logit, so more, smaller blocks win).
+/// Kernel 2's block for n ≤ 4 with stored partials (`mhc_pre_mix_small_n`): 256 threads.
 const MIX_BLOCK_SMALL_N: u32 = abi::MIX_BLOCK_SMALL_N;
+/// The fixed-point kernel 2's block (`mhc_pre_mix_fixed_point`, one column per thread): 128
+/// threads, one warp per scheduler. Every warp runs the coefficient chain after its wait, and
+/// two warps on one scheduler slow each other's chain (same device call, A B B A, µs: MHCPreFwd
+/// 3.78 / 4.00–4.03 / 4.58–4.61 against 3.90 / 4.13 / 4.74 at 256, MHCPostPreFwd 3.87–3.94 /
+/// 4.22–4.32 / 4.93–4.96 against 4.00–4.16 / 4.32–4.45 / 4.93–5.06; 64 threads 3.74 / 4.06 /
+/// 4.64 and 4.03 / 4.26 / 5.06). Before (with a pass over x before the wait): 256 against 512,
+/// 5.06 / 5.34 / 6.18 against 5.38 / 5.82 / 6.40.
+const MIX_BLOCK_FIXED_POINT: u32 = 128;
 /// Kernel 2's block for n > 4: 512 threads (`mhc_pre_mix`'s tiles of 8 x values per thread).
 const MIX_BLOCK_ANY_N: u32 = 512;
 
@@ -611,7 +618,13 @@ impl PrePlan {
                 })
             }
         };
-        let mb = if n <= NMAX_SMALL_N { MIX_BLOCK_SMALL_N } else { MIX_BLOCK_ANY_N } as usize;
+        let mb = if class == PreClass::FixedPoint {
+            MIX_BLOCK_FIXED_POINT
+        } else if n <= NMAX_SMALL_N {
+            MIX_BLOCK_SMALL_N
+        } else {
+            MIX_BLOCK_ANY_N
+        } as usize;
         if n > UN * mb {
             return Err(Error::Shape { arg: "n", msg: format!("n = {n} exceeds {UN}·{mb} (kernel 2's tile)") });
         }

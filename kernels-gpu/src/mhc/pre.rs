@@ -754,8 +754,8 @@ fn lane_logit(l: u32, n: u32) -> Option<u32> {
 /// logit [`lane_logit`] (`z` in f64; `valid` false and `z = −∞` on the padding lanes): the row
 /// max by two butterfly levels, one exponential per lane (`e^-|z|` for σ on lanes < 8,
 /// `e^(z − max)` for R on lanes ≥ 16), σ(z) = 1/(1+e) (z ≥ 0) or e/(1+e) by a reciprocal
-/// estimate and one Newton step, then `repeat` Sinkhorn rounds (rows: lanes ^1, ^2; columns:
-/// ^4, ^8), each division a Newton-refined reciprocal. Returns `(σ, R)`: σ is meaningful on the
+/// estimate and one Newton step, then `repeat` Sinkhorn rounds (rows: lanes ^1, ^2, ^3;
+/// columns: ^4, ^8, ^12), each division a Newton-refined reciprocal. Returns `(σ, R)`: σ is meaningful on the
 /// valid lanes < 8 (every lane computes it, unbranched, so its arithmetic fills the Sinkhorn
 /// shuffles' latency instead of running before them), R on lanes ≥ 16 (0 elsewhere). Every
 /// lane of the warp must call it.
@@ -804,18 +804,23 @@ unsafe fn lane_coefficients(z: f64, valid: bool, lane: u32, repeat: u32, eps: f3
 #[inline(always)]
 fn sinkhorn<const FTZ: bool>(mut v: f32, repeat: u32, eps: f32) -> f32 {
     let rcp = |d: f32| if FTZ { rcp_approx_ftz(d) } else { rcp_approx(d) };
-    let mut rep = 0;
+    // One half-step: the sum of the four lanes `l ^ a·{0, 1, 2, 3}` as (v_l + v_l^a) + (v_l^2a +
+    // v_l^3a) — the bits of a two-level butterfly in every lane (IEEE addition commutes), from
+    // three independent shuffles instead of two dependent ones.
+    let half = |v: f32, a: u32| {
+        let (x1, x2, x3) = (shfl_xor_f32(v, a), shfl_xor_f32(v, 2 * a), shfl_xor_f32(v, 3 * a));
+        let d = (v + x1) + (x2 + x3) + eps;
+        let mut q = rcp(d);
+        q = fma(q, fma(-d, q, 1.0), q);
+        v * q
+    };
+    // The first round outside the loop: the usual single round runs straight through.
+    if repeat > 0 {
+        v = half(half(v, 1), 4);
+    }
+    let mut rep = 1;
     while rep < repeat {
-        let s = v + shfl_xor_f32(v, 1);
-        let d = s + shfl_xor_f32(s, 2) + eps;
-        let mut q = rcp(d);
-        q = fma(q, fma(-d, q, 1.0), q);
-        v *= q;
-        let s = v + shfl_xor_f32(v, 4);
-        let d = s + shfl_xor_f32(s, 8) + eps;
-        let mut q = rcp(d);
-        q = fma(q, fma(-d, q, 1.0), q);
-        v *= q;
+        v = half(half(v, 1), 4);
         rep += 1;
     }
     v
@@ -828,7 +833,7 @@ fn sinkhorn<const FTZ: bool>(mut v: f32, repeat: u32, eps: f32) -> f32 {
 ///   ends with the same bits); each warp holds up to [`QL`]·[`GL`] loads in flight;
 /// - the coefficients live in registers of warp 0, one logit per lane ([`lane_logit`]): `r` and
 ///   the logits in f64, σ as in [`mhc_pre_mix`], the row max by two butterfly levels, `R = exp`, and each
-///   Sinkhorn half-step as two butterfly levels (row: lanes ^1, ^2; column: ^4, ^8) and one
+///   Sinkhorn half-step as three shuffles (row: lanes ^1, ^2, ^3; column: ^4, ^8, ^12) and one
 ///   `div.rn` per lane — no shared-memory round trips, no index divisions;
 /// - shared memory: `tot[32]` f64 | `hs[4]` f32 | `ra[16]` f32 (4×4) | x tile (`n·jt` bf16),
 ///   [`MIX_SMALL_N_SMEM_HEAD`] bytes before the tile.
