@@ -171,7 +171,8 @@ pub fn slab_batch_per_group(batch: usize, fused: bool) -> usize {
 /// no fewer than the fixed-point kernel's 16 per (batch row, four logits) — would need a second
 /// round at 256 (measured with the tensor-core product it replaced: hidden-2560 (batch 4) 6.25 → 5.95 µs
 /// at 512, hidden-1920 (batch 2) 5.44 → 5.70 µs (worse) at 512; 128 threads: kernel 1 3.07 /
-/// 4.03 / 4.99 µs against 3.07 / 3.39 / 3.87).
+/// 4.03 / 4.99 µs against 3.07 / 3.39 / 3.87). 128 threads for one-row groups with the f32
+/// chains (2026-12-04): MHCPreFwd hidden-1280 −0.04 µs, MHCPostPreFwd +0.16 µs.
 #[doc(hidden)]
 pub fn slab_block(shape: MhcPreShape, bpc: usize) -> u32 {
     let items = 4 * bpc * (shape.logits() + 1);
