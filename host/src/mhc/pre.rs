@@ -95,6 +95,14 @@ pub enum PreClass {
 /// 128: 4.99 / 5.44 / 5.89, 5.12 / 5.63 / 6.40, 6.02 / 6.11 / 7.71 against 5.02 / 5.36 / 5.92
 /// (more blocks, more limb-add contention).
 const PARTIAL_GRID_CAP: usize = 64;
+/// Kernel-1 grid cap of the fixed-point pair at batch ≤ 2: 48 blocks. Each accumulator word
+/// takes one limb add per block, and the adds' drain before kernel 1 completes is on the path
+/// (docs/decisions/mhc.md): at one or two batch rows the chains are short enough that fewer
+/// blocks win (same device call, A B B A, µs, MHCPreFwd / MHCPostPreFwd: hidden-1280 3.62 / 3.84
+/// against 3.74 / 3.87 at 64, hidden-1920 3.94 / 4.26 against 3.97 / 4.26); at batch 4 they
+/// lose (hidden-2560 4.64 / 5.12 against 4.54–4.58 / 4.90–4.93); 80: 3.81–3.84 / 4.06–4.07 /
+/// 4.61–4.62 and 3.90 / 4.38 / 4.93.
+const FIXED_POINT_SMALL_BATCH_GRID_CAP: usize = 48;
 /// `mhc_pre_partial_fma`'s block: 256 threads.
 const FMA_BLOCK: u32 = 256;
 /// Kernel 2's block for n ≤ 4 with stored partials (`mhc_pre_mix_small_n`): 256 threads.
@@ -545,7 +553,8 @@ impl PrePlan {
 
     /// The planner, on the CPU: the kernel pair of `shape` ([`PreClass::of`]) and its geometry on
     /// a device with `sms` multiprocessors and `max_smem` bytes of opt-in shared memory per block.
-    /// Kernel 1: the columns split evenly over `min(c, sms, 64)` blocks. Kernel 2: tiles of
+    /// Kernel 1: the columns split evenly over `min(c, sms, 64)` blocks (48 for the fixed-point
+    /// pair at batch ≤ 2). Kernel 2: tiles of
     /// `jt = min(c, block, ⌊8·block/n⌋)` columns per batch row (one column per thread for the
     /// fixed-point pair).
     ///
@@ -568,10 +577,18 @@ impl PrePlan {
         let lens = shape.lens()?;
         let MhcPreShape { batch, n, c } = shape;
         let mq = shape.logits() + 1;
-        let target = c.min(sms.max(1)).min(PARTIAL_GRID_CAP);
-        let cols = c.div_ceil(target);
-        let grid = c.div_ceil(cols);
+        let split = |cap: usize| {
+            let cols = c.div_ceil(c.min(sms.max(1)).min(cap));
+            (cols, c.div_ceil(cols))
+        };
+        let (mut cols, mut grid) = split(PARTIAL_GRID_CAP);
         let class = PreClass::of(shape, slab_fits(shape, cols, max_smem));
+        if class == PreClass::FixedPoint && batch <= 2 {
+            let (cols_small, grid_small) = split(FIXED_POINT_SMALL_BATCH_GRID_CAP);
+            if PreClass::of(shape, slab_fits(shape, cols_small, max_smem)) == class {
+                (cols, grid) = (cols_small, grid_small);
+            }
+        }
         let too_big = |smem: usize| Error::Shape {
             arg: "n",
             msg: format!("n = {n} needs {smem} bytes of shared memory per block, the device has {max_smem}"),
