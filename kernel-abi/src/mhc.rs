@@ -70,6 +70,20 @@ pub const ACC_LIMBS: u32 = 4;
 /// u64 words per accumulator: the [`ACC_LIMBS`] limbs, then a count of partials that were not
 /// finite or not below 2^128 (the logit is then NaN).
 pub const ACC_WORDS: u32 = ACC_LIMBS + 1;
+/// Copies of the accumulators per epoch half in the `…_acc2` fixed-point kernels (the others
+/// keep one): kernel-1 block `g` adds into copy `g mod 2` and kernel 2 sums the copies, integers,
+/// so the sum has the bits of one copy while each accumulator line takes half the limb adds.
+pub const ACC_COPIES_MAX: u32 = 2;
+
+/// The u64 word of `part_ws` that holds word `k < ACC_WORDS` of copy `copy < copies` of the
+/// fixed-point accumulator of (batch row β, logit q) in epoch half `half`:
+/// `((half·copies + copy)·ACC_WORDS + k)·batch·m + β·m + q` (`m` logits per row). Word-major, so
+/// that kernel 2's load of one word for a warp's logits reads 2 lines (24 consecutive words)
+/// rather than 8 (a stride of ACC_WORDS): MHCPreFwd −0.06…−0.16 µs at the seed shapes against
+/// the accumulator-major layout (same device call, outputs bitwise equal).
+pub const fn acc_word(half: u32, copy: u32, k: u32, beta: u32, q: u32, copies: u32, batch: u32, m: u32) -> u32 {
+    ((half * copies + copy) * ACC_WORDS + k) * batch * m + beta * m + q
+}
 /// f64 words per batch row after the fixed-point pair's epoch word: the logit scales
 /// `alpha_pre/r`, `alpha_post/r`, `alpha_res/r` that kernel 1's row block of the row stores.
 pub const ROW_SCALES: u32 = 3;
@@ -138,7 +152,8 @@ kernel_args! {
         pub bpc: u32,
         /// The fixed-point kernel's row blocks (grid `(G + bpc, groups)`: block `G + i` takes
         /// batch row i of its group) store the row's three logit scales `alpha/r` (f64) at
-        /// u64 words `2·batch·m·ACC_WORDS + 1 + 3β ..` of `part_ws`; unused by the plain kernel.
+        /// u64 words `2·copies·batch·m·ACC_WORDS + 1 + 3β ..` of `part_ws` (`copies`: 2 in the
+        /// `_acc2` kernel, [`ACC_COPIES_MAX`], else 1; [`acc_word`]); unused by the plain kernel.
         pub alpha_pre: f32,
         pub alpha_post: f32,
         pub alpha_res: f32,
@@ -214,7 +229,8 @@ kernel_args! {
     /// written to `x_out` where that is not null (each element by the block that stages it).
     /// Grid `(⌈c/cw⌉ + bpc, groups)`: the last `bpc` blocks of each group are row blocks, one per
     /// batch row of the group, each summing its row's Σx² and storing the row's three logit
-    /// scales `alpha/r` (f64) at u64 words `2·batch·m·ACC_WORDS + 1 + 3β ..` of `part_ws`.
+    /// scales `alpha/r` (f64) at u64 words `2·batch·m·ACC_WORDS + 1 + 3β ..` of `part_ws` (one
+    /// copy of the accumulators, [`acc_word`]).
     pub struct PostPrePartialArgs / post_pre_partial_entry {
         pub phi: *const f32,
         pub x_layer_out: *const u16,
@@ -270,9 +286,11 @@ macro_rules! mhc_pre_kernels {
             mhc_pre_partial_fma: PartialFma, partial_fma, pre_partial_fma_entry;
             mhc_pre_partial_slab: PartialSlab, partial_slab, pre_partial_slab_entry;
             mhc_pre_partial_slab_fixed_point: PartialSlabFixedPoint, partial_slab_fixed_point, pre_partial_slab_entry;
+            mhc_pre_partial_slab_fixed_point_acc2: PartialSlabFixedPointAcc2, partial_slab_fixed_point_acc2, pre_partial_slab_entry;
             mhc_pre_mix: Mix, mix, pre_mix_entry;
             mhc_pre_mix_small_n: MixSmallN, mix_small_n, pre_mix_entry;
             mhc_pre_mix_fixed_point: MixFixedPoint, mix_fixed_point, pre_mix_fixed_point_entry;
+            mhc_pre_mix_fixed_point_acc2: MixFixedPointAcc2, mix_fixed_point_acc2, pre_mix_fixed_point_entry;
             mhc_post_pre_partial_slab_fixed_point: PostPrePartialSlabFixedPoint, post_pre_partial_slab_fixed_point, post_pre_partial_entry;
             mhc_post_pre_mix_fixed_point: PostPreMixFixedPoint, post_pre_mix_fixed_point, post_pre_mix_entry;
         }

@@ -68,13 +68,25 @@ fn params(repeat: u32) -> MhcPreParams {
 #[test]
 fn fixed_point_pair() {
     let mut rng = fresh_rng("mhc_pre fixed_point_pair");
-    for (batch, n, c) in [(1, 4, 64), (3, 2, 7), (9, 4, 40), (2, 3, 21), (5, 1, 13)] {
+    // (4, 4, 128) and (9, 2, 320): 128 partial blocks, two accumulator copies (the `_acc2` pair).
+    for (batch, n, c) in [(1, 4, 64), (3, 2, 7), (9, 4, 40), (2, 3, 21), (5, 1, 13), (4, 4, 128), (9, 2, 320)] {
         let plan = PrePlan::for_device(MhcPreShape { batch, n, c }, SMS, MAX_SMEM).unwrap();
-        assert!(matches!(plan.partials, Partials::SlabFixedPoint(_)), "{plan:?}");
+        let Partials::SlabFixedPoint(k1) = plan.partials else { panic!("{plan:?}") };
         // Two calls: the second adds into the other half of the workspace.
         let k = run_case(&plan, params(20), 2, &mut rng);
-        assert_eq!(k, ["mhc_pre_partial_slab_fixed_point", "mhc_pre_mix_fixed_point"]);
+        if k1.acc_copies == 2 {
+            assert_eq!(k, ["mhc_pre_partial_slab_fixed_point_acc2", "mhc_pre_mix_fixed_point_acc2"]);
+        } else {
+            assert_eq!(k, ["mhc_pre_partial_slab_fixed_point", "mhc_pre_mix_fixed_point"]);
+        }
     }
+    assert!(
+        [(4, 4, 128), (9, 2, 320)].iter().all(|&(batch, n, c)| {
+            let plan = PrePlan::for_device(MhcPreShape { batch, n, c }, SMS, MAX_SMEM).unwrap();
+            plan.partials.acc_copies() == 2
+        }),
+        "no case reaches the two-copy pair"
+    );
 }
 
 #[test]

@@ -631,6 +631,9 @@ fn tuning_table_picks_each_class() {
             assert_eq!((k1.grid, k1.block, k1.batch_per_group as usize), (grid, block, bpc), "{plan:?}");
             assert_eq!(k1.groups as usize, batch / bpc, "{plan:?}");
             assert_eq!((k2.block, k2.tiles as usize), (128, c.div_ceil(128)), "{plan:?}");
+            // Two accumulator copies from 128 partial blocks (MHCPreFwd hidden-2560 only).
+            let copies = if !fused && batch == 4 { 2 } else { 1 };
+            assert_eq!((k1.acc_copies, k2.acc_copies), (copies, copies), "{plan:?}");
         }
     }
 }
@@ -691,11 +694,19 @@ fn plan_invariants() {
                                 assert!(
                                     batch <= 65535 && g.block == 128 && (g.tiles as usize) == c.div_ceil(c.min(128))
                                 );
-                                // Two halves of 5 words per (batch row, logit), the epoch word,
-                                // then three logit scales per batch row.
+                                // Two halves of `copies` × 5 words per (batch row, logit), the
+                                // epoch word, then three logit scales per batch row.
+                                let copies = plan.partials.acc_copies() as usize;
+                                let Partials::SlabFixedPoint(k1) = plan.partials else { unreachable!() };
+                                let blocks = (k1.grid * k1.groups) as usize;
+                                assert!(copies == 1 || (!fused && copies == 2), "{s:?} {plan:?}");
+                                assert!(copies == 1 || (blocks >= 128 && k1.grid >= 2), "{s:?} {plan:?}");
+                                assert_eq!(g.acc_copies as usize, copies);
                                 assert_eq!(
                                     plan.workspace,
-                                    2 * batch * (mq - 1) * rgk::mhc::ACC_WORDS + 1 + rgk::mhc::ROW_SCALES * batch
+                                    2 * copies * batch * (mq - 1) * rgk::mhc::ACC_WORDS
+                                        + 1
+                                        + rgk::mhc::ROW_SCALES * batch
                                 );
                             }
                             Mix::SmallN(g) | Mix::AnyN(g) => {
@@ -881,17 +892,20 @@ fn fixed_point_limbs_are_exact() {
     }
 }
 
-/// The fixed-point workspace, mirrored from the kernels: kernel 1's limb adds of every (batch row of its
-/// y-block groups, logit) land in one half (`((β·m + q)·ACC_WORDS + k`, k < ACC_WORDS), its zeroing
-/// loop (word `bid·T + t`, stride `blocks·T`) writes every word of the other half exactly once,
-/// kernel 2's loads (one logit per lane, both halves) stay inside the halves, the epoch word
-/// follows them, and the row blocks (one per batch row of a group, after the partial blocks)
-/// store each batch row's three logit scales exactly once, in the workspace's last words.
+/// The fixed-point workspace, mirrored from the kernels: each half holds `copies` copies of
+/// ACC_WORDS words per (batch row, logit), word-major (word `k` of copy `p` of (β, q) in half `h`
+/// at `((h·copies + p)·ACC_WORDS + k)·batch·m + β·m + q`); kernel 1's partial block `g` adds every
+/// (batch row of its group, logit) into copy `g mod copies` of one half, so every word of that
+/// half takes the adds of the blocks of its copy; its zeroing loop (word `bid·T + t`, stride
+/// `blocks·T`) writes every word of the other half exactly once; kernel 2's loads (one logit per
+/// lane, every copy of both halves) stay inside the halves, the epoch word follows them, and the
+/// row blocks (one per batch row of a group, after the partial blocks) store each batch row's
+/// three logit scales exactly once, in the workspace's last words.
 #[test]
 fn fixed_point_accumulator_layout() {
     use rgk::mhc::{ACC_WORDS, ROW_SCALES};
     for n in [1, 2, 3, 4] {
-        for (batch, c) in [(1, 1280), (2, 1920), (4, 2560), (5, 7), (11, 77), (32, 4099), (9, 1)] {
+        for (batch, c) in [(1, 1280), (2, 1920), (4, 2560), (5, 7), (11, 77), (32, 4099), (9, 1), (300, 3)] {
             for sms in [132, 64, 7, 1] {
                 let s = MhcPreShape { batch, n, c };
                 for fused in [false, true] {
@@ -902,24 +916,35 @@ fn fixed_point_accumulator_layout() {
                     };
                     let plan = plan.unwrap();
                     let Partials::SlabFixedPoint(k1) = plan.partials else { continue };
-                    let (block, bpc, groups) = (k1.block, k1.batch_per_group, k1.groups);
+                    let (block, bpc, groups, grid) = (k1.block, k1.batch_per_group, k1.groups, k1.grid as usize);
+                    let copies = k1.acc_copies as usize;
                     let g = plan;
                     let m = s.logits();
-                    let words = batch * m * ACC_WORDS;
+                    let word = |half: usize, copy: usize, k: usize, beta: usize, q: usize| {
+                        ((half * copies + copy) * ACC_WORDS + k) * batch * m + beta * m + q
+                    };
+                    let words = copies * batch * m * ACC_WORDS;
                     assert_eq!(g.workspace, 2 * words + 1 + ROW_SCALES * batch, "{s:?} {g:?}");
-                    // Kernel 1's adds: every (β, q) of every y-block's group, limbs and count word.
+                    // Kernel 1's adds: every (β, q) of every y-block's group, limbs and count word,
+                    // block x into copy x mod copies.
                     let mut added = vec![0u32; words];
                     for by in 0..groups as usize {
                         let b0 = by * bpc as usize;
-                        for bl in 0..(batch - b0).min(8).min(bpc as usize) {
-                            for q in 0..m {
-                                for k in 0..ACC_WORDS {
-                                    added[((b0 + bl) * m + q) * ACC_WORDS + k] += 1;
+                        for x in 0..grid {
+                            for bl in 0..(batch - b0).min(8).min(bpc as usize) {
+                                for q in 0..m {
+                                    for k in 0..ACC_WORDS {
+                                        added[word(0, x % copies, k, b0 + bl, q)] += 1;
+                                    }
                                 }
                             }
                         }
                     }
-                    assert!(added.iter().all(|&a| a == 1), "{s:?} {g:?}: an accumulator no block adds to");
+                    for (i, &a) in added.iter().enumerate() {
+                        let copy = i / (ACC_WORDS * batch * m);
+                        let want = (copy..grid).step_by(copies).count() as u32;
+                        assert!(want >= 1 && a == want, "{s:?} {g:?}: word {i} takes {a} adds, not {want}");
+                    }
                     // The row blocks: block grid + i of group by takes batch row by·bpc + i.
                     let mut scaled = vec![0u32; batch];
                     for by in 0..groups as usize {
@@ -945,12 +970,11 @@ fn fixed_point_accumulator_layout() {
                         }
                     }
                     assert!(zeroed.iter().all(|&z| z == 1), "{s:?} {g:?}: zeroing misses or repeats a word");
-                    // Kernel 2: lane logit e of row β reads words (β·m + e)·ACC_WORDS + k of both halves.
+                    // Kernel 2: lane logit e of row β reads word k of every copy of both halves.
                     for beta in 0..batch {
                         for lane in 0..32 {
                             if let Some(e) = lane_logit(lane, n) {
-                                let hi = words + (beta * m + e) * ACC_WORDS + ACC_WORDS - 1;
-                                assert!(hi < 2 * words, "{s:?} {g:?}");
+                                assert!(word(1, copies - 1, ACC_WORDS - 1, beta, e) < 2 * words, "{s:?} {g:?}");
                             }
                         }
                     }

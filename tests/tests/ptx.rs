@@ -168,6 +168,8 @@ const UNPROVEN_BY_THE_DIVERGENCE_ANALYSIS: &[&str] = &[
     "mhc_pre_mix",
     "mhc_pre_partial_slab",
     "mhc_pre_partial_slab_fixed_point",
+    // The same body, adding into two copies of the accumulators.
+    "mhc_pre_partial_slab_fixed_point_acc2",
     // The same body as mhc_pre_partial_slab_fixed_point, x computed from the post half's inputs.
     "mhc_post_pre_partial_slab_fixed_point",
 ];

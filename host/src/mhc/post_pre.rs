@@ -219,7 +219,8 @@ pub(crate) fn planned_kernels(plan: &PrePlan) -> Vec<&'static str> {
 /// is that pair.
 fn fused_pair(plan: &PrePlan) -> Option<(SlabPartialGrid, ColumnMix)> {
     match (plan.partials, plan.mix) {
-        (Partials::SlabFixedPoint(g1), Mix::FixedPoint(g2)) => Some((g1, g2)),
+        // The fused kernels keep one copy of the accumulators (`PrePlan::for_device_fused`).
+        (Partials::SlabFixedPoint(g1), Mix::FixedPoint(g2)) if g1.acc_copies == 1 => Some((g1, g2)),
         _ => None,
     }
 }

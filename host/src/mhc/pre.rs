@@ -103,6 +103,13 @@ const PARTIAL_GRID_CAP: usize = 64;
 /// lose (hidden-2560 4.64 / 5.12 against 4.54–4.58 / 4.90–4.93); 80: 3.81–3.84 / 4.06–4.07 /
 /// 4.61–4.62 and 3.90 / 4.38 / 4.93.
 const FIXED_POINT_SMALL_BATCH_GRID_CAP: usize = 48;
+/// Kernel-1 partial blocks (`grid × groups`) from which the fixed-point accumulators take
+/// [`abi::ACC_COPIES_MAX`] copies per half (each accumulator line then takes half the limb
+/// adds, and kernel 2 loads twice the words): MHCPreFwd hidden-2560 (128 partial blocks)
+/// 4.42–4.45 µs against 4.61 with one copy; at 48 or 64 partial blocks one copy wins
+/// (hidden-1280 3.52–3.55 against 3.58, MHCPostPreFwd hidden-2560 4.90 against 4.93; same
+/// device call, A B … B A, outputs bitwise equal). Four copies: 3.81 / 4.10–4.13 / 4.51.
+const ACC_COPIES_MIN_PARTIAL_BLOCKS: u32 = 128;
 /// `mhc_pre_partial_fma`'s block: 256 threads.
 const FMA_BLOCK: u32 = 256;
 /// Kernel 2's block for n ≤ 4 with stored partials (`mhc_pre_mix_small_n`): 256 threads.
@@ -334,6 +341,10 @@ pub struct SlabPartialGrid {
     pub block: u32,
     /// Dynamic shared memory per block, bytes ([`slab_partial_smem_bytes`]).
     pub smem: u32,
+    /// Fixed point: copies of the accumulators per epoch half (1, or [`abi::ACC_COPIES_MAX`] from
+    /// [`ACC_COPIES_MIN_PARTIAL_BLOCKS`] partial blocks in MHCPreFwd, whose `_acc2` entries
+    /// take them; the fused op's kernels keep 1); 1 for stored partials.
+    pub acc_copies: u32,
 }
 
 impl SlabPartialGrid {
@@ -405,6 +416,8 @@ pub struct ColumnMix {
     pub tiles: u32,
     /// Dynamic shared memory per block, bytes (`256 + 8·block`).
     pub smem: u32,
+    /// Kernel 1's [`SlabPartialGrid::acc_copies`] (the `_acc2` entry at 2).
+    pub acc_copies: u32,
 }
 
 /// Kernel 2 of a plan (reduction, coefficients, mixing; a programmatic dependent launch).
@@ -424,6 +437,7 @@ impl Partials {
     /// The PTX entry.
     pub fn kernel(&self) -> &'static str {
         match self {
+            Self::SlabFixedPoint(g) if g.acc_copies > 1 => PreKernel::PartialSlabFixedPointAcc2.name(),
             Self::SlabFixedPoint(_) => PreKernel::PartialSlabFixedPoint.name(),
             Self::Slab(_) => PreKernel::PartialSlab.name(),
             Self::Fma(_) => PreKernel::PartialFma.name(),
@@ -435,6 +449,14 @@ impl Partials {
         match self {
             Self::SlabFixedPoint(g) | Self::Slab(g) => g.grid,
             Self::Fma(g) => g.grid,
+        }
+    }
+
+    /// Copies of the fixed-point accumulators per epoch half (1 for the stored-partials kernels).
+    pub fn acc_copies(&self) -> u32 {
+        match self {
+            Self::SlabFixedPoint(g) | Self::Slab(g) => g.acc_copies,
+            Self::Fma(_) => 1,
         }
     }
 
@@ -451,6 +473,7 @@ impl Mix {
     /// The PTX entry.
     pub fn kernel(&self) -> &'static str {
         match self {
+            Self::FixedPoint(g) if g.acc_copies > 1 => PreKernel::MixFixedPointAcc2.name(),
             Self::FixedPoint(_) => PreKernel::MixFixedPoint.name(),
             Self::SmallN(_) => PreKernel::MixSmallN.name(),
             Self::AnyN(_) => PreKernel::Mix.name(),
@@ -596,13 +619,24 @@ impl PrePlan {
         let slab_grid = || {
             let bpc = slab_batch_per_group(batch, fused);
             let block = slab_block(shape, bpc);
+            let groups = batch.div_ceil(bpc) as u32;
+            let acc_copies = if class == PreClass::FixedPoint
+                && !fused
+                && grid as u32 >= abi::ACC_COPIES_MAX
+                && grid as u32 * groups >= ACC_COPIES_MIN_PARTIAL_BLOCKS
+            {
+                abi::ACC_COPIES_MAX
+            } else {
+                1
+            };
             SlabPartialGrid {
                 grid: grid as u32,
                 cols: cols as u32,
                 batch_per_group: bpc as u32,
-                groups: batch.div_ceil(bpc) as u32,
+                groups,
                 block,
                 smem: slab_partial_smem_bytes(n, cols) as u32,
+                acc_copies,
             }
         };
         let partials = match class {
@@ -652,9 +686,16 @@ impl PrePlan {
                 block: mb as u32,
                 tiles: tiles as u32,
                 smem: abi::mix_fixed_point_smem(mb as u32),
+                acc_copies: partials.acc_copies(),
             });
-            // The accumulator halves, the epoch word, then three logit scales per batch row.
-            (mix, tiles, 2 * checked_product("x", &[batch, shape.logits(), ACC_WORDS])? + 1 + ROW_SCALES * batch)
+            // The accumulator halves (`abi::acc_word`), the epoch word, then three logit scales
+            // per batch row.
+            let copies = partials.acc_copies() as usize;
+            (
+                mix,
+                tiles,
+                2 * checked_product("x", &[copies, batch, shape.logits(), ACC_WORDS])? + 1 + ROW_SCALES * batch,
+            )
         } else {
             let jt = c.min(mb).min(UN * mb / n);
             let tiles = c.div_ceil(jt);

@@ -1067,20 +1067,30 @@ unsafe fn sum4(p: *const f64, count: u32, stride: u32) -> f64 {
 /// rows of MHCPreFwd and MHCPostPreFwd, 0 on MHCPreFwd hidden-2560);
 /// after the wait, one dependent chain per warp and no barrier:
 /// - lane l loads its logit's ([`lane_logit`]) accumulator words from both halves of `part_ws`
-///   (one half holds this call's sums, kernel 1 zeroed the other), adds them as integers and
+///   (one half holds this call's sums, kernel 1 zeroed the other; each half `acc_copies`
+///   copies, [`ACC_COPIES_MAX`]), adds them as integers and
 ///   converts ([`accumulator_value`]), and loads its `alpha/r`, which kernel 1's row block of β
 ///   stored ([`row_scales`]); block (0, 0) flips the epoch word;
 /// - every warp runs [`lane_coefficients`] itself (identical bits in every warp) and takes
 ///   H_pre and R by 20 broadcast shuffles — no shared round trip;
 /// - mixing from registers: `x_layer = q(Σ_k H_pre[k]·x_k)`, `x_res[i] = q(Σ_k R[i,k]·x_k)`.
 ///
-/// Tile 0, warp 0 writes h_post. Shared memory [`mix_fixed_point_smem`] (untouched). `grid1` is unused.
+/// Tile 0, warp 0 writes h_post. Shared memory [`mix_fixed_point_smem`] (untouched).
 /// Fixed summation orders: bitwise reproducible.
 #[inline(always)]
 unsafe fn mix_fixed_point(a: PreMixFixedPointArgs) {
     let PreMixFixedPointArgs { x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1: _, repeat, eps } = a;
     let outs = (x_res, x_layer, h_post);
-    fixed_point_mix(XSrc::plain(x), bias, part_ws, outs, batch, n, c, repeat, eps);
+    fixed_point_mix(XSrc::plain(x), bias, part_ws, outs, (batch, n, c), 1, repeat, eps);
+}
+
+/// [`mhc_pre_mix_fixed_point`] after [`mhc_pre_partial_slab_fixed_point_acc2`]: the accumulators
+/// in [`ACC_COPIES_MAX`] copies per half, summed here.
+#[inline(always)]
+unsafe fn mix_fixed_point_acc2(a: PreMixFixedPointArgs) {
+    let PreMixFixedPointArgs { x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1: _, repeat, eps } = a;
+    let outs = (x_res, x_layer, h_post);
+    fixed_point_mix(XSrc::plain(x), bias, part_ws, outs, (batch, n, c), ACC_COPIES_MAX, repeat, eps);
 }
 
 /// Kernel 2 of the fused post→pre op (MHCPostPreFwd): [`mhc_pre_mix_fixed_point`] with x
@@ -1104,7 +1114,7 @@ unsafe fn post_pre_mix_fixed_point(a: PostPreMixArgs) {
     } = a;
     let src = XSrc { x: x_res_in, post: true, x_layer_out, h_post_in, x_out: core::ptr::null_mut() };
     let outs = (x_res, x_layer, h_post);
-    fixed_point_mix(src, bias, part_ws, outs, batch, n, c, repeat, eps);
+    fixed_point_mix(src, bias, part_ws, outs, (batch, n, c), 1, repeat, eps);
 }
 
 /// Σx² of batch row β in f64 (products of bf16 values exact, added in a fixed order), by the
@@ -1231,9 +1241,8 @@ unsafe fn fixed_point_mix(
     bias: *const f32,
     part_ws: *const f64,
     (x_res, x_layer, h_post): (*mut u16, *mut u16, *mut f32),
-    batch: u32,
-    n: u32,
-    c: u32,
+    (batch, n, c): (u32, u32, u32),
+    acc_copies: u32,
     repeat: u32,
     eps: f32,
 ) {
@@ -1272,7 +1281,9 @@ unsafe fn fixed_point_mix(
     } else {
         2
     };
-    let words = batch * m * ACC_WORDS;
+    // Accumulator layout ([`acc_word`]): half, copy, word, then (β, logit).
+    let bm = batch * m;
+    let words = acc_copies * ACC_WORDS * bm;
     let a = part_ws as *const u64;
     // Kernel 1's row blocks stored the row's scales ([`row_scales`]): no Σx² pass here. (The
     // fused op's kernel 2 had recomputed the post half over the whole row for it, and that
@@ -1285,17 +1296,21 @@ unsafe fn fixed_point_mix(
     while pass <= rounds {
         let last = pass == rounds;
         let mut scale = 0f64;
-        let mut v = [0u64; 2 * ACC_WORDS as usize];
+        const CW: usize = (ACC_COPIES_MAX * ACC_WORDS) as usize;
+        let mut v = [0u64; 2 * CW];
         if last {
             grid_dependency_wait();
             scale = *(a.add((2 * words + 1 + ROW_SCALES * beta + cls) as usize) as *const f64);
             if valid {
-                let p0 = a.add(((beta * m + e) * ACC_WORDS) as usize);
-                let mut k = 0;
-                while k < ACC_WORDS as usize {
-                    v[k] = *p0.add(k);
-                    v[ACC_WORDS as usize + k] = *p0.add(words as usize + k);
-                    k += 1;
+                // Every word of both halves, one round of independent loads.
+                let p0 = a.add((beta * m + e) as usize);
+                let mut r = 0;
+                while r < 2 * CW {
+                    let (half, cw) = ((r / CW) as u32, (r % CW) as u32);
+                    if cw < acc_copies * ACC_WORDS {
+                        v[r] = *p0.add((half * words + cw * bm) as usize);
+                    }
+                    r += 1;
                 }
             }
             if tile == 0 && beta == 0 && t == 0 {
@@ -1303,11 +1318,13 @@ unsafe fn fixed_point_mix(
                 red_add_u32(a.add(2 * words as usize) as *mut u32, 1);
             }
         }
+        // Integer sums of every half and copy (the words not loaded are 0).
         let mut sw = [0u64; ACC_WORDS as usize];
-        let mut k = 0;
-        while k < ACC_WORDS as usize {
-            sw[k] = v[k].wrapping_add(v[ACC_WORDS as usize + k]);
-            k += 1;
+        let mut r = 0;
+        while r < 2 * CW {
+            let k = r % ACC_WORDS as usize;
+            sw[k] = sw[k].wrapping_add(v[r]);
+            r += 1;
         }
         let h = accumulator_value(&sw);
 
@@ -1345,6 +1362,8 @@ unsafe fn fixed_point_mix(
 
 // ================================================================ fixed-point split-K sums (n ≤ 4)
 
+use kernel_abi::mhc::acc_word;
+pub use kernel_abi::mhc::ACC_COPIES_MAX;
 /// Limbs per (batch row, logit) accumulator of the fixed-point pair: limb `k` holds bits
 /// `[48k − 64, 48k − 16)` of `|partial|` (so `2^-64 ≤` resolution, range `< 2^128`, the f32
 /// range), each as a signed 64-bit sum over the kernel-1 blocks (≤ 2^15 blocks cannot overflow).
@@ -1352,23 +1371,32 @@ pub use kernel_abi::mhc::ACC_LIMBS;
 /// u64 words per accumulator: the [`ACC_LIMBS`] limbs, then a count of partials that were not
 /// finite or not below 2^128 (the logit is then NaN).
 pub use kernel_abi::mhc::ACC_WORDS;
+
+/// The fixed-point kernels' arguments to [`pre_slab_body`]: the row blocks' logit-scale factors
+/// (`alpha_pre`, `alpha_post`, `alpha_res`; `1/√(n·c)`) and the accumulator copies per half.
+#[derive(Clone, Copy)]
+struct FixedPoint {
+    alpha: [f32; 3],
+    inv_sqrt_nc: f64,
+    acc_copies: u32,
+}
 use kernel_abi::mhc::ROW_SCALES;
 
-/// Adds limb `k < ACC_LIMBS` of the f32 block partial `v` to the accumulator `p`
-/// (`red.global.add`, no result): `⌊|v|·2^(64−48k)⌋ mod 2^48`, negated for `v < 0`; limb 0 also
-/// counts a non-finite `v` in word [`ACC_LIMBS`]. From `v`'s exponent and mantissa by integer
+/// Adds limb `k < ACC_LIMBS` of the f32 block partial `v` to the accumulator at `p`, whose
+/// words lie `ws` u64 apart ([`acc_word`]) (`red.global.add`, no result): `⌊|v|·2^(64−48k)⌋ mod
+/// 2^48`, negated for `v < 0`; limb 0 also counts a non-finite `v` in word [`ACC_LIMBS`]. From `v`'s exponent and mantissa by integer
 /// shifts (the f64 scaling, two floors and a conversion it replaces were ≈ 25 dependent
 /// instructions). The limbs are exact: the sum of the limbs is `v` truncated toward zero to a
 /// multiple of 2^-64, and integer addition is associative, so the total does not depend on the
 /// order in which blocks arrive.
 #[inline(always)]
-unsafe fn add_limb(p: *mut u64, v: f32, k: u32) {
+unsafe fn add_limb(p: *mut u64, v: f32, k: u32, ws: u32) {
     let bits = v.to_bits();
     let e = (bits >> 23) & 0xff;
     if e == 0xff {
         // NaN or ±∞ (every finite f32 is below 2^128).
         if k == 0 {
-            red_add_u64(p.add(ACC_LIMBS as usize), 1);
+            red_add_u64(p.add((ACC_LIMBS * ws) as usize), 1);
         }
         return;
     }
@@ -1390,7 +1418,7 @@ unsafe fn add_limb(p: *mut u64, v: f32, k: u32) {
     };
     if q != 0 {
         let sq = if bits >> 31 != 0 { q.wrapping_neg() } else { q };
-        red_add_u64(p.add(k as usize), sq);
+        red_add_u64(p.add((k * ws) as usize), sq);
     }
 }
 
@@ -1414,6 +1442,7 @@ fn accumulator_value(s: &[u64; ACC_WORDS as usize]) -> f64 {
 }
 
 crate::entry_directive!("mhc_pre_partial_slab_fixed_point", ".maxntid 512, 1, 1 .minnctapersm 1");
+crate::entry_directive!("mhc_pre_partial_slab_fixed_point_acc2", ".maxntid 512, 1, 1 .minnctapersm 1");
 crate::entry_directive!("mhc_post_pre_partial_slab_fixed_point", ".maxntid 512, 1, 1 .minnctapersm 1");
 
 /// Kernel 1 of the fixed-point pair ([`pre_slab_body`]): grid `(G + bpc, groups)`, block `(T, 1, 1)`;
@@ -1421,16 +1450,29 @@ crate::entry_directive!("mhc_post_pre_partial_slab_fixed_point", ".maxntid 512, 
 /// of one batch row, in parallel with the partial blocks, where kernel 2 had summed the whole
 /// row before its wait);
 /// block `g` owns the channel columns `[g·cw, min((g+1)·cw, c))` and adds each of its block
-/// partials as [`ACC_LIMBS`] integer limbs ([`add_limb`]) into `part_ws[par][(β·m + q)·ACC_WORDS ..]`,
-/// where `m = n²+2n` and `par` is the parity of the u32 epoch word at u64 word
-/// `2·batch·m·ACC_WORDS` of `part_ws`; the other half is zeroed. `part_ws` must be all zero before
+/// partials as [`ACC_LIMBS`] integer limbs ([`add_limb`]) into the accumulators of epoch half
+/// `par` ([`acc_word`], one copy), where `m = n²+2n` and `par` is the parity of the u32 epoch
+/// word at u64 word `2·batch·m·ACC_WORDS` of `part_ws`; the other half is zeroed. `part_ws` must be all zero before
 /// the first call of a workspace and is then left to the kernels ([`mhc_pre_mix_fixed_point`]
 /// flips the epoch). Every block adds to every accumulator of its batch rows; the integer sums
 /// do not depend on the order. Triggers the dependent launch of kernel 2 at entry.
 #[inline(always)]
 unsafe fn partial_slab_fixed_point(a: PrePartialSlabArgs) {
+    partial_slab_fixed_point_copies(a, 1);
+}
+
+/// [`mhc_pre_partial_slab_fixed_point`] adding into [`ACC_COPIES_MAX`] copies of the
+/// accumulators per half (block `g` into copy `g mod 2`; [`mhc_pre_mix_fixed_point_acc2`] sums
+/// them).
+#[inline(always)]
+unsafe fn partial_slab_fixed_point_acc2(a: PrePartialSlabArgs) {
+    partial_slab_fixed_point_copies(a, ACC_COPIES_MAX);
+}
+
+#[inline(always)]
+unsafe fn partial_slab_fixed_point_copies(a: PrePartialSlabArgs, acc_copies: u32) {
     let PrePartialSlabArgs { phi, x, part_ws, batch, n, c, cw, bpc, alpha_pre, alpha_post, alpha_res, inv_sqrt_nc } = a;
-    let scales = Some(([alpha_pre, alpha_post, alpha_res], inv_sqrt_nc));
+    let scales = Some(FixedPoint { alpha: [alpha_pre, alpha_post, alpha_res], inv_sqrt_nc, acc_copies });
     grid_launch_dependents();
     pre_slab_body(phi, XSrc::plain(x), batch, n, c, cw, bpc, part_ws, scales);
 }
@@ -1519,7 +1561,7 @@ unsafe fn post_pre_partial_slab_fixed_point(a: PostPrePartialArgs) {
     } = a;
     grid_launch_dependents();
     let src = XSrc { x: x_res_in, post: true, x_layer_out, h_post_in, x_out };
-    let scales = Some(([alpha_pre, alpha_post, alpha_res], inv_sqrt_nc));
+    let scales = Some(FixedPoint { alpha: [alpha_pre, alpha_post, alpha_res], inv_sqrt_nc, acc_copies: 1 });
     pre_slab_body(phi, src, batch, n, c, cw, bpc, part_ws, scales);
 }
 
@@ -1753,7 +1795,7 @@ unsafe fn slab_logit_quads<const M: u32>(
     sm: SmemF,
     part_ws: *mut f64,
     par: u32,
-    acc_words: u32,
+    (acc_words, acc_copies): (u32, u32),
     b0: u32,
     bga: u32,
     m: u32,
@@ -1765,7 +1807,10 @@ unsafe fn slab_logit_quads<const M: u32>(
     let g4 = m.div_ceil(4);
     let per_row = g4 * QS;
     let total = bga * per_row;
-    let acc = (part_ws as *mut u64).add(((par & 1) * acc_words) as usize);
+    // Block g adds into copy g mod acc_copies (a power of two) of this half ([`acc_word`]).
+    let bm = acc_words / (acc_copies * ACC_WORDS);
+    let at = acc_word(par & 1, block_idx_x() & (acc_copies - 1), 0, 0, 0, acc_copies, 1, bm);
+    let acc = (part_ws as *mut u64).add(at as usize);
     let mut i0 = 0;
     while i0 < total {
         let i = i0 + t;
@@ -1782,7 +1827,7 @@ unsafe fn slab_logit_quads<const M: u32>(
         if i < total && q < m {
             // The group's limbs staged in shared memory and added by one bulk reduction
             // (`cp.reduce.async.bulk … .add.u64`) instead: +0.10…+0.22 µs.
-            add_limb(acc.add((((b0 + bl) * m + q) * ACC_WORDS) as usize), sum, s & 3);
+            add_limb(acc.add(((b0 + bl) * m + q) as usize), sum, s & 3, bm);
         }
         i0 += nt;
     }
@@ -1985,7 +2030,7 @@ unsafe fn pre_slab_body(
     cw: u32,
     bpc: u32,
     part_ws: *mut f64,
-    scales: Option<([f32; 3], f64)>,
+    scales: Option<FixedPoint>,
 ) {
     // The fixed-point kernels pass their logit scales' factors (for the row blocks); the
     // stored-partials kernel passes none.
@@ -2015,7 +2060,9 @@ unsafe fn pre_slab_body(
     // zeroed here for the next call, the words spread over every block of the grid.
     // The epoch load is issued here and first used after the staging barrier (its DRAM trip
     // overlaps the phi and x loads); the zeroing stores follow that barrier.
-    let acc_words = batch * m * ACC_WORDS;
+    // This half's words: `acc_copies` copies of ACC_WORDS words per (batch row, logit).
+    let acc_copies = if let Some(f) = scales { f.acc_copies } else { 1 };
+    let acc_words = acc_copies * ACC_WORDS * batch * m;
     let par = if fixed_point {
         core::ptr::read_volatile((part_ws as *const u64).add(2 * acc_words as usize) as *const u32)
     } else {
@@ -2034,7 +2081,7 @@ unsafe fn pre_slab_body(
         }
     }
 
-    if let Some((alpha, inv_sqrt_nc)) = scales {
+    if let Some(FixedPoint { alpha, inv_sqrt_nc, .. }) = scales {
         // Row blocks (fixed point): after the ⌈c/cw⌉ partial blocks, block ⌈c/cw⌉ + i takes
         // batch row b_lo + i of the group (rows past the batch only zero their share).
         let gp = c.div_ceil(cw);
@@ -2113,9 +2160,9 @@ unsafe fn pre_slab_body(
         if fixed_point {
             // n = 4 (m = 24) with m a constant.
             if m == 24 {
-                slab_logit_quads::<24>(sm, part_ws, par, acc_words, b0, bga, m, rows, t, nt);
+                slab_logit_quads::<24>(sm, part_ws, par, (acc_words, acc_copies), b0, bga, m, rows, t, nt);
             } else {
-                slab_logit_quads::<0>(sm, part_ws, par, acc_words, b0, bga, m, rows, t, nt);
+                slab_logit_quads::<0>(sm, part_ws, par, (acc_words, acc_copies), b0, bga, m, rows, t, nt);
             }
         } else {
             // ---- block partial of item (βl, q) by f32 FMAs from the slab: thread i < 4·items owns
