@@ -172,7 +172,9 @@ pub(crate) const TUNING: &[Row] = &[
     // staged at 128 threads 10.05–10.08 against 9.76; the kernel's evict-first staging copies
     // 9.47 against 9.63.
     row(false, 9, 9, one(StagedEvictFirst, 64, 64, true)),
-    // spectrogram-1k: 8 elements per thread with ping-pong buffers 3.46 against 3.81.
+    // spectrogram-1k: 8 elements per thread with ping-pong buffers 3.46 against 3.81; the
+    // single-pass 16-element ping-pong (radix 4, 16, 16) 3.07 / 3.42 against 3.10–3.14 / 3.39
+    // (-b300), within a tick.
     row(false, 10, 10, one(PingPong, 256, 64, true)),
     row(false, 11, 11, one(Hoisted, 256, 64, true)),
     // throughput-4k: ping-pong 4.16 against 4.32 (8 elements per thread: 4.67). Two blocks
