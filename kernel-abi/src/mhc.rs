@@ -76,13 +76,13 @@ pub const ACC_WORDS: u32 = ACC_LIMBS + 1;
 pub const ACC_COPIES_MAX: u32 = 2;
 
 /// The u64 word of `part_ws` that holds word `k < ACC_WORDS` of copy `copy < copies` of the
-/// fixed-point accumulator of (batch row β, logit q) in epoch half `half`:
-/// `((half·copies + copy)·ACC_WORDS + k)·batch·m + β·m + q` (`m` logits per row). Word-major, so
+/// fixed-point accumulator `acc = β·m + q` (batch row β, logit q, `m` logits per row) in epoch
+/// half `half`, with `accs = batch·m` accumulators: `((half·copies + copy)·ACC_WORDS + k)·accs + acc`. Word-major, so
 /// that kernel 2's load of one word for a warp's logits reads 2 lines (24 consecutive words)
 /// rather than 8 (a stride of ACC_WORDS): MHCPreFwd −0.06…−0.16 µs at the seed shapes against
 /// the accumulator-major layout (same device call, outputs bitwise equal).
-pub const fn acc_word(half: u32, copy: u32, k: u32, beta: u32, q: u32, copies: u32, batch: u32, m: u32) -> u32 {
-    ((half * copies + copy) * ACC_WORDS + k) * batch * m + beta * m + q
+pub const fn acc_word(half: u32, copy: u32, k: u32, acc: u32, copies: u32, accs: u32) -> u32 {
+    ((half * copies + copy) * ACC_WORDS + k) * accs + acc
 }
 /// f64 words per batch row after the fixed-point pair's epoch word: the logit scales
 /// `alpha_pre/r`, `alpha_post/r`, `alpha_res/r` that kernel 1's row block of the row stores.

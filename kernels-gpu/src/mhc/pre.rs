@@ -1809,7 +1809,7 @@ unsafe fn slab_logit_quads<const M: u32>(
     let total = bga * per_row;
     // Block g adds into copy g mod acc_copies (a power of two) of this half ([`acc_word`]).
     let bm = acc_words / (acc_copies * ACC_WORDS);
-    let at = acc_word(par & 1, block_idx_x() & (acc_copies - 1), 0, 0, 0, acc_copies, 1, bm);
+    let at = acc_word(par & 1, block_idx_x() & (acc_copies - 1), 0, 0, acc_copies, bm);
     let acc = (part_ws as *mut u64).add(at as usize);
     let mut i0 = 0;
     while i0 < total {
