@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (no Rust there), from the repository root, after `cargo xtask device-pack`:
 #   bash .device/run.sh [tests|sanitize|python|bench|all|ab] [ARGS for rgk-bench]
+#   bash .device/run.sh profile EXECUTABLE TEST KERNEL_REGEX [LAUNCHES]
 # tests: every test executable; sanitize: the sanitizer set under compute-sanitizer memcheck,
 # racecheck, synccheck and initcheck (fails on any report); python: the rgk Python package's
 # tests (python/tests) on the GPU; bench: the benchmark, one process per op (a failing op cannot
-# take the others down), rows merged into $OUT/h200.json.
+# take the others down), rows merged into $OUT/h200.json. profile: Nsight Compute on one test
+# of a test executable (the bench cannot be profiled: its own CUPTI subscriber excludes ncu),
+# the kernels matching KERNEL_REGEX, caches flushed, clocks unlocked, the launch, speed-of-light,
+# occupancy, warp-state and scheduler sections as text in $OUT/profile.txt.
 # Logs go straight to $OUT (tests.log, sanitize.log, bench.log), so a run cut short still returns them.
 # The bench's Python alternatives include TileOPs when .device/peers.tar.xz (cargo xtask peers)
 # is there: it is unpacked into a temporary site on PYTHONPATH, with nvcc on PATH for its JIT.
@@ -126,6 +130,21 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
   done
   grep -a -E "^(│|┌|└|╞)" "$out/bench.log" | cut -c1-200
 fi
+if [ "$mode" = profile ]; then
+  if [ $# -lt 3 ]; then
+    echo "profile: bash .device/run.sh profile EXECUTABLE TEST KERNEL_REGEX [LAUNCHES]"; exit 2
+  fi
+  start=$(date +%s)
+  timeout "${RGK_TEST_TIMEOUT:-300}" ncu --clock-control none --cache-control all \
+    --kernel-name "regex:$3" --launch-count "${4:-10}" \
+    --section LaunchStats --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    --section SchedulerStats ".device/tests/$1" --exact "$2" --test-threads 1 >"$out/profile.txt" 2>&1
+  rc=$?
+  echo "profile $1 $2: rc=$rc ($(( $(date +%s) - start )) s), $(grep -a -c -E "^  [a-z_0-9]+ \(.*Context" "$out/profile.txt") launches"
+  grep -a -E "^  [a-z_0-9]+ \(|Duration|Warp Cycles Per Issued" "$out/profile.txt" | head -60
+  [ $rc -eq 0 ] || fail=1
+fi
+
 if [ "$mode" = ab ]; then
   # A/B of the bench built at a base commit (.device/base-rgk-bench, `cargo xtask device-pack
   # --base REV`) against this one: A1 B1 B2 A2, no alternatives, the same inputs; the table
