@@ -134,7 +134,8 @@ kernel_args! {
 }
 
 kernel_args! {
-    /// `mhc_pre_partial_slab` and `mhc_pre_partial_slab_fixed_point` (kernel 1 from a phi slab in
+    /// `mhc_pre_partial_slab`, `mhc_pre_partial_slab_fixed_point` and its `_acc2` twin (two
+    /// accumulator copies per half, [`ACC_COPIES_MAX`]) (kernel 1 from a phi slab in
     /// shared memory, f32 FMAs, n ≤ [`NMAX_SMALL_N`]): grid `(G, groups)`, block `(T, 1, 1)`; block `g` owns the
     /// channel columns `[g·cw, min((g+1)·cw, c))` of every batch row of its group of `bpc`
     /// rows. The plain kernel stores f64 partials to `part_ws`; the fixed-point kernel adds them
@@ -200,11 +201,12 @@ kernel_args! {
 }
 
 kernel_args! {
-    /// `mhc_pre_mix_fixed_point` (kernel 2 of the fixed-point pair, n ≤ [`NMAX_SMALL_N`]),
-    /// launched as a programmatic dependent of kernel 1: grid `(tiles, batch)`, block `(T, 1,
-    /// 1)`, dynamic shared memory [`mix_fixed_point_smem`]`(T)`. Reads the accumulators of the
-    /// epoch's half of `part_ws` (kernel 1 zeroes the other half) and the row's logit scales
-    /// that kernel 1's row blocks stored; block (0, 0) flips the epoch.
+    /// `mhc_pre_mix_fixed_point` and its `_acc2` twin (kernel 2 of the fixed-point pair, n ≤
+    /// [`NMAX_SMALL_N`]), launched as a programmatic dependent of kernel 1: grid `(tiles,
+    /// batch)`, block `(T, 1, 1)`, dynamic shared memory [`mix_fixed_point_smem`]`(T)`. Reads and
+    /// adds the accumulators of both halves of `part_ws` (this call's sums, and the half kernel 1
+    /// zeroed), every copy ([`acc_word`]), and the row's logit scales that kernel 1's row blocks
+    /// stored; block (0, 0) flips the epoch.
     pub struct PreMixFixedPointArgs / pre_mix_fixed_point_entry {
         pub x: *const u16,
         pub bias: *const f32,

@@ -106,9 +106,10 @@ const FIXED_POINT_SMALL_BATCH_GRID_CAP: usize = 48;
 /// Kernel-1 partial blocks (`grid × groups`) from which the fixed-point accumulators take
 /// [`abi::ACC_COPIES_MAX`] copies per half (each accumulator line then takes half the limb
 /// adds, and kernel 2 loads twice the words): MHCPreFwd hidden-2560 (128 partial blocks)
-/// 4.42–4.45 µs against 4.61 with one copy; at 48 or 64 partial blocks one copy wins
-/// (hidden-1280 3.52–3.55 against 3.58, MHCPostPreFwd hidden-2560 4.90 against 4.93; same
-/// device call, A B … B A, outputs bitwise equal). Four copies: 3.81 / 4.10–4.13 / 4.51.
+/// 4.38–4.42 µs against 4.58 with one copy; at 48 or 64 partial blocks one copy wins
+/// (two: hidden-1280 3.58 against 3.49–3.52, MHCPostPreFwd hidden-2560 4.90–4.93 against
+/// 4.86–4.90; same device call, A B … B A, outputs bitwise equal). Four copies: 3.81 /
+/// 4.10–4.13 / 4.51.
 const ACC_COPIES_MIN_PARTIAL_BLOCKS: u32 = 128;
 /// `mhc_pre_partial_fma`'s block: 256 threads.
 const FMA_BLOCK: u32 = 256;
@@ -381,7 +382,8 @@ pub struct FmaPartialGrid {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Partials {
     /// `mhc_pre_partial_slab_fixed_point`: phi slab, f32 FMAs; each block partial added as integer
-    /// limbs into one accumulator per (batch row, logit).
+    /// limbs into one accumulator per (batch row, logit); `mhc_pre_partial_slab_fixed_point_acc2`
+    /// when `acc_copies` is 2 (block `g` into copy `g mod 2`).
     SlabFixedPoint(SlabPartialGrid),
     /// `mhc_pre_partial_slab`: phi slab, f32 FMAs; block partials to `part[(β·(m+1) + q)·G + g]`.
     Slab(SlabPartialGrid),
@@ -424,7 +426,8 @@ pub struct ColumnMix {
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mix {
-    /// `mhc_pre_mix_fixed_point`: the logits from the fixed-point accumulators.
+    /// `mhc_pre_mix_fixed_point`: the logits from the fixed-point accumulators
+    /// (`mhc_pre_mix_fixed_point_acc2`, summing both copies, when `acc_copies` is 2).
     FixedPoint(ColumnMix),
     /// `mhc_pre_mix_small_n` (n ≤ 4): one warp per quantity's partial sum, coefficients in one
     /// warp's registers.
@@ -526,7 +529,8 @@ pub fn slab_fits(shape: MhcPreShape, cols: usize, max_smem: usize) -> bool {
 pub struct PrePlan {
     pub shape: MhcPreShape,
     /// Workspace length, u64 words: the fixed-point pair's two accumulator halves of
-    /// `batch·(n²+2n)·5` words, an epoch word and three f64 logit scales per batch row, else one f64 partial per (batch row,
+    /// `acc_copies·batch·(n²+2n)·5` words (`kernel_abi::mhc::acc_word`), an epoch word and three
+    /// f64 logit scales per batch row, else one f64 partial per (batch row,
     /// quantity, kernel-1 block), the quantities being the `n²+2n` logits and Σx².
     pub workspace: usize,
     /// Kernel 1.
@@ -763,6 +767,8 @@ pub(crate) const SWEEP_SHAPES: &[MhcPreShape] = &[
     MhcPreShape { batch: 1, n: 4, c: 1280 },
     MhcPreShape { batch: 2, n: 4, c: 1920 },
     MhcPreShape { batch: 4, n: 4, c: 2560 },
+    // 8 groups of 8 rows: the `_acc2` pair from 16 SMs up.
+    MhcPreShape { batch: 64, n: 4, c: 1280 },
     MhcPreShape { batch: 5, n: 3, c: 7 },
     MhcPreShape { batch: 3, n: 1, c: 1 },
     MhcPreShape { batch: 70_000, n: 4, c: 8 },
