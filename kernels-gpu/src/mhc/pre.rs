@@ -1079,18 +1079,21 @@ unsafe fn sum4(p: *const f64, count: u32, stride: u32) -> f64 {
 /// Fixed summation orders: bitwise reproducible.
 #[inline(always)]
 unsafe fn mix_fixed_point(a: PreMixFixedPointArgs) {
-    let PreMixFixedPointArgs { x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1: _, repeat, eps } = a;
-    let outs = (x_res, x_layer, h_post);
-    fixed_point_mix(XSrc::plain(x), bias, part_ws, outs, (batch, n, c), 1, repeat, eps);
+    mix_fixed_point_copies(a, 1);
 }
 
 /// [`mhc_pre_mix_fixed_point`] after [`mhc_pre_partial_slab_fixed_point_acc2`]: the accumulators
 /// in [`ACC_COPIES_MAX`] copies per half, summed here.
 #[inline(always)]
 unsafe fn mix_fixed_point_acc2(a: PreMixFixedPointArgs) {
+    mix_fixed_point_copies(a, ACC_COPIES_MAX);
+}
+
+#[inline(always)]
+unsafe fn mix_fixed_point_copies(a: PreMixFixedPointArgs, acc_copies: u32) {
     let PreMixFixedPointArgs { x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1: _, repeat, eps } = a;
     let outs = (x_res, x_layer, h_post);
-    fixed_point_mix(XSrc::plain(x), bias, part_ws, outs, (batch, n, c), ACC_COPIES_MAX, repeat, eps);
+    fixed_point_mix(XSrc::plain(x), bias, part_ws, outs, (batch, n, c), acc_copies, repeat, eps);
 }
 
 /// Kernel 2 of the fused post→pre op (MHCPostPreFwd): [`mhc_pre_mix_fixed_point`] with x
