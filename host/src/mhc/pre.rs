@@ -109,7 +109,7 @@ const FIXED_POINT_SMALL_BATCH_GRID_CAP: usize = 48;
 /// 4.38–4.42 µs against 4.58 with one copy; at 48 or 64 partial blocks one copy wins
 /// (two: hidden-1280 3.58 against 3.49–3.52, MHCPostPreFwd hidden-2560 4.90–4.93 against
 /// 4.86–4.90; same device call, A B … B A, outputs bitwise equal). Four copies: 3.81 /
-/// 4.10–4.13 / 4.51.
+/// 4.10–4.13 / 4.51; the count as a launch argument instead of a constant per entry: +0.2 µs.
 const ACC_COPIES_MIN_PARTIAL_BLOCKS: u32 = 128;
 /// `mhc_pre_partial_fma`'s block: 256 threads.
 const FMA_BLOCK: u32 = 256;
@@ -172,7 +172,8 @@ impl PreClass {
 /// against the grid's y limit. The fused MHCPostPreFwd keeps one group of up to 8 rows: with 2
 /// its hidden-2560 row takes 6.43 against 6.05 µs (128 kernel-1 blocks leave its kernel 2's
 /// early blocks no free SM for their post-half prologue), and still 5.28 against 5.18 µs with
-/// the row blocks, which took that prologue over (same device call, outputs bitwise equal).
+/// the row blocks, which took that prologue over (same device call, outputs bitwise equal), and
+/// 4.90–4.96 against 4.93–4.96 with the word-major accumulators in one or two copies.
 #[doc(hidden)]
 pub fn slab_batch_per_group(batch: usize, fused: bool) -> usize {
     if fused || batch <= 2 || batch > BTF {
