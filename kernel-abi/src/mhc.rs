@@ -294,7 +294,9 @@ macro_rules! mhc_pre_kernels {
             mhc_pre_mix_fixed_point: MixFixedPoint, mix_fixed_point, pre_mix_fixed_point_entry;
             mhc_pre_mix_fixed_point_acc2: MixFixedPointAcc2, mix_fixed_point_acc2, pre_mix_fixed_point_entry;
             mhc_post_pre_partial_slab_fixed_point: PostPrePartialSlabFixedPoint, post_pre_partial_slab_fixed_point, post_pre_partial_entry;
+            mhc_post_pre_partial_slab_fixed_point_acc2: PostPrePartialSlabFixedPointAcc2, post_pre_partial_slab_fixed_point_acc2, post_pre_partial_entry;
             mhc_post_pre_mix_fixed_point: PostPreMixFixedPoint, post_pre_mix_fixed_point, post_pre_mix_entry;
+            mhc_post_pre_mix_fixed_point_acc2: PostPreMixFixedPointAcc2, post_pre_mix_fixed_point_acc2, post_pre_mix_entry;
         }
     };
 }

@@ -11,6 +11,23 @@
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx, asm_experimental_arch))]
 #![allow(clippy::missing_safety_doc)]
 
+/// `body` for `$i` = 0, 1, … while `$i < $n` (at most 8), each copy with a constant index:
+/// fully unrolled whatever LLVM's unroll threshold, so small arrays stay in registers.
+macro_rules! unroll8 {
+    ($i:ident, $n:expr, $body:block) => {
+        unroll8!(@ $i, $n, $body, 0, 1, 2, 3, 4, 5, 6, 7)
+    };
+    (@ $i:ident, $n:expr, $body:block, $($k:literal),*) => {
+        $(
+            if $k < $n {
+                #[allow(unused_variables)]
+                let $i: usize = $k;
+                $body
+            }
+        )*
+    };
+}
+
 pub mod copy;
 pub mod engram;
 pub mod fft;

@@ -132,31 +132,34 @@ fn any_n_pair() {
 /// The fused post→pre pair (MHCPostPreFwd): the stored x_out bit for bit (not written on the
 /// second call, which passes none), the pre half within the bars above and bitwise equal to the
 /// plain pair run on the stored x_out, two calls on one workspace (both halves); aligned and unaligned
-/// (scalar paths) inputs, and 8 columns per block (kernel 1's 16-byte path). The plain pair's
-/// kernel 1 takes groups of 2 batch rows where the fused one takes one group (batch 5: 3 against 1
-/// y-blocks): the block partials, and so the bits, do not depend on the grouping.
+/// (scalar paths) inputs, 8 columns per block (kernel 1's 16-byte path), a row whose Σx²
+/// chunks cross stream rows within a thread's round (c = 1000), and 128 partial blocks (the
+/// `_acc2` pair, two accumulator copies).
 #[test]
 fn post_pre_fused_pair() {
     let mut rng = fresh_rng("mhc_pre post_pre_fused_pair");
     // (shape, input offset, Sinkhorn rounds, SMs): few SMs keep the grids small for the CPU;
     // 8 SMs at c = 512 give 64 columns per block, 5 at c = 40 give 8 (both the 16-byte path,
-    // the second unaligned: scalar); batch 9 is two groups of 8 rows; batch 5 one group in the
-    // fused kernel 1, three (2, 2, 1) in the plain one.
+    // the second unaligned: scalar); batch 9 is two groups of 8 rows; batch 5 three (2, 2, 1);
+    // (4, 4, 512) on 64 SMs: 64 blocks × 2 groups, two accumulator copies.
     let cases = [
         ((1, 4, 64), 0, 20, 8),
         ((9, 4, 40), 1, 0, 5),
         ((2, 3, 33), 1, 1, 4),
         ((2, 4, 512), 0, 1, 8),
         ((5, 4, 64), 0, 1, 8),
+        ((1, 4, 1000), 0, 1, 8),
+        ((4, 4, 512), 0, 1, 64),
     ];
+    let mut reached_acc2 = false;
     for ((batch, n, c), off, repeat, sms) in cases {
         let s = MhcPreShape { batch, n, c };
-        let plan = PrePlan::for_device_fused(s, sms, MAX_SMEM).unwrap();
-        let plan_plain = PrePlan::for_device(s, sms, MAX_SMEM).unwrap();
+        let plan = PrePlan::for_device(s, sms, MAX_SMEM).unwrap();
+        reached_acc2 |= plan.partials.acc_copies() == 2;
         let l = s.lens().unwrap();
         let p = params(repeat);
         let mut ws = DevBuf::from_slice(&vec![0u64; plan.workspace]);
-        let mut ws_plain = DevBuf::from_slice(&vec![0u64; plan_plain.workspace]);
+        let mut ws_plain = DevBuf::from_slice(&vec![0u64; plan.workspace]);
         for call in 0..2 {
             let y = randn_half::<bf16>(&mut rng, l.x_layer, 1.0);
             let h: Vec<f32> =
@@ -192,19 +195,9 @@ fn post_pre_fused_pair() {
             let mut pr = DevBuf::from_slice(&poisoned::<bf16>(l.x));
             let mut pl = DevBuf::from_slice(&poisoned::<bf16>(l.x_layer));
             let mut ph = DevBuf::from_slice(&vec![f32::NAN; l.h_post]);
-            let (wa, wl) = (ws_plain.addr(), plan_plain.workspace);
-            let plain = pre_fwd_launches(
-                &plan_plain,
-                p,
-                dphi.addr(),
-                dx.addr(),
-                db.addr(),
-                pr.addr(),
-                pl.addr(),
-                ph.addr(),
-                wa,
-                wl,
-            );
+            let (wa, wl) = (ws_plain.addr(), plan.workspace);
+            let plain =
+                pre_fwd_launches(&plan, p, dphi.addr(), dx.addr(), db.addr(), pr.addr(), pl.addr(), ph.addr(), wa, wl);
             let (PrePartialsLaunch::Slab(q1), PreMixLaunch::FixedPoint(q2)) = plain.unwrap() else {
                 panic!("{what}: not the fixed-point pair")
             };
@@ -220,4 +213,5 @@ fn post_pre_fused_pair() {
             assert!(a.passed() && bb.passed() && cc.passed(), "{what}:\n  x_res: {a}\n  x_layer: {bb}\n  h_post: {cc}");
         }
     }
+    assert!(reached_acc2, "no case reaches the fused `_acc2` pair");
 }

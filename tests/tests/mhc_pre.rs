@@ -616,25 +616,21 @@ fn tuning_table_picks_each_class() {
     assert_eq!(class(2, 2, 200_000), PreClass::FmaSmallN);
     assert_eq!(class(9, 5, 1), PreClass::FmaAnyN);
     assert_eq!(class(2, 16, 300), PreClass::FmaAnyN);
-    // The seed rows' geometry: 64 kernel-1 blocks (48 at batch ≤ 2) of 256 threads over groups of ≤ 2 batch rows
-    // (the fused op: one group of every row, 512 threads at batch 4), kernel 2 one 128-thread
+    // The seed rows' geometry (MHCPreFwd's and the fused MHCPostPreFwd's): 64 kernel-1 blocks
+    // (48 at batch ≤ 2) of 256 threads over groups of ≤ 2 batch rows, kernel 2 one 128-thread
     // block per 128 columns of a batch row.
     for (batch, c) in SEEDS {
         let s = MhcPreShape { batch, n: 4, c };
-        for (plan, fused) in
-            [(PrePlan::for_device(s, 132, SMEM), false), (PrePlan::for_device_fused(s, 132, SMEM), true)]
-        {
-            let plan = plan.unwrap();
-            let (Partials::SlabFixedPoint(k1), Mix::FixedPoint(k2)) = (plan.partials, plan.mix) else { unreachable!() };
-            let (bpc, block) = if fused && batch == 4 { (4, 512) } else { (batch.min(2), 256) };
-            let grid = if batch <= 2 { 48 } else { 64 };
-            assert_eq!((k1.grid, k1.block, k1.batch_per_group as usize), (grid, block, bpc), "{plan:?}");
-            assert_eq!(k1.groups as usize, batch / bpc, "{plan:?}");
-            assert_eq!((k2.block, k2.tiles as usize), (128, c.div_ceil(128)), "{plan:?}");
-            // Two accumulator copies from 128 partial blocks (MHCPreFwd hidden-2560 only).
-            let copies = if !fused && batch == 4 { 2 } else { 1 };
-            assert_eq!((k1.acc_copies, k2.acc_copies), (copies, copies), "{plan:?}");
-        }
+        let plan = PrePlan::for_device(s, 132, SMEM).unwrap();
+        let (Partials::SlabFixedPoint(k1), Mix::FixedPoint(k2)) = (plan.partials, plan.mix) else { unreachable!() };
+        let bpc = batch.min(2);
+        let grid = if batch <= 2 { 48 } else { 64 };
+        assert_eq!((k1.grid, k1.block, k1.batch_per_group as usize), (grid, 256, bpc), "{plan:?}");
+        assert_eq!(k1.groups as usize, batch / bpc, "{plan:?}");
+        assert_eq!((k2.block, k2.tiles as usize), (128, c.div_ceil(128)), "{plan:?}");
+        // Two accumulator copies from 128 partial blocks (hidden-2560 only).
+        let copies = if batch == 4 { 2 } else { 1 };
+        assert_eq!((k1.acc_copies, k2.acc_copies), (copies, copies), "{plan:?}");
     }
 }
 
@@ -652,13 +648,8 @@ fn plan_invariants() {
             for batch in [1, 3, 4, 5, 32, 70_000, 524_280] {
                 for sms in [132, 3, 64] {
                     let s = MhcPreShape { batch, n, c };
-                    for fused in [false, true] {
-                        let plan = if fused {
-                            PrePlan::for_device_fused(s, sms, SMEM)
-                        } else {
-                            PrePlan::for_device(s, sms, SMEM)
-                        };
-                        let Ok(plan) = plan else { continue };
+                    {
+                        let Ok(plan) = PrePlan::for_device(s, sms, SMEM) else { continue };
                         let class = class_of(&plan);
                         let mq = n * n + 2 * n + 1;
                         let grid = plan.partials.grid() as usize;
@@ -670,9 +661,9 @@ fn plan_invariants() {
                                 assert!(8 * n * cols <= 1 << 16 && g.smem as usize <= SMEM, "{s:?} {plan:?}");
                                 assert_eq!(g.smem as usize, rgk::mhc::pre_slab_partial_smem_bytes(n, cols));
                                 let bpc = g.batch_per_group as usize;
-                                let want = if fused || batch <= 2 || batch > 8 { batch.min(8) } else { 2 };
+                                let want = if batch <= 2 || batch > 8 { batch.min(8) } else { 2 };
                                 assert!(bpc == want && g.groups as usize == batch.div_ceil(bpc), "{s:?} {plan:?}");
-                                assert_eq!(bpc, rgk::mhc::pre_slab_batch_per_group(batch, fused));
+                                assert_eq!(bpc, rgk::mhc::pre_slab_batch_per_group(batch));
                                 assert!(
                                     g.groups <= 65535 && g.block == rgk::mhc::pre_slab_block(s, bpc),
                                     "{s:?} {plan:?}"
@@ -699,7 +690,7 @@ fn plan_invariants() {
                                 let copies = plan.partials.acc_copies() as usize;
                                 let Partials::SlabFixedPoint(k1) = plan.partials else { unreachable!() };
                                 let blocks = (k1.grid * k1.groups) as usize;
-                                assert!(copies == 1 || (!fused && copies == 2), "{s:?} {plan:?}");
+                                assert!(copies == 1 || copies == 2, "{s:?} {plan:?}");
                                 assert!(copies == 1 || (blocks >= 128 && k1.grid >= 2), "{s:?} {plan:?}");
                                 assert_eq!(g.acc_copies as usize, copies);
                                 assert_eq!(
@@ -908,13 +899,8 @@ fn fixed_point_accumulator_layout() {
         for (batch, c) in [(1, 1280), (2, 1920), (4, 2560), (5, 7), (11, 77), (32, 4099), (9, 1), (300, 3)] {
             for sms in [132, 64, 7, 1] {
                 let s = MhcPreShape { batch, n, c };
-                for fused in [false, true] {
-                    let plan = if fused {
-                        PrePlan::for_device_fused(s, sms, 227 * 1024)
-                    } else {
-                        PrePlan::for_device(s, sms, 227 * 1024)
-                    };
-                    let plan = plan.unwrap();
+                {
+                    let plan = PrePlan::for_device(s, sms, 227 * 1024).unwrap();
                     let Partials::SlabFixedPoint(k1) = plan.partials else { continue };
                     let (block, bpc, groups, grid) = (k1.block, k1.batch_per_group, k1.groups, k1.grid as usize);
                     let copies = k1.acc_copies as usize;

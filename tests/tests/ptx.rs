@@ -172,6 +172,8 @@ const UNPROVEN_BY_THE_DIVERGENCE_ANALYSIS: &[&str] = &[
     "mhc_pre_partial_slab_fixed_point_acc2",
     // The same body as mhc_pre_partial_slab_fixed_point, x computed from the post half's inputs.
     "mhc_post_pre_partial_slab_fixed_point",
+    // That body again, adding into two copies of the accumulators.
+    "mhc_post_pre_partial_slab_fixed_point_acc2",
 ];
 
 /// Every warp collective runs on all lanes of its warp and every CTA barrier on all threads of

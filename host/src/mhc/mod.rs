@@ -43,8 +43,9 @@ pub(crate) const PRE_KERNELS: &[&str] = pre::KERNELS;
 pub fn planned_kernels(gpu: &Gpu) -> Result<BTreeSet<&'static str>> {
     let mut set = BTreeSet::new();
     for &s in pre::SWEEP_SHAPES {
-        set.extend(PrePlan::new(gpu, s)?.kernels());
-        set.extend(post_pre::planned_kernels(&PrePlan::new_fused(gpu, s)?));
+        let plan = PrePlan::new(gpu, s)?;
+        set.extend(plan.kernels());
+        set.extend(post_pre::planned_kernels(&plan));
     }
     for (batch, n, c) in [(1, 4, 1280), (2, 4, 1920), (4, 4, 2560), (3, 3, 7), (70_000, 1, 8)] {
         for aligned in [true, false] {

@@ -77,16 +77,16 @@ pub struct MhcPostPre {
 }
 
 impl MhcPostPre {
-    /// Plans `shape` (MHCPreFwd's planner with kernel 1's batch rows in one group,
-    /// [`PrePlan::for_device_fused`]) and allocates the workspace.
+    /// Plans `shape` (MHCPreFwd's planner, [`PrePlan::new`]) and allocates the workspace.
     /// Errors: those of [`PrePlan::new`], or a driver error.
     pub fn new(gpu: &Gpu, shape: MhcPreShape) -> Result<Self> {
-        let plan = PrePlan::new_fused(gpu, shape)?;
+        let plan = PrePlan::new(gpu, shape)?;
         let st = gpu.stream();
         let path = if let Some((g1, g2)) = fused_pair(&plan) {
             // The fused kernels take the pair's geometry and shared memory.
-            prepare_kernel(gpu, PreKernel::PostPrePartialSlabFixedPoint.name(), g1.block, g1.smem)?;
-            prepare_kernel(gpu, PreKernel::PostPreMixFixedPoint.name(), g2.block, g2.smem)?;
+            let (k1, k2) = fused_kernels(g1.acc_copies);
+            prepare_kernel(gpu, k1, g1.block, g1.smem)?;
+            prepare_kernel(gpu, k2, g2.block, g2.smem)?;
             Path::Fused { workspace: st.alloc_zeros::<u64>(plan.workspace)?, graph: GraphReplay::new() }
         } else {
             let lens = shape.lens()?;
@@ -208,8 +208,9 @@ impl MhcPostPre {
 /// The PTX entries MHCPostPreFwd launches for `plan` (the fused pair, or MHCPostFwd's kernel
 /// then `plan`'s; the post kernel is left out here: MHCPostFwd's planner names it).
 pub(crate) fn planned_kernels(plan: &PrePlan) -> Vec<&'static str> {
-    if fused_pair(plan).is_some() {
-        vec![PreKernel::PostPrePartialSlabFixedPoint.name(), PreKernel::PostPreMixFixedPoint.name()]
+    if let Some((g1, _)) = fused_pair(plan) {
+        let (k1, k2) = fused_kernels(g1.acc_copies);
+        vec![k1, k2]
     } else {
         plan.kernels().to_vec()
     }
@@ -219,9 +220,18 @@ pub(crate) fn planned_kernels(plan: &PrePlan) -> Vec<&'static str> {
 /// is that pair.
 fn fused_pair(plan: &PrePlan) -> Option<(SlabPartialGrid, ColumnMix)> {
     match (plan.partials, plan.mix) {
-        // The fused kernels keep one copy of the accumulators (`PrePlan::for_device_fused`).
-        (Partials::SlabFixedPoint(g1), Mix::FixedPoint(g2)) if g1.acc_copies == 1 => Some((g1, g2)),
+        (Partials::SlabFixedPoint(g1), Mix::FixedPoint(g2)) => Some((g1, g2)),
         _ => None,
+    }
+}
+
+/// The fused pair's entries for `acc_copies` copies of the accumulators per half (the `_acc2`
+/// entries at 2, as MHCPreFwd's).
+fn fused_kernels(acc_copies: u32) -> (&'static str, &'static str) {
+    if acc_copies > 1 {
+        (PreKernel::PostPrePartialSlabFixedPointAcc2.name(), PreKernel::PostPreMixFixedPointAcc2.name())
+    } else {
+        (PreKernel::PostPrePartialSlabFixedPoint.name(), PreKernel::PostPreMixFixedPoint.name())
     }
 }
 
@@ -278,8 +288,9 @@ pub fn post_pre_fwd_launches(
         alpha_res: params.alpha_res,
         inv_sqrt_nc: s.inv_sqrt_nc(),
     };
+    let (k1_name, k2_name) = fused_kernels(g1.acc_copies);
     let dims = g1.launch_dims(true);
-    let k1 = Planned { kernel: PreKernel::PostPrePartialSlabFixedPoint.name(), dims, args };
+    let k1 = Planned { kernel: k1_name, dims, args };
     let args = PostPreMixArgs {
         x_layer_out,
         h_post_in,
@@ -296,6 +307,6 @@ pub fn post_pre_fwd_launches(
         eps: params.sinkhorn_eps,
     };
     let dims = LaunchDims { grid: (g2.tiles, batch, 1), block: (g2.block, 1, 1), shared_bytes: g2.smem };
-    let k2 = Planned { kernel: PreKernel::PostPreMixFixedPoint.name(), dims, args };
+    let k2 = Planned { kernel: k2_name, dims, args };
     Ok((k1, k2))
 }

@@ -106,9 +106,10 @@ const FIXED_POINT_SMALL_BATCH_GRID_CAP: usize = 48;
 /// Kernel-1 partial blocks (`grid × groups`) from which the fixed-point accumulators take
 /// [`abi::ACC_COPIES_MAX`] copies per half (each accumulator line then takes half the limb
 /// adds, and kernel 2 loads twice the words): MHCPreFwd hidden-2560 (128 partial blocks)
-/// 4.38–4.42 µs against 4.58 with one copy; at 48 or 64 partial blocks one copy wins
-/// (two: hidden-1280 3.58 against 3.49–3.52, MHCPostPreFwd hidden-2560 4.90–4.93 against
-/// 4.86–4.90; same device call, A B … B A, outputs bitwise equal). Four copies: 3.81 /
+/// 4.38–4.42 µs against 4.58 with one copy, and MHCPostPreFwd hidden-2560 likewise (with its
+/// groups of 2, [`slab_batch_per_group`]); at 48 or 64 partial blocks one copy wins
+/// (two: hidden-1280 3.58 against 3.49–3.52, MHCPostPreFwd hidden-2560 in one group of 4
+/// 4.90–4.93 against 4.86–4.90; same device call, A B … B A, outputs bitwise equal). Four copies: 3.81 /
 /// 4.10–4.13 / 4.51; the count as a launch argument instead of a constant per entry: +0.2 µs.
 const ACC_COPIES_MIN_PARTIAL_BLOCKS: u32 = 128;
 /// `mhc_pre_partial_fma`'s block: 256 threads.
@@ -169,14 +170,16 @@ impl PreClass {
 /// against 5.92 µs in one group of 4 at 512 threads; one row per group 5.82 (and at hidden-1920,
 /// batch 2, 5.12 against 4.90 in one group); with kernel 1's row blocks, one group of 4 again
 /// 5.06 against 4.96–4.99 µs (same device call, bitwise equal). Larger batches keep groups of 8 (not measured with pairs), whose count is what [`PreClass::of`] checks
-/// against the grid's y limit. The fused MHCPostPreFwd keeps one group of up to 8 rows: with 2
-/// its hidden-2560 row takes 6.43 against 6.05 µs (128 kernel-1 blocks leave its kernel 2's
-/// early blocks no free SM for their post-half prologue), and still 5.28 against 5.18 µs with
-/// the row blocks, which took that prologue over (same device call, outputs bitwise equal), and
-/// 4.90–4.96 against 4.93–4.96 with the word-major accumulators in one or two copies.
+/// against the grid's y limit. The fused MHCPostPreFwd takes the same groups: once the row
+/// blocks issue every load of their row at once (`row_sumsq` in `kernels-gpu/src/mhc/pre.rs`), its
+/// hidden-2560 row in groups of 2 with two accumulator copies takes 4.58–4.61 µs against
+/// 4.93–4.96 in one group of 4 (kernel 1 2.94 against 3.26–3.30; same device call, A B … B A).
+/// Before that fix, groups of 2 had measured 4.90–4.96 against 4.93–4.96: the row blocks'
+/// three DRAM round trips (two rounds of loads, the second round's first half issued after
+/// the first chunk's use) were then the end of its kernel 1.
 #[doc(hidden)]
-pub fn slab_batch_per_group(batch: usize, fused: bool) -> usize {
-    if fused || batch <= 2 || batch > BTF {
+pub fn slab_batch_per_group(batch: usize) -> usize {
+    if batch <= 2 || batch > BTF {
         batch.clamp(1, BTF)
     } else {
         2
@@ -344,8 +347,8 @@ pub struct SlabPartialGrid {
     /// Dynamic shared memory per block, bytes ([`slab_partial_smem_bytes`]).
     pub smem: u32,
     /// Fixed point: copies of the accumulators per epoch half (1, or [`abi::ACC_COPIES_MAX`] from
-    /// [`ACC_COPIES_MIN_PARTIAL_BLOCKS`] partial blocks in MHCPreFwd, whose `_acc2` entries
-    /// take them; the fused op's kernels keep 1); 1 for stored partials.
+    /// [`ACC_COPIES_MIN_PARTIAL_BLOCKS`] partial blocks, taken by the `_acc2` entries of
+    /// MHCPreFwd and of the fused MHCPostPreFwd); 1 for stored partials.
     pub acc_copies: u32,
 }
 
@@ -550,20 +553,11 @@ impl PrePlan {
     /// Errors: those of [`PrePlan::for_device`]; a driver error; [`Error::Shape`] naming `n`
     /// when a block of either kernel does not fit on a multiprocessor.
     pub fn new(gpu: &Gpu, shape: MhcPreShape) -> Result<Self> {
-        Self::new_for(gpu, shape, false)
-    }
-
-    /// [`PrePlan::new`] for the fused MHCPostPreFwd ([`PrePlan::for_device_fused`]).
-    pub(crate) fn new_fused(gpu: &Gpu, shape: MhcPreShape) -> Result<Self> {
-        Self::new_for(gpu, shape, true)
-    }
-
-    fn new_for(gpu: &Gpu, shape: MhcPreShape, fused: bool) -> Result<Self> {
         use sys::CUdevice_attribute as A;
         let ctx = gpu.context();
         let sms = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         let max_smem = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
-        let plan = Self::plan(shape, sms, max_smem, fused)?;
+        let plan = Self::for_device(shape, sms, max_smem)?;
         for (name, (block, smem)) in
             [(plan.partials.kernel(), plan.partials.block_smem()), (plan.mix.kernel(), plan.mix.block_smem())]
         {
@@ -591,17 +585,6 @@ impl PrePlan {
     /// [`Error::Overflow`] naming `x` when the workspace or a grid exceeds 32-bit indexing.
     #[doc(hidden)]
     pub fn for_device(shape: MhcPreShape, sms: usize, max_smem: usize) -> Result<Self> {
-        Self::plan(shape, sms, max_smem, false)
-    }
-
-    /// [`PrePlan::for_device`] for the fused MHCPostPreFwd, whose kernel 1 takes its batch rows in
-    /// one group ([`slab_batch_per_group`]).
-    #[doc(hidden)]
-    pub fn for_device_fused(shape: MhcPreShape, sms: usize, max_smem: usize) -> Result<Self> {
-        Self::plan(shape, sms, max_smem, true)
-    }
-
-    fn plan(shape: MhcPreShape, sms: usize, max_smem: usize, fused: bool) -> Result<Self> {
         let lens = shape.lens()?;
         let MhcPreShape { batch, n, c } = shape;
         let mq = shape.logits() + 1;
@@ -622,11 +605,10 @@ impl PrePlan {
             msg: format!("n = {n} needs {smem} bytes of shared memory per block, the device has {max_smem}"),
         };
         let slab_grid = || {
-            let bpc = slab_batch_per_group(batch, fused);
+            let bpc = slab_batch_per_group(batch);
             let block = slab_block(shape, bpc);
             let groups = batch.div_ceil(bpc) as u32;
             let acc_copies = if class == PreClass::FixedPoint
-                && !fused
                 && grid as u32 >= abi::ACC_COPIES_MAX
                 && grid as u32 * groups >= ACC_COPIES_MIN_PARTIAL_BLOCKS
             {

@@ -34,23 +34,6 @@
 use crate::prim::*;
 use kernel_abi::{EngramDecodeArgs, DECODE_MMA_TILE_COLS, DECODE_MMA_WARP_SLAB_F32};
 
-/// `body` for `$i` = 0, 1, … while `$i < $n` (at most 8), each copy with a constant index:
-/// fully unrolled whatever LLVM's unroll threshold, so small arrays stay in registers.
-macro_rules! unroll8 {
-    ($i:ident, $n:expr, $body:block) => {
-        unroll8!(@ $i, $n, $body, 0, 1, 2, 3, 4, 5, 6, 7)
-    };
-    (@ $i:ident, $n:expr, $body:block, $($k:literal),*) => {
-        $(
-            if $k < $n {
-                #[allow(unused_variables)]
-                let $i: usize = $k;
-                $body
-            }
-        )*
-    };
-}
-
 /// The 16-bit storage type of a kernel instance.
 use crate::prim::Half16 as Dt;
 

@@ -1029,8 +1029,11 @@ pub use kernel_abi::mhc::MIX_SMALL_N_SMEM_HEAD;
 
 // ================================================================ kernel 2 of the fixed-point pair (n ≤ 4)
 
-/// 16-byte x loads in flight per thread in [`row_sumsq`] (8, one round at hidden-2560: no change).
-const XR: usize = 4;
+/// 16-byte x chunks loaded per thread and round in [`row_sumsq`], all before their first use:
+/// one round up to 8·256 chunks (n·c ≤ 16384). At 4, hidden-2560's five chunks per thread took
+/// two rounds and (in the fused kernel) three DRAM trips: with groups of 2 rows the row blocks
+/// were then the end of kernel 1 (docs/decisions/mhc.md, Shipped 2026-12-04, fifth).
+const XR: usize = 8;
 /// `Σ_{i<count} p[i·stride]` in a fixed order: rounds of 16 independent loads, added into four
 /// interleaved chains (i mod 4), then `(s0 + s1) + (s2 + s3)`.
 #[inline(always)]
@@ -1100,6 +1103,18 @@ unsafe fn mix_fixed_point_copies(a: PreMixFixedPointArgs, acc_copies: u32) {
 /// computed from the post half's inputs ([`XSrc`]).
 #[inline(always)]
 unsafe fn post_pre_mix_fixed_point(a: PostPreMixArgs) {
+    post_pre_mix_fixed_point_copies(a, 1);
+}
+
+/// [`mhc_post_pre_mix_fixed_point`] after [`mhc_post_pre_partial_slab_fixed_point_acc2`]: the
+/// accumulators in [`ACC_COPIES_MAX`] copies per half, summed here.
+#[inline(always)]
+unsafe fn post_pre_mix_fixed_point_acc2(a: PostPreMixArgs) {
+    post_pre_mix_fixed_point_copies(a, ACC_COPIES_MAX);
+}
+
+#[inline(always)]
+unsafe fn post_pre_mix_fixed_point_copies(a: PostPreMixArgs, acc_copies: u32) {
     let PostPreMixArgs {
         x_layer_out,
         h_post_in,
@@ -1117,7 +1132,7 @@ unsafe fn post_pre_mix_fixed_point(a: PostPreMixArgs) {
     } = a;
     let src = XSrc { x: x_res_in, post: true, x_layer_out, h_post_in, x_out: core::ptr::null_mut() };
     let outs = (x_res, x_layer, h_post);
-    fixed_point_mix(src, bias, part_ws, outs, (batch, n, c), 1, repeat, eps);
+    fixed_point_mix(src, bias, part_ws, outs, (batch, n, c), acc_copies, repeat, eps);
 }
 
 /// Σx² of batch row β in f64 (products of bf16 values exact, added in a fixed order), by the
@@ -1166,29 +1181,31 @@ unsafe fn row_sumsq(src: XSrc, beta: u32, n: u32, c: u32, t: u32, nt: u32, ssw: 
             let mut v = [[0u32; 4]; XR];
             let mut y = [[0u32; 4]; XR];
             let mut h = [0f32; XR];
-            let mut u = 0;
-            while u < XR {
-                let i = i0 + u as u32 * nt;
-                if i < nch {
-                    v[u] = ld_nc_v4(p.add(4 * i as usize));
-                    if src.post {
-                        // The chunk lies in one stream row k (c % 8 == 0).
-                        let (k, j) = divrem_u32(8 * i, c);
-                        y[u] = ld_nc_v4(src.x_layer_out.add((beta * c + j) as usize) as *const u32);
-                        h[u] = *src.h_post_in.add((beta * n + k) as usize);
+            // Every load of the round issued before any use, unbranched: a chunk past the row
+            // re-reads the last one (not summed). Chunk `i0 + u·nt` lies in stream row `k`
+            // (c % 8 == 0), column `j`, stepped from the round's first chunk.
+            let (mut k, mut j) = if src.post { divrem_u32(8 * i0, c) } else { (0, 0) };
+            let (dk, dj) = if src.post { divrem_u32(8 * nt, c) } else { (0, 0) };
+            unroll8!(u, XR, {
+                let i = min_u32(i0 + u as u32 * nt, nch - 1);
+                v[u] = ld_nc_v4(p.add(4 * i as usize));
+                if src.post {
+                    if u > 0 {
+                        (k, j) = (k + dk, j + dj);
+                        if j >= c {
+                            (k, j) = (k + 1, j - c);
+                        }
                     }
+                    y[u] = ld_nc_v4(src.x_layer_out.add((beta * c + j) as usize) as *const u32);
+                    h[u] = *src.h_post_in.add((beta * n + min_u32(k, n - 1)) as usize);
                 }
-                u += 1;
-            }
+            });
             if src.post {
-                let mut u = 0;
-                while u < XR {
+                unroll8!(u, XR, {
                     v[u] = fma8(h[u], y[u], v[u]);
-                    u += 1;
-                }
+                });
             }
-            let mut u = 0;
-            while u < XR {
+            unroll8!(u, XR, {
                 if i0 + (u as u32) * nt < nch {
                     let mut q = 0;
                     while q < 4 {
@@ -1198,8 +1215,7 @@ unsafe fn row_sumsq(src: XSrc, beta: u32, n: u32, c: u32, t: u32, nt: u32, ssw: 
                         q += 1;
                     }
                 }
-                u += 1;
-            }
+            });
             i0 += XR as u32 * nt;
         }
     } else {
@@ -1447,6 +1463,7 @@ fn accumulator_value(s: &[u64; ACC_WORDS as usize]) -> f64 {
 crate::entry_directive!("mhc_pre_partial_slab_fixed_point", ".maxntid 512, 1, 1 .minnctapersm 1");
 crate::entry_directive!("mhc_pre_partial_slab_fixed_point_acc2", ".maxntid 512, 1, 1 .minnctapersm 1");
 crate::entry_directive!("mhc_post_pre_partial_slab_fixed_point", ".maxntid 512, 1, 1 .minnctapersm 1");
+crate::entry_directive!("mhc_post_pre_partial_slab_fixed_point_acc2", ".maxntid 512, 1, 1 .minnctapersm 1");
 
 /// Kernel 1 of the fixed-point pair ([`pre_slab_body`]): grid `(G + bpc, groups)`, block `(T, 1, 1)`;
 /// the last `bpc` blocks of each group are row blocks ([`row_scales`]: Σx² and the logit scales
@@ -1545,6 +1562,19 @@ unsafe fn partial_slab(a: PrePartialSlabArgs) {
 /// Triggers the dependent launch of kernel 2 at entry.
 #[inline(always)]
 unsafe fn post_pre_partial_slab_fixed_point(a: PostPrePartialArgs) {
+    post_pre_partial_slab_fixed_point_copies(a, 1);
+}
+
+/// [`mhc_post_pre_partial_slab_fixed_point`] adding into [`ACC_COPIES_MAX`] copies of the
+/// accumulators per half (block `g` into copy `g mod 2`; [`mhc_post_pre_mix_fixed_point_acc2`]
+/// sums them).
+#[inline(always)]
+unsafe fn post_pre_partial_slab_fixed_point_acc2(a: PostPrePartialArgs) {
+    post_pre_partial_slab_fixed_point_copies(a, ACC_COPIES_MAX);
+}
+
+#[inline(always)]
+unsafe fn post_pre_partial_slab_fixed_point_copies(a: PostPrePartialArgs, acc_copies: u32) {
     let PostPrePartialArgs {
         phi,
         x_layer_out,
@@ -1564,7 +1594,7 @@ unsafe fn post_pre_partial_slab_fixed_point(a: PostPrePartialArgs) {
     } = a;
     grid_launch_dependents();
     let src = XSrc { x: x_res_in, post: true, x_layer_out, h_post_in, x_out };
-    let scales = Some(FixedPoint { alpha: [alpha_pre, alpha_post, alpha_res], inv_sqrt_nc, acc_copies: 1 });
+    let scales = Some(FixedPoint { alpha: [alpha_pre, alpha_post, alpha_res], inv_sqrt_nc, acc_copies });
     pre_slab_body(phi, src, batch, n, c, cw, bpc, part_ws, scales);
 }
 
@@ -2140,6 +2170,8 @@ unsafe fn pre_slab_body(
     while b0 < b_hi {
         let bga = min_u32(BTF, b_hi - b0);
         // ---- x[b0+β, k·c + j0 + jj] → xs[(β·n + k)·cwa + jj] (bf16), row segments of cwa.
+        // Each item's successor loaded before the item's stores: +0…+0.04 µs (every seed row
+        // stages one item per thread).
         let nrow = bga * n;
         let (mut row, mut col) = (w, lane);
         if b0 == b_lo {
