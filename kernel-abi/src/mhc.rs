@@ -225,14 +225,15 @@ kernel_args! {
 }
 
 kernel_args! {
-    /// `mhc_post_pre_partial_slab_fixed_point`: kernel 1 of the fused post→pre op (MHCPostPreFwd),
+    /// `mhc_post_pre_partial_slab_fixed_point` and its `_acc2` twin: kernel 1 of the fused
+    /// post→pre op (MHCPostPreFwd),
     /// [`PrePartialSlabArgs`]'s kernel with `x` computed from the post half's inputs,
     /// `x[β, k·c + j] = q(h_post_in[β, k]·x_layer_out[β, j] + x_res_in[β, k·c + j])`, and
     /// written to `x_out` where that is not null (each element by the block that stages it).
     /// Grid `(⌈c/cw⌉ + bpc, groups)`: the last `bpc` blocks of each group are row blocks, one per
     /// batch row of the group, each summing its row's Σx² and storing the row's three logit
-    /// scales `alpha/r` (f64) at u64 words `2·batch·m·ACC_WORDS + 1 + 3β ..` of `part_ws` (one
-    /// copy of the accumulators, [`acc_word`]).
+    /// scales `alpha/r` (f64) at u64 words `2·copies·batch·m·ACC_WORDS + 1 + 3β ..` of `part_ws`
+    /// (`copies`: 2 in the `_acc2` kernel, [`ACC_COPIES_MAX`], else 1; [`acc_word`]).
     pub struct PostPrePartialArgs / post_pre_partial_entry {
         pub phi: *const f32,
         pub x_layer_out: *const u16,
@@ -254,7 +255,7 @@ kernel_args! {
 }
 
 kernel_args! {
-    /// `mhc_post_pre_mix_fixed_point`: kernel 2 of the fused post→pre op, [`PreMixFixedPointArgs`]'s
+    /// `mhc_post_pre_mix_fixed_point` and its `_acc2` twin: kernel 2 of the fused post→pre op, [`PreMixFixedPointArgs`]'s
     /// kernel with `x` computed from the post half's inputs as in [`PostPrePartialArgs`].
     pub struct PostPreMixArgs / post_pre_mix_entry {
         pub x_layer_out: *const u16,

@@ -150,6 +150,8 @@ fn post_pre_fused_pair() {
         ((5, 4, 64), 0, 1, 8),
         ((1, 4, 1000), 0, 1, 8),
         ((4, 4, 512), 0, 1, 64),
+        // Groups of 8 rows: 512-thread blocks, whose row blocks sum with their first 256.
+        ((9, 4, 64), 0, 1, 8),
     ];
     let mut reached_acc2 = false;
     for ((batch, n, c), off, repeat, sms) in cases {
@@ -180,6 +182,9 @@ fn post_pre_fused_pair() {
             let xo_addr = if call == 0 { dxo.addr() } else { 0 };
             let (k1, k2) =
                 rgk::mhc::post_pre_fwd_launches(&plan, p, inputs, xo_addr, outputs, ws.addr(), plan.workspace).unwrap();
+            let acc2 = plan.partials.acc_copies() == 2;
+            assert_eq!(k1.kernel.ends_with("_acc2"), acc2, "{}", k1.kernel);
+            assert_eq!(k2.kernel.ends_with("_acc2"), acc2, "{}", k2.kernel);
             sim::run(sim::mhc_pre, &k1);
             sim::run(sim::mhc_pre, &k2);
             let (x_out, reference) = mhc_post_pre_fwd(s, p, &y, &h, &r, &phi, &b);

@@ -191,6 +191,12 @@ fn seed_workloads() {
     for (batch, c) in [(1, 1280), (2, 1920), (4, 2560)] {
         let s = MhcPreShape { batch, n: 4, c };
         assert!(check_shape(&gpu, &mut rng, s, MhcPreParams::default(), 1.0, ALIGNED), "{s:?} not fused");
+        // hidden-2560 runs the `_acc2` pair (64 kernel-1 blocks × 2 groups) wherever the grid
+        // reaches 64 blocks (64 SMs or more, as the H200's 132).
+        let plan = *MhcPostPre::new(&gpu, s).unwrap().plan();
+        if batch == 4 && plan.partials.grid() == 64 {
+            assert_eq!(plan.partials.acc_copies(), 2, "{plan:?}");
+        }
     }
 }
 

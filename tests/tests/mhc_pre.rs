@@ -648,71 +648,62 @@ fn plan_invariants() {
             for batch in [1, 3, 4, 5, 32, 70_000, 524_280] {
                 for sms in [132, 3, 64] {
                     let s = MhcPreShape { batch, n, c };
-                    {
-                        let Ok(plan) = PrePlan::for_device(s, sms, SMEM) else { continue };
-                        let class = class_of(&plan);
-                        let mq = n * n + 2 * n + 1;
-                        let grid = plan.partials.grid() as usize;
-                        assert!(grid >= 1 && grid <= sms.min(64), "{s:?} {plan:?}");
-                        match plan.partials {
-                            Partials::SlabFixedPoint(g) | Partials::Slab(g) => {
-                                let cols = g.cols as usize;
-                                assert!(n <= 4 && grid * cols >= c && (grid - 1) * cols < c, "{s:?} {plan:?}");
-                                assert!(8 * n * cols <= 1 << 16 && g.smem as usize <= SMEM, "{s:?} {plan:?}");
-                                assert_eq!(g.smem as usize, rgk::mhc::pre_slab_partial_smem_bytes(n, cols));
-                                let bpc = g.batch_per_group as usize;
-                                let want = if batch <= 2 || batch > 8 { batch.min(8) } else { 2 };
-                                assert!(bpc == want && g.groups as usize == batch.div_ceil(bpc), "{s:?} {plan:?}");
-                                assert_eq!(bpc, rgk::mhc::pre_slab_batch_per_group(batch));
-                                assert!(
-                                    g.groups <= 65535 && g.block == rgk::mhc::pre_slab_block(s, bpc),
-                                    "{s:?} {plan:?}"
-                                );
-                                assert_eq!(g.block, if 4 * bpc * mq > 256 { 512 } else { 256 }, "{s:?} {plan:?}");
-                            }
-                            Partials::Fma(g) => {
-                                let cols = g.cols as usize;
-                                assert!(grid * cols >= c && (grid - 1) * cols < c, "{s:?} {plan:?}");
-                                assert!(g.jc as usize <= cols && g.bg >= 1 && g.bg as usize <= BT.min(batch), "{s:?}");
-                                assert!((g.bg as usize) * n * (g.jc as usize) <= 1 << 16, "{s:?} {plan:?}");
-                                assert!(g.smem as usize <= SMEM, "{s:?} {plan:?}");
-                                // FMA partials for n ≤ 4 only where the slab kernel does not fit.
-                                assert!(n > 4 || !rgk::mhc::pre_slab_fits(s, cols, SMEM) || batch > 524_280);
-                            }
+                    let Ok(plan) = PrePlan::for_device(s, sms, SMEM) else { continue };
+                    let class = class_of(&plan);
+                    let mq = n * n + 2 * n + 1;
+                    let grid = plan.partials.grid() as usize;
+                    assert!(grid >= 1 && grid <= sms.min(64), "{s:?} {plan:?}");
+                    match plan.partials {
+                        Partials::SlabFixedPoint(g) | Partials::Slab(g) => {
+                            let cols = g.cols as usize;
+                            assert!(n <= 4 && grid * cols >= c && (grid - 1) * cols < c, "{s:?} {plan:?}");
+                            assert!(8 * n * cols <= 1 << 16 && g.smem as usize <= SMEM, "{s:?} {plan:?}");
+                            assert_eq!(g.smem as usize, rgk::mhc::pre_slab_partial_smem_bytes(n, cols));
+                            let bpc = g.batch_per_group as usize;
+                            let want = if batch <= 2 || batch > 8 { batch.min(8) } else { 2 };
+                            assert!(bpc == want && g.groups as usize == batch.div_ceil(bpc), "{s:?} {plan:?}");
+                            assert_eq!(bpc, rgk::mhc::pre_slab_batch_per_group(batch));
+                            assert!(g.groups <= 65535 && g.block == rgk::mhc::pre_slab_block(s, bpc), "{s:?} {plan:?}");
+                            assert_eq!(g.block, if 4 * bpc * mq > 256 { 512 } else { 256 }, "{s:?} {plan:?}");
                         }
-                        match plan.mix {
-                            Mix::FixedPoint(g) => {
-                                assert!(
-                                    batch <= 65535 && g.block == 128 && (g.tiles as usize) == c.div_ceil(c.min(128))
-                                );
-                                // Two halves of `copies` × 5 words per (batch row, logit), the
-                                // epoch word, then three logit scales per batch row.
-                                let copies = plan.partials.acc_copies() as usize;
-                                let Partials::SlabFixedPoint(k1) = plan.partials else { unreachable!() };
-                                let blocks = (k1.grid * k1.groups) as usize;
-                                assert!(copies == 1 || copies == 2, "{s:?} {plan:?}");
-                                assert!(copies == 1 || (blocks >= 128 && k1.grid >= 2), "{s:?} {plan:?}");
-                                assert_eq!(g.acc_copies as usize, copies);
-                                assert_eq!(
-                                    plan.workspace,
-                                    2 * copies * batch * (mq - 1) * rgk::mhc::ACC_WORDS
-                                        + 1
-                                        + rgk::mhc::ROW_SCALES * batch
-                                );
-                            }
-                            Mix::SmallN(g) | Mix::AnyN(g) => {
-                                let (jt, tiles, mb) = (g.jt as usize, g.tiles as usize, g.block as usize);
-                                assert_eq!(mb, if n <= 4 { 256 } else { 512 });
-                                assert!(jt >= 1 && jt <= mb && n * jt <= UN * mb, "{s:?} {plan:?}");
-                                assert!(tiles * jt >= c && (tiles - 1) * jt < c, "{s:?} {plan:?}");
-                                let sl = 1usize << g.slices_log2;
-                                assert!(sl <= 32 && sl <= grid && (mq * sl <= mb || sl == 1), "{s:?} {plan:?}");
-                                assert!(g.smem as usize <= SMEM);
-                                assert_eq!(plan.workspace, batch * mq * grid);
-                            }
+                        Partials::Fma(g) => {
+                            let cols = g.cols as usize;
+                            assert!(grid * cols >= c && (grid - 1) * cols < c, "{s:?} {plan:?}");
+                            assert!(g.jc as usize <= cols && g.bg >= 1 && g.bg as usize <= BT.min(batch), "{s:?}");
+                            assert!((g.bg as usize) * n * (g.jc as usize) <= 1 << 16, "{s:?} {plan:?}");
+                            assert!(g.smem as usize <= SMEM, "{s:?} {plan:?}");
+                            // FMA partials for n ≤ 4 only where the slab kernel does not fit.
+                            assert!(n > 4 || !rgk::mhc::pre_slab_fits(s, cols, SMEM) || batch > 524_280);
                         }
-                        assert_eq!(class == PreClass::FmaAnyN, n > 4, "{s:?} {plan:?}");
                     }
+                    match plan.mix {
+                        Mix::FixedPoint(g) => {
+                            assert!(batch <= 65535 && g.block == 128 && (g.tiles as usize) == c.div_ceil(c.min(128)));
+                            // Two halves of `copies` × 5 words per (batch row, logit), the
+                            // epoch word, then three logit scales per batch row.
+                            let copies = plan.partials.acc_copies() as usize;
+                            let Partials::SlabFixedPoint(k1) = plan.partials else { unreachable!() };
+                            let blocks = (k1.grid * k1.groups) as usize;
+                            assert!(copies == 1 || copies == 2, "{s:?} {plan:?}");
+                            assert!(copies == 1 || (blocks >= 128 && k1.grid >= 2), "{s:?} {plan:?}");
+                            assert_eq!(g.acc_copies as usize, copies);
+                            assert_eq!(
+                                plan.workspace,
+                                2 * copies * batch * (mq - 1) * rgk::mhc::ACC_WORDS + 1 + rgk::mhc::ROW_SCALES * batch
+                            );
+                        }
+                        Mix::SmallN(g) | Mix::AnyN(g) => {
+                            let (jt, tiles, mb) = (g.jt as usize, g.tiles as usize, g.block as usize);
+                            assert_eq!(mb, if n <= 4 { 256 } else { 512 });
+                            assert!(jt >= 1 && jt <= mb && n * jt <= UN * mb, "{s:?} {plan:?}");
+                            assert!(tiles * jt >= c && (tiles - 1) * jt < c, "{s:?} {plan:?}");
+                            let sl = 1usize << g.slices_log2;
+                            assert!(sl <= 32 && sl <= grid && (mq * sl <= mb || sl == 1), "{s:?} {plan:?}");
+                            assert!(g.smem as usize <= SMEM);
+                            assert_eq!(plan.workspace, batch * mq * grid);
+                        }
+                    }
+                    assert_eq!(class == PreClass::FmaAnyN, n > 4, "{s:?} {plan:?}");
                 }
             }
         }
@@ -899,69 +890,67 @@ fn fixed_point_accumulator_layout() {
         for (batch, c) in [(1, 1280), (2, 1920), (4, 2560), (5, 7), (11, 77), (32, 4099), (9, 1), (300, 3)] {
             for sms in [132, 64, 7, 1] {
                 let s = MhcPreShape { batch, n, c };
-                {
-                    let plan = PrePlan::for_device(s, sms, 227 * 1024).unwrap();
-                    let Partials::SlabFixedPoint(k1) = plan.partials else { continue };
-                    let (block, bpc, groups, grid) = (k1.block, k1.batch_per_group, k1.groups, k1.grid as usize);
-                    let copies = k1.acc_copies as usize;
-                    let g = plan;
-                    let m = s.logits();
-                    let word = |half: usize, copy: usize, k: usize, beta: usize, q: usize| {
-                        ((half * copies + copy) * ACC_WORDS + k) * batch * m + beta * m + q
-                    };
-                    let words = copies * batch * m * ACC_WORDS;
-                    assert_eq!(g.workspace, 2 * words + 1 + ROW_SCALES * batch, "{s:?} {g:?}");
-                    // Kernel 1's adds: every (β, q) of every y-block's group, limbs and count word,
-                    // block x into copy x mod copies.
-                    let mut added = vec![0u32; words];
-                    for by in 0..groups as usize {
-                        let b0 = by * bpc as usize;
-                        for x in 0..grid {
-                            for bl in 0..(batch - b0).min(8).min(bpc as usize) {
-                                for q in 0..m {
-                                    for k in 0..ACC_WORDS {
-                                        added[word(0, x % copies, k, b0 + bl, q)] += 1;
-                                    }
+                let plan = PrePlan::for_device(s, sms, 227 * 1024).unwrap();
+                let Partials::SlabFixedPoint(k1) = plan.partials else { continue };
+                let (block, bpc, groups, grid) = (k1.block, k1.batch_per_group, k1.groups, k1.grid as usize);
+                let copies = k1.acc_copies as usize;
+                let g = plan;
+                let m = s.logits();
+                let word = |half: usize, copy: usize, k: usize, beta: usize, q: usize| {
+                    ((half * copies + copy) * ACC_WORDS + k) * batch * m + beta * m + q
+                };
+                let words = copies * batch * m * ACC_WORDS;
+                assert_eq!(g.workspace, 2 * words + 1 + ROW_SCALES * batch, "{s:?} {g:?}");
+                // Kernel 1's adds: every (β, q) of every y-block's group, limbs and count word,
+                // block x into copy x mod copies.
+                let mut added = vec![0u32; words];
+                for by in 0..groups as usize {
+                    let b0 = by * bpc as usize;
+                    for x in 0..grid {
+                        for bl in 0..(batch - b0).min(8).min(bpc as usize) {
+                            for q in 0..m {
+                                for k in 0..ACC_WORDS {
+                                    added[word(0, x % copies, k, b0 + bl, q)] += 1;
                                 }
                             }
                         }
                     }
-                    for (i, &a) in added.iter().enumerate() {
-                        let copy = i / (ACC_WORDS * batch * m);
-                        let want = (copy..grid).step_by(copies).count() as u32;
-                        assert!(want >= 1 && a == want, "{s:?} {g:?}: word {i} takes {a} adds, not {want}");
-                    }
-                    // The row blocks: block grid + i of group by takes batch row by·bpc + i.
-                    let mut scaled = vec![0u32; batch];
-                    for by in 0..groups as usize {
-                        for i in 0..bpc as usize {
-                            let beta = by * bpc as usize + i;
-                            if beta < batch {
-                                scaled[beta] += 1;
-                                assert!(2 * words + 1 + ROW_SCALES * (beta + 1) <= g.workspace, "{s:?} {g:?}");
-                            }
+                }
+                for (i, &a) in added.iter().enumerate() {
+                    let copy = i / (ACC_WORDS * batch * m);
+                    let want = (copy..grid).step_by(copies).count() as u32;
+                    assert!(want >= 1 && a == want, "{s:?} {g:?}: word {i} takes {a} adds, not {want}");
+                }
+                // The row blocks: block grid + i of group by takes batch row by·bpc + i.
+                let mut scaled = vec![0u32; batch];
+                for by in 0..groups as usize {
+                    for i in 0..bpc as usize {
+                        let beta = by * bpc as usize + i;
+                        if beta < batch {
+                            scaled[beta] += 1;
+                            assert!(2 * words + 1 + ROW_SCALES * (beta + 1) <= g.workspace, "{s:?} {g:?}");
                         }
                     }
-                    assert!(scaled.iter().all(|&a| a == 1), "{s:?} {g:?}: a batch row without one row block");
-                    // Kernel 1's zeroing of the other half, over all (grid + bpc) × groups blocks.
-                    let (nb, t) = ((k1.grid + bpc) as usize * groups as usize, block as usize);
-                    let mut zeroed = vec![0u32; words];
-                    for bid in 0..nb {
-                        for th in 0..t {
-                            let mut i = bid * t + th;
-                            while i < words {
-                                zeroed[i] += 1;
-                                i += nb * t;
-                            }
+                }
+                assert!(scaled.iter().all(|&a| a == 1), "{s:?} {g:?}: a batch row without one row block");
+                // Kernel 1's zeroing of the other half, over all (grid + bpc) × groups blocks.
+                let (nb, t) = ((k1.grid + bpc) as usize * groups as usize, block as usize);
+                let mut zeroed = vec![0u32; words];
+                for bid in 0..nb {
+                    for th in 0..t {
+                        let mut i = bid * t + th;
+                        while i < words {
+                            zeroed[i] += 1;
+                            i += nb * t;
                         }
                     }
-                    assert!(zeroed.iter().all(|&z| z == 1), "{s:?} {g:?}: zeroing misses or repeats a word");
-                    // Kernel 2: lane logit e of row β reads word k of every copy of both halves.
-                    for beta in 0..batch {
-                        for lane in 0..32 {
-                            if let Some(e) = lane_logit(lane, n) {
-                                assert!(word(1, copies - 1, ACC_WORDS - 1, beta, e) < 2 * words, "{s:?} {g:?}");
-                            }
+                }
+                assert!(zeroed.iter().all(|&z| z == 1), "{s:?} {g:?}: zeroing misses or repeats a word");
+                // Kernel 2: lane logit e of row β reads word k of every copy of both halves.
+                for beta in 0..batch {
+                    for lane in 0..32 {
+                        if let Some(e) = lane_logit(lane, n) {
+                            assert!(word(1, copies - 1, ACC_WORDS - 1, beta, e) < 2 * words, "{s:?} {g:?}");
                         }
                     }
                 }

@@ -108,8 +108,9 @@ const FIXED_POINT_SMALL_BATCH_GRID_CAP: usize = 48;
 /// adds, and kernel 2 loads twice the words): MHCPreFwd hidden-2560 (128 partial blocks)
 /// 4.38–4.42 µs against 4.58 with one copy, and MHCPostPreFwd hidden-2560 likewise (with its
 /// groups of 2, [`slab_batch_per_group`]); at 48 or 64 partial blocks one copy wins
-/// (two: hidden-1280 3.58 against 3.49–3.52, MHCPostPreFwd hidden-2560 in one group of 4
-/// 4.90–4.93 against 4.86–4.90; same device call, A B … B A, outputs bitwise equal). Four copies: 3.81 /
+/// (two: hidden-1280 3.58 against 3.49–3.52, MHCPostPreFwd hidden-2560 in its former one group
+/// of 4, 64 partial blocks, 4.90–4.93 against 4.86–4.90; same device call, A B … B A, outputs
+/// bitwise equal). Four copies: 3.81 /
 /// 4.10–4.13 / 4.51; the count as a launch argument instead of a constant per entry: +0.2 µs.
 const ACC_COPIES_MIN_PARTIAL_BLOCKS: u32 = 128;
 /// `mhc_pre_partial_fma`'s block: 256 threads.

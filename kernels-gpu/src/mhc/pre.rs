@@ -1034,6 +1034,8 @@ pub use kernel_abi::mhc::MIX_SMALL_N_SMEM_HEAD;
 /// two rounds and (in the fused kernel) three DRAM trips: with groups of 2 rows the row blocks
 /// were then the end of kernel 1 (docs/decisions/mhc.md, Shipped 2026-12-04, fifth).
 const XR: usize = 8;
+// `unroll8!` runs at most 8 copies: a larger XR would skip chunks.
+const _: () = assert!(XR <= 8);
 /// `Σ_{i<count} p[i·stride]` in a fixed order: rounds of 16 independent loads, added into four
 /// interleaved chains (i mod 4), then `(s0 + s1) + (s2 + s3)`.
 #[inline(always)]
@@ -1181,9 +1183,10 @@ unsafe fn row_sumsq(src: XSrc, beta: u32, n: u32, c: u32, t: u32, nt: u32, ssw: 
             let mut v = [[0u32; 4]; XR];
             let mut y = [[0u32; 4]; XR];
             let mut h = [0f32; XR];
-            // Every load of the round issued before any use, unbranched: a chunk past the row
-            // re-reads the last one (not summed). Chunk `i0 + u·nt` lies in stream row `k`
-            // (c % 8 == 0), column `j`, stepped from the round's first chunk.
+            // Every load of the round issued before any use, unbranched. Chunk `i0 + u·nt` lies in
+            // stream row `k` (c % 8 == 0), column `j`, stepped from the round's first chunk. A
+            // chunk past the row re-reads the row's last x chunk, its y and h stay in row β
+            // (`j < c`, `k` clamped to `n − 1`), and none of it is summed.
             let (mut k, mut j) = if src.post { divrem_u32(8 * i0, c) } else { (0, 0) };
             let (dk, dj) = if src.post { divrem_u32(8 * nt, c) } else { (0, 0) };
             unroll8!(u, XR, {
@@ -2170,8 +2173,8 @@ unsafe fn pre_slab_body(
     while b0 < b_hi {
         let bga = min_u32(BTF, b_hi - b0);
         // ---- x[b0+β, k·c + j0 + jj] → xs[(β·n + k)·cwa + jj] (bf16), row segments of cwa.
-        // Each item's successor loaded before the item's stores: +0…+0.04 µs (every seed row
-        // stages one item per thread).
+        // Measured and dropped: each item's successor loaded before the item's stores, +0…+0.04
+        // µs (every seed row stages at most one item per thread).
         let nrow = bga * n;
         let (mut row, mut col) = (w, lane);
         if b0 == b_lo {
