@@ -2,13 +2,17 @@
 # Runs on the GPU machine (no Rust there), from the repository root, after `cargo xtask device-pack`:
 #   bash .device/run.sh [tests|sanitize|python|bench|all|ab] [ARGS for rgk-bench]
 #   bash .device/run.sh profile EXECUTABLE TEST KERNEL_REGEX [LAUNCHES]
+#   bash .device/run.sh source EXECUTABLE TEST KERNEL_REGEX [SKIP]
 # tests: every test executable; sanitize: the sanitizer set under compute-sanitizer memcheck,
 # racecheck, synccheck and initcheck (fails on any report); python: the rgk Python package's
 # tests (python/tests) on the GPU; bench: the benchmark, one process per op (a failing op cannot
 # take the others down), rows merged into $OUT/h200.json. profile: Nsight Compute on one test
 # of a test executable (the bench cannot be profiled: its own CUPTI subscriber excludes ncu),
 # the kernels matching KERNEL_REGEX, caches flushed, clocks unlocked, the launch, speed-of-light,
-# occupancy, warp-state and scheduler sections as text in $OUT/profile.txt.
+# occupancy, warp-state and scheduler sections as text in $OUT/profile.txt. source: one launch
+# (after SKIP matching ones) with warp-state samples every 32 cycles, its SASS with
+# per-instruction counts and stall samples as $OUT/source.csv and the details as
+# $OUT/source.txt (summarise with `python3 xtask/sass_hotspots.py source.csv`).
 # Logs go straight to $OUT (tests.log, sanitize.log, bench.log), so a run cut short still returns them.
 # The bench's Python alternatives include TileOPs when .device/peers.tar.xz (cargo xtask peers)
 # is there: it is unpacked into a temporary site on PYTHONPATH, with nvcc on PATH for its JIT.
@@ -142,6 +146,24 @@ if [ "$mode" = profile ]; then
   rc=$?
   echo "profile $1 $2: rc=$rc ($(( $(date +%s) - start )) s), $(grep -a -c -E "^  [a-z_0-9]+ \(.*Context" "$out/profile.txt") launches"
   grep -a -E "^  [a-z_0-9]+ \(|Duration|Warp Cycles Per Issued" "$out/profile.txt" | head -60
+  [ $rc -eq 0 ] || fail=1
+fi
+
+if [ "$mode" = source ]; then
+  if [ $# -lt 3 ]; then
+    echo "source: bash .device/run.sh source EXECUTABLE TEST KERNEL_REGEX [SKIP]"; exit 2
+  fi
+  start=$(date +%s)
+  rep=$(mktemp -d "${TMPDIR:-/tmp}/rgk-ncu.XXXXXX")/source
+  timeout "${RGK_TEST_TIMEOUT:-300}" ncu --clock-control none --cache-control all \
+    --kernel-name "regex:$3" --launch-skip "${4:-0}" --launch-count 1 --warp-sampling-interval 0 \
+    --section SourceCounters --section WarpStateStats --section SpeedOfLight --section LaunchStats \
+    -o "$rep" -f ".device/tests/$1" --exact "$2" --test-threads 1 >"$out/source.log" 2>&1
+  rc=$?
+  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass >"$out/source.csv" 2>&1
+  ncu -i "$rep.ncu-rep" --page details --print-details all >"$out/source.txt" 2>&1
+  echo "source $1 $2: rc=$rc ($(( $(date +%s) - start )) s)"
+  grep -a -E "^  [a-z_0-9]+ \(|Duration" "$out/source.txt" | head -4
   [ $rc -eq 0 ] || fail=1
 fi
 
