@@ -1831,7 +1831,7 @@ unsafe fn slab_logit_quads<const M: u32>(
     sm: SmemF,
     part_ws: *mut f64,
     par: u32,
-    (acc_words, acc_copies): (u32, u32),
+    (bm, acc_copies): (u32, u32),
     b0: u32,
     bga: u32,
     m: u32,
@@ -1843,8 +1843,8 @@ unsafe fn slab_logit_quads<const M: u32>(
     let g4 = m.div_ceil(4);
     let per_row = g4 * QS;
     let total = bga * per_row;
-    // Block g adds into copy g mod acc_copies (a power of two) of this half ([`acc_word`]).
-    let bm = acc_words / (acc_copies * ACC_WORDS);
+    // Block g adds into copy g mod acc_copies (a power of two) of this half ([`acc_word`]),
+    // whose words lie `bm = batch·m` apart.
     let at = acc_word(par & 1, block_idx_x() & (acc_copies - 1), 0, 0, acc_copies, bm);
     let acc = (part_ws as *mut u64).add(at as usize);
     let mut i0 = 0;
@@ -2199,9 +2199,9 @@ unsafe fn pre_slab_body(
         if fixed_point {
             // n = 4 (m = 24) with m a constant.
             if m == 24 {
-                slab_logit_quads::<24>(sm, part_ws, par, (acc_words, acc_copies), b0, bga, m, rows, t, nt);
+                slab_logit_quads::<24>(sm, part_ws, par, (batch * m, acc_copies), b0, bga, m, rows, t, nt);
             } else {
-                slab_logit_quads::<0>(sm, part_ws, par, (acc_words, acc_copies), b0, bga, m, rows, t, nt);
+                slab_logit_quads::<0>(sm, part_ws, par, (batch * m, acc_copies), b0, bga, m, rows, t, nt);
             }
         } else {
             // ---- block partial of item (βl, q) by f32 FMAs from the slab: thread i < 4·items owns
