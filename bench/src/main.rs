@@ -214,6 +214,7 @@ fn run(args: &Args, started: Instant) -> Result<bool, String> {
                 error: None,
                 mismatch: None,
                 host_us: None,
+                native: true,
             });
         }
     }

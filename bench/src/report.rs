@@ -68,6 +68,10 @@ pub struct Alternative {
     /// package).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_us: Option<f64>,
+    /// Timed by this process beside ours (cuFFT from Rust, our two ops back to back), not by the
+    /// alternatives' Python process.
+    #[serde(default)]
+    pub native: bool,
 }
 
 /// The alternative that is our own kernels called through the Python package: timed and
@@ -167,6 +171,14 @@ impl Row {
         self.fastest_alternative().map(|(_, ms)| ms / self.ours.median)
     }
 
+    /// The fastest alternative the Python process timed ÷ our kernels timed there too
+    /// ([`RGK_TORCH`]): the comparison made entirely inside one process. The same kernels
+    /// measure up to ≈ 10 % slower in the torch process than in this one (README, "Benchmark
+    /// method"), so [`Row::ratio`] alone would favour us against alternatives only Python runs.
+    pub fn torch_process_ratio(&self) -> Option<f64> {
+        torch_process_ratio(&self.alternatives)
+    }
+
     pub fn tflops(&self) -> f64 {
         self.flops / (self.ours.median * 1e-3) / 1e12
     }
@@ -188,6 +200,13 @@ impl Row {
     }
 }
 
+/// [`Row::torch_process_ratio`] of a row's alternatives: the fastest that counts and is not
+/// native ÷ [`RGK_TORCH`]'s time; `None` without either.
+fn torch_process_ratio(alternatives: &[Alternative]) -> Option<f64> {
+    let ours = alternatives.iter().find(|a| a.name == RGK_TORCH && a.error.is_none())?.ms?;
+    alternatives.iter().filter(|a| !a.native).filter_map(Alternative::counts).min_by(f64::total_cmp).map(|ms| ms / ours)
+}
+
 fn alt_names(rows: &[Row]) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     for r in rows {
@@ -204,7 +223,7 @@ pub fn print_table(rows: &[Row]) {
     let names = alt_names(rows);
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
-    let mut header = vec!["op", "workload", "dtype", "ratio", "ours ms", "p10–p90 ms"];
+    let mut header = vec!["op", "workload", "dtype", "ratio", "ratio in torch", "ours ms", "p10–p90 ms"];
     let alt_headers: Vec<String> = names.iter().map(|n| format!("{n} ms")).collect();
     header.extend(alt_headers.iter().map(|s| s.as_str()));
     header.extend(["floor ms", "ours/floor", "TFLOP/s", "SOL", "bound", "rel_l2 ours", "verified"]);
@@ -216,6 +235,8 @@ pub fn print_table(rows: &[Row]) {
             Cell::new(r.workload),
             Cell::new(r.dtype),
             Cell::new(r.ratio().map_or("—".into(), |x| format!("{x:.2}"))).set_alignment(CellAlignment::Right),
+            Cell::new(r.torch_process_ratio().map_or("—".into(), |x| format!("{x:.2}")))
+                .set_alignment(CellAlignment::Right),
             Cell::new(format!("{:.5}", r.ours.median)).set_alignment(CellAlignment::Right),
             Cell::new(format!("{:.5}–{:.5}", r.ours.p10, r.ours.p90)),
         ];
@@ -270,6 +291,9 @@ fn alternative_json(a: &Alternative) -> Value {
     if let Some(h) = a.host_us {
         v["host_us"] = h.into();
     }
+    if a.native {
+        v["native"] = true.into();
+    }
     v
 }
 
@@ -287,6 +311,7 @@ fn row_json(r: &Row, commit: &str) -> Value {
         "verified": r.verification.verified, "max_abs_err": r.verification.max_abs_err,
         "rel_l2_err": r.verification.rel_l2_err, "check": r.verification.detail,
         "fastest_alternative": r.fastest_alternative().map(|(n, _)| n), "ratio": r.ratio(),
+        "torch_process_ratio": r.torch_process_ratio(),
         "tflops": r.tflops(), "sol": sol, "bound": bound,
         "flops": r.flops, "bytes": r.bytes,
         "floor_ms": r.floor.map(|f| f.span.median), "floor_sum_ms": r.floor.map(|f| f.sum.median),
@@ -349,5 +374,29 @@ mod tests {
         assert_eq!(peer["mismatch"], "far off");
         assert_eq!(alts[0].counts(), None, "our own package never counts as the fastest");
         assert_eq!(alts[1].counts(), None, "a mismatch never counts as the fastest");
+    }
+
+    /// The in-process ratio compares the Python process's fastest with our kernels timed there:
+    /// a faster native alternative (timed by the Rust process) and our own package never count.
+    #[test]
+    fn torch_process_ratio_stays_inside_the_python_process() {
+        let text = r#"{"rows": [
+            {"op": "FFTC2CFwd", "workload": "w", "impl": "rgk-torch", "ms": 0.0040},
+            {"op": "FFTC2CFwd", "workload": "w", "impl": "tileops", "ms": 0.0036},
+            {"op": "FFTC2CFwd", "workload": "w", "impl": "torch-cufft", "ms": 0.0050},
+            {"op": "FFTC2CFwd", "workload": "w", "impl": "slow-but-wrong", "ms": 0.0010, "mismatch": "far off"}
+        ]}"#;
+        let mut alts = parse_alternatives(text).unwrap();
+        assert!((torch_process_ratio(&alts).unwrap() - 0.9).abs() < 1e-12);
+        let mut native = alts[1].clone();
+        native.name = "cufft-rs".into();
+        native.ms = Some(0.0020);
+        native.native = true;
+        alts.push(native);
+        assert!((torch_process_ratio(&alts).unwrap() - 0.9).abs() < 1e-12, "a native alternative never enters it");
+        assert_eq!(alternative_json(&alts[4])["native"], true);
+        assert!(alternative_json(&alts[1]).get("native").is_none());
+        alts.remove(0);
+        assert_eq!(torch_process_ratio(&alts), None, "no rgk-torch time, no ratio");
     }
 }
