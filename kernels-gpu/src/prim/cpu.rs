@@ -1,10 +1,15 @@
 //! The CPU backend: a software GPU that runs the kernels' own code on the host.
 //!
-//! [`launch`] runs a grid: every thread of a block (of a cluster's blocks) is an OS thread, the
-//! blocks (clusters) one after another, so `sync_threads` is a real barrier, warp collectives
-//! meet in a per-warp exchange area behind a per-warp barrier, and a last-block-done pattern
-//! sees every earlier block finished. Shared memory is a per-block buffer filled with 0xFF
-//! bytes (NaN in every float format) before each block, so a read before a write shows.
+//! [`launch`] runs a grid: every thread of a block (of a cluster's blocks) is a coroutine with a
+//! stack of its own, all of them switched on the launching OS thread, the blocks (clusters) one
+//! after another. A thread runs until it waits at a barrier (`sync_threads`, a warp collective,
+//! the cluster barrier), then the next one runs; so `sync_threads` is a real barrier, warp
+//! collectives meet in a per-warp exchange area behind a per-warp barrier, and a last-block-done
+//! pattern sees every earlier block finished. (One OS thread per GPU thread, parked at each
+//! barrier, spent most of the tests' time switching threads in the kernel.) A barrier that no
+//! thread can leave stops the launch with a panic instead of hanging. Shared memory is a
+//! per-block buffer filled with 0xFF bytes (NaN in every float format) before each block, so a
+//! read before a write shows.
 //!
 //! Arithmetic is IEEE with the rounding of the PTX instruction. The `.approx` instructions
 //! (`ex2`, `rcp`, `rsqrt`) are computed correctly rounded here; the GPU's approximations differ
@@ -16,67 +21,40 @@
 #![allow(clippy::missing_safety_doc)]
 
 use core::cell::Cell;
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::boxed::Box;
-use std::sync::Mutex;
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use corosensei::stack::DefaultStack;
+use corosensei::{Coroutine, CoroutineResult, Yielder};
 use std::vec::Vec;
 
 // ---------------------------------------------------------------- launch
 
-/// A barrier that a panicking thread can break, so its siblings stop instead of waiting for it
-/// forever. Waiters park and the last arrival unparks each: no mutex convoy on wake-up (with
-/// hundreds of threads per block on a few cores, a condition variable's herd of waiters
-/// re-taking its mutex dominated the run time).
+/// A barrier of `n` emulated threads. They all run on the launching OS thread, so plain cells
+/// suffice: an arrival that does not complete the barrier yields to the next thread until the
+/// last arrival opens it (a new generation).
 struct Barrier {
     n: usize,
-    arrived: AtomicUsize,
-    generation: AtomicU64,
-    waiters: Mutex<Vec<std::thread::Thread>>,
-    broken: AtomicBool,
+    arrived: Cell<usize>,
+    generation: Cell<u64>,
 }
 
 impl Barrier {
     fn new(n: usize) -> Self {
-        Barrier {
-            n,
-            arrived: AtomicUsize::new(0),
-            generation: AtomicU64::new(0),
-            waiters: Mutex::new(Vec::with_capacity(n)),
-            broken: AtomicBool::new(false),
-        }
+        Barrier { n, arrived: Cell::new(0), generation: Cell::new(0) }
     }
     fn wait(&self) {
-        let generation = self.generation.load(Ordering::Acquire);
-        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).push(std::thread::current());
-        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
-            // Every waiter of this generation is listed (each pushed before arriving); none of
-            // the next can arrive before the generation changes.
-            let waiters = core::mem::take(&mut *self.waiters.lock().unwrap_or_else(|e| e.into_inner()));
-            self.arrived.store(0, Ordering::Relaxed);
-            self.generation.fetch_add(1, Ordering::Release);
-            for t in waiters {
-                t.unpark();
-            }
+        let generation = self.generation.get();
+        ARRIVALS.with(|a| a.set(a.get() + 1));
+        let arrived = self.arrived.get() + 1;
+        if arrived == self.n {
+            self.arrived.set(0);
+            self.generation.set(generation + 1);
             return;
         }
-        while self.generation.load(Ordering::Acquire) == generation {
-            if self.broken.load(Ordering::Acquire) {
-                broken();
-            }
-            std::thread::park();
+        self.arrived.set(arrived);
+        while self.generation.get() == generation {
+            yield_now();
         }
     }
-    fn break_all(&self) {
-        self.broken.store(true, Ordering::Release);
-        for t in self.waiters.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            t.unpark();
-        }
-    }
-}
-
-/// Unwinds a thread whose barrier another thread broke (without a second panic message).
-fn broken() -> ! {
-    std::panic::resume_unwind(Box::new("another GPU thread panicked"))
 }
 
 /// The values a warp's lanes exchange in one collective (an `mma` fragment is the largest).
@@ -103,18 +81,6 @@ struct Cluster {
     smem_bytes: usize,
 }
 
-impl Cluster {
-    fn break_all(&self) {
-        self.bar.break_all();
-        for s in &self.slots {
-            s.bar.break_all();
-            for w in &s.warps {
-                w.bar.break_all();
-            }
-        }
-    }
-}
-
 /// What one emulated thread knows about itself.
 struct Thread {
     tid: (u32, u32),
@@ -127,8 +93,27 @@ struct Thread {
     cluster: *const Cluster,
 }
 
+/// An emulated thread's coroutine: resumed with nothing, yields nothing (it only hands over).
+type GpuThread = Coroutine<(), (), ()>;
+
 std::thread_local! {
+    /// The emulated thread running on this OS thread, set by the thread itself whenever it runs.
     static THREAD: Cell<*const Thread> = const { Cell::new(core::ptr::null()) };
+    /// Its coroutine's handle back to the launch's scheduler.
+    static YIELDER: Cell<*const Yielder<(), ()>> = const { Cell::new(core::ptr::null()) };
+    /// Barrier arrivals on this OS thread: a scheduling round without one is a deadlock.
+    static ARRIVALS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Hands the OS thread to the next emulated thread; returns when the scheduler resumes this one.
+fn yield_now() {
+    let (me, y) = (THREAD.with(|t| t.get()), YIELDER.with(|t| t.get()));
+    assert!(!y.is_null(), "a GPU barrier outside prim::cpu::launch");
+    // SAFETY: set by this coroutine from the yielder its body received, which lives as long as
+    // the coroutine.
+    unsafe { (*y).suspend(()) };
+    THREAD.with(|t| t.set(me));
+    YIELDER.with(|t| t.set(y));
 }
 
 fn thread() -> &'static Thread {
@@ -209,56 +194,79 @@ pub fn launch_cluster(
         slots: (0..cluster_x).map(slot).collect(),
         smem_bytes,
     };
-    let f = AssertSync(f);
     let (f, cl) = (&f, &cl);
-    std::thread::scope(|s| {
-        for rank in 0..cluster_x {
-            for t in 0..nthreads as u32 {
-                std::thread::Builder::new()
-                    .stack_size(16 << 20)
-                    .spawn_scoped(s, move || {
-                        let me = Thread {
-                            tid: (t % block.0, t / block.0),
-                            bdim: (block.0, block.1),
-                            gdim: grid,
-                            bid: Cell::new((0, 0, 0)),
-                            buf: Cell::new(0),
-                            rank,
-                            cluster: cl,
-                        };
-                        THREAD.with(|c| c.set(&me));
-                        let run = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
-                            for z in 0..grid.2 {
-                                for y in 0..grid.1 {
-                                    for x0 in (0..grid.0).step_by(cluster_x as usize) {
-                                        me.bid.set((x0 + rank, y, z));
-                                        let buf = me.buf.get();
-                                        if t == 0 {
-                                            // The other buffer: the previous block's, which
-                                            // every thread has left (the barrier below), and
-                                            // the next block's.
-                                            let p = cl.slots[rank as usize].smem[1 - buf].as_ptr() as *mut u8;
-                                            // SAFETY: the slot's buffer, no thread accessing it.
-                                            unsafe { core::ptr::write_bytes(p, 0xFF, cl.smem_bytes) };
-                                        }
-                                        (f.0)();
-                                        cl.bar.wait();
-                                        me.buf.set(1 - buf);
-                                    }
-                                }
-                            }
-                        }));
-                        THREAD.with(|c| c.set(core::ptr::null()));
-                        if let Err(e) = run {
-                            cl.break_all();
-                            std::panic::resume_unwind(e);
+    let body = move |rank: u32, t: u32| {
+        move |y: &Yielder<(), ()>, ()| {
+            let me = Thread {
+                tid: (t % block.0, t / block.0),
+                bdim: (block.0, block.1),
+                gdim: grid,
+                bid: Cell::new((0, 0, 0)),
+                buf: Cell::new(0),
+                rank,
+                cluster: cl,
+            };
+            THREAD.with(|c| c.set(&me));
+            YIELDER.with(|c| c.set(y));
+            for z in 0..grid.2 {
+                for yb in 0..grid.1 {
+                    for x0 in (0..grid.0).step_by(cluster_x as usize) {
+                        me.bid.set((x0 + rank, yb, z));
+                        let buf = me.buf.get();
+                        if t == 0 {
+                            // The other buffer: the previous block's, which every thread has
+                            // left (the barrier below), and the next block's.
+                            let p = cl.slots[rank as usize].smem[1 - buf].as_ptr() as *mut u8;
+                            // SAFETY: the slot's buffer, no thread accessing it.
+                            unsafe { core::ptr::write_bytes(p, 0xFF, cl.smem_bytes) };
                         }
-                    })
-                    .expect("spawning an emulated GPU thread");
+                        f();
+                        cl.bar.wait();
+                        me.buf.set(1 - buf);
+                    }
+                }
             }
+            THREAD.with(|c| c.set(core::ptr::null()));
         }
-    });
+    };
+    // Clears this OS thread's pointers to the launch's threads however the launch ends (declared
+    // before `threads`, so dropped after them: a panic force-unwinds the suspended ones first).
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            THREAD.with(|c| c.set(core::ptr::null()));
+            YIELDER.with(|c| c.set(core::ptr::null()));
+        }
+    }
+    let _reset = Reset;
+    let mut threads: Vec<GpuThread> = Vec::with_capacity(nthreads * cluster_x as usize);
+    for rank in 0..cluster_x {
+        for t in 0..nthreads as u32 {
+            let stack = DefaultStack::new(STACK_BYTES).expect("allocating an emulated GPU thread's stack");
+            // SAFETY: the body borrows `f` and `cl`, which outlive `threads` (dropped, or run to
+            // completion, before this function returns).
+            threads.push(unsafe { Coroutine::with_stack_unchecked(stack, body(rank, t)) });
+        }
+    }
+    // Round-robin: each live thread runs to its next barrier wait (or its end).
+    let mut live: Vec<usize> = (0..threads.len()).collect();
+    while !live.is_empty() {
+        let before = ARRIVALS.with(|a| a.get());
+        live.retain(|&i| matches!(threads[i].resume(()), CoroutineResult::Yield(())));
+        let idle = ARRIVALS.with(|a| a.get()) == before;
+        assert!(
+            live.is_empty() || !idle,
+            "emulated GPU threads deadlocked: {} of {} wait at barriers no other thread will reach",
+            live.len(),
+            threads.len()
+        );
+    }
 }
+
+/// Stack of one emulated thread (address space reserved per thread; pages are touched as used):
+/// every kernel of the CPU tests runs within it, and the guard page below it turns an overflow
+/// into a fault, not a corruption.
+const STACK_BYTES: usize = 4 << 20;
 
 /// Runs `kernel(args)` as [`launch`] does.
 pub fn launch_kernel<A: Copy>(

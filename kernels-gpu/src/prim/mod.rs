@@ -4,7 +4,7 @@
 //! loads and stores, dynamic shared memory. Kernels call these and contain no `asm!`.
 //!
 //! Two backends with the same functions: [`nvptx`] (inline PTX, the GPU build) and, on every
-//! other target, `cpu` (a software GPU: one OS thread per GPU thread, launched by
+//! other target, `cpu` (a software GPU: one coroutine per GPU thread, launched by
 //! `cpu::launch`), which runs the kernels' own code on the host for tests. The functions below
 //! are written in terms of the backend's and are shared by both.
 #![allow(clippy::missing_safety_doc)]
