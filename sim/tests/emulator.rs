@@ -1,16 +1,18 @@
 //! The software GPU itself (`kernels_gpu::prim::cpu`): barriers order a block's threads, shared
-//! memory starts poisoned, warp collectives exchange lanes, blocks run one after another, and a
-//! launch that cannot finish (a deadlocked barrier, a panicking thread) fails instead of hanging.
+//! memory starts poisoned, warp collectives exchange lanes, a cluster's blocks see each other's
+//! shared memory, blocks run one after another, and a launch that cannot finish (a deadlocked
+//! barrier, a panicking thread) fails instead of hanging.
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use kernels_gpu::prim::{self, cpu};
 
-/// Each thread writes its slot of shared memory, waits at the barrier, then reads its
-/// neighbour's: every read sees the neighbour's write, never the poison, in every block.
+/// Each thread writes its slot of shared memory, waits at the barrier, then reads both
+/// neighbours': every read sees the neighbour's write, never the poison or another block's
+/// value, in every block (a missing barrier fails whichever neighbour runs later).
 #[test]
 fn barrier_orders_shared_memory_across_threads() {
     let (grid, threads) = (3u32, 96u32);
-    let out: Vec<AtomicU32> = (0..grid * threads).map(|_| AtomicU32::new(0)).collect();
+    let out: Vec<AtomicU32> = (0..2 * grid * threads).map(|_| AtomicU32::new(0)).collect();
     cpu::launch((grid, 1, 1), (threads, 1, 1), threads * 4, || {
         let t = prim::thread_idx_x();
         let b = prim::block_idx_x();
@@ -22,14 +24,50 @@ fn barrier_orders_shared_memory_across_threads() {
             *sm.add(t as usize) = 1000 * b + t;
         }
         prim::sync_threads();
-        let next = (t + 1) % threads;
+        let (next, prev) = ((t + 1) % threads, (t + threads - 1) % threads);
         // SAFETY: as above.
-        let seen = unsafe { *sm.add(next as usize) };
-        out[(b * threads + t) as usize].store(seen, Ordering::Relaxed);
+        let (n, p) = unsafe { (*sm.add(next as usize), *sm.add(prev as usize)) };
+        out[(2 * (b * threads + t)) as usize].store(n, Ordering::Relaxed);
+        out[(2 * (b * threads + t) + 1) as usize].store(p, Ordering::Relaxed);
     });
     for b in 0..grid {
         for t in 0..threads {
-            assert_eq!(out[(b * threads + t) as usize].load(Ordering::Relaxed), 1000 * b + (t + 1) % threads);
+            let i = (2 * (b * threads + t)) as usize;
+            assert_eq!(out[i].load(Ordering::Relaxed), 1000 * b + (t + 1) % threads, "block {b} thread {t}");
+            assert_eq!(
+                out[i + 1].load(Ordering::Relaxed),
+                1000 * b + (t + threads - 1) % threads,
+                "block {b} thread {t}"
+            );
+        }
+    }
+}
+
+/// Thread-block clusters: each block writes its shared memory, the cluster barrier, then every
+/// thread reads the other block's through `mapa`, over two clusters of two blocks.
+#[test]
+fn cluster_blocks_read_each_others_shared_memory() {
+    let (grid, threads) = (4u32, 64u32);
+    let out: Vec<AtomicU32> = (0..grid * threads).map(|_| AtomicU32::new(0)).collect();
+    cpu::launch_cluster((grid, 1, 1), (threads, 1, 1), 2, threads * 4, || {
+        let t = prim::thread_idx_x();
+        let b = prim::block_idx_x();
+        let rank = prim::cluster_ctarank();
+        assert_eq!((prim::cluster_nctarank(), rank), (2, b % 2));
+        let sm = prim::dyn_smem::<u32>();
+        // SAFETY: one u32 per thread of the block's dynamic shared memory.
+        unsafe { *sm.add(t as usize) = 1000 * b + t };
+        prim::cluster_arrive();
+        prim::cluster_wait();
+        let other = prim::mapa(sm as *const u32, 1 - rank);
+        // SAFETY: the other block's buffer, written before the cluster barrier.
+        let v = unsafe { *other.add(((t + 1) % threads) as usize) };
+        out[(b * threads + t) as usize].store(v, Ordering::Relaxed);
+    });
+    for b in 0..grid {
+        for t in 0..threads {
+            let other = b ^ 1;
+            assert_eq!(out[(b * threads + t) as usize].load(Ordering::Relaxed), 1000 * other + (t + 1) % threads);
         }
     }
 }

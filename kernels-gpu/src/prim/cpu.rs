@@ -3,7 +3,8 @@
 //! [`launch`] runs a grid: every thread of a block (of a cluster's blocks) is a coroutine with a
 //! stack of its own, all of them switched on the launching OS thread, the blocks (clusters) one
 //! after another. A thread runs until it waits at a barrier (`sync_threads`, a warp collective,
-//! the cluster barrier), then the next one runs; so `sync_threads` is a real barrier, warp
+//! the cluster barrier), then the next one runs (ascending order of thread in one round,
+//! descending in the next); so `sync_threads` is a real barrier, warp
 //! collectives meet in a per-warp exchange area behind a per-warp barrier, and a last-block-done
 //! pattern sees every earlier block finished. (One OS thread per GPU thread, parked at each
 //! barrier, spent most of the tests' time switching threads in the kernel.) A barrier that no
@@ -105,15 +106,26 @@ std::thread_local! {
     static ARRIVALS: Cell<u64> = const { Cell::new(0) };
 }
 
+/// Sets this OS thread's [`THREAD`] and [`YIELDER`] when dropped: after a suspend returns, and
+/// also when it unwinds (a launch dropping its suspended threads after a panic), so code that
+/// runs on a thread's stack always sees that thread's own pointers.
+struct Current(*const Thread, *const Yielder<(), ()>);
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        THREAD.with(|t| t.set(self.0));
+        YIELDER.with(|t| t.set(self.1));
+    }
+}
+
 /// Hands the OS thread to the next emulated thread; returns when the scheduler resumes this one.
 fn yield_now() {
     let (me, y) = (THREAD.with(|t| t.get()), YIELDER.with(|t| t.get()));
     assert!(!y.is_null(), "a GPU barrier outside prim::cpu::launch");
+    let _restore = Current(me, y);
     // SAFETY: set by this coroutine from the yielder its body received, which lives as long as
     // the coroutine.
     unsafe { (*y).suspend(()) };
-    THREAD.with(|t| t.set(me));
-    YIELDER.with(|t| t.set(y));
 }
 
 fn thread() -> &'static Thread {
@@ -208,6 +220,8 @@ pub fn launch_cluster(
             };
             THREAD.with(|c| c.set(&me));
             YIELDER.with(|c| c.set(y));
+            // Whichever way the body ends, nothing on this OS thread points at it afterwards.
+            let _leave = Current(core::ptr::null(), core::ptr::null());
             for z in 0..grid.2 {
                 for yb in 0..grid.1 {
                     for x0 in (0..grid.0).step_by(cluster_x as usize) {
@@ -226,19 +240,11 @@ pub fn launch_cluster(
                     }
                 }
             }
-            THREAD.with(|c| c.set(core::ptr::null()));
         }
     };
     // Clears this OS thread's pointers to the launch's threads however the launch ends (declared
     // before `threads`, so dropped after them: a panic force-unwinds the suspended ones first).
-    struct Reset;
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            THREAD.with(|c| c.set(core::ptr::null()));
-            YIELDER.with(|c| c.set(core::ptr::null()));
-        }
-    }
-    let _reset = Reset;
+    let _reset = Current(core::ptr::null(), core::ptr::null());
     let mut threads: Vec<GpuThread> = Vec::with_capacity(nthreads * cluster_x as usize);
     for rank in 0..cluster_x {
         for t in 0..nthreads as u32 {
@@ -248,11 +254,14 @@ pub fn launch_cluster(
             threads.push(unsafe { Coroutine::with_stack_unchecked(stack, body(rank, t)) });
         }
     }
-    // Round-robin: each live thread runs to its next barrier wait (or its end).
+    // Rounds: each live thread runs to its next barrier wait (or its end), in ascending order of
+    // thread in one round and descending in the next, so a read of another thread's write that
+    // lacks a barrier sees the poison or a stale value whichever of the two threads comes first.
     let mut live: Vec<usize> = (0..threads.len()).collect();
     while !live.is_empty() {
         let before = ARRIVALS.with(|a| a.get());
         live.retain(|&i| matches!(threads[i].resume(()), CoroutineResult::Yield(())));
+        live.reverse();
         let idle = ARRIVALS.with(|a| a.get()) == before;
         assert!(
             live.is_empty() || !idle,
@@ -263,9 +272,10 @@ pub fn launch_cluster(
     }
 }
 
-/// Stack of one emulated thread (address space reserved per thread; pages are touched as used):
-/// every kernel of the CPU tests runs within it, and the guard page below it turns an overflow
-/// into a fault, not a corruption.
+/// Stack of one emulated thread (a mapping of its own, read-write, committed as its pages are
+/// touched): the largest kernel frame at the host's opt-level 2 is under 2 KB. The guard page
+/// below it turns an overflow into a fault (a bare SIGSEGV of the test process), not a
+/// corruption.
 const STACK_BYTES: usize = 4 << 20;
 
 /// Runs `kernel(args)` as [`launch`] does.
