@@ -4,13 +4,12 @@
 //! stack of its own, all of them switched on the launching OS thread, the blocks (clusters) one
 //! after another. A thread runs until it waits at a barrier (`sync_threads`, a warp collective,
 //! the cluster barrier), then the next one runs (ascending order of thread in one round,
-//! descending in the next); so `sync_threads` is a real barrier, warp
-//! collectives meet in a per-warp exchange area behind a per-warp barrier, and a last-block-done
-//! pattern sees every earlier block finished. (One OS thread per GPU thread, parked at each
-//! barrier, spent most of the tests' time switching threads in the kernel.) A barrier that no
-//! thread can leave stops the launch with a panic instead of hanging. Shared memory is a
-//! per-block buffer filled with 0xFF bytes (NaN in every float format) before each block, so a
-//! read before a write shows.
+//! descending in the next); so `sync_threads` is a real barrier, warp collectives meet in a
+//! per-warp exchange area behind a per-warp barrier, and a last-block-done pattern sees every
+//! earlier block finished. (One OS thread per GPU thread, parked at each barrier, spent most of
+//! the tests' time switching threads in the kernel.) A barrier that no thread can leave stops
+//! the launch with a panic instead of hanging. Shared memory is a per-block buffer filled with
+//! 0xFF bytes (NaN in every float format) before each block, so a read before a write shows.
 //!
 //! Arithmetic is IEEE with the rounding of the PTX instruction. The `.approx` instructions
 //! (`ex2`, `rcp`, `rsqrt`) are computed correctly rounded here; the GPU's approximations differ
@@ -154,34 +153,15 @@ fn warp() -> &'static Warp {
     &slot().warps[(linear_tid() / 32) as usize]
 }
 
-/// A closure shared by the emulated threads. The kernels' raw pointers are not `Sync`; the
-/// threads use them as the GPU's threads would, ordered by the kernel's own synchronisation.
-struct AssertSync<F>(F);
-// SAFETY: see above.
-unsafe impl<F> Sync for AssertSync<F> {}
-
-impl<A: Copy> AssertSync<A> {
-    /// The value (a method, so a closure captures the wrapper, not its field).
-    fn get(&self) -> A {
-        self.0
-    }
-}
-
 /// Runs `f` as a kernel: `grid` blocks of `block` threads (z of the block must be 1), each
 /// block with `smem_bytes` of dynamic shared memory.
-pub fn launch(grid: (u32, u32, u32), block: (u32, u32, u32), smem_bytes: u32, f: impl Fn() + Sync) {
+pub fn launch(grid: (u32, u32, u32), block: (u32, u32, u32), smem_bytes: u32, f: impl Fn()) {
     launch_cluster(grid, block, 1, smem_bytes, f)
 }
 
 /// [`launch`] with thread-block clusters of `cluster_x` blocks along x: a cluster's blocks run
 /// at once (their cluster barriers and `mapa` accesses meet), the clusters one after another.
-pub fn launch_cluster(
-    grid: (u32, u32, u32),
-    block: (u32, u32, u32),
-    cluster_x: u32,
-    smem_bytes: u32,
-    f: impl Fn() + Sync,
-) {
+pub fn launch_cluster(grid: (u32, u32, u32), block: (u32, u32, u32), cluster_x: u32, smem_bytes: u32, f: impl Fn()) {
     assert_eq!(block.2, 1, "three-dimensional blocks are not emulated");
     assert!(
         cluster_x >= 1 && grid.0.is_multiple_of(cluster_x),
@@ -287,8 +267,7 @@ pub fn launch_kernel<A: Copy>(
     args: A,
 ) {
     // SAFETY: the caller's buffers back every address in `args` (the property under test).
-    let args = AssertSync(args);
-    launch(grid, block, smem_bytes, || unsafe { kernel(args.get()) })
+    launch(grid, block, smem_bytes, || unsafe { kernel(args) })
 }
 
 /// [`launch_kernel`] with clusters of `cluster_x` blocks (see [`launch_cluster`]).
@@ -301,8 +280,7 @@ pub fn launch_kernel_cluster<A: Copy>(
     args: A,
 ) {
     // SAFETY: as in `launch_kernel`.
-    let args = AssertSync(args);
-    launch_cluster(grid, block, cluster_x, smem_bytes, || unsafe { kernel(args.get()) })
+    launch_cluster(grid, block, cluster_x, smem_bytes, || unsafe { kernel(args) })
 }
 
 // ---------------------------------------------------------------- indices
