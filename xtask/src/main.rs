@@ -471,17 +471,9 @@ fn table(root: &Path, file: Option<&str>) -> Result<(), String> {
             Some(a) if a["error"].is_string() => "error".into(),
             _ => "—".into(),
         };
-        // The fastest alternative the Python process timed ÷ our kernels timed there (rows
-        // written before the bench recorded it: computed the same way, natives flagged).
-        let in_torch = r["torch_process_ratio"].as_f64().or_else(|| {
-            let ours = alts.get("rgk-torch").and_then(|a| a["ms"].as_f64())?;
-            alts.iter()
-                .filter(|(n, a)| n.as_str() != "rgk-torch" && a["native"] != true && counts(a))
-                .filter_map(|(_, a)| a["ms"].as_f64())
-                .min_by(f64::total_cmp)
-                .map(|ms| ms / ours)
-        });
-        let same_process = in_torch.map_or("—".to_string(), |x| format!("{x:.2}"));
+        // The fastest alternative the Python process timed ÷ our kernels timed there (the
+        // bench's `Row::torch_process_ratio`).
+        let same_process = r["torch_process_ratio"].as_f64().map_or("—".to_string(), |x| format!("{x:.2}"));
         let other = alts
             .iter()
             .filter(|(n, a)| !["tileops", "rgk-torch"].contains(&n.as_str()) && counts(a))
