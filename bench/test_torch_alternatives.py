@@ -12,7 +12,7 @@ backward (autograd vs numpy analytic gradients from the identities of docs/ops.m
 torch-compile rows (with --with-compile) get 1e-3 for f32 outputs: inductor
 by default skips the internal f32 -> 16-bit -> f32 roundings.
 The numpy analytic backward is itself checked against finite differences.
-It also unit-tests the kernel-record grouping used for GPU timing and the
+It also unit-tests the kernel-record parsing used for GPU timing and the
 timing bookkeeping (with a fake timer), and checks
 that a broken entry gets an error row without stopping the run.
 
@@ -353,27 +353,24 @@ def tolerance(op, impl, out_dtype):
 
 # ---------------------------------------------------------------- tests
 
-def test_group_calls():
+def test_kernel_records():
+    """union_length, and kernel_interval on activity records laid out as CUPTI writes them."""
+    import ctypes
+    import struct
     sys.path.insert(0, HERE)
     import torch_alternatives as ta
 
     assert ta.union_length([(0, 10), (5, 12), (20, 25)]) == 17
     assert ta.union_length([(0, 10), (2, 3)]) == 10
     assert ta.union_length([]) == 0
-    recs = [
-        (0, 100, "void at::vectorized_elementwise_kernel<bitwise_not_kernel_cuda>"),
-        (200, 210, "gemv"), (205, 230, "reduce"),                           # call 1: 30 ns, 2 kernels
-        (300, 400, "bitwise_not flush"),
-        (500, 505, "fft_a"), (510, 520, "fft_b"),                           # call 2: 15 ns, 2 kernels
-        (600, 700, "bitwise_not part 1"), (700, 800, "bitwise_not part 2"),  # one flush in 2 kernels
-        (900, 950, "elementwise"),                                          # call 3
-        (1000, 1100, "bitwise_not closing flush"),
-        (1200, 1300, "stray kernel after the last flush"),
-    ]
-    import random
-    random.Random(0).shuffle(recs)
-    assert ta.group_calls(recs) == [(30, 2), (15, 2), (50, 1)], ta.group_calls(recs)
-    print("group_calls / union_length ok")
+    # kind u32, cache config u8, shared-memory config u8, registers u16, two u32 enums, start, end.
+    kernel = struct.pack("<IBBHIIQQ", 10, 0, 0, 32, 0, 0, 1_000_123, 1_003_456)
+    memset = struct.pack("<IBBHIIQQ", 2, 0, 0, 0, 0, 0, 5, 9)
+    for raw, want in ((kernel, (1_000_123, 1_003_456)), (memset, None)):
+        buf = ctypes.create_string_buffer(raw, len(raw))
+        got = ta.kernel_interval(ctypes.addressof(buf))
+        assert got == want, (got, want)
+    print("union_length / kernel_interval ok")
 
 
 def test_timing_flow():
@@ -530,7 +527,7 @@ def test_script(with_compile):
 def main():
     with_compile = "--with-compile" in sys.argv[1:]
     torch.manual_seed(0)
-    test_group_calls()
+    test_kernel_records()
     test_timing_flow()
     check_bwd_np_by_finite_differences()
     test_package_host_times()

@@ -46,22 +46,24 @@ Alternatives (per op):
                       operators), when it imports: timed like an alternative, never
                       counted as one (it is us); its row also has "host_us", the host
                       time of one eager call (200 calls in a tight loop, one
-                      synchronisation), measured for every entry before the first
-                      profiler session (one slows torch's allocator for the process);
-                      so has TileOPs' row, measured the same way after rgk's.
+                      synchronisation), measured for every entry before the CUPTI
+                      subscriber starts; so has TileOPs' row, measured the same way
+                      after rgk's.
   torch.compile runs with its default config (dynamic=False, dynamo reset per
   entry).  Note inductor's default elides f32 -> 16-bit -> f32 round trips
   (emulate_precision_casts=False), so the compiled rows may skip the
   internal q(...); that shows in their error columns.
 
-Timing (CUDA only): device time from CUPTI kernel records via torch.profiler.
-Before every timed call a 256 MiB int32 buffer is rewritten with
-``bitwise_not_`` (flushes the 60 MB L2; its kernel name contains
-"bitwise_not", which no alternative uses) followed by a synchronize; then the
-call and another synchronize.  Kernels between consecutive flush kernels are
-one call; Memcpy/Memset (and other non-kernel) records are ignored; a call's
-device time is the length of the union of its kernels' [start, end)
-intervals.  Each implementation gets N calls, min-calls <= N <= max-calls,
+Timing (CUDA only): device time from CUPTI kernel records, collected by a plain
+CUPTI activity subscriber (ctypes, concurrent-kernel records), the Rust
+bench's method: before every timed call a 256 MiB int32 buffer is rewritten
+with ``bitwise_not_`` (flushes the 60 MB L2), then a synchronize and a forced
+CUPTI flush (its records dropped), the call, a synchronize and a forced flush:
+the records delivered then are the call's kernels, and its device time is the
+length of the union of their [start, end) intervals.  torch.profiler is not
+used: one profiler session over many calls delivers the records only at its
+end, and the same kernels measure 0.1-0.4 us longer that way.  Each
+implementation gets N calls, min-calls <= N <= max-calls,
 N limited by --budget-s of wall time; the implementations of an op are timed
 in forward then reverse order (half of the calls each pass), samples pooled.
 Warm-up (compilation, plan creation, allocation) is never timed.
@@ -97,7 +99,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 import traceback
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -107,7 +108,6 @@ import torch
 import torch.nn.functional as F
 
 FLUSH_BYTES = 256 * 1024 * 1024
-FLUSH_KERNEL_MARK = "bitwise_not"  # substring of the flush kernel's name
 
 Outputs = Dict[str, torch.Tensor]
 
@@ -601,81 +601,94 @@ def output_errors(out: Outputs, refs: Dict[str, torch.Tensor]):
 # Device timing through CUPTI kernel records
 # --------------------------------------------------------------------------
 
-_NON_KERNEL_PREFIXES = ("memcpy", "memset", "context sync", "stream sync", "event sync",
-                        "stream wait", "device sync", "##")
+# CUpti_ActivityKind: CONCURRENT_KERNEL.  Every kernel record version since 4 has
+# `kind` (u32) at offset 0 and `start`, `end` (u64 ns) at offsets 16 and 24.
+_CUPTI_KIND_CONCURRENT_KERNEL = 10
+_CUPTI_BUFFER_BYTES = 4 << 20
+_CUPTI_SONAMES = ("libcupti.so.13", "libcupti.so.12", "libcupti.so")
 
 
-def _is_kernel_by_name(name: str) -> bool:
-    return not name.strip().lower().startswith(_NON_KERNEL_PREFIXES)
+def kernel_interval(record_address: int) -> Optional[Tuple[int, int]]:
+    """(start_ns, end_ns) of a CUPTI activity record at `record_address` if it is a kernel
+    record, else None."""
+    import ctypes
+    if ctypes.c_uint32.from_address(record_address).value != _CUPTI_KIND_CONCURRENT_KERNEL:
+        return None
+    return (ctypes.c_uint64.from_address(record_address + 16).value,
+            ctypes.c_uint64.from_address(record_address + 24).value)
 
 
-def _records_from_kineto(prof) -> List[Tuple[int, int, str]]:
-    from torch.autograd import DeviceType
-    events = prof.profiler.kineto_results.events()
-    cuda_events = [e for e in events if e.device_type() == DeviceType.CUDA]
-    have_type = bool(cuda_events) and hasattr(cuda_events[0], "activity_type")
-    if have_type and not any(e.activity_type() == "kernel" for e in cuda_events):
-        have_type = False  # unexpected labels: fall back to names
-    recs = []
-    for e in cuda_events:
-        name = e.name()
-        if have_type:
-            if e.activity_type() != "kernel":
-                continue
-        elif not _is_kernel_by_name(name):
-            continue
-        start = int(e.start_ns())
-        end = int(e.end_ns()) if hasattr(e, "end_ns") else start + int(e.duration_ns())
-        recs.append((start, end, name))
-    return recs
-
-
-def _records_from_chrome_trace(prof) -> List[Tuple[int, int, str]]:
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            trace = json.load(f)
-    finally:
-        os.unlink(path)
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    recs = []
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") == "kernel":
-            start = int(round(float(e["ts"]) * 1000))
-            recs.append((start, start + int(round(float(e["dur"]) * 1000)), e.get("name", "")))
-    return recs
-
-
-def _records_from_function_events(prof) -> List[Tuple[int, int, str]]:
-    from torch.autograd import DeviceType
-    recs = []
-    for e in prof.events():
-        if getattr(e, "device_type", None) != DeviceType.CUDA:
-            continue
-        at = getattr(e, "activity_type", None)
-        if at is not None and at != "kernel":
-            continue
-        if at is None and not _is_kernel_by_name(e.name):
-            continue
-        recs.append((int(round(e.time_range.start * 1000)), int(round(e.time_range.end * 1000)),
-                     e.name))
-    return recs
-
-
-def kernel_records(prof) -> List[Tuple[int, int, str]]:
-    """(start_ns, end_ns, name) of every kernel record, whatever the torch version offers."""
-    errors = []
-    for getter in (_records_from_kineto, _records_from_chrome_trace, _records_from_function_events):
+def _load_cupti():
+    """libcupti: the copy already in the process (torch's profiler brings one) or the first
+    on the library path (the Rust bench's), else the one bundled with torch's wheels."""
+    import ctypes
+    import glob
+    tried = []
+    candidates = [os.environ["RGK_CUPTI"]] if os.environ.get("RGK_CUPTI") else []
+    candidates += list(_CUPTI_SONAMES)
+    torch_site = os.path.dirname(os.path.dirname(torch.__file__))
+    candidates += sorted(glob.glob(os.path.join(torch_site, "nvidia", "*", "lib", "libcupti.so*")))
+    for name in candidates:
         try:
-            recs = getter(prof)
-            if recs:
-                return recs
-        except Exception as exc:  # API differences between torch versions
-            errors.append(f"{getter.__name__}: {exc!r}")
-    raise RuntimeError("no kernel records found in the profile" +
-                       (f" ({'; '.join(errors)})" if errors else ""))
+            return ctypes.CDLL(name)
+        except OSError as exc:
+            tried.append(f"{name}: {exc}")
+    raise RuntimeError("libcupti not found (set RGK_CUPTI to its path): " + "; ".join(tried))
+
+
+class KernelRecords:
+    """A plain CUPTI activity subscriber (concurrent-kernel records only), the Rust bench's
+    method: `drain()` forces CUPTI to deliver every pending record and returns the kernel
+    intervals collected since the previous drain.
+
+    torch.profiler is not used: one profiler session over many calls leaves the records
+    undelivered between calls, and the same kernels then measure 0.1–0.4 µs longer (FFT
+    spectrogram-1k 3.33 against 2.95 µs, same process, same CUPTI library, 2026-12-04)."""
+
+    def __init__(self):
+        import ctypes
+        self._ct = ctypes
+        self._lib = _load_cupti()
+        self._buffers: Dict[int, object] = {}
+        self._intervals: List[Tuple[int, int]] = []
+        req_t = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p),
+                                 ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t))
+        done_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p,
+                                  ctypes.c_size_t, ctypes.c_size_t)
+        # Kept on self: CUPTI holds the C function pointers for the life of the process.
+        self._requested = req_t(self._buffer_requested)
+        self._completed = done_t(self._buffer_completed)
+        rc = self._lib.cuptiActivityRegisterCallbacks(self._requested, self._completed)
+        if rc != 0:
+            raise RuntimeError(f"cuptiActivityRegisterCallbacks: CUPTI error {rc}")
+        rc = self._lib.cuptiActivityEnable(_CUPTI_KIND_CONCURRENT_KERNEL)
+        if rc != 0:
+            raise RuntimeError(f"cuptiActivityEnable(CONCURRENT_KERNEL): CUPTI error {rc}")
+
+    def _buffer_requested(self, buffer, size, max_records):
+        raw = self._ct.create_string_buffer(_CUPTI_BUFFER_BYTES + 8)
+        address = (self._ct.addressof(raw) + 7) & ~7  # CUPTI wants 8-byte alignment
+        self._buffers[address] = raw
+        buffer[0] = address
+        size[0] = _CUPTI_BUFFER_BYTES
+        max_records[0] = 0
+
+    def _buffer_completed(self, _ctx, _stream, buffer, _size, valid):
+        record = self._ct.c_void_p()
+        while self._lib.cuptiActivityGetNextRecord(self._ct.c_void_p(buffer),
+                                                   self._ct.c_size_t(valid),
+                                                   self._ct.byref(record)) == 0:
+            iv = kernel_interval(record.value)
+            if iv is not None:
+                self._intervals.append(iv)
+        self._buffers.pop(buffer, None)
+
+    def drain(self) -> List[Tuple[int, int]]:
+        rc = self._lib.cuptiActivityFlushAll(1)
+        if rc != 0:
+            raise RuntimeError(f"cuptiActivityFlushAll: CUPTI error {rc}")
+        out, self._intervals = self._intervals, []
+        return out
 
 
 def union_length(intervals: Sequence[Tuple[int, int]]) -> int:
@@ -694,35 +707,13 @@ def union_length(intervals: Sequence[Tuple[int, int]]) -> int:
     return total
 
 
-def group_calls(records: Sequence[Tuple[int, int, str]],
-                mark: str = FLUSH_KERNEL_MARK) -> List[Tuple[int, int]]:
-    """Split kernel records (start, end, name) at the flush kernels (a run of
-    consecutive flush kernels counts as one flush).  Returns, for each stretch
-    between two flushes, (device time in ns = union of intervals, kernel count).
-    Kernels before the first or after the last flush are dropped."""
-    calls: List[Tuple[int, int]] = []
-    current: Optional[List[Tuple[int, int]]] = None  # None until the first flush
-    prev_was_flush = False
-    for s, e, name in sorted(records, key=lambda r: (r[0], r[1])):
-        if mark in name:
-            if current is not None and not prev_was_flush:
-                calls.append((union_length(current), len(current)))
-            if not prev_was_flush:
-                current = []
-            prev_was_flush = True
-        else:
-            prev_was_flush = False
-            if current is not None:
-                current.append((s, e))
-    return calls
-
-
 class CudaTimer:
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, records: KernelRecords):
         self.device = device
+        self.records = records
         self.flush_buf = torch.zeros(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
-        # First profiler session initialises CUPTI; keep that out of the real runs.
-        self.profile(lambda: torch.empty(1, device=device).fill_(1.0), 2)
+        if not self.profile(lambda: torch.empty(1, device=device).fill_(1.0), 2):
+            raise RuntimeError("CUPTI delivered no kernel record for a test kernel")
 
     def flush(self):
         self.flush_buf.bitwise_not_()
@@ -738,20 +729,19 @@ class CudaTimer:
         return (time.perf_counter() - t0) / reps
 
     def profile(self, call: Callable, ncalls: int) -> List[Tuple[int, int]]:
-        from torch.profiler import ProfilerActivity, profile
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(ncalls):
-                self.flush()
-                torch.cuda.synchronize()
-                call()
-                torch.cuda.synchronize()
-            self.flush()  # closes the last call
+        """(device time in ns = union of the call's kernel intervals, kernel count) per call:
+        flush, synchronize, drain, call, synchronize, drain — as the Rust bench."""
+        calls = []
+        for _ in range(ncalls):
+            self.flush()
             torch.cuda.synchronize()
-        calls = group_calls(kernel_records(prof))
-        if len(calls) != ncalls:
-            print(f"  warning: profiled {ncalls} calls but found {len(calls)} call groups",
-                  file=sys.stderr)
+            self.records.drain()
+            call()
+            torch.cuda.synchronize()
+            recs = self.records.drain()
+            if not recs:
+                raise RuntimeError("CUPTI delivered no kernel record for a timed call")
+            calls.append((union_length(recs), len(recs)))
         return calls
 
 
@@ -798,10 +788,10 @@ def package_host_times(entries: Sequence[dict], base_dir: str, device: torch.dev
     TileOPs') in µs per entry: 20 warm-up calls (TileOPs compiles its kernels there), then the
     time to issue 200 calls in a tight loop, taken before the synchronisation that follows it
     (with the synchronisation a row whose device time exceeds its host time, scientific-1m,
-    measured its device time).  Measured before any profiler session in this process (the timer's set-up runs one):
-    after one, torch's allocations stay about 3x slower (empty_like 1.8 -> 5.5 us on the
-    H200), which would charge the profiler to the package.  rgk's are measured before TileOPs
-    is imported."""
+    measured its device time).  Measured before the CUPTI subscriber starts, so no profiler
+    cost is charged to the package (a torch.profiler session left torch's allocations about
+    3x slower for the process: empty_like 1.8 -> 5.5 us on the H200).  rgk's are measured
+    before TileOPs is imported."""
     from safetensors.torch import load_file
 
     times = {}
@@ -991,8 +981,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rgk_torch, rgk_version, rgk_why = _load_package(args.skip_rgk_torch, "--skip-rgk-torch",
                                                     device, load_rgk_torch)
     print(f"rgk-torch: {rgk_version or f'not available ({rgk_why})'}", flush=True)
-    # Before anything else touches the process (TileOPs' import, the timer's first profiler
-    # session): see package_host_times.
+    # Before anything else touches the process (TileOPs' import, the CUPTI subscriber):
+    # see package_host_times.
     host_us = {RGK_TORCH_NAME: package_host_times(entries, base_dir, device, RGK_TORCH_NAME,
                                                   rgk_torch)} if rgk_torch else {}
     tileops, tileops_version, why = _load_package(args.skip_tileops, "--skip-tileops", device,
@@ -1010,7 +1000,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if device.type == "cuda":
         gpu = torch.cuda.get_device_name(device)
         try:
-            timer = CudaTimer(device)
+            timer = CudaTimer(device, KernelRecords())
         except Exception as exc:  # no usable kernel records: report errors only
             timing_error = "timing unavailable: " + _short_error(exc)
             traceback.print_exc(file=sys.stderr)
