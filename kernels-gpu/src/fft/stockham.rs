@@ -162,7 +162,8 @@ unsafe fn stage_copy<T: Mem>(
 /// Stage-table twiddles of a stage with `R = E` (one butterfly per thread, `j = jt`): element
 /// `r` is `W_{Ns·E}^{r·k}` (`k = jt mod Ns`, `Ns = 2^ls`) from the per-stage table at `off`,
 /// laid out `[r − 1][k]` so consecutive threads read consecutive entries (coalesced); element
-/// 0 is unused.
+/// 0 is unused. (Loading r = 1, 2, 4, 8 only and forming the rest as products lost on every c64
+/// row, e.g. longconv-16k 13.15 against 10.76 µs: docs/decisions/fft.md.)
 #[inline(always)]
 unsafe fn stage_twiddles<T: Mem, const E: usize>(tw: *const Cx<T>, jt: u32, ls: u32, off: u32) -> [Cx<T>; E] {
     let mut w = [Cx::<T>::zero(); E];
