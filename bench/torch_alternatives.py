@@ -95,6 +95,8 @@ read.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import glob
 import json
 import math
 import os
@@ -611,7 +613,6 @@ _CUPTI_SONAMES = ("libcupti.so.13", "libcupti.so.12", "libcupti.so")
 def kernel_interval(record_address: int) -> Optional[Tuple[int, int]]:
     """(start_ns, end_ns) of a CUPTI activity record at `record_address` if it is a kernel
     record, else None."""
-    import ctypes
     if ctypes.c_uint32.from_address(record_address).value != _CUPTI_KIND_CONCURRENT_KERNEL:
         return None
     return (ctypes.c_uint64.from_address(record_address + 16).value,
@@ -619,10 +620,9 @@ def kernel_interval(record_address: int) -> Optional[Tuple[int, int]]:
 
 
 def _load_cupti():
-    """libcupti: the copy already in the process (torch's profiler brings one) or the first
-    on the library path (the Rust bench's), else the one bundled with torch's wheels."""
-    import ctypes
-    import glob
+    """libcupti: the one `RGK_CUPTI` names, else the copy already in the process (torch
+    brings one) or the first on the library path (the Rust bench's), else the one bundled with
+    torch's wheels."""
     tried = []
     candidates = [os.environ["RGK_CUPTI"]] if os.environ.get("RGK_CUPTI") else []
     candidates += list(_CUPTI_SONAMES)
@@ -646,8 +646,6 @@ class KernelRecords:
     spectrogram-1k 3.33 against 2.95 µs, same process, same CUPTI library, 2026-12-04)."""
 
     def __init__(self):
-        import ctypes
-        self._ct = ctypes
         self._lib = _load_cupti()
         self._buffers: Dict[int, object] = {}
         self._intervals: List[Tuple[int, int]] = []
@@ -666,18 +664,18 @@ class KernelRecords:
             raise RuntimeError(f"cuptiActivityEnable(CONCURRENT_KERNEL): CUPTI error {rc}")
 
     def _buffer_requested(self, buffer, size, max_records):
-        raw = self._ct.create_string_buffer(_CUPTI_BUFFER_BYTES + 8)
-        address = (self._ct.addressof(raw) + 7) & ~7  # CUPTI wants 8-byte alignment
+        raw = ctypes.create_string_buffer(_CUPTI_BUFFER_BYTES + 8)
+        address = (ctypes.addressof(raw) + 7) & ~7  # CUPTI wants 8-byte alignment
         self._buffers[address] = raw
         buffer[0] = address
         size[0] = _CUPTI_BUFFER_BYTES
         max_records[0] = 0
 
     def _buffer_completed(self, _ctx, _stream, buffer, _size, valid):
-        record = self._ct.c_void_p()
-        while self._lib.cuptiActivityGetNextRecord(self._ct.c_void_p(buffer),
-                                                   self._ct.c_size_t(valid),
-                                                   self._ct.byref(record)) == 0:
+        record = ctypes.c_void_p()
+        while self._lib.cuptiActivityGetNextRecord(ctypes.c_void_p(buffer),
+                                                   ctypes.c_size_t(valid),
+                                                   ctypes.byref(record)) == 0:
             iv = kernel_interval(record.value)
             if iv is not None:
                 self._intervals.append(iv)
