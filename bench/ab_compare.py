@@ -1,28 +1,87 @@
-"""Compares an A/B run of two rgk-bench binaries (`run.sh ab`): runs A1, B1, B2, A2 with
-`--no-alternatives` on the same inputs; prints each row's times, the mean difference, whether
-the outputs' bit digests agree across all four runs, and the rows that moved by more than
-3 % and 0.1 µs. Usage: python3 bench/ab_compare.py DIR (DIR holds A1.log, A1.json, ...)."""
-import json,re,sys
-d=sys.argv[1]
-def load(tag):
-    bits=[re.search(r'bits ([0-9a-f]+)',l).group(1) for l in open(f'{d}/{tag}.log') if ' bits ' in l and 'verified=' in l]
-    rows=json.load(open(f'{d}/{tag}.json'))['rows']
-    su=json.load(open(f'{d}/{tag}.json')).get('startup_ms')
-    return bits,rows,su
-A1,B1,B2,A2=[load(t) for t in ['A1','B1','B2','A2']]
-print('startup_ms base',A1[2],A2[2],'new',B1[2],B2[2])
-print('| op | workload | dtype | base µs (A1, A2) | new µs (B1, B2) | Δ | Δ% | outputs |')
-print('|---|---|---|---|---|---|---|---|')
-bad=0
-for i,r in enumerate(A1[1]):
-    a=[A1[1][i]['ours_ms']*1e3,A2[1][i]['ours_ms']*1e3]; b=[B1[1][i]['ours_ms']*1e3,B2[1][i]['ours_ms']*1e3]
-    for x in (A2,B1,B2): assert x[1][i]['workload']==r['workload'] and x[1][i]['dtype']==r['dtype']
-    # A base bench older than the digests prints none: compare the two new runs only.
-    digests=[x[0][i] for x in (A1,A2,B1,B2) if i < len(x[0])]
-    same = len(set(digests))==1
-    outputs = ('bitwise' if same else 'DIFFER') if len(digests)==4 else ('B1=B2' if same else 'B1≠B2') + ', no base digest'
-    da=sum(a)/2; db=sum(b)/2; dd=db-da
-    flag='' if (abs(dd)<=0.1 or abs(dd)/da<=0.03) else ' **'
-    if flag: bad+=1
-    print(f"| {r['op']} | {r['workload']} | {r['dtype']} | {a[0]:.2f}, {a[1]:.2f} | {b[0]:.2f}, {b[1]:.2f} | {dd:+.2f}{flag} | {100*dd/da:+.1f}% | {outputs} |")
-print('rows beyond 3 % and 0.1 µs:',bad)
+"""Compares A/B runs of rgk-bench binaries on the same inputs (`--no-alternatives`).
+
+`python3 bench/ab_compare.py DIR`: the `run.sh ab` layout, A1 B1 B2 A2 (base, new, new, base):
+each row's times, the mean difference, whether the outputs' bit digests agree across all four
+runs, and the rows that moved by more than 3 % and 0.1 µs.
+
+`python3 bench/ab_compare.py --runs DIR`: the `run.sh abn` layout, runs `NN-TAG.json` /
+`NN-TAG.log` in order NN (any tags, any order such as `cur D D cur`): per row each tag's times
+in run order, its rel. L2 error, and whether each tag's output digests equal the first tag's.
+"""
+import json, os, re, sys
+
+
+def load(path):
+    log = open(path + '.log').read().splitlines()
+    bits = [re.search(r'bits ([0-9a-f]+)', l).group(1) for l in log if ' bits ' in l and 'verified=' in l]
+    doc = json.load(open(path + '.json'))
+    return bits, doc['rows'], doc.get('startup_ms')
+
+
+def pairs(d):
+    A1, B1, B2, A2 = [load(f'{d}/{t}') for t in ['A1', 'B1', 'B2', 'A2']]
+    print('startup_ms base', A1[2], A2[2], 'new', B1[2], B2[2])
+    print('| op | workload | dtype | base µs (A1, A2) | new µs (B1, B2) | Δ | Δ% | outputs |')
+    print('|---|---|---|---|---|---|---|---|')
+    bad = 0
+    for i, r in enumerate(A1[1]):
+        a = [A1[1][i]['ours_ms'] * 1e3, A2[1][i]['ours_ms'] * 1e3]
+        b = [B1[1][i]['ours_ms'] * 1e3, B2[1][i]['ours_ms'] * 1e3]
+        for x in (A2, B1, B2):
+            assert x[1][i]['workload'] == r['workload'] and x[1][i]['dtype'] == r['dtype']
+        # A base bench older than the digests prints none: compare the two new runs only.
+        digests = [x[0][i] for x in (A1, A2, B1, B2) if i < len(x[0])]
+        same = len(set(digests)) == 1
+        outputs = ('bitwise' if same else 'DIFFER') if len(digests) == 4 else ('B1=B2' if same else 'B1≠B2') + ', no base digest'
+        da = sum(a) / 2
+        db = sum(b) / 2
+        dd = db - da
+        flag = '' if (abs(dd) <= 0.1 or abs(dd) / da <= 0.03) else ' **'
+        if flag:
+            bad += 1
+        print(f"| {r['op']} | {r['workload']} | {r['dtype']} | {a[0]:.2f}, {a[1]:.2f} | {b[0]:.2f}, {b[1]:.2f} | {dd:+.2f}{flag} | {100*dd/da:+.1f}% | {outputs} |")
+    print('rows beyond 3 % and 0.1 µs:', bad)
+
+
+def runs(d):
+    names = sorted((f[:-5] for f in os.listdir(d) if re.fullmatch(r'\d+-[\w-]+\.json', f)), key=lambda n: int(n.split('-')[0]))
+    if not names:
+        sys.exit(f'{d}: no NN-TAG.json runs')
+    tags = []
+    for n in names:
+        t = n.split('-', 1)[1]
+        if t not in tags:
+            tags.append(t)
+    data = {n: load(f'{d}/{n}') for n in names}
+    first = data[names[0]][1]
+    print('| op | workload | dtype | ' + ' | '.join(f'{t} µs (rel. L2)' for t in tags) + ' | outputs |')
+    print('|---|---|---|' + '---|' * len(tags) + '---|')
+    for i, r in enumerate(first):
+        cells, digest = [], {}
+        for t in tags:
+            times, errs = [], set()
+            for n in names:
+                if n.split('-', 1)[1] != t:
+                    continue
+                bits, rows, _ = data[n]
+                row = rows[i]
+                assert (row['op'], row['workload'], row['dtype']) == (r['op'], r['workload'], r['dtype']), n
+                times.append(f"{row['ours_ms'] * 1e3:.2f}")
+                if row.get('rel_l2_err') is not None:
+                    errs.add(f"{row['rel_l2_err']:.2e}")
+                if i < len(bits):
+                    digest.setdefault(t, set()).add(bits[i])
+            cells.append(' / '.join(times) + (f" ({', '.join(sorted(errs))})" if errs else ''))
+        ref = digest.get(tags[0], set())
+        differ = [t for t in tags if digest.get(t) and (len(digest[t]) != 1 or digest[t] != ref)]
+        outputs = 'no digests' if not digest else ('bitwise equal' if not differ else 'differ: ' + ', '.join(differ))
+        print(f"| {r['op']} | {r['workload']} | {r['dtype']} | " + ' | '.join(cells) + f' | {outputs} |')
+
+
+if __name__ == '__main__':
+    if len(sys.argv) == 3 and sys.argv[1] == '--runs':
+        runs(sys.argv[2])
+    elif len(sys.argv) == 2:
+        pairs(sys.argv[1])
+    else:
+        sys.exit(__doc__)

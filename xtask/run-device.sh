@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (no Rust there), from the repository root, after `cargo xtask device-pack`:
 #   bash .device/run.sh [tests|sanitize|python|bench|all|ab] [ARGS for rgk-bench]
+#   bash .device/run.sh abn "ORDER" [ARGS for rgk-bench]
 #   bash .device/run.sh profile EXECUTABLE TEST KERNEL_REGEX [LAUNCHES]
 #   bash .device/run.sh source EXECUTABLE TEST KERNEL_REGEX [SKIP]
 # tests: every test executable; sanitize: the sanitizer set under compute-sanitizer memcheck,
@@ -38,7 +39,7 @@ if [ -f .device/tests.tar.xz ] && [ ! -d .device/tests ]; then
   python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .device/tests.tar.xz .device
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
-tests=${RGK_TESTS:-$(ls .device/tests)}
+tests=${RGK_TESTS:-$(ls .device/tests 2>/dev/null)}
 
 if [ "$mode" = tests ] || [ "$mode" = all ]; then
   for name in $tests; do
@@ -182,6 +183,39 @@ if [ "$mode" = ab ]; then
     [ $rc -eq 0 ] || fail=1
   done
   python3 bench/ab_compare.py "$out" | tee "$out/ab.md"
+fi
+if [ "$mode" = abn ]; then
+  # Any number of bench builds in a given order (`device-pack --variant TAG=SPEC`): ORDER names
+  # them, `cur` being .device/rgk-bench and `base` .device/base-rgk-bench, e.g. "cur D E E D cur";
+  # each run --no-alternatives on the same inputs into $OUT/abn/NN-TAG.{json,log}; the table
+  # (times per tag in run order, errors, output digests against the first tag) goes to abn.md.
+  if [ $# -lt 1 ]; then
+    echo "abn: bash .device/run.sh abn \"ORDER\" [BENCH ARGS]"; exit 2
+  fi
+  order=$1
+  shift
+  if [ -f .device/variants.tar.xz ] && [ ! -d .device/variants ]; then
+    python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .device/variants.tar.xz .device
+  fi
+  mkdir -p "$out/abn"
+  i=0
+  for t in $order; do
+    i=$((i + 1))
+    case $t in
+      cur) exe=.device/rgk-bench ;;
+      base) exe=.device/base-rgk-bench ;;
+      *) exe=.device/variants/$t ;;
+    esac
+    if [ ! -x "$exe" ]; then
+      echo "abn: no $exe for $t"; fail=1; continue
+    fi
+    n=$(printf "%02d" $i)
+    "$exe" --no-alternatives --out "$out/abn/$n-$t.json" --work-dir "/tmp/rgk-abn-$n" "$@" >"$out/abn/$n-$t.log" 2>&1
+    rc=$?
+    echo "abn $n $t: rc=$rc"
+    [ $rc -eq 0 ] || fail=1
+  done
+  python3 bench/ab_compare.py --runs "$out/abn" | tee "$out/abn.md"
 fi
 echo "run.sh: $([ $fail -eq 0 ] && echo PASSED || echo FAILED)"
 exit $fail

@@ -26,7 +26,12 @@
 //!   travels with it (made by `peers` first when missing). `device-pack --base REV` also builds
 //!   the bench at git revision REV (in a worktree under `target/ab-base`, its own target
 //!   directory) as `.device/base-rgk-bench`, for `run.sh ab`: the two binaries timed A B B A on
-//!   the same inputs, their output digests compared (`bench/ab_compare.py`).
+//!   the same inputs, their output digests compared (`bench/ab_compare.py`). `--variant TAG=SPEC`
+//!   (repeatable) builds the bench of a revision, or of `HEAD` with a patch file applied
+//!   (`git diff > x.diff`), in the same worktree, into `.device/variants.tar.xz`, for
+//!   `run.sh abn "ORDER"`: the binaries named by ORDER (`cur`, `base`, the tags) timed in that
+//!   order on the same inputs, compared by `bench/ab_compare.py`. `--bench-only` leaves out the
+//!   test executables, the wheels and the peers (a pack for A/B runs only).
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -44,19 +49,19 @@ fn main() {
         Some("python-test") => python_test(&root),
         Some("wheel") => dist_wheel(&root, args.get(1).map(String::as_str)),
         Some("bench") => bench(&root, &args[1..]),
-        Some("device-pack") => match args.get(1).map(String::as_str) {
-            None => device_pack(&root),
-            Some("--base") => match args.get(2) {
-                Some(rev) => device_pack(&root).and_then(|()| pack_base_bench(&root, rev)),
-                None => Err("device-pack --base needs a revision".into()),
-            },
-            Some(other) => Err(format!("device-pack: unknown argument {other}")),
-        },
+        Some("device-pack") => pack_args(&args[1..]).and_then(|o| {
+            device_pack(&root, o.bench_only)?;
+            if let Some(rev) = &o.base {
+                let bin = build_bench_at(&root, rev, None)?;
+                install_bench(&bin, &root.join(".device/base-rgk-bench"))?;
+            }
+            pack_variants(&root, &o.variants)
+        }),
         Some("peers") => peers(&root),
         Some("table") => table(&root, args.get(1).map(String::as_str)),
         _ => {
             eprintln!(
-                "usage: cargo xtask build | test [ARGS] | python-test | wheel [OUT] | bench [ARGS] | peers | device-pack [--base REV] | table [RESULTS.json]"
+                "usage: cargo xtask build | test [ARGS] | python-test | wheel [OUT] | bench [ARGS] | peers | device-pack [--bench-only] [--base REV] [--variant TAG=REV|PATCH]... | table [RESULTS.json]"
             );
             exit(2);
         }
@@ -202,9 +207,47 @@ fn print_resources(report: &str) {
     }
 }
 
-/// Builds `rgk-bench` at git revision `rev` in the worktree `target/ab-base` and copies it to
-/// `.device/base-rgk-bench`.
-fn pack_base_bench(root: &Path, rev: &str) -> Result<(), String> {
+/// `device-pack`'s options.
+struct PackOptions {
+    bench_only: bool,
+    base: Option<String>,
+    /// `(tag, spec)`: a git revision, or a patch file applied on top of `HEAD`.
+    variants: Vec<(String, String)>,
+}
+
+fn pack_args(args: &[String]) -> Result<PackOptions, String> {
+    let mut o = PackOptions { bench_only: false, base: None, variants: Vec::new() };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--bench-only" => o.bench_only = true,
+            "--base" => o.base = Some(it.next().ok_or("device-pack --base needs a revision")?.clone()),
+            "--variant" => {
+                let v = it.next().ok_or("device-pack --variant needs TAG=REV or TAG=PATCH")?;
+                let (tag, spec) =
+                    v.split_once('=').ok_or(format!("device-pack --variant {v}: expected TAG=REV or TAG=PATCH"))?;
+                let reserved = ["cur", "base"].contains(&tag);
+                if tag.is_empty() || reserved || !tag.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+                {
+                    return Err(format!(
+                        "device-pack --variant {v}: TAG must be letters, digits, '-' or '_', and not cur or base"
+                    ));
+                }
+                if o.variants.iter().any(|(t, _)| t == tag) {
+                    return Err(format!("device-pack --variant: tag {tag} given twice"));
+                }
+                o.variants.push((tag.to_string(), spec.to_string()));
+            }
+            other => return Err(format!("device-pack: unknown argument {other}")),
+        }
+    }
+    Ok(o)
+}
+
+/// Builds `rgk-bench` at git revision `rev`, with `patch` (a `git diff` against it) applied when
+/// given, in the worktree `target/ab-base` (its own target directory, kept between builds so a
+/// second variant builds incrementally); returns the binary's path there.
+fn build_bench_at(root: &Path, rev: &str, patch: Option<&Path>) -> Result<PathBuf, String> {
     let wt = root.join("target/ab-base");
     let git = |args: &[&str], dir: &Path| -> Result<(), String> {
         let ok = Command::new("git").args(args).current_dir(dir).status().map_err(|e| e.to_string())?.success();
@@ -226,9 +269,13 @@ fn pack_base_bench(root: &Path, rev: &str) -> Result<(), String> {
     }
     let hash = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if wt.join(".git").exists() {
-        git(&["checkout", "--quiet", "--detach", &hash], &wt)?;
+        git(&["checkout", "--quiet", "--force", "--detach", &hash], &wt)?;
     } else {
         git(&["worktree", "add", "--quiet", "--detach", &wt.to_string_lossy(), &hash], root)?;
+    }
+    if let Some(patch) = patch {
+        let patch = fs::canonicalize(patch).map_err(|e| format!("{}: {e}", patch.display()))?;
+        git(&["apply", &patch.to_string_lossy()], &wt)?;
     }
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
@@ -237,14 +284,73 @@ fn pack_base_bench(root: &Path, rev: &str) -> Result<(), String> {
         .env("CARGO_TARGET_DIR", wt.join("target"))
         .status()
         .map_err(|e| e.to_string())?;
-    if !status.success() {
-        return Err(format!("building rgk-bench at {rev} failed"));
+    if patch.is_some() {
+        // Leave the worktree at the revision for the next build.
+        git(&["checkout", "--quiet", "--force", "--detach", &hash], &wt)?;
     }
-    let dest = root.join(".device/base-rgk-bench");
-    fs::copy(wt.join("target/release/rgk-bench"), &dest).map_err(|e| e.to_string())?;
-    let _ = Command::new("strip").arg(&dest).status();
-    println!("base bench at {rev} ({}): {}", &hash[..12], dest.display());
+    if !status.success() {
+        return Err(format!(
+            "building rgk-bench at {rev}{} failed",
+            patch.map_or(String::new(), |p| format!(" + {}", p.display()))
+        ));
+    }
+    println!("rgk-bench at {rev} ({}){}", &hash[..12], patch.map_or(String::new(), |p| format!(" + {}", p.display())));
+    Ok(wt.join("target/release/rgk-bench"))
+}
+
+/// Copies a bench binary to `dest`, stripped.
+fn install_bench(bin: &Path, dest: &Path) -> Result<(), String> {
+    fs::copy(bin, dest).map_err(|e| format!("{} → {}: {e}", bin.display(), dest.display()))?;
+    let _ = Command::new("strip").arg(dest).status();
     Ok(())
+}
+
+/// Builds each `--variant TAG=SPEC` (SPEC an existing file: a patch applied on `HEAD`; else a
+/// revision) and packs the binaries as `.device/variants.tar.xz` (one xz stream, so their shared
+/// embedded module is stored once), for `run.sh abn`.
+fn pack_variants(root: &Path, variants: &[(String, String)]) -> Result<(), String> {
+    if variants.is_empty() {
+        return Ok(());
+    }
+    let dir = root.join(".device/variants");
+    fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    for (tag, spec) in variants {
+        let bin = if Path::new(spec).is_file() {
+            build_bench_at(root, "HEAD", Some(Path::new(spec)))?
+        } else {
+            build_bench_at(root, spec, None)?
+        };
+        install_bench(&bin, &dir.join(tag))?;
+    }
+    xz_pack(&root.join(".device/variants.tar.xz"), &dir, "variants")?;
+    fs::remove_dir_all(&dir).map_err(|e| e.to_string())?;
+    println!(
+        "variants {}: run them with `bash .device/run.sh abn \"cur TAG … TAG cur\" [BENCH ARGS]`",
+        variants.iter().map(|v| v.0.as_str()).collect::<Vec<_>>().join(", ")
+    );
+    Ok(())
+}
+
+/// `src` (a directory) as `arcname` in the tar.xz `dest`, one xz stream with a 64 MiB dictionary
+/// (executables that embed the same module dedupe).
+fn xz_pack(dest: &Path, src: &Path, arcname: &str) -> Result<(), String> {
+    let status = Command::new("python3")
+        .args([
+            "-c",
+            "import lzma, tarfile, sys; f = lzma.open(sys.argv[1], 'w', filters=[{'id': lzma.FILTER_LZMA2, \
+             'preset': 6, 'dict_size': 1 << 26}]); t = tarfile.open(fileobj=f, mode='w'); t.add(sys.argv[2], \
+             arcname=sys.argv[3]); t.close(); f.close()",
+        ])
+        .arg(dest)
+        .arg(src)
+        .arg(arcname)
+        .status()
+        .map_err(|e| format!("python3 (packing {}): {e}", src.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("packing {} failed", src.display()))
+    }
 }
 
 fn bench(root: &Path, args: &[String]) -> Result<(), String> {
@@ -306,11 +412,14 @@ fn peers(root: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn device_pack(root: &Path) -> Result<(), String> {
+/// `.device/`: the test executables (unless `bench_only`), the bench, run.sh, the Python
+/// package's wheels and the peers' pack.
+fn device_pack(root: &Path, bench_only: bool) -> Result<(), String> {
     let dir = root.join(".device");
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(dir.join("tests")).map_err(|e| e.to_string())?;
-    for (exe, src) in test_executables()? {
+    let tests = if bench_only { Vec::new() } else { test_executables()? };
+    for (exe, src) in tests {
         // target/release/deps/mhc_post-0123abcd → .device/tests/mhc_post
         let name = exe.file_name().unwrap().to_string_lossy().to_string();
         let short = name.rsplit_once('-').map_or(name.as_str(), |(a, _)| a).to_string();
@@ -351,7 +460,9 @@ fn device_pack(root: &Path) -> Result<(), String> {
     fs::copy(root.join("xtask/run-device.sh"), dir.join("run.sh")).map_err(|e| e.to_string())?;
     // The Python package for `run.sh python`: the wheel (release) and pytest's wheels (the GPU
     // machine has torch but no pytest and no network).
-    if pyenv_python(root).is_file() {
+    if bench_only {
+        // An A/B pack: the bench alone (`--no-alternatives`), no Python side.
+    } else if pyenv_python(root).is_file() {
         let wheels = dir.join("wheels");
         test_wheel(root, "release", &wheels)?;
         let status = Command::new(pyenv_python(root))
@@ -366,29 +477,18 @@ fn device_pack(root: &Path) -> Result<(), String> {
     } else {
         eprintln!("xtask: no target/pyenv (./x setup): the pack has no Python package");
     }
-    if !peers_pack(root).is_file() {
+    if !bench_only && !peers_pack(root).is_file() {
         if let Err(e) = peers(root) {
             eprintln!("xtask: {e}; the bench will run without TileOPs");
         }
     }
-    if peers_pack(root).is_file() {
+    if !bench_only && peers_pack(root).is_file() {
         fs::copy(peers_pack(root), dir.join("peers.tar.xz")).map_err(|e| e.to_string())?;
     }
-    // Every executable embeds the same PTX: one xz stream (64 MiB dictionary) of all of them
-    // dedupes it, so the pack stays under the device tool's 64 MiB. run.sh unpacks it.
-    let status = Command::new("python3")
-        .args([
-            "-c",
-            "import lzma, tarfile, sys; f = lzma.open(sys.argv[1], 'w', filters=[{'id': lzma.FILTER_LZMA2, \
-             'preset': 6, 'dict_size': 1 << 26}]); t = tarfile.open(fileobj=f, mode='w'); t.add(sys.argv[2], \
-             arcname='tests'); t.close(); f.close()",
-        ])
-        .arg(dir.join("tests.tar.xz"))
-        .arg(dir.join("tests"))
-        .status()
-        .map_err(|e| format!("python3 (packing the test executables): {e}"))?;
-    if !status.success() {
-        return Err("packing the test executables failed".into());
+    // Every executable embeds the same PTX: one xz stream of all of them dedupes it, so the
+    // pack stays under the device tool's 64 MiB. run.sh unpacks it.
+    if !bench_only {
+        xz_pack(&dir.join("tests.tar.xz"), &dir.join("tests"), "tests")?;
     }
     fs::remove_dir_all(dir.join("tests")).map_err(|e| e.to_string())?;
     let size: u64 = walk(&dir).iter().map(|p| fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum();
@@ -498,4 +598,38 @@ fn table(root: &Path, file: Option<&str>) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pack_args;
+
+    fn args(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn pack_args_take_variants_and_reject_bad_tags() {
+        let o =
+            pack_args(&args(&["--bench-only", "--base", "HEAD~1", "--variant", "D=d.diff", "--variant", "E=abc123"]))
+                .unwrap();
+        assert!(o.bench_only);
+        assert_eq!(o.base.as_deref(), Some("HEAD~1"));
+        assert_eq!(o.variants, vec![("D".to_string(), "d.diff".to_string()), ("E".to_string(), "abc123".to_string())]);
+        let o = pack_args(&[]).unwrap();
+        assert!(!o.bench_only && o.base.is_none() && o.variants.is_empty());
+        for bad in [
+            &["--variant", "cur=x"][..],
+            &["--variant", "base=x"],
+            &["--variant", "=x"],
+            &["--variant", "a b=x"],
+            &["--variant", "D"],
+            &["--variant"],
+            &["--base"],
+            &["--variant", "D=x", "--variant", "D=y"],
+            &["--frobnicate"],
+        ] {
+            assert!(pack_args(&args(bad)).is_err(), "{bad:?} accepted");
+        }
+    }
 }
