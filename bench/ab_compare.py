@@ -6,7 +6,8 @@ runs, and the rows that moved by more than 3 % and 0.1 µs.
 
 `python3 bench/ab_compare.py --runs DIR`: the `run.sh abn` layout, runs `NN-TAG.json` /
 `NN-TAG.log` in order NN (any tags, any order such as `cur D D cur`): per row each tag's times
-in run order, its rel. L2 error, and whether each tag's output digests equal the first tag's.
+in run order, its rel. L2 error, and whether each tag's output digests equal those of the first
+tag that printed any.
 """
 import json, os, re, sys
 
@@ -44,6 +45,8 @@ def pairs(d):
 
 
 def runs(d):
+    if not os.path.isdir(d):
+        sys.exit(f'{d}: not a directory')
     names = sorted((f[:-5] for f in os.listdir(d) if re.fullmatch(r'\d+-[\w-]+\.json', f)), key=lambda n: int(n.split('-')[0]))
     if not names:
         sys.exit(f'{d}: no NN-TAG.json runs')
@@ -52,36 +55,50 @@ def runs(d):
         t = n.split('-', 1)[1]
         if t not in tags:
             tags.append(t)
-    data = {n: load(f'{d}/{n}') for n in names}
-    first = data[names[0]][1]
+    # Rows by (op, workload, dtype), in the first run's order, then any the others add.
+    data, keys = {}, []
+    for n in names:
+        bits, rows, _ = load(f'{d}/{n}')
+        by_key = {}
+        for i, r in enumerate(rows):
+            k = (r['op'], r['workload'], r['dtype'])
+            by_key[k] = (r, bits[i] if i < len(bits) else None)
+            if k not in keys:
+                keys.append(k)
+        data[n] = by_key
     print('| op | workload | dtype | ' + ' | '.join(f'{t} µs (rel. L2)' for t in tags) + ' | outputs |')
     print('|---|---|---|' + '---|' * len(tags) + '---|')
-    for i, r in enumerate(first):
+    for k in keys:
         cells, digest = [], {}
         for t in tags:
             times, errs = [], set()
             for n in names:
-                if n.split('-', 1)[1] != t:
+                if n.split('-', 1)[1] != t or k not in data[n]:
                     continue
-                bits, rows, _ = data[n]
-                row = rows[i]
-                assert (row['op'], row['workload'], row['dtype']) == (r['op'], r['workload'], r['dtype']), n
+                row, bits = data[n][k]
                 times.append(f"{row['ours_ms'] * 1e3:.2f}")
                 if row.get('rel_l2_err') is not None:
                     errs.add(f"{row['rel_l2_err']:.2e}")
-                if i < len(bits):
-                    digest.setdefault(t, set()).add(bits[i])
-            cells.append(' / '.join(times) + (f" ({', '.join(sorted(errs))})" if errs else ''))
-        ref = digest.get(tags[0], set())
-        differ = [t for t in tags if digest.get(t) and (len(digest[t]) != 1 or digest[t] != ref)]
-        outputs = 'no digests' if not digest else ('bitwise equal' if not differ else 'differ: ' + ', '.join(differ))
-        print(f"| {r['op']} | {r['workload']} | {r['dtype']} | " + ' | '.join(cells) + f' | {outputs} |')
+                if bits is not None:
+                    digest.setdefault(t, set()).add(bits)
+            cells.append((' / '.join(times) or '—') + (f" ({', '.join(sorted(errs))})" if errs else ''))
+        # Against the first tag that printed digests (an older base bench prints none).
+        ref_tag = next((t for t in tags if t in digest), None)
+        if ref_tag is None:
+            outputs = 'no digests'
+        else:
+            ref = digest[ref_tag]
+            differ = [t for t in tags if t in digest and (len(digest[t]) != 1 or digest[t] != ref)]
+            missing = [t for t in tags if t not in digest]
+            outputs = ('bitwise equal' if not differ else f'differ from {ref_tag}: ' + ', '.join(differ)) + (
+                f"; no digest: {', '.join(missing)}" if missing else '')
+        print(f'| {k[0]} | {k[1]} | {k[2]} | ' + ' | '.join(cells) + f' | {outputs} |')
 
 
 if __name__ == '__main__':
     if len(sys.argv) == 3 and sys.argv[1] == '--runs':
         runs(sys.argv[2])
-    elif len(sys.argv) == 2:
+    elif len(sys.argv) == 2 and not sys.argv[1].startswith('-') and os.path.isdir(sys.argv[1]):
         pairs(sys.argv[1])
     else:
         sys.exit(__doc__)

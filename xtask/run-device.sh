@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (no Rust there), from the repository root, after `cargo xtask device-pack`:
 #   bash .device/run.sh [tests|sanitize|python|bench|all|ab] [ARGS for rgk-bench]
-#   bash .device/run.sh abn "ORDER" [ARGS for rgk-bench]
+#   bash .device/run.sh abn "ORDER" [ARGS for rgk-bench]   (ORDER: build tags, e.g. "cur E E cur")
 #   bash .device/run.sh profile EXECUTABLE TEST KERNEL_REGEX [LAUNCHES]
 #   bash .device/run.sh source EXECUTABLE TEST KERNEL_REGEX [SKIP]
 # tests: every test executable; sanitize: the sanitizer set under compute-sanitizer memcheck,
@@ -40,6 +40,12 @@ if [ -f .device/tests.tar.xz ] && [ ! -d .device/tests ]; then
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
 tests=${RGK_TESTS:-$(ls .device/tests 2>/dev/null)}
+case $mode in
+  tests|sanitize|all)
+    if [ -z "$tests" ]; then
+      echo "run.sh $mode: no test executables in .device (a pack made with --bench-only?)"; exit 2
+    fi ;;
+esac
 
 if [ "$mode" = tests ] || [ "$mode" = all ]; then
   for name in $tests; do
@@ -187,16 +193,29 @@ fi
 if [ "$mode" = abn ]; then
   # Any number of bench builds in a given order (`device-pack --variant TAG=SPEC`): ORDER names
   # them, `cur` being .device/rgk-bench and `base` .device/base-rgk-bench, e.g. "cur D E E D cur";
-  # each run --no-alternatives on the same inputs into $OUT/abn/NN-TAG.{json,log}; the table
-  # (times per tag in run order, errors, output digests against the first tag) goes to abn.md.
-  if [ $# -lt 1 ]; then
-    echo "abn: bash .device/run.sh abn \"ORDER\" [BENCH ARGS]"; exit 2
+  # each run --no-alternatives on the same inputs into $OUT/abn/NN-TAG.{json,log} (the folder
+  # emptied first); the table (times per tag in run order, errors, output digests against the
+  # first tag with digests) goes to abn.md.
+  order=${1:-}
+  [ $# -gt 0 ] && shift
+  if [ -z "$(echo $order)" ]; then
+    echo "abn: bash .device/run.sh abn \"ORDER\" [BENCH ARGS] (ORDER: tags in quotes, e.g. \"cur E E cur\")"; exit 2
   fi
-  order=$1
-  shift
   if [ -f .device/variants.tar.xz ] && [ ! -d .device/variants ]; then
     python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .device/variants.tar.xz .device
   fi
+  # Every tag is checked before the first run.
+  for t in $order; do
+    case $t in
+      cur) exe=.device/rgk-bench ;;
+      base) exe=.device/base-rgk-bench ;;
+      *) exe=.device/variants/$t ;;
+    esac
+    if ! echo "$t" | grep -qE '^[A-Za-z0-9_-]+$' || [ ! -x "$exe" ]; then
+      echo "abn: no build for tag '$t' (cur, base or one of: $(ls .device/variants 2>/dev/null | tr '\n' ' '))"; exit 2
+    fi
+  done
+  rm -rf "$out/abn"
   mkdir -p "$out/abn"
   i=0
   for t in $order; do
@@ -206,16 +225,18 @@ if [ "$mode" = abn ]; then
       base) exe=.device/base-rgk-bench ;;
       *) exe=.device/variants/$t ;;
     esac
-    if [ ! -x "$exe" ]; then
-      echo "abn: no $exe for $t"; fail=1; continue
-    fi
     n=$(printf "%02d" $i)
     "$exe" --no-alternatives --out "$out/abn/$n-$t.json" --work-dir "/tmp/rgk-abn-$n" "$@" >"$out/abn/$n-$t.log" 2>&1
     rc=$?
     echo "abn $n $t: rc=$rc"
-    [ $rc -eq 0 ] || fail=1
+    if [ $rc -ne 0 ]; then
+      fail=1
+      tail -1 "$out/abn/$n-$t.log"
+      rm -f "$out/abn/$n-$t.json"
+    fi
   done
   python3 bench/ab_compare.py --runs "$out/abn" | tee "$out/abn.md"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
 fi
 echo "run.sh: $([ $fail -eq 0 ] && echo PASSED || echo FAILED)"
 exit $fail

@@ -27,11 +27,13 @@
 //!   the bench at git revision REV (in a worktree under `target/ab-base`, its own target
 //!   directory) as `.device/base-rgk-bench`, for `run.sh ab`: the two binaries timed A B B A on
 //!   the same inputs, their output digests compared (`bench/ab_compare.py`). `--variant TAG=SPEC`
-//!   (repeatable) builds the bench of a revision, or of `HEAD` with a patch file applied
-//!   (`git diff > x.diff`), in the same worktree, into `.device/variants.tar.xz`, for
-//!   `run.sh abn "ORDER"`: the binaries named by ORDER (`cur`, `base`, the tags) timed in that
-//!   order on the same inputs, compared by `bench/ab_compare.py`. `--bench-only` leaves out the
-//!   test executables, the wheels and the peers (a pack for A/B runs only).
+//!   (repeatable) builds the bench of a revision, or of `HEAD`'s commit with a patch file applied
+//!   (`git diff > x.diff`; a path relative to the caller's directory), in the same worktree,
+//!   into `.device/variants.tar.xz`, for `run.sh abn "ORDER"`: the binaries named by ORDER
+//!   (`cur`, `base`, the tags) timed in that order on the same inputs, compared by
+//!   `bench/ab_compare.py`. Every revision and patch is checked before `.device` is rebuilt.
+//!   `--bench-only` leaves out the test executables, the wheels and the peers (a pack for A/B
+//!   runs only).
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -40,6 +42,8 @@ use std::process::{exit, Command, Stdio};
 fn main() {
     let args: Vec<String> = env::args().skip(1).collect();
     let root = ptx_build::workspace_root();
+    // Paths given on the command line (device-pack's patch files) are the caller's.
+    let caller_dir = env::current_dir().unwrap_or_else(|_| root.clone());
     env::set_current_dir(&root).expect("cd to the workspace root");
     let result = match args.first().map(String::as_str) {
         Some("build") => build(&root),
@@ -50,12 +54,20 @@ fn main() {
         Some("wheel") => dist_wheel(&root, args.get(1).map(String::as_str)),
         Some("bench") => bench(&root, &args[1..]),
         Some("device-pack") => pack_args(&args[1..]).and_then(|o| {
+            // Every revision and patch is checked before `.device` is rebuilt.
+            let base = o.base.as_deref().map(|rev| resolve_rev(&root, rev)).transpose()?;
+            let variants = o
+                .variants
+                .iter()
+                .map(|(tag, spec)| Ok((tag.clone(), resolve_spec(&root, &caller_dir, spec)?)))
+                .collect::<Result<Vec<_>, String>>()?;
             device_pack(&root, o.bench_only)?;
-            if let Some(rev) = &o.base {
-                let bin = build_bench_at(&root, rev, None)?;
+            if let Some(hash) = base {
+                let bin = build_bench_at(&root, &Spec::Rev(hash))?;
                 install_bench(&bin, &root.join(".device/base-rgk-bench"))?;
             }
-            pack_variants(&root, &o.variants)
+            pack_variants(&root, &variants)?;
+            print_packed(&root, o.bench_only)
         }),
         Some("peers") => peers(&root),
         Some("table") => table(&root, args.get(1).map(String::as_str)),
@@ -244,10 +256,63 @@ fn pack_args(args: &[String]) -> Result<PackOptions, String> {
     Ok(o)
 }
 
-/// Builds `rgk-bench` at git revision `rev`, with `patch` (a `git diff` against it) applied when
-/// given, in the worktree `target/ab-base` (its own target directory, kept between builds so a
-/// second variant builds incrementally); returns the binary's path there.
-fn build_bench_at(root: &Path, rev: &str, patch: Option<&Path>) -> Result<PathBuf, String> {
+/// A build of the bench: a revision (its commit hash), or `HEAD`'s commit with a patch file
+/// (absolute path) applied.
+#[derive(Clone, Debug, PartialEq)]
+enum Spec {
+    Rev(String),
+    Patch(String, PathBuf),
+}
+
+/// The commit hash of `rev` in this repository.
+fn resolve_rev(root: &Path, rev: &str) -> Result<String, String> {
+    // Resolved here: inside the worktree, a relative name such as `HEAD` would name the
+    // worktree's own checkout, not this repository's.
+    let out = Command::new("git")
+        .args(["rev-parse", "--verify", "--quiet", &format!("{rev}^{{commit}}")])
+        .current_dir(root)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!("{rev} is not a commit of this repository"));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// A `--variant` SPEC: an existing file (relative to `caller_dir`) is a patch on `HEAD`'s
+/// commit, checked against HEAD's tree (not the working tree); anything else must be a revision.
+fn resolve_spec(root: &Path, caller_dir: &Path, spec: &str) -> Result<Spec, String> {
+    let path = caller_dir.join(spec);
+    if path.is_file() {
+        let path = fs::canonicalize(&path).map_err(|e| format!("{spec}: {e}"))?;
+        let head = resolve_rev(root, "HEAD")?;
+        // `git apply --cached --check` against a scratch index holding HEAD's tree.
+        let _ = fs::create_dir_all(root.join("target"));
+        let index = root.join("target/ab-check.index");
+        let git = |args: &[&str]| -> Result<bool, String> {
+            Command::new("git")
+                .args(args)
+                .current_dir(root)
+                .env("GIT_INDEX_FILE", &index)
+                .status()
+                .map(|s| s.success())
+                .map_err(|e| e.to_string())
+        };
+        let ok = git(&["read-tree", &head])? && git(&["apply", "--cached", "--check", &path.to_string_lossy()])?;
+        let _ = fs::remove_file(&index);
+        if !ok {
+            return Err(format!("{spec}: the patch does not apply on HEAD ({})", &head[..12]));
+        }
+        return Ok(Spec::Patch(head, path));
+    }
+    resolve_rev(root, spec)
+        .map(Spec::Rev)
+        .map_err(|_| format!("{spec} is neither a file nor a commit of this repository"))
+}
+
+/// Builds `rgk-bench` of `spec` in the worktree `target/ab-base` (its own target directory, kept
+/// between builds so a second variant builds incrementally); returns the binary's path there.
+fn build_bench_at(root: &Path, spec: &Spec) -> Result<PathBuf, String> {
     let wt = root.join("target/ab-base");
     let git = |args: &[&str], dir: &Path| -> Result<(), String> {
         let ok = Command::new("git").args(args).current_dir(dir).status().map_err(|e| e.to_string())?.success();
@@ -257,24 +322,22 @@ fn build_bench_at(root: &Path, rev: &str, patch: Option<&Path>) -> Result<PathBu
             Err(format!("git {} failed", args.join(" ")))
         }
     };
-    // Resolved here: inside the worktree, a relative name such as `HEAD` would name the
-    // worktree's own checkout, not this repository's.
-    let out = Command::new("git")
-        .args(["rev-parse", "--verify", &format!("{rev}^{{commit}}")])
-        .current_dir(root)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!("{rev} is not a commit of this repository"));
-    }
-    let hash = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let (hash, patch) = match spec {
+        Spec::Rev(h) => (h.as_str(), None),
+        Spec::Patch(h, p) => (h.as_str(), Some(p.as_path())),
+    };
+    // A clean checkout of the revision: `--force` drops changed files, `clean` the files an
+    // earlier patch (or an interrupted build) added; the ignored target directory stays.
+    let reset = || -> Result<(), String> {
+        git(&["checkout", "--quiet", "--force", "--detach", hash], &wt)?;
+        git(&["clean", "-fdq"], &wt)
+    };
     if wt.join(".git").exists() {
-        git(&["checkout", "--quiet", "--force", "--detach", &hash], &wt)?;
+        reset()?;
     } else {
-        git(&["worktree", "add", "--quiet", "--detach", &wt.to_string_lossy(), &hash], root)?;
+        git(&["worktree", "add", "--quiet", "--detach", &wt.to_string_lossy(), hash], root)?;
     }
     if let Some(patch) = patch {
-        let patch = fs::canonicalize(patch).map_err(|e| format!("{}: {e}", patch.display()))?;
         git(&["apply", &patch.to_string_lossy()], &wt)?;
     }
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -286,15 +349,13 @@ fn build_bench_at(root: &Path, rev: &str, patch: Option<&Path>) -> Result<PathBu
         .map_err(|e| e.to_string())?;
     if patch.is_some() {
         // Leave the worktree at the revision for the next build.
-        git(&["checkout", "--quiet", "--force", "--detach", &hash], &wt)?;
+        reset()?;
     }
+    let what = format!("{}{}", &hash[..12], patch.map_or(String::new(), |p| format!(" + {}", p.display())));
     if !status.success() {
-        return Err(format!(
-            "building rgk-bench at {rev}{} failed",
-            patch.map_or(String::new(), |p| format!(" + {}", p.display()))
-        ));
+        return Err(format!("building rgk-bench at {what} failed"));
     }
-    println!("rgk-bench at {rev} ({}){}", &hash[..12], patch.map_or(String::new(), |p| format!(" + {}", p.display())));
+    println!("rgk-bench at {what}");
     Ok(wt.join("target/release/rgk-bench"))
 }
 
@@ -305,28 +366,32 @@ fn install_bench(bin: &Path, dest: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Builds each `--variant TAG=SPEC` (SPEC an existing file: a patch applied on `HEAD`; else a
-/// revision) and packs the binaries as `.device/variants.tar.xz` (one xz stream, so their shared
-/// embedded module is stored once), for `run.sh abn`.
-fn pack_variants(root: &Path, variants: &[(String, String)]) -> Result<(), String> {
+/// Builds each `--variant TAG=SPEC` (resolved by [`resolve_spec`]) and packs the binaries as
+/// `.device/variants.tar.xz` (one xz stream, so their shared embedded module is stored once),
+/// for `run.sh abn`.
+fn pack_variants(root: &Path, variants: &[(String, Spec)]) -> Result<(), String> {
     if variants.is_empty() {
         return Ok(());
     }
     let dir = root.join(".device/variants");
     fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     for (tag, spec) in variants {
-        let bin = if Path::new(spec).is_file() {
-            build_bench_at(root, "HEAD", Some(Path::new(spec)))?
-        } else {
-            build_bench_at(root, spec, None)?
-        };
+        let bin = build_bench_at(root, spec)?;
         install_bench(&bin, &dir.join(tag))?;
     }
     xz_pack(&root.join(".device/variants.tar.xz"), &dir, "variants")?;
-    fs::remove_dir_all(&dir).map_err(|e| e.to_string())?;
+    fs::remove_dir_all(&dir).map_err(|e| e.to_string())
+}
+
+/// The pack's size and how to run it.
+fn print_packed(root: &Path, bench_only: bool) -> Result<(), String> {
+    let dir = root.join(".device");
+    let size: u64 = walk(&dir).iter().map(|p| fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum();
+    let modes = if bench_only { "bench|ab|abn" } else { "tests|sanitize|python|bench|all|ab|abn" };
     println!(
-        "variants {}: run them with `bash .device/run.sh abn \"cur TAG … TAG cur\" [BENCH ARGS]`",
-        variants.iter().map(|v| v.0.as_str()).collect::<Vec<_>>().join(", ")
+        "packed {} ({:.1} MiB): run it on the GPU machine with `bash .device/run.sh {modes} [ARGS]`",
+        dir.display(),
+        size as f64 / (1 << 20) as f64
     );
     Ok(())
 }
@@ -491,8 +556,6 @@ fn device_pack(root: &Path, bench_only: bool) -> Result<(), String> {
         xz_pack(&dir.join("tests.tar.xz"), &dir.join("tests"), "tests")?;
     }
     fs::remove_dir_all(dir.join("tests")).map_err(|e| e.to_string())?;
-    let size: u64 = walk(&dir).iter().map(|p| fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum();
-    println!("packed {} ({:.1} MiB): run it on the GPU machine with `bash .device/run.sh [tests|sanitize|bench|all] [BENCH ARGS]`", dir.display(), size as f64 / (1 << 20) as f64);
     Ok(())
 }
 
@@ -602,7 +665,7 @@ fn table(root: &Path, file: Option<&str>) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::pack_args;
+    use super::{pack_args, resolve_spec, Spec};
 
     fn args(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
@@ -631,5 +694,26 @@ mod tests {
         ] {
             assert!(pack_args(&args(bad)).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn variant_specs_are_checked_before_any_build() {
+        let root = ptx_build::workspace_root();
+        let patch = "docs/decisions/prepared/mhc-post-one-block-per-row.diff";
+        match resolve_spec(&root, &root, patch) {
+            Ok(Spec::Patch(hash, path)) => assert!(hash.len() == 40 && path.is_absolute(), "{hash} {}", path.display()),
+            other => panic!("{patch}: {other:?}"),
+        }
+        // A path relative to the caller's directory.
+        let prepared = root.join("docs/decisions/prepared");
+        assert!(matches!(resolve_spec(&root, &prepared, "mhc-post-one-block-per-row.diff"), Ok(Spec::Patch(..))));
+        assert!(matches!(resolve_spec(&root, &root, "HEAD"), Ok(Spec::Rev(h)) if h.len() == 40));
+        let err = resolve_spec(&root, &root, "no-such-file-or-rev").unwrap_err();
+        assert!(err.contains("neither a file nor a commit"), "{err}");
+        let bad = std::env::temp_dir().join(format!("rgk-xtask-bad-{}.diff", std::process::id()));
+        std::fs::write(&bad, "--- a/no/such/file\n+++ b/no/such/file\n@@ -1 +1 @@\n-x\n+y\n").unwrap();
+        let err = resolve_spec(&root, &root, &bad.to_string_lossy()).unwrap_err();
+        let _ = std::fs::remove_file(&bad);
+        assert!(err.contains("does not apply on HEAD"), "{err}");
     }
 }
