@@ -204,13 +204,17 @@ if [ "$mode" = abn ]; then
   if [ -f .device/variants.tar.xz ] && [ ! -d .device/variants ]; then
     python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .device/variants.tar.xz .device
   fi
+  # The build a tag names.
+  abn_exe() {
+    case $1 in
+      cur) echo .device/rgk-bench ;;
+      base) echo .device/base-rgk-bench ;;
+      *) echo ".device/variants/$1" ;;
+    esac
+  }
   # Every tag is checked before the first run.
   for t in $order; do
-    case $t in
-      cur) exe=.device/rgk-bench ;;
-      base) exe=.device/base-rgk-bench ;;
-      *) exe=.device/variants/$t ;;
-    esac
+    exe=$(abn_exe "$t")
     if ! echo "$t" | grep -qE '^[A-Za-z0-9_-]+$' || [ ! -x "$exe" ]; then
       echo "abn: no build for tag '$t' (cur, base or one of: $(ls .device/variants 2>/dev/null | tr '\n' ' '))"; exit 2
     fi
@@ -220,13 +224,8 @@ if [ "$mode" = abn ]; then
   i=0
   for t in $order; do
     i=$((i + 1))
-    case $t in
-      cur) exe=.device/rgk-bench ;;
-      base) exe=.device/base-rgk-bench ;;
-      *) exe=.device/variants/$t ;;
-    esac
     n=$(printf "%02d" $i)
-    "$exe" --no-alternatives --out "$out/abn/$n-$t.json" --work-dir "/tmp/rgk-abn-$n" "$@" >"$out/abn/$n-$t.log" 2>&1
+    "$(abn_exe "$t")" --no-alternatives --out "$out/abn/$n-$t.json" --work-dir "/tmp/rgk-abn-$n" "$@" >"$out/abn/$n-$t.log" 2>&1
     rc=$?
     echo "abn $n $t: rc=$rc"
     if [ $rc -ne 0 ]; then

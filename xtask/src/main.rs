@@ -279,6 +279,16 @@ fn resolve_rev(root: &Path, rev: &str) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// Whether `git ARGS` succeeds in `dir` (with `index` as its index file when given).
+fn git_succeeds(dir: &Path, args: &[&str], index: Option<&Path>) -> Result<bool, String> {
+    let mut cmd = Command::new("git");
+    cmd.args(args).current_dir(dir);
+    if let Some(index) = index {
+        cmd.env("GIT_INDEX_FILE", index);
+    }
+    cmd.status().map(|s| s.success()).map_err(|e| format!("git: {e}"))
+}
+
 /// A `--variant` SPEC: an existing file (relative to `caller_dir`) is a patch on `HEAD`'s
 /// commit, checked against HEAD's tree (not the working tree); anything else must be a revision.
 fn resolve_spec(root: &Path, caller_dir: &Path, spec: &str) -> Result<Spec, String> {
@@ -289,15 +299,7 @@ fn resolve_spec(root: &Path, caller_dir: &Path, spec: &str) -> Result<Spec, Stri
         // `git apply --cached --check` against a scratch index holding HEAD's tree.
         let _ = fs::create_dir_all(root.join("target"));
         let index = root.join("target/ab-check.index");
-        let git = |args: &[&str]| -> Result<bool, String> {
-            Command::new("git")
-                .args(args)
-                .current_dir(root)
-                .env("GIT_INDEX_FILE", &index)
-                .status()
-                .map(|s| s.success())
-                .map_err(|e| e.to_string())
-        };
+        let git = |args: &[&str]| git_succeeds(root, args, Some(&index));
         let ok = git(&["read-tree", &head])? && git(&["apply", "--cached", "--check", &path.to_string_lossy()])?;
         let _ = fs::remove_file(&index);
         if !ok {
@@ -315,8 +317,7 @@ fn resolve_spec(root: &Path, caller_dir: &Path, spec: &str) -> Result<Spec, Stri
 fn build_bench_at(root: &Path, spec: &Spec) -> Result<PathBuf, String> {
     let wt = root.join("target/ab-base");
     let git = |args: &[&str], dir: &Path| -> Result<(), String> {
-        let ok = Command::new("git").args(args).current_dir(dir).status().map_err(|e| e.to_string())?.success();
-        if ok {
+        if git_succeeds(dir, args, None)? {
             Ok(())
         } else {
             Err(format!("git {} failed", args.join(" ")))
