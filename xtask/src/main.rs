@@ -700,14 +700,24 @@ mod tests {
     #[test]
     fn variant_specs_are_checked_before_any_build() {
         let root = ptx_build::workspace_root();
-        let patch = "docs/decisions/prepared/mhc-post-one-block-per-row.diff";
-        match resolve_spec(&root, &root, patch) {
-            Ok(Spec::Patch(hash, path)) => assert!(hash.len() == 40 && path.is_absolute(), "{hash} {}", path.display()),
-            other => panic!("{patch}: {other:?}"),
-        }
+        // A patch that applies on any tree: it adds a file the repository does not have.
+        let dir = std::env::temp_dir().join(format!("rgk-xtask-specs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("adds-a-file.diff");
+        std::fs::write(
+            &good,
+            "diff --git a/rgk-xtask-added b/rgk-xtask-added\nnew file mode 100644\n--- /dev/null\n+++ b/rgk-xtask-added\n@@ -0,0 +1 @@\n+x\n",
+        )
+        .unwrap();
+        let resolved = resolve_spec(&root, &root, &good.to_string_lossy());
         // A path relative to the caller's directory.
-        let prepared = root.join("docs/decisions/prepared");
-        assert!(matches!(resolve_spec(&root, &prepared, "mhc-post-one-block-per-row.diff"), Ok(Spec::Patch(..))));
+        let relative = resolve_spec(&root, &dir, "adds-a-file.diff");
+        let _ = std::fs::remove_dir_all(&dir);
+        match resolved {
+            Ok(Spec::Patch(hash, path)) => assert!(hash.len() == 40 && path.is_absolute(), "{hash} {}", path.display()),
+            other => panic!("{}: {other:?}", good.display()),
+        }
+        assert!(matches!(relative, Ok(Spec::Patch(..))), "{relative:?}");
         assert!(matches!(resolve_spec(&root, &root, "HEAD"), Ok(Spec::Rev(h)) if h.len() == 40));
         let err = resolve_spec(&root, &root, "no-such-file-or-rev").unwrap_err();
         assert!(err.contains("neither a file nor a commit"), "{err}");

@@ -36,7 +36,9 @@ const BLOCK: u32 = 128;
 pub enum PostKernel {
     /// `mhc_post_fwd_bf16_rows`: grid `(⌈c/8/block⌉, n, batch)`, one thread per 8 elements
     /// with 16-byte loads/stores, no index division (1.15 / 1.22 / 1.38 µs against 1.28 / 1.31
-    /// / 1.50 for a 1-D grid with two u32 divisions per thread).
+    /// / 1.50 for a 1-D grid with two u32 divisions per thread). Its idle lanes cost nothing:
+    /// one block per batch row 1.41–1.44 µs at hidden-1280, one per stream row level (1.25–1.28
+    /// against 1.23–1.25; docs/decisions/mhc.md).
     Rows { grid: (u32, u32, u32) },
     /// `mhc_post_fwd_bf16`: any alignment, `c` and size; one element per thread, grid-stride.
     Any { blocks: u32 },
