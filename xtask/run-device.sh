@@ -4,6 +4,7 @@
 #   bash .device/run.sh abn "ORDER" [ARGS for rgk-bench]   (ORDER: build tags, e.g. "cur E E cur")
 #   bash .device/run.sh profile EXECUTABLE TEST KERNEL_REGEX [LAUNCHES]
 #   bash .device/run.sh source EXECUTABLE TEST KERNEL_REGEX [SKIP]
+#   bash .device/run.sh peer-profile WORKLOAD [CALLS]   (FFT: ours and TileOPs' after the bench's flush)
 # tests: every test executable; sanitize: the sanitizer set under compute-sanitizer memcheck,
 # racecheck, synccheck and initcheck (fails on any report); python: the rgk Python package's
 # tests (python/tests) on the GPU; bench: the benchmark, one process per op (a failing op cannot
@@ -112,7 +113,8 @@ if [ "$mode" = python ] || [ "$mode" = all ]; then
   fi
 fi
 
-if [ "$mode" = bench ] || [ "$mode" = all ]; then
+# TileOPs (.device/peers.tar.xz) and our wheel on PYTHONPATH, each in a fresh temporary folder.
+python_path_with_peers() {
   if [ -f .device/peers.tar.xz ]; then
     # A fresh folder per run: never a half-extracted or older pack.
     peers=$(mktemp -d "${TMPDIR:-/tmp}/rgk-peers.XXXXXX")
@@ -130,6 +132,10 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
     python3 -m pip install --quiet --no-deps --no-index --target "$rgk_site" .device/wheels/rgk-*.whl \
       && export PYTHONPATH=$rgk_site${PYTHONPATH:+:$PYTHONPATH}
   fi
+}
+
+if [ "$mode" = bench ] || [ "$mode" = all ]; then
+  python_path_with_peers
   [ -f "$out/h200.json" ] || cp bench/results/h200.json "$out/h200.json" 2>/dev/null || true
   for op in ${RGK_BENCH_OPS:-FFTC2CFwd MHCPreFwd MHCPostFwd MHCPostPreFwd EngramGateConvFwd EngramGateConvBwd EngramDecodeFwd}; do
     echo "=== $op" >>"$out/bench.log"
@@ -171,6 +177,47 @@ if [ "$mode" = source ]; then
   ncu -i "$rep.ncu-rep" --page details --print-details all >"$out/source.txt" 2>&1
   echo "source $1 $2: rc=$rc ($(( $(date +%s) - start )) s)"
   grep -a -E "^  [a-z_0-9]+ \(|Duration" "$out/source.txt" | head -4
+  [ $rc -eq 0 ] || fail=1
+fi
+
+if [ "$mode" = peer-profile ]; then
+  # Our FFT kernels and TileOPs' on the same inputs in one process, each call after the bench's
+  # own flush (bench/peer_profile.py), under Nsight Compute with application replay and no cache
+  # control (each replay pass is a new process, ≈ 18 s: the full SourceCounters section took
+  # more than 14 passes, so only the sampled stall reasons and per-instruction counts are
+  # collected): warp states and the SASS source page of every profiled kernel, in
+  # $out/peer-profile.txt (details), $out/peer-source-N.csv and the per-kernel summary.
+  if [ $# -lt 1 ]; then
+    echo "peer-profile: bash .device/run.sh peer-profile WORKLOAD [CALLS] (python3 bench/peer_profile.py --list)"; exit 2
+  fi
+  python_path_with_peers
+  start=$(date +%s)
+  rep=$(mktemp -d "${TMPDIR:-/tmp}/rgk-ncu.XXXXXX")/peer
+  timeout "${RGK_TEST_TIMEOUT:-300}" ncu --replay-mode application --cache-control none --clock-control none \
+    --nvtx --nvtx-include "profiled/" --warp-sampling-interval 0 \
+    --section WarpStateStats --section LaunchStats \
+    --metrics gpu__time_duration.sum,smsp__pcsamp_sample_count,group:smsp__pcsamp_warp_stall_reasons,group:smsp__pcsamp_warp_stall_reasons_not_issued,inst_executed \
+    -o "$rep" -f python3 bench/peer_profile.py --workload "$1" --calls "${2:-1}" >"$out/peer-profile.log" 2>&1
+  rc=$?
+  echo "peer-profile $1: rc=$rc ($(( $(date +%s) - start )) s)"
+  tail -5 "$out/peer-profile.log"
+  ncu -i "$rep.ncu-rep" --page details --print-details all >"$out/peer-profile.txt" 2>&1
+  grep -a -E "^  [A-Za-z_0-9:<>, ]+\(|Duration|Registers Per|Warp Cycles Per Issued|Executed Instructions  " "$out/peer-profile.txt" | head -40
+  # One source page per profiled kernel (ncu prints them one after another).
+  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass >"$out/peer-source.csv" 2>&1
+  python3 - "$out/peer-source.csv" "$out" <<'PY'
+import sys
+lines = open(sys.argv[1], errors="replace").read().split("\n")
+starts = [i for i, l in enumerate(lines) if l.startswith('"Address"')] + [len(lines)]
+for n, (a, b) in enumerate(zip(starts, starts[1:])):
+    head = lines[a - 1] if a > 0 and not lines[a - 1].startswith('"') else f"kernel {n}"
+    with open(f"{sys.argv[2]}/peer-source-{n}.csv", "w") as f:
+        f.write(head + "\n" + "\n".join(l for l in lines[a:b] if l.startswith('"')) + "\n")
+    print(f"peer-source-{n}.csv: {head.strip()[:100]}")
+PY
+  for f in "$out"/peer-source-*.csv; do
+    echo "== $f"; python3 xtask/sass_hotspots.py "$f" 40 2>&1 | head -60
+  done
   [ $rc -eq 0 ] || fail=1
 fi
 
