@@ -196,7 +196,10 @@ if [ "$mode" = peer-profile ]; then
   timeout "${RGK_TEST_TIMEOUT:-300}" ncu --replay-mode application --cache-control none --clock-control none \
     --nvtx --nvtx-include "profiled/" --warp-sampling-interval 0 \
     --section WarpStateStats --section LaunchStats \
-    --metrics gpu__time_duration.sum,smsp__pcsamp_sample_count,group:smsp__pcsamp_warp_stall_reasons,group:smsp__pcsamp_warp_stall_reasons_not_issued,inst_executed \
+    --metrics "gpu__time_duration.sum,inst_executed,smsp__pcsamp_sample_count,$(for r in barrier branch_resolving \
+      dispatch_stall drain imc_miss lg_throttle long_scoreboard math_pipe_throttle membar mio_throttle misc \
+      no_instructions not_selected selected short_scoreboard sleeping tex_throttle wait; do
+      printf 'smsp__pcsamp_warps_issue_stalled_%s,' $r; done | sed 's/,$//')" \
     -o "$rep" -f python3 bench/peer_profile.py --workload "$1" --calls "${2:-1}" >"$out/peer-profile.log" 2>&1
   rc=$?
   echo "peer-profile $1: rc=$rc ($(( $(date +%s) - start )) s)"

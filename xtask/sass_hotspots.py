@@ -15,13 +15,20 @@ def main(path: str, threshold: int) -> None:
     # The page opens with a line naming the kernel, then the header.
     start = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
     hdr, data = rows[start], rows[start + 1:]
+    # The SourceCounters section names its columns ("stall_long_sb", ...); a report made with
+    # --metrics (run.sh peer-profile) names them by metric (smsp__pcsamp_warps_issue_stalled_X).
+    metric = "smsp__pcsamp_warps_issue_stalled_"
+    hdr = [f"stall_{h[len(metric):]}" if h.startswith(metric) and not h.endswith("_not_issued") else h for h in hdr]
+    hdr = [{"smsp__pcsamp_sample_count": "Warp Stall Sampling (All Samples)",
+            "inst_executed": "Instructions Executed"}.get(h, h) for h in hdr]
+    data = [r for r in data if len(r) == len(hdr)]
     col = {h: i for i, h in enumerate(hdr)}
     stalls = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
     samples = "Warp Stall Sampling (All Samples)"
 
     def num(r, h):
         v = r[col[h]].strip()
-        return int(float(v)) if v not in ("", "-") else 0
+        return int(float(v)) if v not in ("", "-", "n/a") else 0
 
     total = sum(num(r, samples) for r in data)
     by_reason = {h[len("stall_"):]: sum(num(r, h) for r in data) for h in stalls}
