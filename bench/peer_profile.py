@@ -19,8 +19,6 @@ usage: python3 bench/peer_profile.py --workload NAME [--calls N] [--list]
 import argparse
 import sys
 
-FLUSH_BYTES = 256 * 1024 * 1024  # as bench/torch_alternatives.py and the Rust bench
-
 # FFTC2CFwd seed workloads: (shape, complex dtype name).
 FFT_WORKLOADS = {
     "latency-4k": ([4096], "c64"),
@@ -59,6 +57,7 @@ def main(argv=None) -> int:
         return 2
     import rgk
     from tileops.fft import FFTC2CFwdOp as TileOpsFFT
+    from torch_alternatives import FLUSH_BYTES  # this script's folder: the bench's flush size
 
     shape, dt = FFT_WORKLOADS[args.workload]
     dtype = torch.complex64 if dt == "c64" else torch.complex128

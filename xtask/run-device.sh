@@ -35,9 +35,13 @@ export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 # keep the result for the next process.
 export CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}
 fail=0
+# Unpacks the tar(.xz) $1 into the folder $2.
+untar() {
+  python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$1" "$2"
+}
 # device-pack ships the test executables as one xz tarball (they share the embedded PTX).
 if [ -f .device/tests.tar.xz ] && [ ! -d .device/tests ]; then
-  python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .device/tests.tar.xz .device
+  untar .device/tests.tar.xz .device
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
 tests=${RGK_TESTS:-$(ls .device/tests 2>/dev/null)}
@@ -118,7 +122,7 @@ python_path_with_peers() {
   if [ -f .device/peers.tar.xz ]; then
     # A fresh folder per run: never a half-extracted or older pack.
     peers=$(mktemp -d "${TMPDIR:-/tmp}/rgk-peers.XXXXXX")
-    if python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .device/peers.tar.xz "$peers"; then
+    if untar .device/peers.tar.xz "$peers"; then
       export PYTHONPATH=$peers/site${PYTHONPATH:+:$PYTHONPATH}
     else
       echo "tileops: unpacking .device/peers.tar.xz failed; the bench runs without it"
@@ -252,7 +256,7 @@ if [ "$mode" = abn ]; then
     echo "abn: bash .device/run.sh abn \"ORDER\" [BENCH ARGS] (ORDER: tags in quotes, e.g. \"cur E E cur\")"; exit 2
   fi
   if [ -f .device/variants.tar.xz ] && [ ! -d .device/variants ]; then
-    python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .device/variants.tar.xz .device
+    untar .device/variants.tar.xz .device
   fi
   # The build a tag names.
   abn_exe() {
