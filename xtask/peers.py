@@ -11,6 +11,7 @@ needs <= 0.1.11 (0.1.12 aborts the import); libtvm_compiler links z3. tileops de
 torch >= 2.13 but imports and runs correctly on torch 2.11, hence --no-deps.
 
 Usage: python3 xtask/peers.py DIR
+       python3 xtask/peers.py --pins   (prints the pinned requirements, for `cargo xtask bench`)
 """
 import lzma
 import os
@@ -71,6 +72,9 @@ def pack(site: str, out: str):
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--pins"]:
+        print(" ".join(WHEELS))
+        return 0
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2

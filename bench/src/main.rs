@@ -120,7 +120,12 @@ fn run(args: &Args, started: Instant) -> Result<bool, String> {
         );
     }
     if workloads.is_empty() {
-        return Err("no workload matches --op/--workload".into());
+        let mut ops: Vec<&str> = ops::registry(args.variants).iter().map(|w| w.op).collect();
+        ops.dedup();
+        return Err(format!(
+            "no workload matches --op/--workload (ops: {}; --workload matches part of a workload's name)",
+            ops.join(", ")
+        ));
     }
     if !rgk::cuda_available() {
         println!(

@@ -56,7 +56,10 @@ pub fn llvm_bin() -> Result<PathBuf, String> {
     let bin = Path::new(&sysroot).join("lib/rustlib").join(host).join("bin");
     if !bin.join("llc").exists() {
         return Err(format!(
-            "{} has no llc: run `rustup toolchain install` in the repository (installs llvm-tools)",
+            "{} has no llc: the kernels build with rgk's pinned toolchain (its rust-toolchain.toml: \
+             nightly with llvm-tools), the one that compiles the crate depending on rgk; in rgk's \
+             repository `rustup toolchain install` installs it, from another crate build with \
+             `cargo +<that nightly>` or name it in that crate's rust-toolchain.toml",
             bin.display()
         ));
     }

@@ -299,11 +299,24 @@ fn resolve_spec(root: &Path, caller_dir: &Path, spec: &str) -> Result<Spec, Stri
         // `git apply --cached --check` against a scratch index holding HEAD's tree.
         let _ = fs::create_dir_all(root.join("target"));
         let index = root.join("target/ab-check.index");
-        let git = |args: &[&str]| git_succeeds(root, args, Some(&index));
-        let ok = git(&["read-tree", &head])? && git(&["apply", "--cached", "--check", &path.to_string_lossy()])?;
+        let git = |args: &[&str]| {
+            Command::new("git")
+                .args(args)
+                .current_dir(root)
+                .env("GIT_INDEX_FILE", &index)
+                .output()
+                .map_err(|e| format!("git: {e}"))
+        };
+        let read = git(&["read-tree", &head])?;
+        let check =
+            if read.status.success() { git(&["apply", "--cached", "--check", &path.to_string_lossy()])? } else { read };
         let _ = fs::remove_file(&index);
-        if !ok {
-            return Err(format!("{spec}: the patch does not apply on HEAD ({})", &head[..12]));
+        if !check.status.success() {
+            return Err(format!(
+                "{spec}: the patch does not apply on HEAD ({}): {}",
+                &head[..12],
+                String::from_utf8_lossy(&check.stderr).trim()
+            ));
         }
         return Ok(Spec::Patch(head, path));
     }
@@ -422,11 +435,91 @@ fn xz_pack(dest: &Path, src: &Path, arcname: &str) -> Result<(), String> {
 fn bench(root: &Path, args: &[String]) -> Result<(), String> {
     cargo(&["build", "--release", "--quiet", "-p", "rgk-bench"])?;
     let bin = root.join("target/release/rgk-bench");
-    let status = Command::new(bin).args(args).env("LD_LIBRARY_PATH", ld_path()).status().map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(bin);
+    if let Some(site) = bench_site(root, args) {
+        let old = env::var("PYTHONPATH").unwrap_or_default();
+        cmd.env("PYTHONPATH", if old.is_empty() { site.clone() } else { format!("{site}:{old}") });
+    }
+    let path = format!("/usr/local/cuda/bin:{}", env::var("PATH").unwrap_or_default());
+    let status =
+        cmd.args(args).env("LD_LIBRARY_PATH", ld_path()).env("PATH", path).status().map_err(|e| e.to_string())?;
     if !status.success() {
         return Err(format!("rgk-bench exited with {status}"));
     }
     Ok(())
+}
+
+/// A folder for the bench's alternatives' `PYTHONPATH`, unless `args` say `--no-alternatives`
+/// or the machine has no GPU (`nvidia-smi` fails: the bench then says so and times nothing):
+/// our wheel (the `rgk-torch` column, our kernels timed through the package in that process)
+/// and TileOPs at the versions `xtask/peers.py --pins` names, installed with `pip --target` for
+/// the bench's interpreter (`--python`, default `python3`, which brings torch) into
+/// `target/bench-site/<its version>`, so no environment is modified. A step that fails is
+/// reported in one line and the bench times what it can.
+fn bench_site(root: &Path, args: &[String]) -> Option<String> {
+    if args.iter().any(|a| a == "--no-alternatives") {
+        return None;
+    }
+    let gpu = Command::new("nvidia-smi").stdout(Stdio::null()).stderr(Stdio::null()).status();
+    if !gpu.is_ok_and(|s| s.success()) {
+        return None;
+    }
+    let py = args
+        .iter()
+        .position(|a| a == "--python")
+        .and_then(|i| args.get(i + 1).cloned())
+        .or_else(|| args.iter().find_map(|a| a.strip_prefix("--python=").map(String::from)))
+        .unwrap_or_else(|| "python3".into());
+    let version = Command::new(&py)
+        .args(["-c", "import sys; print(f'py{sys.version_info[0]}{sys.version_info[1]}')"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())?;
+    let site = root.join("target/bench-site").join(version);
+    let pip = |what: &str, extra: &[String]| -> bool {
+        let ok = Command::new(&py)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--upgrade",
+                "--target",
+            ])
+            .arg(&site)
+            .args(extra)
+            .env("PIP_ROOT_USER_ACTION", "ignore")
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("xtask: installing {what} for {py} failed: the bench runs without it");
+        }
+        ok
+    };
+    match test_wheel(root, "release", &root.join("target/wheels-bench")) {
+        Ok(w) => {
+            pip("the rgk wheel", &[w.to_string_lossy().to_string()]);
+        }
+        Err(e) => eprintln!("xtask: {e}: the rgk-torch column stays empty"),
+    }
+    let marker = site.join(".tileops-pins");
+    let pins = Command::new("python3").arg(root.join("xtask/peers.py")).arg("--pins").output();
+    match pins {
+        Ok(o) if o.status.success() => {
+            let text = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            if fs::read_to_string(&marker).ok().as_deref() != Some(text.as_str()) {
+                let pins: Vec<String> = text.split_whitespace().map(String::from).collect();
+                if pip("TileOPs", &pins) {
+                    let _ = fs::write(&marker, &text);
+                }
+            }
+        }
+        _ => eprintln!("xtask: python3 xtask/peers.py --pins failed: the bench runs without TileOPs"),
+    }
+    Some(site.to_string_lossy().to_string())
 }
 
 fn ld_path() -> String {
