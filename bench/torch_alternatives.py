@@ -706,15 +706,18 @@ def union_length(intervals: Sequence[Tuple[int, int]]) -> int:
 
 
 class CudaTimer:
-    def __init__(self, device: torch.device, records: KernelRecords):
+    def __init__(self, device: torch.device, records: KernelRecords, no_flush: bool = False):
         self.device = device
         self.records = records
+        self.no_flush = no_flush
         self.flush_buf = torch.zeros(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
         if not self.profile(lambda: torch.empty(1, device=device).fill_(1.0), 2):
             raise RuntimeError("CUPTI delivered no kernel record for a test kernel")
 
     def flush(self):
-        self.flush_buf.bitwise_not_()
+        # --no-flush (diagnostic): code and data may stay in L2 between calls.
+        if not self.no_flush:
+            self.flush_buf.bitwise_not_()
 
     def iteration_seconds(self, call: Callable, reps: int = 5) -> float:
         torch.cuda.synchronize()
@@ -956,6 +959,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="leave out the TileOPs alternative")
     ap.add_argument("--skip-rgk-torch", action="store_true",
                     help="leave out rgk's own Python package (the rgk-torch column)")
+    ap.add_argument("--no-flush", action="store_true",
+                    help="diagnostic (rgk-bench --no-flush): no L2 flush before the timed calls")
     args = ap.parse_args(argv)
     args.max_calls = max(args.max_calls, args.min_calls)
 
@@ -998,7 +1003,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if device.type == "cuda":
         gpu = torch.cuda.get_device_name(device)
         try:
-            timer = CudaTimer(device, KernelRecords())
+            timer = CudaTimer(device, KernelRecords(), args.no_flush)
         except Exception as exc:  # no usable kernel records: report errors only
             timing_error = "timing unavailable: " + _short_error(exc)
             traceback.print_exc(file=sys.stderr)
