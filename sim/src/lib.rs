@@ -23,10 +23,12 @@ impl DevBuf {
         unsafe { std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, b.addr() as *mut u8, bytes) };
         b
     }
-    /// `bytes` zero bytes.
+    /// `bytes` zero bytes, registered as device memory of this thread's launches: a kernel's
+    /// `.global` access outside every live `DevBuf` panics (`prim::cpu::register_global`).
     pub fn zeroed(bytes: usize) -> Self {
         let mem = vec![0u8; bytes + 256];
         let off = (mem.as_ptr() as usize).next_multiple_of(256) - mem.as_ptr() as usize;
+        kernels_gpu::prim::cpu::register_global(mem.as_ptr() as usize + off, bytes);
         DevBuf { mem, off, bytes }
     }
     /// The device address of the first byte.
@@ -43,6 +45,12 @@ impl DevBuf {
         let p = self.mem[self.off..].as_ptr() as *const T;
         // SAFETY: `n` whole `T`s inside the buffer; `read_unaligned` needs no alignment.
         (0..n).map(|i| unsafe { p.add(i).read_unaligned() }).collect()
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        kernels_gpu::prim::cpu::unregister_global(self.mem.as_ptr() as usize + self.off);
     }
 }
 

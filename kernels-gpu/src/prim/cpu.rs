@@ -526,48 +526,92 @@ pub fn prmt_b32(a: u32, b: u32, sel: u32) -> u32 {
 
 // ---------------------------------------------------------------- global memory
 
+std::thread_local! {
+    /// The device buffers the caller registered ([`register_global`]): `[start, end)` byte
+    /// ranges. While any is registered, every access of the global-memory functions below (the
+    /// `.global` loads, stores, atomics and `cp.async` sources) must lie inside one, as on the
+    /// GPU, where compute-sanitizer's memcheck reports it; the kernels run on the launching OS
+    /// thread, so a thread-local list is the launch's.
+    static GLOBAL: core::cell::RefCell<Vec<(usize, usize)>> = const { core::cell::RefCell::new(Vec::new()) };
+}
+
+/// Registers `bytes` bytes at `start` as device memory of this thread's launches (see
+/// [`GLOBAL`]); [`unregister_global`] ends it.
+pub fn register_global(start: usize, bytes: usize) {
+    GLOBAL.with(|g| g.borrow_mut().push((start, start + bytes)));
+}
+
+/// Ends the registration of the buffer at `start` ([`register_global`]).
+pub fn unregister_global(start: usize) {
+    GLOBAL.with(|g| g.borrow_mut().retain(|&(s, _)| s != start));
+}
+
+/// Panics unless `bytes` bytes at `p` lie inside one registered buffer (none registered: no
+/// check).
+fn global<T>(p: *const T, bytes: usize) {
+    let (a, b) = (p as usize, p as usize + bytes);
+    GLOBAL.with(|g| {
+        let g = g.borrow();
+        assert!(
+            g.is_empty() || g.iter().any(|&(s, e)| s <= a && b <= e),
+            "{bytes}-byte global access at {p:?} outside every device buffer"
+        );
+    });
+}
+
 pub unsafe fn ld_nc_v4(p: *const u32) -> [u32; 4] {
-    aligned(p, 16);
-    *(p as *const [u32; 4])
+    global(p, 16);
+    ld_v4(p)
 }
 pub unsafe fn ld_cg_v4_u32(p: *const u32) -> [u32; 4] {
     ld_nc_v4(p)
 }
+/// Generic address (global or shared memory): no bounds check.
 pub unsafe fn ld_v4(p: *const u32) -> [u32; 4] {
-    ld_nc_v4(p)
+    aligned(p, 16);
+    *(p as *const [u32; 4])
 }
 pub unsafe fn ld_nc_v2_u32(p: *const u32) -> (u32, u32) {
     aligned(p, 8);
+    global(p, 8);
     (*p, *p.add(1))
 }
 pub unsafe fn ld_cg_v2_u32(p: *const u32) -> [u32; 2] {
     aligned(p, 8);
+    global(p, 8);
     [*p, *p.add(1)]
 }
 pub unsafe fn ld_cg_f32(p: *const f32) -> f32 {
+    global(p, 4);
     *p
 }
 pub unsafe fn ld_cg_u16(p: *const u16) -> u16 {
+    global(p, 2);
     *p
 }
 pub unsafe fn st_v4(p: *mut u32, v: [u32; 4]) {
+    global(p, 16);
+    st_v4_generic(p, v)
+}
+/// Generic address (global or shared memory): no bounds check.
+pub unsafe fn st_v4_generic(p: *mut u32, v: [u32; 4]) {
     aligned(p, 16);
     *(p as *mut [u32; 4]) = v;
-}
-pub unsafe fn st_v4_generic(p: *mut u32, v: [u32; 4]) {
-    st_v4(p, v)
 }
 /// The GPU faults on a misaligned vector access; here it is an assertion.
 fn aligned<T>(p: *const T, bytes: usize) {
     assert!((p as usize).is_multiple_of(bytes), "{bytes}-byte access at {p:?} misaligned");
 }
 pub unsafe fn atomic_add_u32(p: *mut u32, v: u32) -> u32 {
+    global(p, 4);
     AtomicU32::from_ptr(p).fetch_add(v, Ordering::Relaxed)
 }
 pub unsafe fn red_add_u32(p: *mut u32, v: u32) {
+    global(p, 4);
     AtomicU32::from_ptr(p).fetch_add(v, Ordering::Relaxed);
 }
 pub unsafe fn red_add_u64(p: *mut u64, v: u64) {
+    global(p, 8);
     AtomicU64::from_ptr(p).fetch_add(v, Ordering::Relaxed);
 }
 pub unsafe fn prefetch_l1(_p: *const u8) {}
@@ -636,6 +680,7 @@ pub unsafe fn sts_v2_f64(a: u32, x: f64, y: f64) {
 pub unsafe fn cp_async_16(dst: *mut u8, src: *const u8) {
     aligned(dst, 16);
     aligned(src, 16);
+    global(src, 16);
     core::ptr::copy_nonoverlapping(src, dst, 16);
 }
 pub unsafe fn cp_async_16_evict_first(dst: *mut u8, src: *const u8) {
@@ -644,10 +689,12 @@ pub unsafe fn cp_async_16_evict_first(dst: *mut u8, src: *const u8) {
 pub unsafe fn cp_async_4(dst: *mut u8, src: *const u8) {
     aligned(dst, 4);
     aligned(src, 4);
+    global(src, 4);
     core::ptr::copy_nonoverlapping(src, dst, 4);
 }
 pub unsafe fn cp_async_16_s(dst: u32, src: *const u8) {
     aligned(src, 16);
+    global(src, 16);
     core::ptr::copy_nonoverlapping(src, shared::<[u8; 16]>(dst) as *mut u8, 16);
 }
 pub fn cp_async_wait_all() {}
