@@ -288,13 +288,8 @@ fn resolve_rev(root: &Path, rev: &str) -> Result<String, String> {
 }
 
 /// Whether `git ARGS` succeeds in `dir` (with `index` as its index file when given).
-fn git_succeeds(dir: &Path, args: &[&str], index: Option<&Path>) -> Result<bool, String> {
-    let mut cmd = Command::new("git");
-    cmd.args(args).current_dir(dir);
-    if let Some(index) = index {
-        cmd.env("GIT_INDEX_FILE", index);
-    }
-    cmd.status().map(|s| s.success()).map_err(|e| format!("git: {e}"))
+fn git_succeeds(dir: &Path, args: &[&str]) -> Result<bool, String> {
+    Command::new("git").args(args).current_dir(dir).status().map(|s| s.success()).map_err(|e| format!("git: {e}"))
 }
 
 /// A `--variant` SPEC: an existing file (relative to `caller_dir`) is a patch on `HEAD`'s
@@ -338,7 +333,7 @@ fn resolve_spec(root: &Path, caller_dir: &Path, spec: &str) -> Result<Spec, Stri
 fn build_bench_at(root: &Path, spec: &Spec) -> Result<PathBuf, String> {
     let wt = root.join("target/ab-base");
     let git = |args: &[&str], dir: &Path| -> Result<(), String> {
-        if git_succeeds(dir, args, None)? {
+        if git_succeeds(dir, args)? {
             Ok(())
         } else {
             Err(format!("git {} failed", args.join(" ")))
