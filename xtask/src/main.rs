@@ -287,7 +287,7 @@ fn resolve_rev(root: &Path, rev: &str) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// Whether `git ARGS` succeeds in `dir` (with `index` as its index file when given).
+/// Whether `git ARGS` succeeds in `dir`.
 fn git_succeeds(dir: &Path, args: &[&str]) -> Result<bool, String> {
     Command::new("git").args(args).current_dir(dir).status().map(|s| s.success()).map_err(|e| format!("git: {e}"))
 }
