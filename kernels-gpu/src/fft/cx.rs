@@ -67,6 +67,8 @@ impl Mem for f32 {
     }
     #[inline(always)]
     unsafe fn st(p: *mut Cx<Self>, v: Cx<Self>) {
+        #[cfg(not(target_arch = "nvptx64"))]
+        super::prim::global(p, 8);
         *(p as *mut V2f32) = V2f32(v.re, v.im);
     }
     #[inline(always)]
@@ -116,6 +118,8 @@ impl Mem for f64 {
     }
     #[inline(always)]
     unsafe fn st(p: *mut Cx<Self>, v: Cx<Self>) {
+        #[cfg(not(target_arch = "nvptx64"))]
+        super::prim::global(p, 16);
         *(p as *mut V2f64) = V2f64(v.re, v.im);
     }
     #[inline(always)]

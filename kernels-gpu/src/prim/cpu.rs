@@ -547,8 +547,8 @@ pub fn unregister_global(start: usize) {
 }
 
 /// Panics unless `bytes` bytes at `p` lie inside one registered buffer (none registered: no
-/// check).
-fn global<T>(p: *const T, bytes: usize) {
+/// check). Kernel code calls it beside a plain global store (on the CPU only).
+pub fn global<T>(p: *const T, bytes: usize) {
     let (a, b) = (p as usize, p as usize + bytes);
     GLOBAL.with(|g| {
         let g = g.borrow();
