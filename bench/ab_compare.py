@@ -1,13 +1,10 @@
 """Compares A/B runs of rgk-bench binaries on the same inputs (`--no-alternatives`).
 
-`python3 bench/ab_compare.py DIR`: the `run.sh ab` layout, A1 B1 B2 A2 (base, new, new, base):
-each row's times, the mean difference, whether the outputs' bit digests agree across all four
-runs, and the rows that moved by more than 3 % and 0.1 µs.
-
-`python3 bench/ab_compare.py --runs DIR`: the `run.sh abn` layout, runs `NN-TAG.json` /
-`NN-TAG.log` in order NN (any tags, any order such as `cur D D cur`): per row each tag's times
-in run order, its rel. L2 error, and whether each tag's output digests equal those of the first
-tag that printed any.
+`python3 bench/ab_compare.py --runs DIR`: the `run.sh abn` layout (`run.sh ab` is `abn "base cur
+cur base"`), runs `NN-TAG.json` / `NN-TAG.log` in order NN (any tags, any order such as `cur D D
+cur`): per row each tag's times in run order, its rel. L2 error, its mean's difference from the
+first tag's (marked `**` beyond 3 % and 0.1 µs), and whether each tag's output digests equal
+those of the first tag that printed any; then, per tag, how many rows moved beyond both bounds.
 """
 import json, os, re, sys
 
@@ -17,31 +14,6 @@ def load(path):
     bits = [re.search(r'bits ([0-9a-f]+)', l).group(1) for l in log if ' bits ' in l and 'verified=' in l]
     doc = json.load(open(path + '.json'))
     return bits, doc['rows'], doc.get('startup_ms')
-
-
-def pairs(d):
-    A1, B1, B2, A2 = [load(f'{d}/{t}') for t in ['A1', 'B1', 'B2', 'A2']]
-    print('startup_ms base', A1[2], A2[2], 'new', B1[2], B2[2])
-    print('| op | workload | dtype | base µs (A1, A2) | new µs (B1, B2) | Δ | Δ% | outputs |')
-    print('|---|---|---|---|---|---|---|---|')
-    bad = 0
-    for i, r in enumerate(A1[1]):
-        a = [A1[1][i]['ours_ms'] * 1e3, A2[1][i]['ours_ms'] * 1e3]
-        b = [B1[1][i]['ours_ms'] * 1e3, B2[1][i]['ours_ms'] * 1e3]
-        for x in (A2, B1, B2):
-            assert x[1][i]['workload'] == r['workload'] and x[1][i]['dtype'] == r['dtype']
-        # A base bench older than the digests prints none: compare the two new runs only.
-        digests = [x[0][i] for x in (A1, A2, B1, B2) if i < len(x[0])]
-        same = len(set(digests)) == 1
-        outputs = ('bitwise' if same else 'DIFFER') if len(digests) == 4 else ('B1=B2' if same else 'B1≠B2') + ', no base digest'
-        da = sum(a) / 2
-        db = sum(b) / 2
-        dd = db - da
-        flag = '' if (abs(dd) <= 0.1 or abs(dd) / da <= 0.03) else ' **'
-        if flag:
-            bad += 1
-        print(f"| {r['op']} | {r['workload']} | {r['dtype']} | {a[0]:.2f}, {a[1]:.2f} | {b[0]:.2f}, {b[1]:.2f} | {dd:+.2f}{flag} | {100*dd/da:+.1f}% | {outputs} |")
-    print('rows beyond 3 % and 0.1 µs:', bad)
 
 
 def runs(d):
@@ -56,9 +28,9 @@ def runs(d):
         if t not in tags:
             tags.append(t)
     # Rows by (op, workload, dtype), in the first run's order, then any the others add.
-    data, keys = {}, []
+    data, keys, startup = {}, [], {}
     for n in names:
-        bits, rows, _ = load(f'{d}/{n}')
+        bits, rows, startup[n] = load(f'{d}/{n}')
         by_key = {}
         for i, r in enumerate(rows):
             k = (r['op'], r['workload'], r['dtype'])
@@ -66,22 +38,33 @@ def runs(d):
             if k not in keys:
                 keys.append(k)
         data[n] = by_key
+    print('startup_ms: ' + ', '.join(f"{n} {startup[n]}" for n in names))
     print('| op | workload | dtype | ' + ' | '.join(f'{t} µs (rel. L2)' for t in tags) + ' | outputs |')
     print('|---|---|---|' + '---|' * len(tags) + '---|')
+    moved = {t: 0 for t in tags[1:]}
     for k in keys:
-        cells, digest = [], {}
+        cells, digest, ref_mean = [], {}, None
         for t in tags:
             times, errs = [], set()
             for n in names:
                 if n.split('-', 1)[1] != t or k not in data[n]:
                     continue
                 row, bits = data[n][k]
-                times.append(f"{row['ours_ms'] * 1e3:.2f}")
+                times.append(row['ours_ms'] * 1e3)
                 if row.get('rel_l2_err') is not None:
                     errs.add(f"{row['rel_l2_err']:.2e}")
                 if bits is not None:
                     digest.setdefault(t, set()).add(bits)
-            cells.append((' / '.join(times) or '—') + (f" ({', '.join(sorted(errs))})" if errs else ''))
+            cell = (' / '.join(f'{x:.2f}' for x in times) or '—') + (f" ({', '.join(sorted(errs))})" if errs else '')
+            mean = sum(times) / len(times) if times else None
+            if t == tags[0]:
+                ref_mean = mean
+            elif mean is not None and ref_mean:
+                dd = mean - ref_mean
+                flag = abs(dd) > 0.1 and abs(dd) / ref_mean > 0.03
+                moved[t] += flag
+                cell += f" Δ {dd:+.2f}{' **' if flag else ''}"
+            cells.append(cell)
         # Against the first tag that printed digests (an older base bench prints none).
         ref_tag = next((t for t in tags if t in digest), None)
         if ref_tag is None:
@@ -93,12 +76,12 @@ def runs(d):
             outputs = ('bitwise equal' if not differ else f'differ from {ref_tag}: ' + ', '.join(differ)) + (
                 f"; no digest: {', '.join(missing)}" if missing else '')
         print(f'| {k[0]} | {k[1]} | {k[2]} | ' + ' | '.join(cells) + f' | {outputs} |')
+    if moved:
+        print(f'rows beyond 3 % and 0.1 µs against {tags[0]}: ' + ', '.join(f'{t} {c}' for t, c in moved.items()))
 
 
 if __name__ == '__main__':
     if len(sys.argv) == 3 and sys.argv[1] == '--runs':
         runs(sys.argv[2])
-    elif len(sys.argv) == 2 and not sys.argv[1].startswith('-') and os.path.isdir(sys.argv[1]):
-        pairs(sys.argv[1])
     else:
         sys.exit(__doc__)

@@ -14,24 +14,45 @@ state; the inputs come from a fixed seed, so every pass sees the same data).
 ``bash .device/run.sh peer-profile WORKLOAD`` does this on the GPU machine and summarises the
 report (``xtask/sass_hotspots.py`` per kernel).
 
-usage: python3 bench/peer_profile.py --workload NAME [--calls N] [--list]
+usage: python3 bench/peer_profile.py --workload NAME [--calls N] [--bench EXE] [--list]
+
+The workloads are the bench's FFTC2CFwd rows (``rgk-bench --list``, no GPU needed), so their
+shapes are written in one place; NAME is a row's name, or ``NAME-DTYPE`` where two rows share a
+name (``throughput-4k-c64``, ``throughput-4k-c128``).
 """
 import argparse
+import json
+import os
+import subprocess
 import sys
 
-# FFTC2CFwd seed workloads: (shape, complex dtype name).
-FFT_WORKLOADS = {
-    "latency-4k": ([4096], "c64"),
-    "throughput-4k": ([64, 4096], "c64"),
-    "throughput-4k-c128": ([64, 4096], "c128"),
-    "longconv-16k": ([64, 16384], "c64"),
-    "longconv-64k": ([8, 65536], "c64"),
-    "spectrogram-1k": ([256, 1024], "c64"),
-    "fnet-512": ([4096, 512], "c64"),
-    "shortconv-64": ([65536, 64], "c64"),
-    "scientific-1m": ([4, 1048576], "c128"),
-    "spectrogram-1k-b300": ([300, 1024], "c64"),
-}
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def default_bench() -> str:
+    """The bench binary: the device pack's, else this checkout's release build."""
+    root = os.path.dirname(HERE)
+    for rel in (".device/rgk-bench", "target/release/rgk-bench"):
+        path = os.path.join(root, rel)
+        if os.access(path, os.X_OK):
+            return path
+    return os.path.join(root, ".device/rgk-bench")
+
+
+def fft_workloads(bench: str) -> dict:
+    """{name: (shape, dtype)} from ``BENCH --list --op FFTC2CFwd``: a row's own name where it is
+    the only row of that name, else ``name-dtype``."""
+    try:
+        out = subprocess.run([bench, "--list", "--op", "FFTC2CFwd"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit(f"peer_profile: cannot list the bench's workloads with {bench}: {e}")
+    rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+    names = [r["workload"] for r in rows]
+    table = {}
+    for r in rows:
+        name = r["workload"] if names.count(r["workload"]) == 1 else f"{r['workload']}-{r['dtype']}"
+        table[name] = (json.loads(r["shapes"]), r["dtype"])
+    return table
 
 
 def main(argv=None) -> int:
@@ -39,13 +60,15 @@ def main(argv=None) -> int:
     ap.add_argument("--workload", help="an FFTC2CFwd seed workload (--list)")
     ap.add_argument("--calls", type=int, default=2, help="profiled calls of each implementation")
     ap.add_argument("--warmup", type=int, default=3, help="unprofiled calls first (TileOPs' JIT)")
+    ap.add_argument("--bench", default=default_bench(), help="the rgk-bench binary whose rows name the workloads")
     ap.add_argument("--list", action="store_true", help="print the workloads and exit")
     args = ap.parse_args(argv)
+    workloads = fft_workloads(args.bench)
     if args.list or not args.workload:
-        print("\n".join(f"{k}: {s} {d}" for k, (s, d) in FFT_WORKLOADS.items()))
+        print("\n".join(f"{k}: {s} {d}" for k, (s, d) in workloads.items()))
         return 0 if args.list else 2
-    if args.workload not in FFT_WORKLOADS:
-        print(f"peer_profile: unknown workload {args.workload!r} (--list)", file=sys.stderr)
+    if args.workload not in workloads:
+        print(f"peer_profile: unknown workload {args.workload!r} (one of: {', '.join(workloads)})", file=sys.stderr)
         return 2
     if args.calls < 1:
         print("peer_profile: --calls must be at least 1", file=sys.stderr)
@@ -59,7 +82,7 @@ def main(argv=None) -> int:
     from tileops.fft import FFTC2CFwdOp as TileOpsFFT
     from torch_alternatives import FLUSH_BYTES  # this script's folder: the bench's flush size
 
-    shape, dt = FFT_WORKLOADS[args.workload]
+    shape, dt = workloads[args.workload]
     dtype = torch.complex64 if dt == "c64" else torch.complex128
     dev = torch.device("cuda")
     g = torch.Generator(device="cpu").manual_seed(20261129)

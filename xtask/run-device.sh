@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (no Rust there), from the repository root, after `cargo xtask device-pack`:
 #   bash .device/run.sh [tests|sanitize|python|bench|all|ab] [ARGS for rgk-bench]
-#   bash .device/run.sh abn "ORDER" [ARGS for rgk-bench]   (ORDER: build tags, e.g. "cur E E cur")
+#   bash .device/run.sh abn "ORDER" [ARGS for rgk-bench]   (ORDER: build tags, e.g. "cur E E cur";
+#                                                          ab is abn "base cur cur base")
 #   bash .device/run.sh profile EXECUTABLE TEST KERNEL_REGEX [LAUNCHES]
 #   bash .device/run.sh source EXECUTABLE TEST KERNEL_REGEX [SKIP]
 #   bash .device/run.sh peer-profile WORKLOAD [CALLS]   (FFT: ours and TileOPs' after the bench's flush)
@@ -229,20 +230,13 @@ PY
 fi
 
 if [ "$mode" = ab ]; then
-  # A/B of the bench built at a base commit (.device/base-rgk-bench, `cargo xtask device-pack
-  # --base REV`) against this one: A1 B1 B2 A2, no alternatives, the same inputs; the table
-  # (times, output digests, rows beyond 3 % and 0.1 µs) goes to ab.md.
+  # The bench built at a base commit (.device/base-rgk-bench, `cargo xtask device-pack --base
+  # REV`) against this one, A B B A: abn "base cur cur base" (below).
   if [ ! -x .device/base-rgk-bench ]; then
     echo "ab: no .device/base-rgk-bench (cargo xtask device-pack --base REV)"; exit 2
   fi
-  for t in A1 B1 B2 A2; do
-    exe=.device/base-rgk-bench; case $t in B*) exe=.device/rgk-bench;; esac
-    $exe --no-alternatives --out "$out/$t.json" --work-dir "/tmp/rgk-ab-$t" "$@" >"$out/$t.log" 2>&1
-    rc=$?
-    echo "ab $t: rc=$rc"
-    [ $rc -eq 0 ] || fail=1
-  done
-  python3 bench/ab_compare.py "$out" | tee "$out/ab.md"
+  mode=abn
+  set -- "base cur cur base" "$@"
 fi
 if [ "$mode" = abn ]; then
   # Any number of bench builds in a given order (`device-pack --variant TAG=SPEC`): ORDER names

@@ -75,6 +75,10 @@ struct Args {
     /// with different pads measures how much a row's time depends on placement alone.
     #[arg(long, default_value_t = 0)]
     pad_mib: usize,
+    /// Print the selected workloads (one JSON object per line: op, workload, dtype, shapes) and
+    /// exit; needs no GPU.
+    #[arg(long)]
+    list: bool,
 }
 
 fn main() -> ExitCode {
@@ -128,6 +132,13 @@ fn run(args: &Args, started: Instant) -> Result<bool, String> {
             "no workload matches --op/--workload (ops: {}; --workload matches part of a workload's name)",
             ops.join(", ")
         ));
+    }
+    if args.list {
+        for w in &workloads {
+            let line = serde_json::json!({"op": w.op, "workload": w.name, "dtype": w.dtype, "shapes": w.shapes});
+            println!("{line}");
+        }
+        return Ok(true);
     }
     if !rgk::cuda_available() {
         println!(

@@ -8,7 +8,9 @@
 //! - `python-test`: builds the `rgk` Python package's wheel (`python/`, maturin) into
 //!   `target/wheels`, installs it into the virtual environment `./x setup` makes
 //!   (`target/pyenv`, with torch and pytest), and runs `python/tests` (the GPU tests skip without
-//!   a GPU).
+//!   a GPU), then the CPU tests of the bench's Python parts (`bench/test_torch_alternatives.py`:
+//!   the alternatives script; `bench/test_bench_tools.py`: the A/B table and the profiling
+//!   script's workload names).
 //! - `wheel [OUT]`: builds the release wheel for distribution into OUT (default
 //!   `target/dist`): tagged `manylinux_2_28` (glibc ≥ 2.28, what PyPI accepts), linked through zig
 //!   so that no newer glibc symbol slips in; needs `ziglang` in `target/pyenv`
@@ -190,7 +192,13 @@ fn python_test(root: &Path) -> Result<(), String> {
     let wheel = wheel.to_string_lossy().to_string();
     run(&["-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", &wheel], "installing the rgk wheel")?;
     let tests = root.join("python/tests").to_string_lossy().to_string();
-    run(&["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", &tests], "python/tests")
+    run(&["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", &tests], "python/tests")?;
+    // The bench's alternatives script (its eager alternatives against a numpy f64 reference, its
+    // CUPTI record parsing and its bookkeeping) on the CPU.
+    for test in ["bench/test_torch_alternatives.py", "bench/test_bench_tools.py"] {
+        run(&[&root.join(test).to_string_lossy()], test)?;
+    }
+    Ok(())
 }
 
 fn build(root: &Path) -> Result<(), String> {

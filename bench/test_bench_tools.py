@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""CPU test of the device tools' Python parts: `bench/ab_compare.py --runs` (the A/B table of
+`run.sh abn` and `run.sh ab`) on runs written here, and `bench/peer_profile.py`'s workload names,
+read from a stand-in for `rgk-bench --list`.
+
+Run:  python3 bench/test_bench_tools.py
+"""
+import contextlib
+import io
+import json
+import os
+import stat
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import ab_compare  # noqa: E402
+import peer_profile  # noqa: E402
+
+
+def write_run(d, n, tag, times_us, digests, errs=(1.3e-7, None)):
+    rows = [
+        {"op": "FFTC2CFwd", "workload": "latency-4k", "dtype": "c64", "ours_ms": times_us[0] / 1e3, "rel_l2_err": errs[0]},
+        {"op": "MHCPreFwd", "workload": "hidden-1280", "dtype": "bf16", "ours_ms": times_us[1] / 1e3, "rel_l2_err": errs[1]},
+    ]
+    with open(os.path.join(d, f"{n:02d}-{tag}.json"), "w") as f:
+        json.dump({"rows": rows, "startup_ms": 1000 + n}, f)
+    with open(os.path.join(d, f"{n:02d}-{tag}.log"), "w") as f:
+        f.write("".join(f"row {i} verified=true bits {b}\n" for i, b in enumerate(digests)))
+
+
+def table(d):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        ab_compare.runs(d)
+    return out.getvalue().splitlines()
+
+
+def test_ab_compare_marks_moves_and_digests():
+    with tempfile.TemporaryDirectory() as d:
+        write_run(d, 1, "base", [2.98, 3.55], ["aa", "bb"])
+        write_run(d, 2, "cur", [2.80, 3.56], ["aa", "bb"])
+        write_run(d, 3, "cur", [2.82, 3.54], ["aa", "bc"])
+        write_run(d, 4, "base", [2.96, 3.55], ["aa", "bb"])
+        lines = table(d)
+    fft = next(l for l in lines if "latency-4k" in l)
+    mhc = next(l for l in lines if "hidden-1280" in l)
+    # Means 2.97 against 2.81: −0.16 µs and −5.4 %, beyond both bounds.
+    assert "2.98 / 2.96 (1.30e-07)" in fft and "2.80 / 2.82 (1.30e-07) Δ -0.16 **" in fft, fft
+    assert fft.endswith("| bitwise equal |"), fft
+    # 3.55 against 3.55: inside the bounds; the second cur run's digest differs.
+    assert "Δ +0.00 |" in mhc and "**" not in mhc, mhc
+    assert "differ from base: cur" in mhc, mhc
+    assert lines[-1] == "rows beyond 3 % and 0.1 µs against base: cur 1", lines[-1]
+    assert lines[0].startswith("startup_ms: 01-base 1001"), lines[0]
+
+
+def test_ab_compare_small_moves_are_not_marked():
+    # +0.12 µs on 3.55 is 3.4 %: beyond both; +0.09 is under 0.1 µs; +0.11 on 4.0 is 2.75 %.
+    with tempfile.TemporaryDirectory() as d:
+        write_run(d, 1, "cur", [3.55, 4.00], ["a", "b"])
+        write_run(d, 2, "D", [3.67, 4.11], ["a", "b"])
+        write_run(d, 3, "E", [3.64, 4.00], ["a", "b"])
+        lines = table(d)
+    fft = next(l for l in lines if "latency-4k" in l)
+    mhc = next(l for l in lines if "hidden-1280" in l)
+    assert "3.67 (1.30e-07) Δ +0.12 **" in fft and "3.64 (1.30e-07) Δ +0.09 |" in fft, fft
+    assert "4.11 Δ +0.11 |" in mhc, mhc
+    assert lines[-1] == "rows beyond 3 % and 0.1 µs against cur: D 1, E 0", lines[-1]
+
+
+def fake_bench(d, rows):
+    path = os.path.join(d, "rgk-bench")
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\n")
+        f.write('[ "$1 $2 $3" = "--list --op FFTC2CFwd" ] || exit 2\n')
+        f.write("cat <<'EOF'\n" + "".join(json.dumps(r) + "\n" for r in rows) + "EOF\n")
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_peer_profile_names_come_from_the_bench():
+    rows = [
+        {"op": "FFTC2CFwd", "workload": "latency-4k", "dtype": "c64", "shapes": "[4096]"},
+        {"op": "FFTC2CFwd", "workload": "throughput-4k", "dtype": "c64", "shapes": "[64, 4096]"},
+        {"op": "FFTC2CFwd", "workload": "throughput-4k", "dtype": "c128", "shapes": "[64, 4096]"},
+    ]
+    with tempfile.TemporaryDirectory() as d:
+        table_ = peer_profile.fft_workloads(fake_bench(d, rows))
+        assert table_ == {
+            "latency-4k": ([4096], "c64"),
+            "throughput-4k-c64": ([64, 4096], "c64"),
+            "throughput-4k-c128": ([64, 4096], "c128"),
+        }, table_
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = peer_profile.main(["--bench", os.path.join(d, "rgk-bench"), "--workload", "throughput-4k"])
+        assert rc == 2 and "throughput-4k-c64, throughput-4k-c128" in err.getvalue(), err.getvalue()
+
+
+def test_peer_profile_without_a_bench_says_so():
+    try:
+        peer_profile.fft_workloads("/nonexistent/rgk-bench")
+    except SystemExit as e:
+        assert "cannot list the bench's workloads" in str(e), e
+    else:
+        raise AssertionError("no error without a bench binary")
+
+
+if __name__ == "__main__":
+    tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
+    for t in tests:
+        t()
+        print(f"ok {t.__name__}")
+    print(f"{len(tests)} passed")
