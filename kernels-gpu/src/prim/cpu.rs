@@ -16,14 +16,19 @@
 //! from that by up to 2 ulp, so CPU results are compared to the f64 references with the GPU
 //! tests' tolerances, not bitwise to the GPU. `mma` sums its products in f64 (exact for the
 //! 16-bit inputs) and rounds once; the tensor cores' internal order differs likewise.
-//! Loads and stores are plain memory accesses, `cp.async` a copy at issue (its waits no-ops),
-//! atomics host atomics, `griddepcontrol` and prefetches no-ops.
+//! Loads and stores are plain memory accesses, atomics host atomics, `griddepcontrol` and
+//! prefetches no-ops. A `cp.async` copy reads its source at issue and writes shared memory only
+//! when one of its thread's waits covers its group (`cp.async.wait_group` / `wait_all`, with
+//! PTX's group accounting), so a shared read that a missing or miscounted wait leaves
+//! uncovered sees the poison or a stale value; copies no wait covered are dropped at the end of
+//! the block.
 #![allow(clippy::missing_safety_doc)]
 
-use core::cell::Cell;
+use core::cell::{Cell, RefCell};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use corosensei::stack::DefaultStack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
+use std::collections::VecDeque;
 use std::vec::Vec;
 
 // ---------------------------------------------------------------- launch
@@ -91,6 +96,36 @@ struct Thread {
     buf: Cell<usize>,
     rank: u32,
     cluster: *const Cluster,
+    /// Its `cp.async` copies in flight.
+    cp_async: RefCell<CpAsync>,
+}
+
+/// One thread's `cp.async` copies not yet written: those issued since its last commit, and the
+/// committed groups, oldest first.
+#[derive(Default)]
+struct CpAsync {
+    open: Vec<PendingCopy>,
+    groups: VecDeque<Vec<PendingCopy>>,
+}
+
+/// A copy's source bytes (read at issue) and its shared-memory destination.
+struct PendingCopy {
+    dst: *mut u8,
+    bytes: [u8; 16],
+    len: usize,
+}
+
+impl CpAsync {
+    /// Writes every committed group but the newest `keep`.
+    fn complete_all_but(&mut self, keep: usize) {
+        while self.groups.len() > keep {
+            for c in self.groups.pop_front().unwrap_or_default() {
+                // SAFETY: `dst` addresses `len` bytes of the block's shared memory (checked at
+                // issue); the block is still running (pending copies are dropped at its end).
+                unsafe { core::ptr::copy_nonoverlapping(c.bytes.as_ptr(), c.dst, c.len) };
+            }
+        }
+    }
 }
 
 /// An emulated thread's coroutine: resumed with nothing, yields nothing (it only hands over).
@@ -197,6 +232,7 @@ pub fn launch_cluster(grid: (u32, u32, u32), block: (u32, u32, u32), cluster_x: 
                 buf: Cell::new(0),
                 rank,
                 cluster: cl,
+                cp_async: RefCell::new(CpAsync::default()),
             };
             THREAD.with(|c| c.set(&me));
             YIELDER.with(|c| c.set(y));
@@ -215,6 +251,8 @@ pub fn launch_cluster(grid: (u32, u32, u32), block: (u32, u32, u32), cluster_x: 
                             unsafe { core::ptr::write_bytes(p, 0xFF, cl.smem_bytes) };
                         }
                         f();
+                        // Copies no wait covered would land in the next block's buffer.
+                        *me.cp_async.borrow_mut() = CpAsync::default();
                         cl.bar.wait();
                         me.buf.set(1 - buf);
                     }
@@ -675,31 +713,49 @@ pub unsafe fn sts_v2_f64(a: u32, x: f64, y: f64) {
     *shared::<[f64; 2]>(a) = [x, y]
 }
 
-// ---------------------------------------------------------------- cp.async (a copy at issue)
+// ---------------------------------------------------------------- cp.async (written at its wait)
 
+/// Reads `len` bytes of `src` now and queues their write to `dst` in the thread's open group.
+unsafe fn cp_async(dst: *mut u8, src: *const u8, len: usize) {
+    aligned(dst, len);
+    aligned(src, len);
+    global(src, len);
+    let base = dyn_smem::<u8>() as usize;
+    let off = (dst as usize).wrapping_sub(base);
+    assert!(off + len <= cluster().smem_bytes, "cp.async destination {dst:?} outside the block's shared memory");
+    let mut bytes = [0u8; 16];
+    core::ptr::copy_nonoverlapping(src, bytes.as_mut_ptr(), len);
+    thread().cp_async.borrow_mut().open.push(PendingCopy { dst, bytes, len });
+}
 pub unsafe fn cp_async_16(dst: *mut u8, src: *const u8) {
-    aligned(dst, 16);
-    aligned(src, 16);
-    global(src, 16);
-    core::ptr::copy_nonoverlapping(src, dst, 16);
+    cp_async(dst, src, 16)
 }
 pub unsafe fn cp_async_16_evict_first(dst: *mut u8, src: *const u8) {
     cp_async_16(dst, src)
 }
 pub unsafe fn cp_async_4(dst: *mut u8, src: *const u8) {
-    aligned(dst, 4);
-    aligned(src, 4);
-    global(src, 4);
-    core::ptr::copy_nonoverlapping(src, dst, 4);
+    cp_async(dst, src, 4)
 }
 pub unsafe fn cp_async_16_s(dst: u32, src: *const u8) {
-    aligned(src, 16);
-    global(src, 16);
-    core::ptr::copy_nonoverlapping(src, shared::<[u8; 16]>(dst) as *mut u8, 16);
+    cp_async(shared::<[u8; 16]>(dst) as *mut u8, src, 16)
 }
-pub fn cp_async_wait_all() {}
-pub fn cp_async_commit_group() {}
-pub fn cp_async_wait_group_1() {}
+/// `cp.async.wait_all`: commits the open copies and completes every group.
+pub fn cp_async_wait_all() {
+    cp_async_commit_group();
+    thread().cp_async.borrow_mut().complete_all_but(0);
+}
+/// `cp.async.commit_group`: the copies issued since the last commit become the newest group
+/// (possibly an empty one).
+pub fn cp_async_commit_group() {
+    let mut st = thread().cp_async.borrow_mut();
+    let open = core::mem::take(&mut st.open);
+    st.groups.push_back(open);
+}
+/// `cp.async.wait_group 1`: every committed group but the newest is complete; uncommitted
+/// copies stay in flight.
+pub fn cp_async_wait_group_1() {
+    thread().cp_async.borrow_mut().complete_all_but(1);
+}
 
 // ---------------------------------------------------------------- clusters
 
