@@ -31,22 +31,27 @@ def write_run(d, n, tag, times_us, digests, errs=(1.3e-7, None)):
         f.write("".join(f"row {i} verified=true bits {b}\n" for i, b in enumerate(digests)))
 
 
-def table(d):
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        ab_compare.runs(d)
-    return out.getvalue().splitlines()
+def table(runs):
+    """`ab_compare.runs` over `runs` [(tag, [fft µs, mhc µs], digests)], numbered in order:
+    the FFT row's line, the mHC row's line, and every line."""
+    with tempfile.TemporaryDirectory() as d:
+        for n, (tag, times, digests) in enumerate(runs, 1):
+            write_run(d, n, tag, times, digests)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            ab_compare.runs(d)
+    lines = out.getvalue().splitlines()
+    row = lambda name: next(l for l in lines if name in l)  # noqa: E731
+    return row("latency-4k"), row("hidden-1280"), lines
 
 
 def test_ab_compare_marks_moves_and_digests():
-    with tempfile.TemporaryDirectory() as d:
-        write_run(d, 1, "base", [2.98, 3.55], ["aa", "bb"])
-        write_run(d, 2, "cur", [2.80, 3.56], ["aa", "bb"])
-        write_run(d, 3, "cur", [2.82, 3.54], ["aa", "bc"])
-        write_run(d, 4, "base", [2.96, 3.55], ["aa", "bb"])
-        lines = table(d)
-    fft = next(l for l in lines if "latency-4k" in l)
-    mhc = next(l for l in lines if "hidden-1280" in l)
+    fft, mhc, lines = table([
+        ("base", [2.98, 3.55], ["aa", "bb"]),
+        ("cur", [2.80, 3.56], ["aa", "bb"]),
+        ("cur", [2.82, 3.54], ["aa", "bc"]),
+        ("base", [2.96, 3.55], ["aa", "bb"]),
+    ])
     # Means 2.97 against 2.81: −0.16 µs and −5.4 %, beyond both bounds.
     assert "2.98 / 2.96 (1.30e-07)" in fft and "2.80 / 2.82 (1.30e-07) Δ -0.16 **" in fft, fft
     assert fft.endswith("| bitwise equal |"), fft
@@ -59,13 +64,7 @@ def test_ab_compare_marks_moves_and_digests():
 
 def test_ab_compare_small_moves_are_not_marked():
     # +0.12 µs on 3.55 is 3.4 %: beyond both; +0.09 is under 0.1 µs; +0.11 on 4.0 is 2.75 %.
-    with tempfile.TemporaryDirectory() as d:
-        write_run(d, 1, "cur", [3.55, 4.00], ["a", "b"])
-        write_run(d, 2, "D", [3.67, 4.11], ["a", "b"])
-        write_run(d, 3, "E", [3.64, 4.00], ["a", "b"])
-        lines = table(d)
-    fft = next(l for l in lines if "latency-4k" in l)
-    mhc = next(l for l in lines if "hidden-1280" in l)
+    fft, mhc, lines = table([("cur", [3.55, 4.00], ["a", "b"]), ("D", [3.67, 4.11], ["a", "b"]), ("E", [3.64, 4.00], ["a", "b"])])
     assert "3.67 (1.30e-07) Δ +0.12 **" in fft and "3.64 (1.30e-07) Δ +0.09 |" in fft, fft
     assert "4.11 Δ +0.11 |" in mhc, mhc
     assert lines[-1] == "rows beyond 3 % and 0.1 µs against cur: D 1, E 0", lines[-1]
