@@ -236,6 +236,28 @@ pub struct Planned<A> {
     pub kernel: &'static str,
     pub dims: LaunchDims,
     pub args: A,
+    /// Launched as a programmatic dependent of the previous kernel on the stream
+    /// ([`launch_pdl`]): it may start before that kernel ends and must not touch what that
+    /// kernel writes before its `griddepcontrol.wait` (the CPU simulation runs every block up
+    /// to its wait with the previous launch's writes undone).
+    pub dependent: bool,
+}
+
+/// Launches `p` on `stream` as its planner says: a programmatic dependent ([`launch_pdl`])
+/// when `p.dependent`, else a plain launch ([`launch`]).
+///
+/// # Safety
+/// As [`launch`] and, for a dependent launch, [`launch_pdl`].
+pub(crate) unsafe fn launch_planned<A: KernelArgs>(
+    f: &CudaFunction,
+    p: &Planned<A>,
+    stream: sys::CUstream,
+) -> Result<()> {
+    if p.dependent {
+        launch_pdl(f, p.dims, stream, &p.args)
+    } else {
+        launch(f, p.dims, stream, &p.args)
+    }
 }
 
 /// Launches `f` on `stream` with its argument struct (the kernel's parameters are its fields).

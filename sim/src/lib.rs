@@ -85,11 +85,18 @@ entry_table!($ fft, fft_pass_kernels, kernels_gpu::fft::stockham);
 entry_table!($ engram_decode, decode_kernels, kernels_gpu::engram::decode);
 
 /// Runs the planned launch on the CPU: the entry named `p.kernel` in `table`, with `p`'s
-/// geometry and arguments (the entry must take `A`, the planner's argument struct).
+/// geometry and arguments (the entry must take `A`, the planner's argument struct); a
+/// `p.dependent` launch as a programmatic dependent of the previous `run` on this thread
+/// (`prim::cpu::launch_dependent`: until its wait each block sees that launch's writes undone).
 pub fn run<A: Copy + 'static>(table: EntryTable, p: &Planned<A>) {
     let entry = table(p.kernel).unwrap_or_else(|| panic!("no kernel named {}", p.kernel));
     let Ok(f) = entry.downcast::<unsafe fn(A)>() else {
         panic!("{} does not take {}", p.kernel, std::any::type_name::<A>());
     };
-    kernels_gpu::prim::cpu::launch_kernel(p.dims.grid, p.dims.block, p.dims.shared_bytes, *f, p.args);
+    let d = p.dims;
+    if p.dependent {
+        kernels_gpu::prim::cpu::launch_kernel_dependent(d.grid, d.block, d.shared_bytes, *f, p.args);
+    } else {
+        kernels_gpu::prim::cpu::launch_kernel(d.grid, d.block, d.shared_bytes, *f, p.args);
+    }
 }

@@ -1,7 +1,8 @@
 //! The software GPU itself (`kernels_gpu::prim::cpu`): barriers order a block's threads, shared
 //! memory starts poisoned, warp collectives exchange lanes, a cluster's blocks see each other's
-//! shared memory, blocks run one after another, and a launch that cannot finish (a deadlocked
-//! barrier, a panicking thread) fails instead of hanging.
+//! shared memory, blocks run one after another, a launch that cannot finish (a deadlocked
+//! barrier, a panicking thread) fails instead of hanging, and a programmatic dependent launch
+//! sees the previous launch's writes only after its `griddepcontrol.wait`.
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use kernels_gpu::prim::{self, cpu};
@@ -110,4 +111,88 @@ fn a_trapping_thread_ends_the_launch() {
         }
         prim::sync_threads();
     });
+}
+
+/// The global index of this thread in a one-dimensional launch.
+fn global_id() -> usize {
+    (prim::block_idx_x() * prim::block_dim_x() + prim::thread_idx_x()) as usize
+}
+
+/// A plain launch writes `src`; a dependent launch reads it before and after its
+/// `griddepcontrol.wait`. Before the wait every block sees `src` as it was before the first
+/// launch (the previous kernel may not have run yet), after it the first launch's values; and
+/// the buffer holds them once the launch is over.
+#[test]
+fn a_dependent_launch_sees_the_previous_writes_only_after_its_wait() {
+    let (grid, threads) = (3u32, 64u32);
+    let n = (grid * threads) as usize;
+    let mut src = sim::DevBuf::zeroed(4 * n);
+    let mut seen = sim::DevBuf::zeroed(8 * n);
+    let (s, o) = (src.addr() as usize, seen.addr() as usize);
+    cpu::launch((grid, 1, 1), (threads, 1, 1), 0, || {
+        let i = global_id();
+        // SAFETY: `n` u32 of `src`.
+        unsafe { *(s as *mut u32).add(i) = 7 + i as u32 };
+    });
+    cpu::launch_dependent((grid, 1, 1), (threads, 1, 1), 0, || {
+        let i = global_id();
+        // SAFETY: `n` u32 of `src`, `2n` of `seen`.
+        unsafe {
+            let before = *(s as *const u32).add(i);
+            prim::grid_dependency_wait();
+            let after = *(s as *const u32).add(i);
+            *(o as *mut u32).add(2 * i) = before;
+            *(o as *mut u32).add(2 * i + 1) = after;
+        }
+    });
+    let v = seen.read::<u32>();
+    for i in 0..n {
+        assert_eq!((v[2 * i], v[2 * i + 1]), (0, 7 + i as u32), "thread {i}");
+    }
+    assert_eq!(src.read::<u32>(), (0..n as u32).map(|i| 7 + i).collect::<Vec<_>>());
+}
+
+/// A barrier that one thread reaches before its wait and the others after theirs: on the GPU
+/// the previous kernel ends on its own and the block goes on; here too (no deadlock), and every
+/// read after a wait sees the previous launch's writes. A dependent kernel without a wait sees
+/// them in none of its blocks.
+#[test]
+fn a_dependent_launch_with_a_barrier_before_one_wait_completes() {
+    let (grid, threads) = (2u32, 64u32);
+    let n = (grid * threads) as usize;
+    let mut src = sim::DevBuf::zeroed(4 * n);
+    let mut seen = sim::DevBuf::zeroed(4 * n);
+    let (s, o) = (src.addr() as usize, seen.addr() as usize);
+    let write = || {
+        let i = global_id();
+        // SAFETY: `n` u32 of `src`.
+        unsafe { *(s as *mut u32).add(i) = 100 + i as u32 };
+    };
+    cpu::launch((grid, 1, 1), (threads, 1, 1), 0, write);
+    cpu::launch_dependent((grid, 1, 1), (threads, 1, 1), 0, || {
+        if prim::thread_idx_x() == 0 {
+            prim::sync_threads();
+            prim::grid_dependency_wait();
+        } else {
+            prim::grid_dependency_wait();
+            prim::sync_threads();
+        }
+        let i = global_id();
+        // SAFETY: `n` u32 of `src` and of `seen`.
+        unsafe { *(o as *mut u32).add(i) = *(s as *const u32).add(i) };
+    });
+    assert_eq!(seen.read::<u32>(), (0..n as u32).map(|i| 100 + i).collect::<Vec<_>>());
+    // The same writes again (from a plain launch), then a dependent kernel that never waits.
+    cpu::launch((grid, 1, 1), (threads, 1, 1), 0, || {
+        let i = global_id();
+        // SAFETY: as above.
+        unsafe { *(s as *mut u32).add(i) = 300 + i as u32 };
+    });
+    cpu::launch_dependent((grid, 1, 1), (threads, 1, 1), 0, || {
+        let i = global_id();
+        // SAFETY: as above.
+        unsafe { *(o as *mut u32).add(i) = *(s as *const u32).add(i) };
+    });
+    assert_eq!(seen.read::<u32>(), (0..n as u32).map(|i| 100 + i).collect::<Vec<_>>());
+    assert_eq!(src.read::<u32>(), (0..n as u32).map(|i| 300 + i).collect::<Vec<_>>());
 }

@@ -1,16 +1,16 @@
-//! FFTC2CFwd on the CPU: the planner's passes (`rgk::fft::plan`) launched with exactly the
-//! arguments `FftPlan::execute_raw` passes (`pass_args`) and the plan's own tables, so a
-//! kernel/host disagreement (entry table, argument order, geometry, tables) shows. Every kernel
+//! FFTC2CFwd on the CPU: the planner's passes (`rgk::fft::plan`) run as exactly the launches
+//! `FftPlan::execute_raw` submits (`pass_launch`: kernel, arguments, geometry, dependency) on
+//! the plan's own tables, so a kernel/host disagreement (entry table, argument order,
+//! geometry, tables, a read before the grid-dependency wait) shows. Every kernel
 //! of the planner's table runs here; the rel L2 error is held to the GPU tests' bar.
 use kernel_abi::FftPassArgs;
 use kernels_gpu::fft::cx::Mem;
 use rgk::fft::plan::{
-    four_step, four_step_tables, kernel, one_pass, pass_args, persist, plan, stage_table, Buf, Form, Layout, Pass,
+    four_step, four_step_tables, kernel, one_pass, pass_launch, persist, plan, stage_table, Buf, Form, Layout, Pass,
     PlanPtrs, KERNELS,
 };
 use rgk::fft::Precision;
 use rgk::reference::{fft_c2c_fwd, fft_error, fft_error_bound};
-use rgk::Planned;
 use sim::DevBuf;
 
 /// A storage precision of the simulation.
@@ -98,13 +98,10 @@ fn execute<T: Elem>(passes: &[Pass], log_n: u32, batch: usize, x: &[f64], in_pla
     // an index past the table shows as a NaN result).
     let stw: Vec<(DevBuf, Vec<u64>)> =
         passes.iter().map(|p| upload_tables::<T>(&[&stage_table(p.log_l, p.e)])).collect();
-    for (p, st) in passes.iter().zip(&stw) {
-        let a = pass_args(p, log_n, ptrs, st.1[0], xa, ya);
+    for (i, (p, st)) in passes.iter().zip(&stw).enumerate() {
         // Every buffer a pass names is one the plan holds.
         assert!(p.src != Buf::Work || work.is_some(), "{p:?}");
-        let kernel = if unaligned { p.unaligned } else { p.kernel };
-        let dims = rgk::LaunchDims { grid: (a.grid, 1, 1), block: (a.threads, 1, 1), shared_bytes: a.smem_bytes };
-        sim::run::<FftPassArgs>(sim::fft, &Planned { kernel: kernel.name, dims, args: a.kernel });
+        sim::run::<FftPassArgs>(sim::fft, &pass_launch(passes, i, log_n, ptrs, st.1[0], xa, ya, unaligned));
     }
     if passes.is_empty() {
         return x.iter().map(|&v| T::from_f64(v).to_f64()).collect();

@@ -21,7 +21,7 @@ use kernel_abi::{
 use kernel_abi::{decode_policies, DecodePolicy, Elem, Policy};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, Planned, StreamOrder};
+use crate::runtime::{launch_planned, GraphReplay, LaunchDims, Planned, StreamOrder};
 use crate::{Error, Gpu, Result};
 
 /// The decode step's PTX entries, from the policy types of `kernel_abi::decode_kernels!` (the
@@ -776,10 +776,10 @@ impl EngramDecodePlan {
             decode_step_launches(&self.shape, &self.steps, dtype, i, s_in, s_out, y, pos, write_row, shift_state, pp)?;
         // One launch with last-block-done tickets: b1/b4/b8 9.55/12.86/14.50 µs vs 8.50/13.84/9.92 (warp finish).
         // One launch in one thread-block cluster, finish over distributed shared memory: 5.54/5.92/5.92 µs.
-        launch(gpu.function(projection.kernel)?, projection.dims, stream, &projection.args)?;
+        launch_planned(gpu.function(projection.kernel)?, &projection, stream)?;
         // The finish as a programmatic dependent (`launch_pdl`): it starts while the projection
         // runs and waits in `griddepcontrol.wait` before it reads the partials.
-        launch_pdl(gpu.function(finish.kernel)?, finish.dims, stream, &finish.args)
+        launch_planned(gpu.function(finish.kernel)?, &finish, stream)
     }
 }
 
@@ -858,8 +858,8 @@ pub fn decode_step_launches(
         }
     };
     Ok([
-        Planned { kernel: step.projection.entry(dtype)?, dims, args: projection },
-        Planned { kernel: step.finish.entry(dtype)?, dims: fin_dims, args: finish },
+        Planned { kernel: step.projection.entry(dtype)?, dims, args: projection, dependent: false },
+        Planned { kernel: step.finish.entry(dtype)?, dims: fin_dims, args: finish, dependent: true },
     ])
 }
 

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, DevicePtr, DevicePtrMut};
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, Planned};
+use crate::runtime::{launch_planned, GraphReplay, LaunchDims, Planned};
 use crate::verify::Half;
 use crate::{Error, Gpu, Result};
 use kernel_abi::engram::gate::layout::{
@@ -511,8 +511,8 @@ unsafe fn launch_fwd(
     stream: CUstream,
 ) -> Result<()> {
     match fwd_launch(plan, bf16, inputs, outputs)? {
-        GateFwdLaunch::Smem(p) => launch(checked_function(gpu, &p)?, p.dims, stream, &p.args),
-        GateFwdLaunch::Tiled(p) => launch(checked_function(gpu, &p)?, p.dims, stream, &p.args),
+        GateFwdLaunch::Smem(p) => launch_planned(checked_function(gpu, &p)?, &p, stream),
+        GateFwdLaunch::Tiled(p) => launch_planned(checked_function(gpu, &p)?, &p, stream),
     }
 }
 
@@ -570,7 +570,7 @@ fn fwd_launch(
                 chunk_magic,
                 eps,
             };
-            GateFwdLaunch::Smem(Planned { kernel, dims, args })
+            GateFwdLaunch::Smem(Planned { kernel, dims, args, dependent: false })
         }
         FwdKernel::SmemGrid1d { .. } | FwdKernel::StreamVec8 | FwdKernel::StreamScalar => {
             let args = GateFwdArgs {
@@ -592,7 +592,7 @@ fn fwd_launch(
                 ntiles: plan.ntiles,
                 eps,
             };
-            GateFwdLaunch::Tiled(Planned { kernel, dims, args })
+            GateFwdLaunch::Tiled(Planned { kernel, dims, args, dependent: false })
         }
     })
 }
@@ -625,13 +625,13 @@ unsafe fn launch_bwd(
             if bytes > SMEM_DEFAULT && f.get_attribute(attr)? < bytes as i32 {
                 f.set_attribute(attr, bytes as i32)?;
             }
-            launch(f, p.dims, stream, &p.args)?;
+            launch_planned(f, &p, stream)?;
         }
-        GateBwdMainLaunch::Tiled(p) => launch(checked_function(gpu, &p)?, p.dims, stream, &p.args)?,
+        GateBwdMainLaunch::Tiled(p) => launch_planned(checked_function(gpu, &p)?, &p, stream)?,
     }
     // the reduce kernel waits for the main kernel's partials with `griddepcontrol.wait`; its
     // launch and start-up overlap the main kernel (bitwise the same outputs as a plain launch)
-    launch_pdl(gpu.function(reduce.kernel)?, reduce.dims, stream, &reduce.args)
+    launch_planned(gpu.function(reduce.kernel)?, &reduce, stream)
 }
 
 /// The main kernel's launch of an EngramGateConvBwd plan.
@@ -686,7 +686,7 @@ fn bwd_launches(
                 inv_d,
                 eps,
             };
-            GateBwdMainLaunch::Split(Planned { kernel, dims, args })
+            GateBwdMainLaunch::Split(Planned { kernel, dims, args, dependent: false })
         }
         BwdMain::RowWarp { .. } | BwdMain::StreamVec8 | BwdMain::StreamScalar => {
             // dconv in shared memory, else in the workspace after the partials
@@ -718,11 +718,11 @@ fn bwd_launches(
                 ntiles: plan.ntiles,
                 eps,
             };
-            GateBwdMainLaunch::Tiled(Planned { kernel, dims, args })
+            GateBwdMainLaunch::Tiled(Planned { kernel, dims, args, dependent: false })
         }
     };
     let args = GateBwdReduceArgs { part, drms_w_h, drms_w_v, dconv_w, nblocks: plan.blocks, d };
-    Ok((main, Planned { kernel: plan.reduce.entry()?, dims: plan.reduce_dims, args }))
+    Ok((main, Planned { kernel: plan.reduce.entry()?, dims: plan.reduce_dims, args, dependent: true }))
 }
 
 /// The inputs of [`gate_conv_fwd`] (docs/ops.md §4; `h` is the op's `H`): `h, k, v` `[M,T,d]`,

@@ -36,7 +36,7 @@ use cudarc::driver::{
 use num_complex::Complex;
 
 use crate::error::check_len;
-use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, StreamOrder};
+use crate::runtime::{launch_planned, GraphReplay, StreamOrder};
 use crate::{Error, Gpu, Result};
 
 mod floor;
@@ -462,21 +462,9 @@ impl FftPlan {
             return Ok(());
         }
         let log_n = self.n.trailing_zeros();
-        for (i, (p, &stw)) in self.passes.iter().zip(&self.stw_ptrs).enumerate() {
-            let a = plan::pass_args(p, log_n, self.ptrs, stw, x, y);
-            // The staged kernels copy 16-byte chunks: an 8-byte aligned `x` (a sub-view) takes
-            // the pass's `unaligned` kernel (same table and geometry).
-            let kernel = if (a.kernel.x as u64).is_multiple_of(16) { p.kernel } else { p.unaligned };
-            let f = gpu.function(kernel.name)?;
-            let dims = LaunchDims { grid: (a.grid, 1, 1), block: (a.threads, 1, 1), shared_bytes: a.smem_bytes };
-            // Every pass after the first as a programmatic dependent of the one before: its
-            // launch, block start-up and twiddle loads overlap the previous pass
-            // (longconv-16k 13.57 → 12.99 µs).
-            if i > 0 {
-                launch_pdl(f, dims, stream, &a.kernel)?;
-            } else {
-                launch(f, dims, stream, &a.kernel)?;
-            }
+        for (i, &stw) in self.stw_ptrs.iter().enumerate() {
+            let l = plan::pass_launch(&self.passes, i, log_n, self.ptrs, stw, x, y, false);
+            launch_planned(gpu.function(l.kernel)?, &l, stream)?;
         }
         Ok(())
     }

@@ -3,7 +3,7 @@ use cudarc::driver::{sys::CUdeviceptr, sys::CUstream, DevicePtr, DevicePtrMut};
 use half::bf16;
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, LaunchDims, Planned};
+use crate::runtime::{launch_planned, LaunchDims, Planned};
 use crate::{Gpu, Result};
 use kernel_abi::{PostAnyArgs, PostRowsArgs};
 
@@ -139,8 +139,8 @@ pub unsafe fn post_fwd_raw(
     stream: CUstream,
 ) -> Result<()> {
     match post_fwd_plan(shape, x_layer_out, h_post, x_res, x_out)? {
-        PostLaunch::Rows(p) => launch(gpu.function(p.kernel)?, p.dims, stream, &p.args),
-        PostLaunch::Any(p) => launch(gpu.function(p.kernel)?, p.dims, stream, &p.args),
+        PostLaunch::Rows(p) => launch_planned(gpu.function(p.kernel)?, &p, stream),
+        PostLaunch::Any(p) => launch_planned(gpu.function(p.kernel)?, &p, stream),
     }
 }
 
@@ -172,13 +172,13 @@ pub fn post_fwd_plan(
         PostKernel::Rows { grid } => {
             let args = PostRowsArgs { x_layer_out, h_post, x_res, x_out, n: shape.n as u32, c: shape.c as u32 };
             let dims = LaunchDims { grid, block: (BLOCK, 1, 1), shared_bytes: 0 };
-            PostLaunch::Rows(Planned { kernel, dims, args })
+            PostLaunch::Rows(Planned { kernel, dims, args, dependent: false })
         }
         PostKernel::Any { blocks } => {
             let (n, c, total) = (shape.n as u64, shape.c as u64, total as u64);
             let args = PostAnyArgs { x_layer_out, h_post, x_res, x_out, n, c, total };
             let dims = LaunchDims { grid: (blocks, 1, 1), block: (BLOCK, 1, 1), shared_bytes: 0 };
-            PostLaunch::Any(Planned { kernel, dims, args })
+            PostLaunch::Any(Planned { kernel, dims, args, dependent: false })
         }
     })
 }

@@ -15,7 +15,7 @@ use super::pre::{
     prepare_kernel, ColumnMix, MhcPreParams, MhcPreShape, Mix, Partials, PreKernel, PrePlan, SlabPartialGrid,
 };
 use crate::error::check_len;
-use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, Planned};
+use crate::runtime::{launch_planned, GraphReplay, LaunchDims, Planned};
 use crate::{Error, Gpu, Result};
 use kernel_abi::{PostPreMixArgs, PostPrePartialArgs};
 
@@ -188,8 +188,8 @@ impl MhcPostPre {
                 let mut key = vec![y, h, r, p, bp, x_out, nr, nl, nh, w];
                 key.extend(PrePlan::key_words(params));
                 graph.run(gpu, stream, key, |s| {
-                    launch(gpu.function(k1.kernel)?, k1.dims, s, &k1.args)?;
-                    launch_pdl(gpu.function(k2.kernel)?, k2.dims, s, &k2.args)
+                    launch_planned(gpu.function(k1.kernel)?, &k1, s)?;
+                    launch_planned(gpu.function(k2.kernel)?, &k2, s)
                 })
             }
             Path::BackToBack { pre, scratch } => {
@@ -290,7 +290,7 @@ pub fn post_pre_fwd_launches(
     };
     let (k1_name, k2_name) = fused_kernels(g1.acc_copies);
     let dims = g1.launch_dims(true);
-    let k1 = Planned { kernel: k1_name, dims, args };
+    let k1 = Planned { kernel: k1_name, dims, args, dependent: false };
     let args = PostPreMixArgs {
         x_layer_out,
         h_post_in,
@@ -307,6 +307,6 @@ pub fn post_pre_fwd_launches(
         eps: params.sinkhorn_eps,
     };
     let dims = LaunchDims { grid: (g2.tiles, batch, 1), block: (g2.block, 1, 1), shared_bytes: g2.smem };
-    let k2 = Planned { kernel: k2_name, dims, args };
+    let k2 = Planned { kernel: k2_name, dims, args, dependent: true };
     Ok((k1, k2))
 }

@@ -9,7 +9,7 @@ use cudarc::driver::{sys, sys::CUdeviceptr, sys::CUstream, CudaSlice, DevicePtr,
 use half::bf16;
 
 use crate::error::{check_len, check_positive, checked_product};
-use crate::runtime::{launch, launch_pdl, GraphReplay, LaunchDims, Planned};
+use crate::runtime::{launch_planned, GraphReplay, LaunchDims, Planned};
 use crate::{Error, Gpu, Result};
 use kernel_abi::mhc as abi;
 use kernel_abi::{PreMixArgs, PreMixFixedPointArgs, PrePartialFmaArgs, PrePartialSlabArgs};
@@ -928,12 +928,12 @@ pub unsafe fn pre_fwd_raw(
 ) -> Result<()> {
     let (partials, mix) = pre_fwd_launches(plan, params, phi, x, b, x_res, x_layer, h_post, workspace, workspace_len)?;
     match partials {
-        PrePartialsLaunch::Slab(p) => launch(gpu.function(p.kernel)?, p.dims, stream, &p.args)?,
-        PrePartialsLaunch::Fma(p) => launch(gpu.function(p.kernel)?, p.dims, stream, &p.args)?,
+        PrePartialsLaunch::Slab(p) => launch_planned(gpu.function(p.kernel)?, &p, stream)?,
+        PrePartialsLaunch::Fma(p) => launch_planned(gpu.function(p.kernel)?, &p, stream)?,
     }
     match mix {
-        PreMixLaunch::FixedPoint(p) => launch_pdl(gpu.function(p.kernel)?, p.dims, stream, &p.args),
-        PreMixLaunch::Tile(p) => launch_pdl(gpu.function(p.kernel)?, p.dims, stream, &p.args),
+        PreMixLaunch::FixedPoint(p) => launch_planned(gpu.function(p.kernel)?, &p, stream),
+        PreMixLaunch::Tile(p) => launch_planned(gpu.function(p.kernel)?, &p, stream),
     }
 }
 
@@ -997,7 +997,7 @@ pub fn pre_fwd_launches(
                 inv_sqrt_nc,
             };
             let dims = g.launch_dims(matches!(plan.partials, Partials::SlabFixedPoint(_)));
-            PrePartialsLaunch::Slab(Planned { kernel, dims, args })
+            PrePartialsLaunch::Slab(Planned { kernel, dims, args, dependent: false })
         }
         Partials::Fma(g) => {
             let mc = (s.logits() as u32 + 1).min(g.block);
@@ -1018,7 +1018,7 @@ pub fn pre_fwd_launches(
                 jc_magic: abi::fastdiv_magic(g.jc),
             };
             let dims = LaunchDims { grid: (g.grid, 1, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
-            PrePartialsLaunch::Fma(Planned { kernel, dims, args })
+            PrePartialsLaunch::Fma(Planned { kernel, dims, args, dependent: false })
         }
     };
     let kernel = plan.mix.kernel();
@@ -1032,7 +1032,7 @@ pub fn pre_fwd_launches(
             let args =
                 PreMixFixedPointArgs { x, bias, part_ws, x_res, x_layer, h_post, batch, n, c, grid1, repeat, eps };
             let dims = LaunchDims { grid: (g.tiles, s.batch as u32, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
-            PreMixLaunch::FixedPoint(Planned { kernel, dims, args })
+            PreMixLaunch::FixedPoint(Planned { kernel, dims, args, dependent: true })
         }
         Mix::SmallN(g) | Mix::AnyN(g) => {
             let args = PreMixArgs {
@@ -1059,7 +1059,7 @@ pub fn pre_fwd_launches(
             };
             let dims =
                 LaunchDims { grid: (s.batch as u32 * g.tiles, 1, 1), block: (g.block, 1, 1), shared_bytes: g.smem };
-            PreMixLaunch::Tile(Planned { kernel, dims, args })
+            PreMixLaunch::Tile(Planned { kernel, dims, args, dependent: true })
         }
     };
     Ok((partials, mix))

@@ -16,8 +16,12 @@
 //! from that by up to 2 ulp, so CPU results are compared to the f64 references with the GPU
 //! tests' tolerances, not bitwise to the GPU. `mma` sums its products in f64 (exact for the
 //! 16-bit inputs) and rounds once; the tensor cores' internal order differs likewise.
-//! Loads and stores are plain memory accesses, atomics host atomics, `griddepcontrol` and
-//! prefetches no-ops. A `cp.async` copy reads its source at issue and writes shared memory only
+//! Loads and stores are plain memory accesses, atomics host atomics, prefetches no-ops. A
+//! programmatic dependent launch ([`launch_dependent`]) runs each block (cluster) with the
+//! previous launch's writes to the registered device buffers undone until every thread of it
+//! has reached its `griddepcontrol.wait` or its end: the timing in which the previous kernel
+//! finishes as late as the dependent one allows, so a read of its outputs before the wait sees
+//! what was there before it ran. A `cp.async` copy reads its source at issue and writes shared memory only
 //! when one of its thread's waits covers its group (`cp.async.wait_group` / `wait_all`, with
 //! PTX's group accounting), so a shared read that a missing or miscounted wait leaves
 //! uncovered sees the poison or a stale value; copies no wait covered are dropped at the end of
@@ -84,6 +88,67 @@ struct Cluster {
     bar: Barrier,
     slots: Vec<BlockSlot>,
     smem_bytes: usize,
+    /// In a dependent launch, the previous launch's writes and the block round's phase.
+    dep: Option<DependentPhase>,
+}
+
+/// The bytes one launch changed in one registered buffer: `[at, at + len)` before it ran
+/// (`before`) and now (`after`).
+struct ChangedSpan {
+    at: usize,
+    before: Vec<u8>,
+    after: Vec<u8>,
+}
+
+/// A dependent launch's view of the previous launch (see the module doc): its writes, undone
+/// at the start of each block round and redone once every thread of the round has reached its
+/// wait or its end (or every thread left waits: the previous kernel may end at any time).
+struct DependentPhase {
+    spans: RefCell<Vec<ChangedSpan>>,
+    round: Cell<u64>,
+    /// Threads of the round not yet at their wait or their end.
+    pending: Cell<usize>,
+    undone: Cell<bool>,
+    threads: usize,
+}
+
+impl DependentPhase {
+    /// The first thread of block round `round` undoes the previous launch's writes (every
+    /// thread of the round before has passed the cluster barrier: none is in kernel code).
+    fn enter(&self, round: u64) {
+        if self.round.get() != round {
+            self.round.set(round);
+            self.pending.set(self.threads);
+            for sp in self.spans.borrow_mut().iter_mut() {
+                // SAFETY: `at` addresses `before.len()` bytes of a registered buffer, live for
+                // the launch.
+                unsafe {
+                    core::ptr::copy_nonoverlapping(sp.at as *const u8, sp.after.as_mut_ptr(), sp.after.len());
+                    core::ptr::copy_nonoverlapping(sp.before.as_ptr(), sp.at as *mut u8, sp.before.len());
+                }
+            }
+            self.undone.set(true);
+        }
+    }
+    /// Puts the previous launch's writes (and the dependent's own since) back.
+    fn redo(&self) {
+        if self.undone.get() {
+            for sp in self.spans.borrow().iter() {
+                // SAFETY: as in `enter`.
+                unsafe { core::ptr::copy_nonoverlapping(sp.after.as_ptr(), sp.at as *mut u8, sp.after.len()) };
+            }
+            self.undone.set(false);
+        }
+    }
+    /// One thread of the round reached its wait or its end.
+    fn arrive(&self) {
+        ARRIVALS.with(|a| a.set(a.get() + 1));
+        let left = self.pending.get() - 1;
+        self.pending.set(left);
+        if left == 0 {
+            self.redo();
+        }
+    }
 }
 
 /// What one emulated thread knows about itself.
@@ -98,6 +163,8 @@ struct Thread {
     cluster: *const Cluster,
     /// Its `cp.async` copies in flight.
     cp_async: RefCell<CpAsync>,
+    /// In a dependent launch: whether it has reached its wait (or end) in this block round.
+    dep_arrived: Cell<bool>,
 }
 
 /// One thread's `cp.async` copies not yet written: those issued since its last commit, and the
@@ -194,10 +261,30 @@ pub fn launch(grid: (u32, u32, u32), block: (u32, u32, u32), smem_bytes: u32, f:
     launch_cluster(grid, block, 1, smem_bytes, f)
 }
 
+/// [`launch`] as a programmatic dependent of the previous launch on this OS thread (see the
+/// module doc).
+pub fn launch_dependent(grid: (u32, u32, u32), block: (u32, u32, u32), smem_bytes: u32, f: impl Fn()) {
+    launch_any(grid, block, 1, smem_bytes, true, f)
+}
+
 /// [`launch`] with thread-block clusters of `cluster_x` blocks along x: a cluster's blocks run
 /// at once (their cluster barriers and `mapa` accesses meet), the clusters one after another.
 pub fn launch_cluster(grid: (u32, u32, u32), block: (u32, u32, u32), cluster_x: u32, smem_bytes: u32, f: impl Fn()) {
+    launch_any(grid, block, cluster_x, smem_bytes, false, f)
+}
+
+fn launch_any(
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    cluster_x: u32,
+    smem_bytes: u32,
+    dependent: bool,
+    f: impl Fn(),
+) {
     assert_eq!(block.2, 1, "three-dimensional blocks are not emulated");
+    // What the previous launch changed (from its start's snapshot), then this launch's own.
+    let spans = if dependent { Some(changed_since_snapshot()) } else { None };
+    snapshot_globals();
     assert!(
         cluster_x >= 1 && grid.0.is_multiple_of(cluster_x),
         "grid.x {} not a multiple of the cluster {cluster_x}",
@@ -220,6 +307,13 @@ pub fn launch_cluster(grid: (u32, u32, u32), block: (u32, u32, u32), cluster_x: 
         bar: Barrier::new(nthreads * cluster_x as usize),
         slots: (0..cluster_x).map(slot).collect(),
         smem_bytes,
+        dep: spans.map(|spans| DependentPhase {
+            spans: RefCell::new(spans),
+            round: Cell::new(0),
+            pending: Cell::new(0),
+            undone: Cell::new(false),
+            threads: nthreads * cluster_x as usize,
+        }),
     };
     let (f, cl) = (&f, &cl);
     let body = move |rank: u32, t: u32| {
@@ -233,14 +327,21 @@ pub fn launch_cluster(grid: (u32, u32, u32), block: (u32, u32, u32), cluster_x: 
                 rank,
                 cluster: cl,
                 cp_async: RefCell::new(CpAsync::default()),
+                dep_arrived: Cell::new(false),
             };
             THREAD.with(|c| c.set(&me));
             YIELDER.with(|c| c.set(y));
             // Whichever way the body ends, nothing on this OS thread points at it afterwards.
             let _leave = Current(core::ptr::null(), core::ptr::null());
+            let mut round = 0u64;
             for z in 0..grid.2 {
                 for yb in 0..grid.1 {
                     for x0 in (0..grid.0).step_by(cluster_x as usize) {
+                        round += 1;
+                        if let Some(d) = &cl.dep {
+                            d.enter(round);
+                            me.dep_arrived.set(false);
+                        }
                         me.bid.set((x0 + rank, yb, z));
                         let buf = me.buf.get();
                         if t == 0 {
@@ -253,6 +354,11 @@ pub fn launch_cluster(grid: (u32, u32, u32), block: (u32, u32, u32), cluster_x: 
                         f();
                         // Copies no wait covered would land in the next block's buffer.
                         *me.cp_async.borrow_mut() = CpAsync::default();
+                        if let Some(d) = &cl.dep {
+                            if !me.dep_arrived.replace(true) {
+                                d.arrive();
+                            }
+                        }
                         cl.bar.wait();
                         me.buf.set(1 - buf);
                     }
@@ -281,6 +387,12 @@ pub fn launch_cluster(grid: (u32, u32, u32), block: (u32, u32, u32), cluster_x: 
         live.retain(|&i| matches!(threads[i].resume(()), CoroutineResult::Yield(())));
         live.reverse();
         let idle = ARRIVALS.with(|a| a.get()) == before;
+        // Threads held at their dependency wait while others cannot move (a barrier before
+        // some thread's wait): the previous kernel may end now, as on the GPU.
+        if let Some(d) = cl.dep.as_ref().filter(|d| idle && !live.is_empty() && d.undone.get()) {
+            d.redo();
+            continue;
+        }
         assert!(
             live.is_empty() || !idle,
             "emulated GPU threads deadlocked: {} of {} wait at barriers no other thread will reach",
@@ -306,6 +418,18 @@ pub fn launch_kernel<A: Copy>(
 ) {
     // SAFETY: the caller's buffers back every address in `args` (the property under test).
     launch(grid, block, smem_bytes, || unsafe { kernel(args) })
+}
+
+/// [`launch_kernel`] as a programmatic dependent launch ([`launch_dependent`]).
+pub fn launch_kernel_dependent<A: Copy>(
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    smem_bytes: u32,
+    kernel: unsafe fn(A),
+    args: A,
+) {
+    // SAFETY: as in `launch_kernel`.
+    launch_dependent(grid, block, smem_bytes, || unsafe { kernel(args) })
 }
 
 /// [`launch_kernel`] with clusters of `cluster_x` blocks (see [`launch_cluster`]).
@@ -366,7 +490,18 @@ pub fn fence_gpu() {
     core::sync::atomic::fence(Ordering::SeqCst)
 }
 pub fn grid_launch_dependents() {}
-pub fn grid_dependency_wait() {}
+/// `griddepcontrol.wait`: in a dependent launch, holds the thread until the previous launch's
+/// writes are back (see the module doc); otherwise nothing is pending.
+pub fn grid_dependency_wait() {
+    let me = thread();
+    let Some(d) = cluster().dep.as_ref() else { return };
+    if !me.dep_arrived.replace(true) {
+        d.arrive();
+    }
+    while d.undone.get() {
+        yield_now();
+    }
+}
 pub fn opaque_u32(v: u32) -> u32 {
     core::hint::black_box(v)
 }
@@ -577,6 +712,48 @@ std::thread_local! {
 /// [`GLOBAL`]); [`unregister_global`] ends it.
 pub fn register_global(start: usize, bytes: usize) {
     GLOBAL.with(|g| g.borrow_mut().push((start, start + bytes)));
+}
+
+std::thread_local! {
+    /// Every registered buffer's bytes at the start of the last launch on this OS thread, for
+    /// the next launch if it is a dependent one.
+    static SNAPSHOT: RefCell<Vec<(usize, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Copies every registered buffer into [`SNAPSHOT`].
+fn snapshot_globals() {
+    let bufs: Vec<(usize, usize)> = GLOBAL.with(|g| g.borrow().clone());
+    let snap = bufs
+        .into_iter()
+        .map(|(s, e)| {
+            // SAFETY: a registered buffer, live while registered.
+            (s, unsafe { core::slice::from_raw_parts(s as *const u8, e - s) }.to_vec())
+        })
+        .collect();
+    SNAPSHOT.with(|sn| *sn.borrow_mut() = snap);
+}
+
+/// Per registered buffer in [`SNAPSHOT`] (same start and size), the span from its first to its
+/// last byte that differs now.
+fn changed_since_snapshot() -> Vec<ChangedSpan> {
+    let bufs: Vec<(usize, usize)> = GLOBAL.with(|g| g.borrow().clone());
+    SNAPSHOT.with(|sn| {
+        let sn = sn.borrow();
+        let mut spans = Vec::new();
+        for (s, e) in bufs {
+            let Some((_, old)) = sn.iter().find(|(a, v)| *a == s && v.len() == e - s) else { continue };
+            // SAFETY: as in `snapshot_globals`.
+            let now = unsafe { core::slice::from_raw_parts(s as *const u8, e - s) };
+            let Some(first) = (0..now.len()).find(|&i| now[i] != old[i]) else { continue };
+            let last = (0..now.len()).rev().find(|&i| now[i] != old[i]).unwrap_or(first);
+            spans.push(ChangedSpan {
+                at: s + first,
+                before: old[first..=last].to_vec(),
+                after: now[first..=last].to_vec(),
+            });
+        }
+        spans
+    })
 }
 
 /// Ends the registration of the buffer at `start` ([`register_global`]).
