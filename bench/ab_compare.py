@@ -3,8 +3,9 @@
 `python3 bench/ab_compare.py --runs DIR`: the `run.sh abn` layout (`run.sh ab` is `abn "base cur
 cur base"`), runs `NN-TAG.json` / `NN-TAG.log` in order NN (any tags, any order such as `cur D D
 cur`): per row each tag's times in run order, its rel. L2 error, its mean's difference from the
-first tag's (marked `**` beyond 3 % and 0.1 µs), and whether each tag's output digests equal
-those of the first tag that printed any; then, per tag, how many rows moved beyond both bounds.
+first tag's (marked `**` beyond 3 % and 0.1 µs), whether each tag's output digests equal
+those of the first tag that printed any, and the tags whose outputs failed verification there
+(a diagnostic build's, by design); then, per tag, how many rows moved beyond both bounds.
 """
 import json, os, re, sys
 
@@ -43,7 +44,7 @@ def runs(d):
     print('|---|---|---|' + '---|' * len(tags) + '---|')
     moved = {t: 0 for t in tags[1:]}
     for k in keys:
-        cells, digest, ref_mean = [], {}, None
+        cells, digest, ref_mean, wrong = [], {}, None, []
         for t in tags:
             times, errs = [], set()
             for n in names:
@@ -51,6 +52,8 @@ def runs(d):
                     continue
                 row, bits = data[n][k]
                 times.append(row['ours_ms'] * 1e3)
+                if row.get('verified') is False and t not in wrong:
+                    wrong.append(t)
                 if row.get('rel_l2_err') is not None:
                     errs.add(f"{row['rel_l2_err']:.2e}")
                 if bits is not None:
@@ -75,6 +78,8 @@ def runs(d):
             missing = [t for t in tags if t not in digest]
             outputs = ('bitwise equal' if not differ else f'differ from {ref_tag}: ' + ', '.join(differ)) + (
                 f"; no digest: {', '.join(missing)}" if missing else '')
+        if wrong:
+            outputs += f"; FAILED verification: {', '.join(wrong)}"
         print(f'| {k[0]} | {k[1]} | {k[2]} | ' + ' | '.join(cells) + f' | {outputs} |')
     if moved:
         print(f'rows beyond 3 % and 0.1 µs against {tags[0]}: ' + ', '.join(f'{t} {c}' for t, c in moved.items()))

@@ -20,10 +20,12 @@ import ab_compare  # noqa: E402
 import peer_profile  # noqa: E402
 
 
-def write_run(d, n, tag, times_us, digests, errs=(1.3e-7, None)):
+def write_run(d, n, tag, times_us, digests, errs=(1.3e-7, None), verified=(True, True)):
     rows = [
-        {"op": "FFTC2CFwd", "workload": "latency-4k", "dtype": "c64", "ours_ms": times_us[0] / 1e3, "rel_l2_err": errs[0]},
-        {"op": "MHCPreFwd", "workload": "hidden-1280", "dtype": "bf16", "ours_ms": times_us[1] / 1e3, "rel_l2_err": errs[1]},
+        {"op": "FFTC2CFwd", "workload": "latency-4k", "dtype": "c64", "ours_ms": times_us[0] / 1e3, "rel_l2_err": errs[0],
+         "verified": verified[0]},
+        {"op": "MHCPreFwd", "workload": "hidden-1280", "dtype": "bf16", "ours_ms": times_us[1] / 1e3, "rel_l2_err": errs[1],
+         "verified": verified[1]},
     ]
     with open(os.path.join(d, f"{n:02d}-{tag}.json"), "w") as f:
         json.dump({"rows": rows, "startup_ms": 1000 + n}, f)
@@ -32,11 +34,11 @@ def write_run(d, n, tag, times_us, digests, errs=(1.3e-7, None)):
 
 
 def table(runs):
-    """`ab_compare.runs` over `runs` [(tag, [fft µs, mhc µs], digests)], numbered in order:
-    the FFT row's line, the mHC row's line, and every line."""
+    """`ab_compare.runs` over `runs` [(tag, [fft µs, mhc µs], digests[, verified])], numbered in
+    order: the FFT row's line, the mHC row's line, and every line."""
     with tempfile.TemporaryDirectory() as d:
-        for n, (tag, times, digests) in enumerate(runs, 1):
-            write_run(d, n, tag, times, digests)
+        for n, (tag, times, digests, *verified) in enumerate(runs, 1):
+            write_run(d, n, tag, times, digests, verified=verified[0] if verified else (True, True))
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             ab_compare.runs(d)
@@ -68,6 +70,13 @@ def test_ab_compare_small_moves_are_not_marked():
     assert "3.67 (1.30e-07) Δ +0.12 **" in fft and "3.64 (1.30e-07) Δ +0.09 |" in fft, fft
     assert "4.11 Δ +0.11 |" in mhc, mhc
     assert lines[-1] == "rows beyond 3 % and 0.1 µs against cur: D 1, E 0", lines[-1]
+
+
+def test_ab_compare_marks_failed_verification():
+    # A diagnostic build with wrong FFT outputs: its rows are timed and marked.
+    fft, mhc, _ = table([("cur", [2.98, 3.55], ["a", "b"]), ("TW0", [2.70, 3.55], ["ff", "b"], (False, True))])
+    assert fft.endswith("| differ from cur: TW0; FAILED verification: TW0 |"), fft
+    assert mhc.endswith("| bitwise equal |"), mhc
 
 
 def fake_bench(d, rows):
