@@ -40,12 +40,16 @@ def default_bench() -> str:
 
 
 def fft_workloads(bench: str) -> dict:
-    """{name: (shape, dtype)} from ``BENCH --list --op FFTC2CFwd``: a row's own name where it is
-    the only row of that name, else ``name-dtype``."""
-    try:
-        out = subprocess.run([bench, "--list", "--op", "FFTC2CFwd"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise SystemExit(f"peer_profile: cannot list the bench's workloads with {bench}: {e}")
+    """{name: (shape, dtype)} from ``BENCH --list --op FFTC2CFwd`` (or its output in the
+    environment variable ``RGK_BENCH_LIST``, which ``run.sh peer-profile`` sets so that no
+    process starts under the profiler but this one): a row's own name where it is the only row
+    of that name, else ``name-dtype``."""
+    out = os.environ.get("RGK_BENCH_LIST")
+    if not out:
+        try:
+            out = subprocess.run([bench, "--list", "--op", "FFTC2CFwd"], capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError) as e:
+            raise SystemExit(f"peer_profile: cannot list the bench's workloads with {bench}: {e}")
     rows = [json.loads(line) for line in out.splitlines() if line.strip()]
     names = [r["workload"] for r in rows]
     table = {}

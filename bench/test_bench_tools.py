@@ -108,6 +108,15 @@ def test_peer_profile_names_come_from_the_bench():
         assert rc == 2 and "throughput-4k-c64, throughput-4k-c128" in err.getvalue(), err.getvalue()
 
 
+def test_peer_profile_takes_the_list_from_the_environment():
+    row = {"op": "FFTC2CFwd", "workload": "latency-4k", "dtype": "c64", "shapes": "[4096]"}
+    os.environ["RGK_BENCH_LIST"] = json.dumps(row) + "\n"
+    try:
+        assert peer_profile.fft_workloads("/nonexistent/rgk-bench") == {"latency-4k": ([4096], "c64")}
+    finally:
+        del os.environ["RGK_BENCH_LIST"]
+
+
 def test_peer_profile_without_a_bench_says_so():
     try:
         peer_profile.fft_workloads("/nonexistent/rgk-bench")

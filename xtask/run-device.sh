@@ -196,6 +196,9 @@ if [ "$mode" = peer-profile ]; then
     echo "peer-profile: bash .device/run.sh peer-profile WORKLOAD [CALLS] (python3 bench/peer_profile.py --list)"; exit 2
   fi
   python_path_with_peers
+  # The workloads' shapes from the bench, listed here rather than from under the profiler.
+  RGK_BENCH_LIST=$(.device/rgk-bench --list --op FFTC2CFwd) || { echo "peer-profile: .device/rgk-bench --list failed"; exit 2; }
+  export RGK_BENCH_LIST
   start=$(date +%s)
   rep=$(mktemp -d "${TMPDIR:-/tmp}/rgk-ncu.XXXXXX")/peer
   timeout "${RGK_TEST_TIMEOUT:-300}" ncu --replay-mode application --cache-control none --clock-control none \
