@@ -16,16 +16,18 @@
 //! from that by up to 2 ulp, so CPU results are compared to the f64 references with the GPU
 //! tests' tolerances, not bitwise to the GPU. `mma` sums its products in f64 (exact for the
 //! 16-bit inputs) and rounds once; the tensor cores' internal order differs likewise.
-//! Loads and stores are plain memory accesses, atomics host atomics, prefetches no-ops. A
-//! programmatic dependent launch ([`launch_dependent`]) runs each block (cluster) with the
+//! Loads and stores are plain memory accesses, atomics host atomics, prefetches no-ops.
+//!
+//! A programmatic dependent launch ([`launch_dependent`]) runs each block (cluster) with the
 //! previous launch's writes to the registered device buffers undone until every thread of it
 //! has reached its `griddepcontrol.wait` or its end: the timing in which the previous kernel
 //! finishes as late as the dependent one allows, so a read of its outputs before the wait sees
-//! what was there before it ran. A `cp.async` copy reads its source at issue and writes shared memory only
-//! when one of its thread's waits covers its group (`cp.async.wait_group` / `wait_all`, with
-//! PTX's group accounting), so a shared read that a missing or miscounted wait leaves
-//! uncovered sees the poison or a stale value; copies no wait covered are dropped at the end of
-//! the block.
+//! what was there before it ran.
+//!
+//! A `cp.async` copy reads its source at issue and writes shared memory only when one of its
+//! thread's waits covers its group (`cp.async.wait_group` / `wait_all`, with PTX's group
+//! accounting), so a shared read that a missing or miscounted wait leaves uncovered sees the
+//! poison or a stale value; copies no wait covered are dropped at the end of the block.
 #![allow(clippy::missing_safety_doc)]
 
 use core::cell::{Cell, RefCell};
@@ -898,8 +900,11 @@ unsafe fn cp_async(dst: *mut u8, src: *const u8, len: usize) {
     aligned(src, len);
     global(src, len);
     let base = dyn_smem::<u8>() as usize;
-    let off = (dst as usize).wrapping_sub(base);
-    assert!(off + len <= cluster().smem_bytes, "cp.async destination {dst:?} outside the block's shared memory");
+    let end = (dst as usize).checked_sub(base).and_then(|off| off.checked_add(len));
+    assert!(
+        end.is_some_and(|e| e <= cluster().smem_bytes),
+        "cp.async destination {dst:?} outside the block's shared memory"
+    );
     let mut bytes = [0u8; 16];
     core::ptr::copy_nonoverlapping(src, bytes.as_mut_ptr(), len);
     thread().cp_async.borrow_mut().open.push(PendingCopy { dst, bytes, len });
