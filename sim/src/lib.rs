@@ -94,9 +94,5 @@ pub fn run<A: Copy + 'static>(table: EntryTable, p: &Planned<A>) {
         panic!("{} does not take {}", p.kernel, std::any::type_name::<A>());
     };
     let d = p.dims;
-    if p.dependent {
-        kernels_gpu::prim::cpu::launch_kernel_dependent(d.grid, d.block, d.shared_bytes, *f, p.args);
-    } else {
-        kernels_gpu::prim::cpu::launch_kernel(d.grid, d.block, d.shared_bytes, *f, p.args);
-    }
+    kernels_gpu::prim::cpu::launch_kernel(d.grid, d.block, d.shared_bytes, p.dependent, *f, p.args);
 }

@@ -410,28 +410,17 @@ fn launch_any(
 /// corruption.
 const STACK_BYTES: usize = 4 << 20;
 
-/// Runs `kernel(args)` as [`launch`] does.
+/// Runs `kernel(args)` as [`launch`] does, or with `dependent` as [`launch_dependent`] does.
 pub fn launch_kernel<A: Copy>(
     grid: (u32, u32, u32),
     block: (u32, u32, u32),
     smem_bytes: u32,
+    dependent: bool,
     kernel: unsafe fn(A),
     args: A,
 ) {
     // SAFETY: the caller's buffers back every address in `args` (the property under test).
-    launch(grid, block, smem_bytes, || unsafe { kernel(args) })
-}
-
-/// [`launch_kernel`] as a programmatic dependent launch ([`launch_dependent`]).
-pub fn launch_kernel_dependent<A: Copy>(
-    grid: (u32, u32, u32),
-    block: (u32, u32, u32),
-    smem_bytes: u32,
-    kernel: unsafe fn(A),
-    args: A,
-) {
-    // SAFETY: as in `launch_kernel`.
-    launch_dependent(grid, block, smem_bytes, || unsafe { kernel(args) })
+    launch_any(grid, block, 1, smem_bytes, dependent, || unsafe { kernel(args) })
 }
 
 /// [`launch_kernel`] with clusters of `cluster_x` blocks (see [`launch_cluster`]).
