@@ -247,8 +247,8 @@ if [ "$mode" = abn ]; then
   # each run --no-alternatives on the same inputs into $OUT/abn/NN-TAG.{json,log} (the folder
   # emptied first); the table (times per tag in run order, errors, output digests against the
   # first tag with digests, rows that failed verification) goes to abn.md. A run whose outputs
-  # fail verification (exit 2: a diagnostic with wrong outputs) keeps its rows; any other
-  # failure drops them and fails the call.
+  # fail verification (the bench's exit 3: a diagnostic with wrong outputs) keeps its rows, and
+  # fails the call only for cur and base; any other failure drops them and fails the call.
   order=${1:-}
   [ $# -gt 0 ] && shift
   if [ -z "$(echo $order)" ]; then
@@ -281,10 +281,11 @@ if [ "$mode" = abn ]; then
     "$(abn_exe "$t")" --no-alternatives --out "$out/abn/$n-$t.json" --work-dir "/tmp/rgk-abn-$n" "$@" >"$out/abn/$n-$t.log" 2>&1
     rc=$?
     echo "abn $n $t: rc=$rc"
-    if [ $rc -eq 2 ]; then
-      # Timed, and some outputs failed verification (a diagnostic build's by design): its rows
-      # stay, marked in the table.
+    if [ $rc -eq 3 ] && [ -f "$out/abn/$n-$t.json" ]; then
+      # Timed, and some outputs failed verification (a diagnostic build's, by design): its
+      # rows stay, marked in the table; for cur and base (a refactor's check) it fails the call.
       echo "abn $n $t: outputs failed verification (rows kept, marked)"
+      case $t in cur|base) fail=1 ;; esac
     elif [ $rc -ne 0 ]; then
       fail=1
       tail -1 "$out/abn/$n-$t.log"

@@ -196,3 +196,98 @@ fn a_dependent_launch_with_a_barrier_before_one_wait_completes() {
     assert_eq!(seen.read::<u32>(), (0..n as u32).map(|i| 100 + i).collect::<Vec<_>>());
     assert_eq!(src.read::<u32>(), (0..n as u32).map(|i| 300 + i).collect::<Vec<_>>());
 }
+
+/// The bytes between two the previous launch wrote are the dependent launch's to write before
+/// its wait, and stay written.
+#[test]
+fn a_dependent_launch_keeps_its_stores_between_the_previous_writes() {
+    let mut buf = sim::DevBuf::zeroed(16);
+    let b = buf.addr() as usize;
+    cpu::launch((1, 1, 1), (1, 1, 1), 0, || {
+        // SAFETY: 16 bytes of `buf`.
+        unsafe { [0, 2].map(|i| *(b as *mut u32).add(i) = 7) };
+    });
+    cpu::launch_dependent((1, 1, 1), (1, 1, 1), 0, || {
+        // SAFETY: as above.
+        unsafe { *(b as *mut u32).add(1) = 5 };
+        prim::grid_dependency_wait();
+    });
+    assert_eq!(buf.read::<u32>(), vec![7, 5, 7, 0]);
+}
+
+/// A store before the wait to a byte the previous launch wrote races with it on the GPU.
+#[test]
+#[should_panic(expected = "before griddepcontrol.wait, to a byte the previous launch wrote")]
+fn a_dependent_store_before_the_wait_to_the_previous_writes_panics() {
+    let mut buf = sim::DevBuf::zeroed(16);
+    let b = buf.addr() as usize;
+    cpu::launch((1, 1, 1), (1, 1, 1), 0, || {
+        // SAFETY: 16 bytes of `buf`.
+        unsafe { *(b as *mut u32) = 7 };
+    });
+    cpu::launch_dependent((1, 1, 1), (1, 1, 1), 0, || {
+        // SAFETY: as above.
+        unsafe { *(b as *mut u32) = 9 };
+        prim::grid_dependency_wait();
+    });
+}
+
+/// In a chain plain → dependent → dependent, the third may start while the first still runs
+/// (each kernel lets its dependents start before its own wait): before its wait it sees
+/// neither launch's writes.
+#[test]
+fn a_dependent_chain_undoes_every_launch_back_to_the_plain_one() {
+    let mut buf = sim::DevBuf::zeroed(8);
+    let mut seen = sim::DevBuf::zeroed(16);
+    let (b, o) = (buf.addr() as usize, seen.addr() as usize);
+    cpu::launch((1, 1, 1), (1, 1, 1), 0, || {
+        // SAFETY: 8 bytes of `buf`.
+        unsafe { *(b as *mut u32) = 1 };
+    });
+    cpu::launch_dependent((1, 1, 1), (1, 1, 1), 0, || {
+        prim::grid_dependency_wait();
+        // SAFETY: as above.
+        unsafe { *(b as *mut u32).add(1) = 2 };
+    });
+    cpu::launch_dependent((1, 1, 1), (1, 1, 1), 0, || {
+        // SAFETY: 8 bytes of `buf`, 16 of `seen`.
+        unsafe {
+            let before = [*(b as *const u32), *(b as *const u32).add(1)];
+            prim::grid_dependency_wait();
+            let after = [*(b as *const u32), *(b as *const u32).add(1)];
+            for (i, v) in before.into_iter().chain(after).enumerate() {
+                *(o as *mut u32).add(i) = v;
+            }
+        }
+    });
+    assert_eq!(seen.read::<u32>(), vec![0, 0, 1, 2]);
+}
+
+/// A `cp.async` copy poisons its destination when issued: a thread that reads the old contents
+/// there without a barrier before the copy sees the poison (the next round reverses the
+/// threads' order, so one of the two orders shows it).
+#[test]
+fn a_read_racing_a_cp_async_copy_sees_the_poison() {
+    let threads = 64u32;
+    let mut src = sim::DevBuf::from_slice(&vec![3u32; threads as usize * 4]);
+    let mut seen = sim::DevBuf::zeroed(4 * threads as usize);
+    let (s, o) = (src.addr() as usize, seen.addr() as usize);
+    cpu::launch((1, 1, 1), (threads, 1, 1), threads * 16, || {
+        let t = prim::thread_idx_x() as usize;
+        let sm = prim::dyn_smem::<u32>();
+        // SAFETY: 16 bytes of shared memory and of `src` per thread, 4 of `seen`.
+        unsafe {
+            *sm.add(4 * t) = 1;
+            prim::sync_threads();
+            // Thread t overwrites its slot while its neighbour may still read it (no barrier).
+            cpu::cp_async_16(sm.add(4 * t) as *mut u8, (s as *const u8).add(16 * t));
+            let n = (t + 1) % threads as usize;
+            *(o as *mut u32).add(t) = *sm.add(4 * n);
+            prim::sync_threads();
+            cpu::cp_async_wait_all();
+        }
+    });
+    let v = seen.read::<u32>();
+    assert!(v.contains(&u32::MAX), "no read saw the poison: {v:?}");
+    assert!(v.iter().all(|&x| x == 1 || x == u32::MAX), "{v:?}");
+}

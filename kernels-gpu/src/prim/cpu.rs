@@ -19,15 +19,17 @@
 //! Loads and stores are plain memory accesses, atomics host atomics, prefetches no-ops.
 //!
 //! A programmatic dependent launch ([`launch_dependent`]) runs each block (cluster) with the
-//! previous launch's writes to the registered device buffers undone until every thread of it
-//! has reached its `griddepcontrol.wait` or its end: the timing in which the previous kernel
-//! finishes as late as the dependent one allows, so a read of its outputs before the wait sees
-//! what was there before it ran.
+//! writes of the launches before it (back to the last plain launch) to the registered device
+//! buffers undone until every thread of it has reached its `griddepcontrol.wait` or its end:
+//! the timing in which those kernels finish as late as the dependent one allows, so a read of
+//! their outputs before the wait sees what was there before they ran, and a store before the
+//! wait to a byte they wrote panics.
 //!
-//! A `cp.async` copy reads its source at issue and writes shared memory only when one of its
-//! thread's waits covers its group (`cp.async.wait_group` / `wait_all`, with PTX's group
-//! accounting), so a shared read that a missing or miscounted wait leaves uncovered sees the
-//! poison or a stale value; copies no wait covered are dropped at the end of the block.
+//! A `cp.async` copy reads its source at issue, poisons its destination (0xFF) and writes it
+//! only when one of its thread's waits covers its group (`cp.async.wait_group` / `wait_all`,
+//! with PTX's group accounting), so a shared read that a missing or miscounted wait leaves
+//! uncovered, or one of the old contents that a missing barrier leaves after the issue, sees
+//! the poison; copies no wait covered are dropped at the end of the block.
 #![allow(clippy::missing_safety_doc)]
 
 use core::cell::{Cell, RefCell};
@@ -94,8 +96,9 @@ struct Cluster {
     dep: Option<DependentPhase>,
 }
 
-/// The bytes one launch changed in one registered buffer: `[at, at + len)` before it ran
-/// (`before`) and now (`after`).
+/// One run of bytes that the launches since the dependent chain's first changed in a
+/// registered buffer (every byte of it changed): `[at, at + before.len())` before they ran
+/// (`before`) and after (`after`).
 struct ChangedSpan {
     at: usize,
     before: Vec<u8>,
@@ -132,10 +135,21 @@ impl DependentPhase {
             self.undone.set(true);
         }
     }
-    /// Puts the previous launch's writes (and the dependent's own since) back.
+    /// Puts the previous launch's writes (and the dependent's own since) back. A byte they
+    /// wrote that no longer holds its undone value was stored to before a wait: a race with the
+    /// previous kernel on the GPU.
     fn redo(&self) {
         if self.undone.get() {
             for sp in self.spans.borrow().iter() {
+                // SAFETY: as in `enter`.
+                let now = unsafe { core::slice::from_raw_parts(sp.at as *const u8, sp.before.len()) };
+                if now != &sp.before[..] {
+                    let i = (0..now.len()).find(|&i| now[i] != sp.before[i]).unwrap_or(0);
+                    panic!(
+                        "a store at {:#x} before griddepcontrol.wait, to a byte the previous launch wrote",
+                        sp.at + i
+                    );
+                }
                 // SAFETY: as in `enter`.
                 unsafe { core::ptr::copy_nonoverlapping(sp.after.as_ptr(), sp.at as *mut u8, sp.after.len()) };
             }
@@ -284,9 +298,13 @@ fn launch_any(
     f: impl Fn(),
 ) {
     assert_eq!(block.2, 1, "three-dimensional blocks are not emulated");
-    // What the previous launch changed (from its start's snapshot), then this launch's own.
+    // A dependent launch may start while every launch back to the chain's first (the last
+    // plain launch) still runs: each passes `griddepcontrol.launch_dependents` before its own
+    // wait. So it undoes what they all changed since that launch's start snapshot.
     let spans = if dependent { Some(changed_since_snapshot()) } else { None };
-    snapshot_globals();
+    if !dependent {
+        snapshot_globals();
+    }
     assert!(
         cluster_x >= 1 && grid.0.is_multiple_of(cluster_x),
         "grid.x {} not a multiple of the cluster {cluster_x}",
@@ -706,8 +724,8 @@ pub fn register_global(start: usize, bytes: usize) {
 }
 
 std::thread_local! {
-    /// Every registered buffer's bytes at the start of the last launch on this OS thread, for
-    /// the next launch if it is a dependent one.
+    /// Every registered buffer's bytes at the start of the last plain (not dependent) launch on
+    /// this OS thread: what the dependent launches after it undo.
     static SNAPSHOT: RefCell<Vec<(usize, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -724,8 +742,8 @@ fn snapshot_globals() {
     SNAPSHOT.with(|sn| *sn.borrow_mut() = snap);
 }
 
-/// Per registered buffer in [`SNAPSHOT`] (same start and size), the span from its first to its
-/// last byte that differs now.
+/// Per registered buffer in [`SNAPSHOT`] (same start and size), the runs of bytes that differ
+/// now (only those: a byte between two runs is the dependent launch's to write).
 fn changed_since_snapshot() -> Vec<ChangedSpan> {
     let bufs: Vec<(usize, usize)> = GLOBAL.with(|g| g.borrow().clone());
     SNAPSHOT.with(|sn| {
@@ -735,13 +753,22 @@ fn changed_since_snapshot() -> Vec<ChangedSpan> {
             let Some((_, old)) = sn.iter().find(|(a, v)| *a == s && v.len() == e - s) else { continue };
             // SAFETY: as in `snapshot_globals`.
             let now = unsafe { core::slice::from_raw_parts(s as *const u8, e - s) };
-            let Some(first) = (0..now.len()).find(|&i| now[i] != old[i]) else { continue };
-            let last = (0..now.len()).rev().find(|&i| now[i] != old[i]).unwrap_or(first);
-            spans.push(ChangedSpan {
-                at: s + first,
-                before: old[first..=last].to_vec(),
-                after: now[first..=last].to_vec(),
-            });
+            let mut i = 0;
+            while i < now.len() {
+                if now[i] == old[i] {
+                    i += 1;
+                    continue;
+                }
+                let start = i;
+                while i < now.len() && now[i] != old[i] {
+                    i += 1;
+                }
+                spans.push(ChangedSpan {
+                    at: s + start,
+                    before: old[start..i].to_vec(),
+                    after: now[start..i].to_vec(),
+                });
+            }
         }
         spans
     })
@@ -883,7 +910,9 @@ pub unsafe fn sts_v2_f64(a: u32, x: f64, y: f64) {
 
 // ---------------------------------------------------------------- cp.async (written at its wait)
 
-/// Reads `len` bytes of `src` now and queues their write to `dst` in the thread's open group.
+/// Reads `len` bytes of `src` now and queues their write to `dst` in the thread's open group;
+/// until then `dst` holds the poison (0xFF), so a thread still reading the old contents there
+/// (a missing barrier before the copy) sees it.
 unsafe fn cp_async(dst: *mut u8, src: *const u8, len: usize) {
     aligned(dst, len);
     aligned(src, len);
@@ -896,6 +925,7 @@ unsafe fn cp_async(dst: *mut u8, src: *const u8, len: usize) {
     );
     let mut bytes = [0u8; 16];
     core::ptr::copy_nonoverlapping(src, bytes.as_mut_ptr(), len);
+    core::ptr::write_bytes(dst, 0xFF, len);
     thread().cp_async.borrow_mut().open.push(PendingCopy { dst, bytes, len });
 }
 pub unsafe fn cp_async_16(dst: *mut u8, src: *const u8) {
