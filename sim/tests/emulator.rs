@@ -205,7 +205,10 @@ fn a_dependent_launch_keeps_its_stores_between_the_previous_writes() {
     let b = buf.addr() as usize;
     cpu::launch((1, 1, 1), (1, 1, 1), 0, || {
         // SAFETY: 16 bytes of `buf`.
-        unsafe { [0, 2].map(|i| *(b as *mut u32).add(i) = 7) };
+        unsafe {
+            *(b as *mut u32) = 7;
+            *(b as *mut u32).add(2) = 7;
+        }
     });
     cpu::launch_dependent((1, 1, 1), (1, 1, 1), 0, || {
         // SAFETY: as above.
