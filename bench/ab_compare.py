@@ -11,8 +11,14 @@ import json, os, re, sys
 
 
 def load(path):
+    """A run's output digests (the first `bits` of each workload's `OP NAME: verified=` line,
+    None where it prints none; one per row, in the rows' order), rows and start-up time."""
     log = open(path + '.log').read().splitlines()
-    bits = [re.search(r'bits ([0-9a-f]+)', l).group(1) for l in log if ' bits ' in l and 'verified=' in l]
+    bits = []
+    for l in log:
+        if ': verified=' in l:
+            m = re.search(r'bits ([0-9a-f]+)', l)
+            bits.append(m.group(1) if m else None)
     doc = json.load(open(path + '.json'))
     return bits, doc['rows'], doc.get('startup_ms')
 

@@ -29,8 +29,12 @@ def write_run(d, n, tag, times_us, digests, errs=(1.3e-7, None), verified=(True,
     ]
     with open(os.path.join(d, f"{n:02d}-{tag}.json"), "w") as f:
         json.dump({"rows": rows, "startup_ms": 1000 + n}, f)
+    # As the bench prints them: one `OP NAME: verified=… (detail)` line per row, the detail
+    # with a digest where the op prints one (None: no digest).
     with open(os.path.join(d, f"{n:02d}-{tag}.log"), "w") as f:
-        f.write("".join(f"row {i} verified=true bits {b}\n" for i, b in enumerate(digests)))
+        for r, b in zip(rows, digests):
+            detail = f"rel_l2 1e-7, bits {b}" if b is not None else "5 elements, 0 failures"
+            f.write(f"{r['op']} {r['workload']}: verified={str(r['verified']).lower()} ({detail})\n")
 
 
 def table(runs):
@@ -70,6 +74,13 @@ def test_ab_compare_small_moves_are_not_marked():
     assert "3.67 (1.30e-07) Δ +0.12 **" in fft and "3.64 (1.30e-07) Δ +0.09 |" in fft, fft
     assert "4.11 Δ +0.11 |" in mhc, mhc
     assert lines[-1] == "rows beyond 3 % and 0.1 µs against cur: D 1, E 0", lines[-1]
+
+
+def test_ab_compare_digests_stay_with_their_rows():
+    # The first row prints no digest: the second row's digest must not move up to it.
+    fft, mhc, _ = table([("cur", [2.98, 3.55], [None, "bb"]), ("D", [2.98, 3.55], [None, "bc"])])
+    assert fft.endswith("| no digests |"), fft
+    assert mhc.endswith("| differ from cur: D |"), mhc
 
 
 def test_ab_compare_marks_failed_verification():
