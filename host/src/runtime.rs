@@ -239,7 +239,7 @@ pub struct Planned<A> {
     /// Launched as a programmatic dependent of the previous kernel on the stream
     /// ([`launch_pdl`]): it may start before that kernel ends and must not touch what that
     /// kernel writes before its `griddepcontrol.wait` (the CPU simulation runs every block up
-    /// to its wait with the previous launch's writes undone).
+    /// to its wait with the earlier kernels' writes, back to the last plain launch, undone).
     pub dependent: bool,
 }
 

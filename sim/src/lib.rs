@@ -86,8 +86,9 @@ entry_table!($ engram_decode, decode_kernels, kernels_gpu::engram::decode);
 
 /// Runs the planned launch on the CPU: the entry named `p.kernel` in `table`, with `p`'s
 /// geometry and arguments (the entry must take `A`, the planner's argument struct); a
-/// `p.dependent` launch as a programmatic dependent of the previous `run` on this thread
-/// (`prim::cpu::launch_dependent`: until its wait each block sees that launch's writes undone).
+/// `p.dependent` launch as a programmatic dependent of the `run`s before it on this thread
+/// (`prim::cpu::launch_dependent`: until its wait each block sees their writes, back to the last
+/// plain launch, undone).
 pub fn run<A: Copy + 'static>(table: EntryTable, p: &Planned<A>) {
     let entry = table(p.kernel).unwrap_or_else(|| panic!("no kernel named {}", p.kernel));
     let Ok(f) = entry.downcast::<unsafe fn(A)>() else {

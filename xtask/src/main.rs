@@ -193,8 +193,9 @@ fn python_test(root: &Path) -> Result<(), String> {
     run(&["-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", &wheel], "installing the rgk wheel")?;
     let tests = root.join("python/tests").to_string_lossy().to_string();
     run(&["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", &tests], "python/tests")?;
-    // The bench's alternatives script (its eager alternatives against a numpy f64 reference, its
-    // CUPTI record parsing and its bookkeeping) on the CPU.
+    // The bench's Python parts on the CPU: the alternatives script (its eager alternatives
+    // against a numpy f64 reference, its CUPTI record parsing and bookkeeping), the A/B table and
+    // the profiling script's workload names.
     for test in ["bench/test_torch_alternatives.py", "bench/test_bench_tools.py"] {
         run(&[&root.join(test).to_string_lossy()], test)?;
     }

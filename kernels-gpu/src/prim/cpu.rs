@@ -92,7 +92,7 @@ struct Cluster {
     bar: Barrier,
     slots: Vec<BlockSlot>,
     smem_bytes: usize,
-    /// In a dependent launch, the previous launch's writes and the block round's phase.
+    /// In a dependent launch, the earlier launches' writes and the block round's phase.
     dep: Option<DependentPhase>,
 }
 
@@ -105,9 +105,10 @@ struct ChangedSpan {
     after: Vec<u8>,
 }
 
-/// A dependent launch's view of the previous launch (see the module doc): its writes, undone
-/// at the start of each block round and redone once every thread of the round has reached its
-/// wait or its end (or every thread left waits: the previous kernel may end at any time).
+/// A dependent launch's view of the launches before it, back to the last plain one (see the
+/// module doc): their writes, undone at the start of each block round and redone once every
+/// thread of the round has reached its wait or its end (or every thread left waits: those
+/// kernels may end at any time).
 struct DependentPhase {
     spans: RefCell<Vec<ChangedSpan>>,
     round: Cell<u64>,
@@ -745,57 +746,6 @@ pub fn register_global(start: usize, bytes: usize) {
     GLOBAL.with(|g| g.borrow_mut().push((start, start + bytes)));
 }
 
-std::thread_local! {
-    /// Every registered buffer's bytes at the start of the last plain (not dependent) launch on
-    /// this OS thread: what the dependent launches after it undo.
-    static SNAPSHOT: RefCell<Vec<(usize, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Copies every registered buffer into [`SNAPSHOT`].
-fn snapshot_globals() {
-    let bufs: Vec<(usize, usize)> = GLOBAL.with(|g| g.borrow().clone());
-    let snap = bufs
-        .into_iter()
-        .map(|(s, e)| {
-            // SAFETY: a registered buffer, live while registered.
-            (s, unsafe { core::slice::from_raw_parts(s as *const u8, e - s) }.to_vec())
-        })
-        .collect();
-    SNAPSHOT.with(|sn| *sn.borrow_mut() = snap);
-}
-
-/// Per registered buffer in [`SNAPSHOT`] (same start and size), the runs of bytes that differ
-/// now (only those: a byte between two runs is the dependent launch's to write).
-fn changed_since_snapshot() -> Vec<ChangedSpan> {
-    let bufs: Vec<(usize, usize)> = GLOBAL.with(|g| g.borrow().clone());
-    SNAPSHOT.with(|sn| {
-        let sn = sn.borrow();
-        let mut spans = Vec::new();
-        for (s, e) in bufs {
-            let Some((_, old)) = sn.iter().find(|(a, v)| *a == s && v.len() == e - s) else { continue };
-            // SAFETY: as in `snapshot_globals`.
-            let now = unsafe { core::slice::from_raw_parts(s as *const u8, e - s) };
-            let mut i = 0;
-            while i < now.len() {
-                if now[i] == old[i] {
-                    i += 1;
-                    continue;
-                }
-                let start = i;
-                while i < now.len() && now[i] != old[i] {
-                    i += 1;
-                }
-                spans.push(ChangedSpan {
-                    at: s + start,
-                    before: old[start..i].to_vec(),
-                    after: now[start..i].to_vec(),
-                });
-            }
-        }
-        spans
-    })
-}
-
 /// Ends the registration of the buffer at `start` ([`register_global`]).
 pub fn unregister_global(start: usize) {
     GLOBAL.with(|g| g.borrow_mut().retain(|&(s, _)| s != start));
@@ -812,6 +762,57 @@ pub fn global<T>(p: *const T, bytes: usize) {
             "{bytes}-byte global access at {p:?} outside every device buffer"
         );
     });
+}
+
+std::thread_local! {
+    /// Every registered buffer's bytes at the start of the last plain (not dependent) launch on
+    /// this OS thread: what the dependent launches after it undo.
+    static SNAPSHOT: RefCell<Vec<(usize, Vec<u8>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Calls `f` with every registered buffer's start and its bytes now.
+fn each_registered(mut f: impl FnMut(usize, &[u8])) {
+    let bufs: Vec<(usize, usize)> = GLOBAL.with(|g| g.borrow().clone());
+    for (s, e) in bufs {
+        // SAFETY: a registered buffer, live while registered; no kernel runs during `f`.
+        f(s, unsafe { core::slice::from_raw_parts(s as *const u8, e - s) });
+    }
+}
+
+/// Copies every registered buffer into [`SNAPSHOT`].
+fn snapshot_globals() {
+    let mut snap = Vec::new();
+    each_registered(|s, now| snap.push((s, now.to_vec())));
+    SNAPSHOT.with(|sn| *sn.borrow_mut() = snap);
+}
+
+/// Per registered buffer in [`SNAPSHOT`] (same start and size), the runs of bytes that differ
+/// now (only those: a byte between two runs is the dependent launch's to write).
+fn changed_since_snapshot() -> Vec<ChangedSpan> {
+    SNAPSHOT.with(|sn| {
+        let sn = sn.borrow();
+        let mut spans = Vec::new();
+        each_registered(|s, now| {
+            let Some((_, old)) = sn.iter().find(|(a, v)| *a == s && v.len() == now.len()) else { return };
+            let mut i = 0;
+            while i < now.len() {
+                if now[i] == old[i] {
+                    i += 1;
+                    continue;
+                }
+                let start = i;
+                while i < now.len() && now[i] != old[i] {
+                    i += 1;
+                }
+                spans.push(ChangedSpan {
+                    at: s + start,
+                    before: old[start..i].to_vec(),
+                    after: now[start..i].to_vec(),
+                });
+            }
+        });
+        spans
+    })
 }
 
 pub unsafe fn ld_nc_v4(p: *const u32) -> [u32; 4] {
