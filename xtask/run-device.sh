@@ -21,7 +21,9 @@
 # is there: it is unpacked into a temporary site on PYTHONPATH, with nvcc on PATH for its JIT.
 # Knobs: RGK_TEST_TIMEOUT (s per test executable, default 300), RGK_BENCH_TIMEOUT (s per op,
 # default 600), RGK_BENCH_OPS (default: every op), RGK_TESTS (default: every test executable),
-# RGK_SANITIZE_LIST (default: tests/sanitize.list).
+# RGK_SANITIZE_LIST (default: tests/sanitize.list), RGK_BENCH_TAG (bench: the build of a
+# device-pack --variant tag instead of cur, its rows labelled with its spec; without the
+# rgk-torch column, whose wheel is cur's).
 set -u
 cd "$(dirname "$0")/.."
 mode=${1:-all}
@@ -131,13 +133,36 @@ python_path_with_peers() {
   else
     echo "tileops: no .device/peers.tar.xz (run cargo xtask peers before device-pack); the bench runs without it"
   fi
-  # Our own Python package for the rgk-torch column.
-  if ls .device/wheels/rgk-*.whl >/dev/null 2>&1; then
+  # Our own Python package for the rgk-torch column (cur's kernels: not beside a variant's).
+  if [ "$bench_exe" != .device/rgk-bench ]; then
+    echo "bench: variant ${RGK_BENCH_TAG}: no rgk-torch column (the wheel has cur's kernels)"
+  elif ls .device/wheels/rgk-*.whl >/dev/null 2>&1; then
     rgk_site=$(mktemp -d "${TMPDIR:-/tmp}/rgk-wheel.XXXXXX")
     python3 -m pip install --quiet --no-deps --no-index --target "$rgk_site" .device/wheels/rgk-*.whl \
       && export PYTHONPATH=$rgk_site${PYTHONPATH:+:$PYTHONPATH}
   fi
 }
+
+# The variants' binaries (device-pack --variant), unpacked once.
+unpack_variants() {
+  if [ -f .device/variants.tar.xz ] && [ ! -d .device/variants ]; then
+    untar .device/variants.tar.xz .device
+  fi
+}
+
+bench_exe=.device/rgk-bench
+if [ "$mode" = bench ] && [ "${RGK_BENCH_TAG:-cur}" != cur ]; then
+  unpack_variants
+  bench_exe=.device/variants/$RGK_BENCH_TAG
+  spec=$(grep -E "^$RGK_BENCH_TAG " .device/variants.txt 2>/dev/null | cut -d' ' -f2-)
+  if ! echo "$RGK_BENCH_TAG" | grep -qE '^[A-Za-z0-9_-]+$' || [ ! -x "$bench_exe" ] || [ -z "$spec" ]; then
+    echo "bench: no build for RGK_BENCH_TAG=$RGK_BENCH_TAG (one of: $(ls .device/variants 2>/dev/null | tr '\n' ' '))"; exit 2
+  fi
+  # The rows' commit: the variant's revision and patches (`70ff399abcde+a.diff+b.diff`).
+  RGK_COMMIT=$(echo "$spec" | sed 's/ + /+/g')
+  export RGK_COMMIT
+  echo "bench: variant $RGK_BENCH_TAG = $spec"
+fi
 
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
   python_path_with_peers
@@ -145,7 +170,7 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
   for op in ${RGK_BENCH_OPS:-FFTC2CFwd MHCPreFwd MHCPostFwd MHCPostPreFwd EngramGateConvFwd EngramGateConvBwd EngramDecodeFwd}; do
     echo "=== $op" >>"$out/bench.log"
     start=$(date +%s)
-    timeout "${RGK_BENCH_TIMEOUT:-600}" .device/rgk-bench --op "$op" --out "$out/h200.json" --work-dir "/tmp/rgk-bench-$op" "$@" >>"$out/bench.log" 2>&1
+    timeout "${RGK_BENCH_TIMEOUT:-600}" "$bench_exe" --op "$op" --out "$out/h200.json" --work-dir "/tmp/rgk-bench-$op" "$@" >>"$out/bench.log" 2>&1
     rc=$?
     echo "bench $op: rc=$rc ($(( $(date +%s) - start )) s)"
     [ $rc -eq 0 ] || fail=1
@@ -254,9 +279,7 @@ if [ "$mode" = abn ]; then
   if [ -z "$(echo $order)" ]; then
     echo "abn: bash .device/run.sh abn \"ORDER\" [BENCH ARGS] (ORDER: tags in quotes, e.g. \"cur E E cur\")"; exit 2
   fi
-  if [ -f .device/variants.tar.xz ] && [ ! -d .device/variants ]; then
-    untar .device/variants.tar.xz .device
-  fi
+  unpack_variants
   # The build a tag names.
   abn_exe() {
     case $1 in

@@ -29,11 +29,13 @@
 //!   the bench at git revision REV (in a worktree under `target/ab-base`, its own target
 //!   directory) as `.device/base-rgk-bench`, for `run.sh ab`: the two binaries timed A B B A on
 //!   the same inputs, their output digests compared (`bench/ab_compare.py`). `--variant TAG=SPEC`
-//!   (repeatable) builds the bench of a revision, or of `HEAD`'s commit with a patch file applied
-//!   (`git diff > x.diff`; a path relative to the caller's directory), in the same worktree,
-//!   into `.device/variants.tar.xz`, for `run.sh abn "ORDER"`: the binaries named by ORDER
-//!   (`cur`, `base`, the tags) timed in that order on the same inputs, compared by
-//!   `bench/ab_compare.py`. Every revision and patch is checked before `.device` is rebuilt.
+//!   (repeatable) builds the bench of a revision, or of `HEAD`'s commit with patch files applied
+//!   in order (`a.diff+b.diff`; made by `git diff > a.diff`; paths relative to the caller's
+//!   directory), in the same worktree, into `.device/variants.tar.xz` (each tag's spec in
+//!   `.device/variants.txt`), for `run.sh abn "ORDER"`: the binaries named by ORDER (`cur`,
+//!   `base`, the tags) timed in that order on the same inputs, compared by
+//!   `bench/ab_compare.py`; and for `RGK_BENCH_TAG=TAG run.sh bench`: one variant's bench with
+//!   the alternatives. Every revision and patch is checked before `.device` is rebuilt.
 //!   `--bench-only` leaves out the test executables, the wheels and the peers (a pack for A/B
 //!   runs only).
 use std::env;
@@ -83,7 +85,7 @@ fn main() {
         Some("table") => table(&root, args.get(1).map(String::as_str)),
         _ => {
             eprintln!(
-                "usage: cargo xtask build | test [ARGS] | python-test | wheel [OUT] | bench [ARGS] | peers | device-pack [--bench-only] [--base REV] [--variant TAG=REV|PATCH]... | table [RESULTS.json]"
+                "usage: cargo xtask build | test [ARGS] | python-test | wheel [OUT] | bench [ARGS] | peers | device-pack [--bench-only] [--base REV] [--variant TAG=REV|PATCH[+PATCH...]]... | table [RESULTS.json]"
             );
             exit(2);
         }
@@ -273,12 +275,26 @@ fn pack_args(args: &[String]) -> Result<PackOptions, String> {
     Ok(o)
 }
 
-/// A build of the bench: a revision (its commit hash), or `HEAD`'s commit with a patch file
-/// (absolute path) applied.
+/// A build of the bench: a revision (its commit hash), or `HEAD`'s commit with patch files
+/// (absolute paths) applied in order.
 #[derive(Clone, Debug, PartialEq)]
 enum Spec {
     Rev(String),
-    Patch(String, PathBuf),
+    Patch(String, Vec<PathBuf>),
+}
+
+impl Spec {
+    /// One line for logs and `.device/variants.txt`: the commit, then each patch's file name.
+    fn describe(&self) -> String {
+        match self {
+            Spec::Rev(h) => h[..12].to_string(),
+            Spec::Patch(h, ps) => {
+                let names: Vec<String> =
+                    ps.iter().map(|p| p.file_name().map_or(String::new(), |n| n.to_string_lossy().into())).collect();
+                format!("{} + {}", &h[..12], names.join(" + "))
+            }
+        }
+    }
 }
 
 /// The commit hash of `rev` in this repository.
@@ -301,14 +317,19 @@ fn git_succeeds(dir: &Path, args: &[&str]) -> Result<bool, String> {
     Command::new("git").args(args).current_dir(dir).status().map(|s| s.success()).map_err(|e| format!("git: {e}"))
 }
 
-/// A `--variant` SPEC: an existing file (relative to `caller_dir`) is a patch on `HEAD`'s
-/// commit, checked against HEAD's tree (not the working tree); anything else must be a revision.
+/// A `--variant` SPEC: an existing file (relative to `caller_dir`), or files joined by `+`, are
+/// patches on `HEAD`'s commit applied in that order, checked against HEAD's tree (not the
+/// working tree); anything else must be a revision.
 fn resolve_spec(root: &Path, caller_dir: &Path, spec: &str) -> Result<Spec, String> {
-    let path = caller_dir.join(spec);
-    if path.is_file() {
-        let path = fs::canonicalize(&path).map_err(|e| format!("{spec}: {e}"))?;
+    let parts: Vec<&str> = if caller_dir.join(spec).is_file() { vec![spec] } else { spec.split('+').collect() };
+    if parts.iter().all(|p| !p.is_empty() && caller_dir.join(p).is_file()) {
+        let paths = parts
+            .iter()
+            .map(|p| fs::canonicalize(caller_dir.join(p)).map_err(|e| format!("{p}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
         let head = resolve_rev(root, "HEAD")?;
-        // `git apply --cached --check` against a scratch index holding HEAD's tree.
+        // `git apply --cached` into a scratch index holding HEAD's tree, one patch after the
+        // other, so each is checked on the tree the ones before it leave.
         let _ = fs::create_dir_all(root.join("target"));
         let index = root.join("target/ab-check.index");
         let git = |args: &[&str]| {
@@ -319,22 +340,31 @@ fn resolve_spec(root: &Path, caller_dir: &Path, spec: &str) -> Result<Spec, Stri
                 .output()
                 .map_err(|e| format!("git: {e}"))
         };
+        let mut result = Ok(());
         let read = git(&["read-tree", &head])?;
-        let check =
-            if read.status.success() { git(&["apply", "--cached", "--check", &path.to_string_lossy()])? } else { read };
-        let _ = fs::remove_file(&index);
-        if !check.status.success() {
-            return Err(format!(
-                "{spec}: the patch does not apply on HEAD ({}): {}",
-                &head[..12],
-                String::from_utf8_lossy(&check.stderr).trim()
-            ));
+        if !read.status.success() {
+            result = Err(format!("git read-tree {head}: {}", String::from_utf8_lossy(&read.stderr).trim()));
         }
-        return Ok(Spec::Patch(head, path));
+        for (name, path) in parts.iter().zip(&paths) {
+            if result.is_err() {
+                break;
+            }
+            let apply = git(&["apply", "--cached", &path.to_string_lossy()])?;
+            if !apply.status.success() {
+                let after = if parts.len() > 1 { " after the patches before it" } else { "" };
+                result = Err(format!(
+                    "{name}: the patch does not apply on HEAD ({}){after}: {}",
+                    &head[..12],
+                    String::from_utf8_lossy(&apply.stderr).trim()
+                ));
+            }
+        }
+        let _ = fs::remove_file(&index);
+        return result.map(|()| Spec::Patch(head, paths));
     }
     resolve_rev(root, spec)
         .map(Spec::Rev)
-        .map_err(|_| format!("{spec} is neither a file nor a commit of this repository"))
+        .map_err(|_| format!("{spec} is neither a file, nor files joined by '+', nor a commit of this repository"))
 }
 
 /// Builds `rgk-bench` of `spec` in the worktree `target/ab-base` (its own target directory, kept
@@ -348,9 +378,9 @@ fn build_bench_at(root: &Path, spec: &Spec) -> Result<PathBuf, String> {
             Err(format!("git {} failed", args.join(" ")))
         }
     };
-    let (hash, patch) = match spec {
-        Spec::Rev(h) => (h.as_str(), None),
-        Spec::Patch(h, p) => (h.as_str(), Some(p.as_path())),
+    let (hash, patches) = match spec {
+        Spec::Rev(h) => (h.as_str(), &[][..]),
+        Spec::Patch(h, ps) => (h.as_str(), &ps[..]),
     };
     // A clean checkout of the revision: `--force` drops changed files, `clean` the files an
     // earlier patch (or an interrupted build) added; the ignored target directory stays.
@@ -363,7 +393,7 @@ fn build_bench_at(root: &Path, spec: &Spec) -> Result<PathBuf, String> {
     } else {
         git(&["worktree", "add", "--quiet", "--detach", &wt.to_string_lossy(), hash], root)?;
     }
-    if let Some(patch) = patch {
+    for patch in patches {
         git(&["apply", &patch.to_string_lossy()], &wt)?;
     }
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -373,11 +403,11 @@ fn build_bench_at(root: &Path, spec: &Spec) -> Result<PathBuf, String> {
         .env("CARGO_TARGET_DIR", wt.join("target"))
         .status()
         .map_err(|e| e.to_string())?;
-    if patch.is_some() {
+    if !patches.is_empty() {
         // Leave the worktree at the revision for the next build.
         reset()?;
     }
-    let what = format!("{}{}", &hash[..12], patch.map_or(String::new(), |p| format!(" + {}", p.display())));
+    let what = spec.describe();
     if !status.success() {
         return Err(format!("building rgk-bench at {what} failed"));
     }
@@ -394,17 +424,22 @@ fn install_bench(bin: &Path, dest: &Path) -> Result<(), String> {
 
 /// Builds each `--variant TAG=SPEC` (resolved by [`resolve_spec`]) and packs the binaries as
 /// `.device/variants.tar.xz` (one xz stream, so their shared embedded module is stored once),
-/// for `run.sh abn`.
+/// for `run.sh abn` and `RGK_BENCH_TAG=TAG run.sh bench`; `.device/variants.txt` names each
+/// tag's build.
 fn pack_variants(root: &Path, variants: &[(String, Spec)]) -> Result<(), String> {
     if variants.is_empty() {
         return Ok(());
     }
     let dir = root.join(".device/variants");
     fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let mut specs = String::new();
     for (tag, spec) in variants {
         let bin = build_bench_at(root, spec)?;
         install_bench(&bin, &dir.join(tag))?;
+        specs += &format!("{tag} {}\n", spec.describe());
     }
+    // Each tag's build, for the results' commit label of `RGK_BENCH_TAG=TAG run.sh bench`.
+    fs::write(root.join(".device/variants.txt"), specs).map_err(|e| e.to_string())?;
     xz_pack(&root.join(".device/variants.tar.xz"), &dir, "variants")?;
     fs::remove_dir_all(&dir).map_err(|e| e.to_string())
 }
@@ -818,18 +853,38 @@ mod tests {
             "diff --git a/rgk-xtask-added b/rgk-xtask-added\nnew file mode 100644\n--- /dev/null\n+++ b/rgk-xtask-added\n@@ -0,0 +1 @@\n+x\n",
         )
         .unwrap();
+        // A second patch that changes the file the first adds: it applies only after it.
+        std::fs::write(
+            dir.join("changes-the-added-file.diff"),
+            "diff --git a/rgk-xtask-added b/rgk-xtask-added\n--- a/rgk-xtask-added\n+++ b/rgk-xtask-added\n@@ -1 +1 @@\n-x\n+y\n",
+        )
+        .unwrap();
         let resolved = resolve_spec(&root, &root, &good.to_string_lossy());
-        // A path relative to the caller's directory.
+        // Paths relative to the caller's directory.
         let relative = resolve_spec(&root, &dir, "adds-a-file.diff");
+        let both = resolve_spec(&root, &dir, "adds-a-file.diff+changes-the-added-file.diff");
+        let reversed = resolve_spec(&root, &dir, "changes-the-added-file.diff+adds-a-file.diff");
+        let missing = resolve_spec(&root, &dir, "adds-a-file.diff+no-such.diff");
         let _ = std::fs::remove_dir_all(&dir);
         match resolved {
-            Ok(Spec::Patch(hash, path)) => assert!(hash.len() == 40 && path.is_absolute(), "{hash} {}", path.display()),
+            Ok(Spec::Patch(hash, paths)) => {
+                assert!(hash.len() == 40 && paths.len() == 1 && paths[0].is_absolute(), "{hash} {paths:?}")
+            }
             other => panic!("{}: {other:?}", good.display()),
         }
         assert!(matches!(relative, Ok(Spec::Patch(..))), "{relative:?}");
+        match both {
+            Ok(spec @ Spec::Patch(..)) => {
+                assert!(spec.describe().ends_with(" + adds-a-file.diff + changes-the-added-file.diff"), "{spec:?}")
+            }
+            other => panic!("two patches in order: {other:?}"),
+        }
+        let err = reversed.unwrap_err();
+        assert!(err.contains("changes-the-added-file.diff: the patch does not apply"), "{err}");
+        assert!(missing.unwrap_err().contains("neither a file"));
         assert!(matches!(resolve_spec(&root, &root, "HEAD"), Ok(Spec::Rev(h)) if h.len() == 40));
         let err = resolve_spec(&root, &root, "no-such-file-or-rev").unwrap_err();
-        assert!(err.contains("neither a file nor a commit"), "{err}");
+        assert!(err.contains("neither a file"), "{err}");
         let bad = std::env::temp_dir().join(format!("rgk-xtask-bad-{}.diff", std::process::id()));
         std::fs::write(&bad, "--- a/no/such/file\n+++ b/no/such/file\n@@ -1 +1 @@\n-x\n+y\n").unwrap();
         let err = resolve_spec(&root, &root, &bad.to_string_lossy()).unwrap_err();
