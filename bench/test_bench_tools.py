@@ -1,22 +1,27 @@
 #!/usr/bin/env python3
 """CPU test of the device tools' Python parts: `bench/ab_compare.py --runs` (the A/B table of
-`run.sh abn` and `run.sh ab`) on runs written here, and `bench/peer_profile.py`'s workload names,
-read from a stand-in for `rgk-bench --list`.
+`run.sh abn` and `run.sh ab`) on runs written here, `bench/peer_profile.py`'s workload names,
+read from a stand-in for `rgk-bench --list`, and `xtask/kernel_diff.py` (the cubin an executable
+embeds; with a built cubin and nvdisasm, which kernels differ).
 
 Run:  python3 bench/test_bench_tools.py
 """
 import contextlib
+import glob
 import io
 import json
 import os
 import stat
+import struct
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "xtask"))
 
 import ab_compare  # noqa: E402
+import kernel_diff  # noqa: E402
 import peer_profile  # noqa: E402
 
 
@@ -135,6 +140,66 @@ def test_peer_profile_without_a_bench_says_so():
         assert "cannot list the bench's workloads" in str(e), e
     else:
         raise AssertionError("no error without a bench binary")
+
+
+def elf(machine, body=b"\x11" * 40):
+    """A minimal 64-bit ELF image: header, `body`, one (null) section header at the end."""
+    shoff = 64 + len(body)
+    head = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
+    head += struct.pack("<HHIQQQIHHHHHH", 2, machine, 1, 0, 0, shoff, 0, 64, 0, 0, 64, 1, 0)
+    assert len(head) == 64
+    return head + body + bytes(64)
+
+
+def test_kernel_diff_finds_the_embedded_cubin():
+    cuda = elf(kernel_diff.EM_CUDA)
+    blob = b"junk" * 10 + elf(62) + b"\x7fELF-not-a-header" + cuda + b"tail" * 5
+    assert kernel_diff.cubins(blob) == [cuda]
+    assert kernel_diff.cubins(cuda) == [cuda]
+    assert kernel_diff.cubins(b"nothing here") == []
+
+
+def section(image, name):
+    """(offset, size) of the section `name` of an ELF image."""
+    shoff = struct.unpack_from("<Q", image, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", image, 0x3A)
+    strtab = struct.unpack_from("<Q", image, shoff + shstrndx * shentsize + 0x18)[0]
+    for k in range(shnum):
+        h = shoff + k * shentsize
+        at = strtab + struct.unpack_from("<I", image, h)[0]
+        if image[at:image.index(b"\0", at)].decode() == name:
+            return struct.unpack_from("<QQ", image, h + 0x18)
+    raise KeyError(name)
+
+
+def test_kernel_diff_names_the_kernel_that_differs():
+    tool = kernel_diff.nvdisasm()
+    found = sorted(glob.glob(os.path.join(HERE, "..", "target", "*", "build", "rgk-*", "out", "kernels.cubin")))
+    if tool is None or not found:
+        print("skipped: no built cubin or no nvdisasm")
+        return
+    image = open(found[0], "rb").read()
+    names = sorted(kernel_diff.kernels(found[0], tool))
+    victim = names[len(names) // 2]
+    # The kernel's first two instructions swapped (each 16 bytes on sm_90): valid code, other SASS.
+    at, size = section(image, ".text." + victim)
+    assert size >= 32
+    swapped = bytearray(image)
+    swapped[at:at + 16], swapped[at + 16:at + 32] = image[at + 16:at + 32], image[at:at + 16]
+    with tempfile.TemporaryDirectory() as d:
+        same = os.path.join(d, "same-bench")
+        with open(same, "wb") as f:
+            f.write(b"host code" * 100 + image + b"more host code")
+        other = os.path.join(d, "other.cubin")
+        with open(other, "wb") as f:
+            f.write(bytes(swapped))
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc_same = kernel_diff.main([found[0], same])
+            rc_other = kernel_diff.main([same, other])
+    text = out.getvalue()
+    assert rc_same == 0 and f"{len(names)} identical, 0 differ" in text, text
+    assert rc_other == 1 and f"differs: {victim} (" in text and f"{len(names) - 1} identical, 1 differ" in text, text
 
 
 if __name__ == "__main__":

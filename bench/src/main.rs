@@ -128,9 +128,6 @@ fn selected(args: &Args) -> Vec<Workload> {
 /// Returns Ok(false) when a workload failed verification.
 fn run(args: &Args, started: Instant) -> Result<bool, String> {
     let workloads = selected(args);
-    if (args.no_flush || args.pad_mib > 0) && args.out == Path::new(RESULTS) {
-        return Err(format!("--no-flush and --pad-mib are diagnostics: give --out a file other than {RESULTS}"));
-    }
     if workloads.is_empty() {
         let mut ops: Vec<&str> = ops::registry(args.variants).iter().map(|w| w.op).collect();
         ops.dedup();
@@ -145,6 +142,10 @@ fn run(args: &Args, started: Instant) -> Result<bool, String> {
             println!("{line}");
         }
         return Ok(true);
+    }
+    // The diagnostics must not overwrite the results file (the listing above writes none).
+    if (args.no_flush || args.pad_mib > 0) && args.out == Path::new(RESULTS) {
+        return Err(format!("--no-flush and --pad-mib are diagnostics: give --out a file other than {RESULTS}"));
     }
     if !rgk::cuda_available() {
         println!(

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Which kernels differ between two builds: the sm_90 machine code (cubin) each executable
+embeds (the bench, a test executable, or a cubin file itself), disassembled with nvdisasm and
+compared kernel by kernel, addresses and branch labels left out.
+
+    python3 xtask/kernel_diff.py A B [--show KERNEL]
+
+Prints the kernels only one build has, the kernels whose SASS differs (with their instruction
+counts) and how many are identical. `--show KERNEL` prints that kernel's differing lines.
+Exit 0 when every kernel is identical, 1 when any differs, 2 on an error.
+Used to check that a refactor changed no kernel, or that a build's kernels are those of
+another (docs/decisions/fft.md: the subsets of a combined build).
+"""
+import argparse
+import difflib
+import glob
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+EM_CUDA = 190
+
+
+def cubins(data):
+    """The embedded 64-bit ELF images for EM_CUDA in `data` (a whole cubin is one)."""
+    out = []
+    i = -1
+    while True:
+        i = data.find(b"\x7fELF", i + 1)
+        if i < 0:
+            return out
+        if len(data) < i + 0x40 or data[i + 4] != 2:
+            continue
+        if struct.unpack_from("<H", data, i + 18)[0] != EM_CUDA:
+            continue
+        # The image ends at the last of its header tables and sections.
+        phoff, shoff = struct.unpack_from("<QQ", data, i + 0x20)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, i + 0x36)
+        end = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+        for k in range(shnum):
+            h = i + shoff + k * shentsize
+            if h + 0x28 > len(data):
+                break
+            kind = struct.unpack_from("<I", data, h + 4)[0]
+            offset, size = struct.unpack_from("<QQ", data, h + 0x18)
+            if kind != 8:  # SHT_NOBITS takes no bytes in the file
+                end = max(end, offset + size)
+        if i + end <= len(data):
+            out.append(data[i:i + end])
+
+
+def nvdisasm():
+    found = shutil.which("nvdisasm") or shutil.which("nvdisasm", path="/usr/local/cuda/bin")
+    if found:
+        return found
+    # The nvidia-cuda-nvdisasm wheel (./x installs it with the system python3's pip).
+    for site in sys.path:
+        for hit in sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "bin", "nvdisasm"))):
+            return hit
+        hit = os.path.join(site, "nvidia", "cuda_nvdisasm", "bin", "nvdisasm")
+        if os.path.isfile(hit):
+            return hit
+    return None
+
+
+def kernels(path, tool):
+    """{kernel: [normalised SASS lines]} of the one cubin `path` is or embeds."""
+    images = cubins(open(path, "rb").read())
+    if len(images) != 1:
+        raise SystemExit(f"kernel_diff: {path}: {len(images)} sm_90 cubins found, expected one")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(images[0])
+        f.flush()
+        text = subprocess.run([tool, "-c", f.name], check=True, capture_output=True, text=True).stdout
+    out = {}
+    cur = None
+    for line in text.splitlines():
+        m = re.match(r"\s*\.text\.(\S+):", line)
+        if m:
+            cur = m.group(1)
+            out[cur] = []
+            continue
+        if cur is None or line.lstrip().startswith("."):
+            continue
+        line = re.sub(r"/\*[0-9a-f]+\*/", "", line)
+        line = re.sub(r"\.L_x_\d+", "L", line).strip()
+        if line:
+            out[cur].append(line)
+    return out
+
+
+def count(sass):
+    """Instructions: the lines that end an instruction (`;`)."""
+    return sum(1 for l in sass if l.rstrip().endswith(";"))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--show", metavar="KERNEL", help="print this kernel's differing lines")
+    args = ap.parse_args(argv)
+    tool = nvdisasm()
+    if tool is None:
+        print("kernel_diff: nvdisasm not found (pip install nvidia-cuda-nvdisasm)", file=sys.stderr)
+        return 2
+    a, b = kernels(args.a, tool), kernels(args.b, tool)
+    only_a = sorted(set(a) - set(b))
+    only_b = sorted(set(b) - set(a))
+    differ = sorted(k for k in set(a) & set(b) if a[k] != b[k])
+    same = len(set(a) & set(b)) - len(differ)
+    for k in only_a:
+        print(f"only in {args.a}: {k}")
+    for k in only_b:
+        print(f"only in {args.b}: {k}")
+    for k in differ:
+        print(f"differs: {k} ({count(a[k])} → {count(b[k])} instructions)")
+    print(f"{same} identical, {len(differ)} differ, {len(only_a)} + {len(only_b)} in one build only")
+    if args.show:
+        if args.show not in a or args.show not in b:
+            print(f"kernel_diff: {args.show} is not in both builds", file=sys.stderr)
+            return 2
+        sys.stdout.writelines(difflib.unified_diff(
+            [l + "\n" for l in a[args.show]], [l + "\n" for l in b[args.show]], args.a, args.b, n=2))
+    return 1 if differ or only_a or only_b else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
