@@ -329,12 +329,12 @@ unsafe fn fft_block<
     // 5.98 → 6.34 µs, longconv-16k and -64k +0.07).
     let prefetch_columns = !HOIST && !STG && !PP && E == 8;
     // The hoisted kernels issue a persistent row pass's prefetch of its next group's rows after
-    // the group's first stage instead of before its data loads, so that no taken branch (the
-    // skip of that code in a block's last group) comes before the data loads: after the bench's
-    // flush a fetch redirect there waits for a code line from DRAM. Longconv-16k 10.78 → 10.53
-    // µs, -64k 7.84–7.87 → 7.81 (both row passes hoisted); in every form
-    // it took the c128 per-stage rows +0.3 / +0.5 µs (throughput-4k, scientific-1m), and the
-    // ping-pong 1024-point rows +0.07.
+    // the group's first stage instead of before its data loads, where it competed with them:
+    // longconv-16k 10.82 → 10.59 µs, -64k level (both row passes hoisted; same device call,
+    // outputs bitwise equal). Not because of a taken branch before the loads (the ping-pong
+    // kernels with every branch after their loads measured level). In every form it took the
+    // c128 per-stage rows +0.3 / +0.5 µs (throughput-4k, scientific-1m), and the ping-pong
+    // 1024-point rows +0.07.
     let late_row_prefetch = HOIST && !PP && !STG;
     let nst = (LOG_L as usize).div_ceil(log_e as usize);
     let first = log_l - log_e * (nst as u32 - 1);
