@@ -270,8 +270,9 @@ if [ "$mode" = abn ]; then
   # Any number of bench builds in a given order (`device-pack --variant TAG=SPEC`): ORDER names
   # them, `cur` being .device/rgk-bench and `base` .device/base-rgk-bench, e.g. "cur D E E D cur";
   # each run --no-alternatives on the same inputs into $OUT/abn/NN-TAG.{json,log} (the folder
-  # emptied first); the table (times per tag in run order, errors, output digests against the
-  # first tag with digests, rows that failed verification) goes to abn.md. A run whose outputs
+  # emptied first, archived at the end as $OUT/abn-runs.tar.gz); the table (times per tag in
+  # run order, errors, output digests against the first tag with digests, rows that failed
+  # verification) goes to abn.md. A run whose outputs
   # fail verification (the bench's exit 3: a diagnostic with wrong outputs) keeps its rows, and
   # fails the call only for cur and base; any other failure drops them and fails the call.
   order=${1:-}
@@ -295,7 +296,7 @@ if [ "$mode" = abn ]; then
       echo "abn: no build for tag '$t' (cur, base or one of: $(ls .device/variants 2>/dev/null | tr '\n' ' '))"; exit 2
     fi
   done
-  rm -rf "$out/abn"
+  rm -rf "$out/abn" "$out/abn-runs.tar.gz"
   mkdir -p "$out/abn"
   i=0
   for t in $order; do
@@ -317,6 +318,9 @@ if [ "$mode" = abn ]; then
   done
   python3 bench/ab_compare.py --runs "$out/abn" | tee "$out/abn.md"
   [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
+  # The runs' files as one archive beside the table (a remote runner may return only a few
+  # files per call: two per run would crowd out the rest of the call's results).
+  tar czf "$out/abn-runs.tar.gz" -C "$out" abn && rm -rf "$out/abn"
 fi
 echo "run.sh: $([ $fail -eq 0 ] && echo PASSED || echo FAILED)"
 exit $fail
