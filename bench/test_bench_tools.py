@@ -159,6 +159,34 @@ def test_kernel_diff_finds_the_embedded_cubin():
     assert kernel_diff.cubins(b"nothing here") == []
 
 
+def test_kernel_diff_reads_kernels_and_their_labels():
+    text = """
+//--------------------- .text.a --------------------------
+	.section	.text.a,"ax",@progbits
+	.align	128
+        .global         a
+a:
+.text.a:
+        /*0000*/                   BRA `(.L_x_7) ;
+.L_x_7:
+        /*0010*/                   EXIT ;
+.L_x_8:
+
+
+//--------------------- .text.b --------------------------
+	.section	.text.b,"ax",@progbits
+b:
+.text.b:
+        /*0000*/                   EXIT ;
+"""
+    k = kernel_diff.parse(text)
+    assert k == {"a": ["BRA `(L0) ;", "L0:", "EXIT ;", "L1:"], "b": ["EXIT ;"]}, k
+    # Labels are numbered per kernel: other numbers, same code; a moved label differs.
+    assert kernel_diff.parse(text.replace("_7", "_3").replace("_8", "_4")) == k
+    moved = text.replace(".L_x_7:\n        /*0010*/                   EXIT ;", "        /*0010*/                   EXIT ;\n.L_x_7:")
+    assert kernel_diff.parse(moved)["a"] != k["a"]
+
+
 def section(image, name):
     """(offset, size) of the section `name` of an ELF image."""
     shoff = struct.unpack_from("<Q", image, 0x28)[0]
@@ -174,7 +202,8 @@ def section(image, name):
 
 def test_kernel_diff_names_the_kernel_that_differs():
     tool = kernel_diff.nvdisasm()
-    found = sorted(glob.glob(os.path.join(HERE, "..", "target", "*", "build", "rgk-*", "out", "kernels.cubin")))
+    targets = [os.path.join(HERE, "..", "target")] + [os.environ["CARGO_TARGET_DIR"]] * ("CARGO_TARGET_DIR" in os.environ)
+    found = sorted(f for t in targets for f in glob.glob(os.path.join(t, "*", "build", "rgk-*", "out", "kernels.cubin")))
     if tool is None or not found:
         print("skipped: no built cubin or no nvdisasm")
         return

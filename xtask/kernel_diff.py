@@ -67,30 +67,62 @@ def nvdisasm():
     return None
 
 
+class Error(Exception):
+    """A build that cannot be compared (exit 2)."""
+
+
+def normalise(lines):
+    """A kernel's instructions and label lines, addresses left out and branch labels numbered
+    afresh in order of first appearance (so a moved branch target still differs)."""
+    names = {}
+
+    def label(m):
+        return "L%d" % names.setdefault(m.group(0), len(names))
+
+    out = []
+    for line in lines:
+        line = re.sub(r"/\*[0-9a-f]+\*/", "", line).strip()
+        out.append(re.sub(r"\.L_x_\d+", label, line))
+    return out
+
+
 def kernels(path, tool):
     """{kernel: [normalised SASS lines]} of the one cubin `path` is or embeds."""
-    images = cubins(open(path, "rb").read())
+    try:
+        data = open(path, "rb").read()
+    except OSError as e:
+        raise Error(f"{path}: {e.strerror}")
+    images = cubins(data)
     if len(images) != 1:
-        raise SystemExit(f"kernel_diff: {path}: {len(images)} sm_90 cubins found, expected one")
+        raise Error(f"{path}: {len(images)} sm_90 cubins found, expected one")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(images[0])
         f.flush()
-        text = subprocess.run([tool, "-c", f.name], check=True, capture_output=True, text=True).stdout
-    out = {}
+        run = subprocess.run([tool, "-c", f.name], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise Error(f"{path}: nvdisasm failed: {run.stderr.strip()[:200]}")
+    return parse(run.stdout)
+
+
+def parse(text):
+    """{kernel: [normalised SASS lines]} of nvdisasm's output: a kernel starts at its
+    `.section .text.NAME` line."""
+    raw = {}
     cur = None
     for line in text.splitlines():
-        m = re.match(r"\s*\.text\.(\S+):", line)
+        m = re.match(r"\s*\.section\s+\.text\.([^,\s]+)", line)
         if m:
             cur = m.group(1)
-            out[cur] = []
+            raw[cur] = []
             continue
-        if cur is None or line.lstrip().startswith("."):
+        t = line.strip()
+        if cur is None or not t or t.startswith("//"):
             continue
-        line = re.sub(r"/\*[0-9a-f]+\*/", "", line)
-        line = re.sub(r"\.L_x_\d+", "L", line).strip()
-        if line:
-            out[cur].append(line)
-    return out
+        # Instructions (`/*addr*/ … ;`, a long one continued on the next lines) and branch
+        # labels; the section's directives and the kernel's name lines are left out.
+        if re.match(r"\.L_x_\d+:$", t) or (not t.startswith(".") and not t.endswith(":")):
+            raw[cur].append(t)
+    return {k: normalise(v) for k, v in raw.items()}
 
 
 def count(sass):
@@ -108,7 +140,11 @@ def main(argv=None):
     if tool is None:
         print("kernel_diff: nvdisasm not found (pip install nvidia-cuda-nvdisasm)", file=sys.stderr)
         return 2
-    a, b = kernels(args.a, tool), kernels(args.b, tool)
+    try:
+        a, b = kernels(args.a, tool), kernels(args.b, tool)
+    except Error as e:
+        print(f"kernel_diff: {e}", file=sys.stderr)
+        return 2
     only_a = sorted(set(a) - set(b))
     only_b = sorted(set(b) - set(a))
     differ = sorted(k for k in set(a) & set(b) if a[k] != b[k])

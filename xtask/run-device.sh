@@ -151,6 +151,9 @@ unpack_variants() {
 }
 
 bench_exe=.device/rgk-bench
+if [ "$mode" != bench ] && [ "${RGK_BENCH_TAG:-cur}" != cur ]; then
+  echo "run.sh $mode: RGK_BENCH_TAG applies to run.sh bench only"; exit 2
+fi
 if [ "$mode" = bench ] && [ "${RGK_BENCH_TAG:-cur}" != cur ]; then
   unpack_variants
   bench_exe=.device/variants/$RGK_BENCH_TAG
@@ -320,7 +323,7 @@ if [ "$mode" = abn ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
   # The runs' files as one archive beside the table (a remote runner may return only a few
   # files per call: two per run would crowd out the rest of the call's results).
-  tar czf "$out/abn-runs.tar.gz" -C "$out" abn && rm -rf "$out/abn"
+  if tar czf "$out/abn-runs.tar.gz" -C "$out" abn; then rm -rf "$out/abn"; else fail=1; fi
 fi
 echo "run.sh: $([ $fail -eq 0 ] && echo PASSED || echo FAILED)"
 exit $fail

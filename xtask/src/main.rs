@@ -322,7 +322,13 @@ fn git_succeeds(dir: &Path, args: &[&str]) -> Result<bool, String> {
 /// working tree); anything else must be a revision.
 fn resolve_spec(root: &Path, caller_dir: &Path, spec: &str) -> Result<Spec, String> {
     let parts: Vec<&str> = if caller_dir.join(spec).is_file() { vec![spec] } else { spec.split('+').collect() };
-    if parts.iter().all(|p| !p.is_empty() && caller_dir.join(p).is_file()) {
+    let is_file = |p: &&str| !p.is_empty() && caller_dir.join(p).is_file();
+    if parts.len() > 1 && parts.iter().any(is_file) {
+        if let Some(missing) = parts.iter().find(|p| !is_file(p)) {
+            return Err(format!("{spec}: no patch file {missing:?} (relative to {})", caller_dir.display()));
+        }
+    }
+    if parts.iter().all(is_file) {
         let paths = parts
             .iter()
             .map(|p| fs::canonicalize(caller_dir.join(p)).map_err(|e| format!("{p}: {e}")))
@@ -345,13 +351,13 @@ fn resolve_spec(root: &Path, caller_dir: &Path, spec: &str) -> Result<Spec, Stri
         if !read.status.success() {
             result = Err(format!("git read-tree {head}: {}", String::from_utf8_lossy(&read.stderr).trim()));
         }
-        for (name, path) in parts.iter().zip(&paths) {
+        for (i, (name, path)) in parts.iter().zip(&paths).enumerate() {
             if result.is_err() {
                 break;
             }
             let apply = git(&["apply", "--cached", &path.to_string_lossy()])?;
             if !apply.status.success() {
-                let after = if parts.len() > 1 { " after the patches before it" } else { "" };
+                let after = if i > 0 { " after the patches before it" } else { "" };
                 result = Err(format!(
                     "{name}: the patch does not apply on HEAD ({}){after}: {}",
                     &head[..12],
@@ -881,7 +887,8 @@ mod tests {
         }
         let err = reversed.unwrap_err();
         assert!(err.contains("changes-the-added-file.diff: the patch does not apply"), "{err}");
-        assert!(missing.unwrap_err().contains("neither a file"));
+        let err = missing.unwrap_err();
+        assert!(err.contains("no patch file \"no-such.diff\""), "{err}");
         assert!(matches!(resolve_spec(&root, &root, "HEAD"), Ok(Spec::Rev(h)) if h.len() == 40));
         let err = resolve_spec(&root, &root, "no-such-file-or-rev").unwrap_err();
         assert!(err.contains("neither a file"), "{err}");
