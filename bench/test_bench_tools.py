@@ -202,7 +202,7 @@ def section(image, name):
 
 def test_kernel_diff_names_the_kernel_that_differs():
     tool = kernel_diff.nvdisasm()
-    targets = [os.path.join(HERE, "..", "target")] + [os.environ["CARGO_TARGET_DIR"]] * ("CARGO_TARGET_DIR" in os.environ)
+    targets = [t for t in (os.path.join(HERE, "..", "target"), os.environ.get("CARGO_TARGET_DIR")) if t]
     found = sorted(f for t in targets for f in glob.glob(os.path.join(t, "*", "build", "rgk-*", "out", "kernels.cubin")))
     if tool is None or not found:
         print("skipped: no built cubin or no nvdisasm")
