@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Which kernels differ between two builds: the sm_90 machine code (cubin) each executable
 embeds (the bench, a test executable, or a cubin file itself), disassembled with nvdisasm and
-compared kernel by kernel, addresses and branch labels left out.
+compared kernel by kernel, addresses left out and branch labels numbered per kernel.
 
     python3 xtask/kernel_diff.py A B [--show KERNEL]
 
@@ -13,7 +13,6 @@ another (docs/decisions/fft.md: the subsets of a combined build).
 """
 import argparse
 import difflib
-import glob
 import os
 import re
 import shutil
@@ -54,16 +53,20 @@ def cubins(data):
 
 
 def nvdisasm():
+    """nvdisasm where ptx-build's `find_cuda_tool` looks: on PATH, in /usr/local/cuda/bin, or in
+    an nvidia-cuda-* wheel of this Python (./x installs nvidia-cuda-nvdisasm)."""
     found = shutil.which("nvdisasm") or shutil.which("nvdisasm", path="/usr/local/cuda/bin")
     if found:
         return found
-    # The nvidia-cuda-nvdisasm wheel (./x installs it with the system python3's pip).
-    for site in sys.path:
-        for hit in sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "bin", "nvdisasm"))):
-            return hit
-        hit = os.path.join(site, "nvidia", "cuda_nvdisasm", "bin", "nvdisasm")
-        if os.path.isfile(hit):
-            return hit
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for d in nvidia.__path__:
+        for sub in ("cu13", "cuda_nvcc", "cuda_cuobjdump", "cuda_nvdisasm"):
+            p = os.path.join(d, sub, "bin", "nvdisasm")
+            if os.path.isfile(p):
+                return p
     return None
 
 

@@ -151,10 +151,10 @@ unpack_variants() {
 }
 
 bench_exe=.device/rgk-bench
-if [ "$mode" != bench ] && [ "${RGK_BENCH_TAG:-cur}" != cur ]; then
-  echo "run.sh $mode: RGK_BENCH_TAG applies to run.sh bench only"; exit 2
-fi
-if [ "$mode" = bench ] && [ "${RGK_BENCH_TAG:-cur}" != cur ]; then
+if [ "${RGK_BENCH_TAG:-cur}" != cur ]; then
+  if [ "$mode" != bench ]; then
+    echo "run.sh $mode: RGK_BENCH_TAG applies to run.sh bench only"; exit 2
+  fi
   unpack_variants
   bench_exe=.device/variants/$RGK_BENCH_TAG
   spec=$(grep -E "^$RGK_BENCH_TAG " .device/variants.txt 2>/dev/null | cut -d' ' -f2-)
@@ -275,9 +275,9 @@ if [ "$mode" = abn ]; then
   # each run --no-alternatives on the same inputs into $OUT/abn/NN-TAG.{json,log} (the folder
   # emptied first, archived at the end as $OUT/abn-runs.tar.gz); the table (times per tag in
   # run order, errors, output digests against the first tag with digests, rows that failed
-  # verification) goes to abn.md. A run whose outputs
-  # fail verification (the bench's exit 3: a diagnostic with wrong outputs) keeps its rows, and
-  # fails the call only for cur and base; any other failure drops them and fails the call.
+  # verification) goes to abn.md. A run whose outputs fail verification (the bench's exit 3: a
+  # diagnostic with wrong outputs) keeps its rows, and fails the call only for cur and base;
+  # any other failure drops them and fails the call.
   order=${1:-}
   [ $# -gt 0 ] && shift
   if [ -z "$(echo $order)" ]; then

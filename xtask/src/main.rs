@@ -346,25 +346,26 @@ fn resolve_spec(root: &Path, caller_dir: &Path, spec: &str) -> Result<Spec, Stri
                 .output()
                 .map_err(|e| format!("git: {e}"))
         };
-        let mut result = Ok(());
-        let read = git(&["read-tree", &head])?;
-        if !read.status.success() {
-            result = Err(format!("git read-tree {head}: {}", String::from_utf8_lossy(&read.stderr).trim()));
-        }
-        for (i, (name, path)) in parts.iter().zip(&paths).enumerate() {
-            if result.is_err() {
-                break;
+        let check = || -> Result<(), String> {
+            let read = git(&["read-tree", &head])?;
+            if !read.status.success() {
+                return Err(format!("git read-tree {head}: {}", String::from_utf8_lossy(&read.stderr).trim()));
             }
-            let apply = git(&["apply", "--cached", &path.to_string_lossy()])?;
-            if !apply.status.success() {
-                let after = if i > 0 { " after the patches before it" } else { "" };
-                result = Err(format!(
-                    "{name}: the patch does not apply on HEAD ({}){after}: {}",
-                    &head[..12],
-                    String::from_utf8_lossy(&apply.stderr).trim()
-                ));
+            for (i, (name, path)) in parts.iter().zip(&paths).enumerate() {
+                let apply = git(&["apply", "--cached", &path.to_string_lossy()])?;
+                if !apply.status.success() {
+                    let after = if i > 0 { " after the patches before it" } else { "" };
+                    return Err(format!(
+                        "{name}: the patch does not apply on HEAD ({}){after}: {}",
+                        &head[..12],
+                        String::from_utf8_lossy(&apply.stderr).trim()
+                    ));
+                }
             }
-        }
+            Ok(())
+        };
+        // The scratch index goes whatever the check found.
+        let result = check();
         let _ = fs::remove_file(&index);
         return result.map(|()| Spec::Patch(head, paths));
     }

@@ -110,6 +110,16 @@ unsafe fn prefetch_table(p: *const u8, bytes: u32, tid: u32, nthreads: u32, keep
     }
 }
 
+/// Prefetches group `g`'s rows into L2 (a persistent row pass's next group: `2^log_c` rows of
+/// `2^log_l` elements, contiguous in `x`, rows past `count` left out).
+#[inline(always)]
+unsafe fn prefetch_rows<T: Mem>(x: *const Cx<T>, g: u32, log_c: u32, log_l: u32, count: u32, tid: u32, nthreads: u32) {
+    let tn = g << log_c;
+    let rows = (count - tn).min(1 << log_c);
+    let bytes = (rows << log_l) * core::mem::size_of::<Cx<T>>() as u32;
+    prefetch_table(x.add((tn << log_l) as usize) as *const u8, bytes, tid, nthreads, false);
+}
+
 /// The shared memory one stage uses (32-bit shared-window byte addresses): it reads its
 /// inputs at `rd` (a transform's slot, `sidx` layout) and writes its outputs at `wr`. With
 /// `ping_pong` the two differ (alternating buffers), so a stage needs no barrier between its
@@ -403,9 +413,7 @@ unsafe fn fft_block<
             }
             sync_threads();
         } else if !late_row_prefetch && next < ngroups && log_min == 0 {
-            let tn = next << log_c;
-            let rows = (count - tn).min(1 << log_c);
-            prefetch_table(x.add((tn << log_l) as usize) as *const u8, (rows << log_l) * esz, tid, nthreads, false);
+            prefetch_rows(x, next, log_c, log_l, count, tid, nthreads);
         }
         let c = Ctx {
             x,
@@ -460,9 +468,7 @@ unsafe fn fft_block<
             }
             if late_row_prefetch && s == 0 && log_min == 0 && next < ngroups {
                 // The hoisted kernels' persistent row prefetch (see `late_row_prefetch`).
-                let tn = next << log_c;
-                let rows = (count - tn).min(1 << log_c);
-                prefetch_table(x.add((tn << log_l) as usize) as *const u8, (rows << log_l) * esz, tid, nthreads, false);
+                prefetch_rows(x, next, log_c, log_l, count, tid, nthreads);
             }
             if prefetch_columns && s == 0 && log_min > 0 && next < ngroups {
                 // Persistent column pass: the next group's tile (2^log_l row segments of 2^log_c
