@@ -291,7 +291,7 @@ macro_rules! fft_pass_kernels {
             fft_c128_l10_tw_per_stage: c128, 10, 8, PerStage, 512, Runtime;
             fft_c128_l11_tw_per_stage: c128, 11, 16, PerStage, 256, Runtime;
             fft_c128_l11_tw_per_stage_rows2_out512: c128, 11, 16, PerStage, 256, Rows(1, 9);
-            fft_c128_l12_tw_per_stage: c128, 12, 16, PerStage, 256, Runtime;
+            fft_c128_l12_tw_per_stage: c128, 12, 16, PerStage, 512, Runtime;
         }
     };
 }

@@ -186,6 +186,26 @@ unsafe fn stage_twiddles<T: Mem, const E: usize>(tw: *const Cx<T>, jt: u32, ls: 
     w
 }
 
+/// [`stage_twiddles`] of the per-stage c128 kernels, from fewer loads: `W^{r·k}` is loaded for
+/// `r = 1, 2, 3` and `r = 4, 8, 12` (as far as `E` goes) and formed as `W^{4b·k} · W^{a·k}` for
+/// the other `r = 4b + a`; the table and its layout are the same.
+#[inline(always)]
+unsafe fn stage_twiddles_products<T: Mem, const E: usize>(tw: *const Cx<T>, jt: u32, ls: u32, off: u32) -> [Cx<T>; E] {
+    let mut w = [Cx::<T>::zero(); E];
+    let k = jt & ((1u32 << ls) - 1);
+    unroll!(E, r, {
+        if r != 0 && (r < 4 || r % 4 == 0) {
+            w[r] = T::ld_ro(tw.add((off + ((r as u32 - 1) << ls) + k) as usize));
+        }
+    });
+    unroll!(E, r, {
+        if r > 4 && r % 4 != 0 {
+            w[r] = w[r - r % 4].cmul(w[r % 4]);
+        }
+    });
+    w
+}
+
 /// One Stockham stage of radix `R` (a no-op unless `R ≤ E`); `ls = log2 Ns`. `w` holds this
 /// stage's twiddles from the pass's stage table (`stage_twiddles`; `R = E` for every stage with
 /// `ls > 0`). (A per-launch `W_Lt` table indexed in the stage lost to the stage tables:
@@ -443,7 +463,9 @@ unsafe fn fft_block<
             let ls = if s == 0 { 0 } else { first + log_e * (s as u32 - 1) };
             let from_global = s == 0;
             let to_global = s == nst - 1 && !out_smem;
-            let w = if !HOIST && s >= 1 && s <= 3 {
+            let w = if !HOIST && s >= 1 && s <= 3 && !T::COMPUTED_TWIDDLES {
+                stage_twiddles_products::<T, E>(tw, jt, ls, off[s - 1])
+            } else if !HOIST && s >= 1 && s <= 3 {
                 stage_twiddles::<T, E>(tw, jt, ls, off[s - 1])
             } else if s >= 1 && s <= 3 {
                 tws[s - 1]
