@@ -23,7 +23,8 @@
 # default 600), RGK_BENCH_OPS (default: every op), RGK_TESTS (default: every test executable),
 # RGK_SANITIZE_LIST (default: tests/sanitize.list), RGK_BENCH_TAG (bench: the build of a
 # device-pack --variant tag instead of cur, its rows labelled with its spec; without the
-# rgk-torch column, whose wheel is cur's).
+# rgk-torch column, whose wheel is cur's), RGK_PEER_METRICS (peer-profile: only these
+# comma-separated ncu metrics, no sections or samples).
 set -u
 cd "$(dirname "$0")/.."
 mode=${1:-all}
@@ -229,19 +230,25 @@ if [ "$mode" = peer-profile ]; then
   export RGK_BENCH_LIST
   start=$(date +%s)
   rep=$(mktemp -d "${TMPDIR:-/tmp}/rgk-ncu.XXXXXX")/peer
-  timeout "${RGK_TEST_TIMEOUT:-300}" ncu --replay-mode application --cache-control none --clock-control none \
-    --nvtx --nvtx-include "profiled/" --warp-sampling-interval 0 \
-    --section WarpStateStats --section LaunchStats \
-    --metrics "gpu__time_duration.sum,inst_executed,smsp__pcsamp_sample_count,$(for r in barrier branch_resolving \
+  if [ -n "${RGK_PEER_METRICS:-}" ]; then
+    # Only the named metrics (e.g. DRAM and L2 sector counts), no sections or samples.
+    what=(--metrics "gpu__time_duration.sum,$RGK_PEER_METRICS")
+  else
+    what=(--warp-sampling-interval 0 --section WarpStateStats --section LaunchStats \
+      --metrics "gpu__time_duration.sum,inst_executed,smsp__pcsamp_sample_count,$(for r in barrier branch_resolving \
       dispatch_stall drain imc_miss lg_throttle long_scoreboard math_pipe_throttle membar mio_throttle misc \
       no_instructions not_selected selected short_scoreboard sleeping tex_throttle wait; do
-      printf 'smsp__pcsamp_warps_issue_stalled_%s,' $r; done | sed 's/,$//')" \
+      printf 'smsp__pcsamp_warps_issue_stalled_%s,' $r; done | sed 's/,$//')")
+  fi
+  timeout "${RGK_TEST_TIMEOUT:-300}" ncu --replay-mode application --cache-control none --clock-control none \
+    --nvtx --nvtx-include "profiled/" "${what[@]}" \
     -o "$rep" -f python3 bench/peer_profile.py --workload "$1" --calls "${2:-1}" >"$out/peer-profile.log" 2>&1
   rc=$?
   echo "peer-profile $1: rc=$rc ($(( $(date +%s) - start )) s)"
   tail -5 "$out/peer-profile.log"
   ncu -i "$rep.ncu-rep" --page details --print-details all >"$out/peer-profile.txt" 2>&1
-  grep -a -E "^  [A-Za-z_0-9:<>, ]+\(|Duration|Registers Per|Warp Cycles Per Issued|Executed Instructions  " "$out/peer-profile.txt" | head -40
+  pm=${RGK_PEER_METRICS:-}; pm=${pm//,/|}
+  grep -a -E "^  [A-Za-z_0-9:<>, ]+\(|Duration|Registers Per|Warp Cycles Per Issued|Executed Instructions  |${pm:-^$}" "$out/peer-profile.txt" | head -60
   # One source page per profiled kernel (ncu prints them one after another).
   ncu -i "$rep.ncu-rep" --page source --csv --print-source sass >"$out/peer-source.csv" 2>&1
   python3 - "$out/peer-source.csv" "$out" <<'PY'
