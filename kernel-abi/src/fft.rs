@@ -187,14 +187,6 @@ impl Layout {
             Self::Rows(log_c, log_mout) => Some((log_c, 0, log_mout, OUT_SMEM | REVERSE_GROUPS)),
         }
     }
-
-    /// Whether a row pass of this layout with `elem_bytes`-byte elements stores its output by
-    /// the bulk-copy engine: one 32-byte `cp.async.bulk` per output index (two rows of c128),
-    /// so the load/store unit does not split each warp's stores over 16 lines (scientific-1m's
-    /// row pass: docs/decisions/fft.md).
-    pub const fn bulk_store(self, elem_bytes: u32) -> bool {
-        matches!(self, Self::Rows(1, _)) && elem_bytes == 16
-    }
 }
 
 /// An FFT pass kernel variant (a type of [`pass_policies`]).

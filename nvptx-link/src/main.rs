@@ -149,9 +149,6 @@ fn run() -> Result<(), String> {
     sh(Command::new(&llc)
         .arg("-mtriple=nvptx64-nvidia-cuda")
         .arg(format!("-mcpu={}", args.cpu))
-        // PTX ISA 8.0 (as the kernel crate's `-Ctarget-feature=+ptx80`): the bulk-copy
-        // instructions (`cp.async.bulk`, `fence.proxy.async`).
-        .arg("-mattr=+ptx80")
         .arg("-O3")
         .arg(&optimized)
         .arg("-o")

@@ -94,8 +94,6 @@ pub fn build(work_dir: &Path) -> Result<PathBuf, String> {
         "-Clinker-flavor=llbc".to_string(),
         format!("-Clinker={}", linker.display()),
         format!("-Ctarget-cpu={TARGET_CPU}"),
-        // PTX ISA 8.0: the bulk-copy instructions (`cp.async.bulk`, `fence.proxy.async`).
-        "-Ctarget-feature=+ptx80".to_string(),
     ]
     .join("\x1f");
     let mut cmd = Command::new(cargo);

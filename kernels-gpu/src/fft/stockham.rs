@@ -133,9 +133,6 @@ struct Bufs {
     stg: u32,
     staged: bool,
     ping_pong: bool,
-    /// With `Some(at)` the stage writes output `o` at `at + 32·o` (two transforms' outputs
-    /// interleaved, `at` = the block's buffer + 16·ci) for the bulk-copy store.
-    inter: Option<u32>,
 }
 
 /// Copies the `2^log_c` rows of group `g` (contiguous in `x`, rows past `count` left out) into
@@ -286,8 +283,6 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
                 }
                 T::st(c.y.add((c.base_out + (o << c.log_mout)) as usize), val);
             }
-        } else if let Some(at) = bufs.inter {
-            T::sts(at + (o << 5), v[e]);
         } else {
             let a = if qt & ns_mask == 0 {
                 saddr_off::<T>(bufs.wr, wr_o0, o0, (qt << lr) + (((e % R) as u32) << ls), o0max, c.ps)
@@ -298,9 +293,6 @@ unsafe fn stage<T: Mem, const E: usize, const R: usize>(
         }
     });
     if !to_global {
-        if bufs.inter.is_some() {
-            fence_proxy_async_shared();
-        }
         sync_threads();
     }
 }
@@ -317,7 +309,6 @@ unsafe fn fft_block<
     const PP: bool,
     const STG: bool,
     const EVF: bool,
-    const BULK: bool,
 >(
     x: *const Cx<T>,
     y: *mut Cx<T>,
@@ -378,10 +369,6 @@ unsafe fn fft_block<
     let nst = (LOG_L as usize).div_ceil(log_e as usize);
     let first = log_l - log_e * (nst as u32 - 1);
     let out_smem = flags & OUT_SMEM != 0;
-    // `BULK`: a fixed-layout row pass of two c128 rows per block (`Layout::bulk_store`) whose
-    // last stage writes the two rows' outputs interleaved (output k of both at 32·k bytes), each
-    // pair then stored by one 32-byte `cp.async.bulk` (scientific-1m's row pass).
-    let bulk_out = BULK && out_smem && log_c == 1;
     let ps = pad_shift(esz, LOG_L, E as u32);
     // Stage tables: stage s ≥ 1 (radix E, Ns = 2^(first + log_e·(s−1))) starts at
     // `off[s − 1] = Σ_{s' < s} (E − 1)·Ns'`. With `HOIST` every stage's twiddles are loaded here,
@@ -493,8 +480,7 @@ unsafe fn fft_block<
             } else {
                 (c.smc, c.smc)
             };
-            let inter = if bulk_out && s == nst - 1 && t0 + 1 < count { Some(sm32 + (ci << 4)) } else { None };
-            let b = Bufs { rd, wr, stg, staged: STG, ping_pong: PP, inter };
+            let b = Bufs { rd, wr, stg, staged: STG, ping_pong: PP };
             match lr {
                 1 => stage::<T, E, 2>(&c, &mut v, ls, from_global, to_global, &w, b),
                 2 => stage::<T, E, 4>(&c, &mut v, ls, from_global, to_global, &w, b),
@@ -525,16 +511,7 @@ unsafe fn fft_block<
                 }
             }
         });
-        if bulk_out && t0 + 1 < count {
-            // Output k of both rows: 32 bytes at shared `sm32 + 32·k`, to `y[base(t0) + k·M_out]`.
-            let y0 = y.add(base(t0, log_l, log_mout) as usize);
-            let mut k = tid;
-            while k < (1u32 << log_l) {
-                bulk_store_s2g(y0.add((k << log_mout) as usize) as *mut u8, sm32 + (k << 5), 32);
-                k += nthreads;
-            }
-            bulk_commit_group();
-        } else if out_smem {
+        if out_smem {
             // The result is in shared memory (the last stage ended with a barrier): store it
             // with consecutive threads on consecutive columns. (It is in buffer (nst − 1) mod 2.)
             let fin = if PP && (nst - 1) % 2 == 1 { sm_b } else { sm32 };
@@ -559,14 +536,8 @@ unsafe fn fft_block<
         if g < ngroups && (nst > 1 || out_smem) {
             // This group's last shared-memory reads are done before the next group's first
             // shared-memory writes.
-            if bulk_out {
-                bulk_wait_group_read_0();
-            }
             sync_threads();
         }
-    }
-    if bulk_out {
-        bulk_wait_group_0();
     }
 }
 
@@ -606,7 +577,6 @@ macro_rules! pass_entries {
                 { <P as FftPassPolicy>::FORM.ping_pong() },
                 { <P as FftPassPolicy>::FORM.staged() },
                 { <P as FftPassPolicy>::FORM.stages_evict_first() },
-                { <P as FftPassPolicy>::LAYOUT.bulk_store(core::mem::size_of::<Cx<$t>>() as u32) },
             >(
                 a.x as *const Cx<$t>,
                 a.y as *mut Cx<$t>,

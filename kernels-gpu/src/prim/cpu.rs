@@ -963,18 +963,6 @@ pub unsafe fn cp_async_4(dst: *mut u8, src: *const u8) {
 pub unsafe fn cp_async_16_s(dst: u32, src: *const u8) {
     cp_async(shared::<[u8; 16]>(dst) as *mut u8, src, 16)
 }
-/// `cp.async.bulk` shared → global: copied at issue (the simulation has no async proxy).
-pub unsafe fn bulk_store_s2g(dst: *mut u8, src: u32, bytes: u32) {
-    assert!(bytes.is_multiple_of(16) && (dst as usize).is_multiple_of(16), "bulk copy of {bytes} bytes to {dst:p}");
-    let s = shared::<[u8; 16]>(src) as *const u8;
-    let _ = shared::<u8>(src + bytes - 1);
-    global(dst, bytes as usize);
-    core::ptr::copy_nonoverlapping(s, dst, bytes as usize);
-}
-pub fn bulk_commit_group() {}
-pub fn bulk_wait_group_read_0() {}
-pub fn bulk_wait_group_0() {}
-pub fn fence_proxy_async_shared() {}
 /// `cp.async.wait_all`: commits the open copies and completes every group.
 pub fn cp_async_wait_all() {
     cp_async_commit_group();

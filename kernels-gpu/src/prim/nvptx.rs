@@ -426,43 +426,6 @@ pub unsafe fn cp_async_4(dst: *mut u8, src: *const u8) {
          d = in(reg64) dst as u64, g = in(reg64) src as u64, options(nostack));
 }
 
-/// `cp.async.bulk.global.shared::cta.bulk_group`: `bytes` (a multiple of 16) from this block's
-/// shared memory at the shared-window address `src` to global `dst` (both 16-byte aligned), by
-/// the bulk-copy engine, asynchronously. The shared bytes must not change until
-/// [`bulk_wait_group_read_0`]; they must have been written before a
-/// [`fence_proxy_async_shared`] (and, by other threads, a barrier after it).
-#[inline(always)]
-pub unsafe fn bulk_store_s2g(dst: *mut u8, src: u32, bytes: u32) {
-    asm!("cp.async.bulk.global.shared::cta.bulk_group [{g}], [{s}], {n};",
-         g = in(reg64) dst as u64, s = in(reg32) src, n = in(reg32) bytes, options(nostack));
-}
-
-/// `cp.async.bulk.commit_group`: this thread's bulk copies since the last commit form a group.
-#[inline(always)]
-pub fn bulk_commit_group() {
-    unsafe { asm!("cp.async.bulk.commit_group;", options(nostack)) };
-}
-
-/// `cp.async.bulk.wait_group.read 0`: every committed bulk copy of this thread has read its
-/// shared-memory source (which may then be overwritten).
-#[inline(always)]
-pub fn bulk_wait_group_read_0() {
-    unsafe { asm!("cp.async.bulk.wait_group.read 0;", options(nostack)) };
-}
-
-/// `cp.async.bulk.wait_group 0`: every committed bulk copy of this thread is complete.
-#[inline(always)]
-pub fn bulk_wait_group_0() {
-    unsafe { asm!("cp.async.bulk.wait_group 0;", options(nostack)) };
-}
-
-/// `fence.proxy.async.shared::cta`: this thread's earlier shared-memory writes are visible to
-/// the async proxy (bulk copies issued after a barrier that follows it).
-#[inline(always)]
-pub fn fence_proxy_async_shared() {
-    unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) };
-}
-
 /// `cp.async.wait_all`: this thread's `cp.async` copies have landed in shared memory (other
 /// threads see them after a barrier).
 #[inline(always)]
