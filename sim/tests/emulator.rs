@@ -1,6 +1,6 @@
 //! The software GPU itself (`kernels_gpu::prim::cpu`): barriers order a block's threads, shared
 //! memory starts poisoned, warp collectives exchange lanes, a cluster's blocks see each other's
-//! shared memory, blocks run one after another, a launch that cannot finish (a deadlocked
+//! shared memory (and, without a cluster barrier, not yet the others' writes), blocks run one after another, a launch that cannot finish (a deadlocked
 //! barrier, a panicking thread) fails instead of hanging, and a programmatic dependent launch
 //! sees the previous launch's writes only after its `griddepcontrol.wait`.
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -71,6 +71,33 @@ fn cluster_blocks_read_each_others_shared_memory() {
             assert_eq!(out[(b * threads + t) as usize].load(Ordering::Relaxed), 1000 * other + (t + 1) % threads);
         }
     }
+}
+
+/// A cluster's first block runs ahead of the others through its own barriers: its reads of
+/// the second block's shared memory after only a block barrier (no cluster barrier) find
+/// writes of the second block not yet made (the poison), so a missing cluster barrier fails.
+#[test]
+fn cluster_read_without_cluster_barrier_sees_the_poison() {
+    let threads = 64u32;
+    let out: Vec<AtomicU32> = (0..2 * threads).map(|_| AtomicU32::new(0)).collect();
+    cpu::launch_cluster((2, 1, 1), (threads, 1, 1), 2, threads * 4, || {
+        let t = prim::thread_idx_x();
+        let rank = prim::cluster_ctarank();
+        let sm = prim::dyn_smem::<u32>();
+        prim::sync_threads();
+        // SAFETY: one u32 per thread of the block's dynamic shared memory.
+        unsafe { *sm.add(t as usize) = 1000 * rank + t };
+        prim::sync_threads();
+        let other = prim::mapa(sm as *const u32, 1 - rank);
+        // SAFETY: the other block's buffer (the race under test is on its contents).
+        let v = unsafe { *other.add(t as usize) };
+        out[(rank * threads + t) as usize].store(v, Ordering::Relaxed);
+        // Neither block leaves while the other may still read its shared memory.
+        prim::cluster_arrive();
+        prim::cluster_wait();
+    });
+    let poisoned = (0..threads).filter(|&t| out[t as usize].load(Ordering::Relaxed) == u32::MAX).count();
+    assert!(poisoned > 0, "every read of the first block saw the second block's write");
 }
 
 /// A warp sum reaches every lane of every warp.

@@ -4,11 +4,12 @@
 //! stack of its own, all of them switched on the launching OS thread, the blocks (clusters) one
 //! after another. A thread runs until it waits at a barrier (`sync_threads`, a warp collective,
 //! the cluster barrier), then the next one runs (ascending order of thread in one round,
-//! descending in the next); so `sync_threads` is a real barrier, warp collectives meet in a
-//! per-warp exchange area behind a per-warp barrier, and a last-block-done pattern sees every
-//! earlier block finished. (One OS thread per GPU thread, parked at each barrier, spent most of
-//! the tests' time switching threads in the kernel.) A barrier that no thread can leave stops
-//! the launch with a panic instead of hanging. Shared memory is a per-block buffer filled with
+//! descending in the next; in a cluster launch every other round runs the first block only),
+//! so `sync_threads` is a real barrier, warp collectives meet in a per-warp exchange area
+//! behind a per-warp barrier, and a last-block-done pattern sees every earlier block finished.
+//! (One OS thread per GPU thread, parked at each barrier, spent most of the tests' time
+//! switching threads in the kernel.) A barrier that no thread can leave stops the launch with a
+//! panic instead of hanging. Shared memory is a per-block buffer filled with
 //! 0xFF bytes (NaN in every float format) before each block, so a read before a write shows.
 //!
 //! Arithmetic is IEEE with the rounding of the PTX instruction. The `.approx` instructions
@@ -424,11 +425,22 @@ fn launch_any(
     // Rounds: each live thread runs to its next barrier wait (or its end), in ascending order of
     // thread in one round and descending in the next, so a read of another thread's write that
     // lacks a barrier sees the poison or a stale value whichever of the two threads comes first.
+    // In a cluster launch every other round resumes only the first block's threads, so that
+    // block runs ahead of the others through its own barriers until a cluster barrier holds it:
+    // its read of another block's shared memory that no cluster barrier orders after that
+    // block's writes sees the poison or stale data.
     let mut live: Vec<usize> = (0..threads.len()).collect();
+    let mut lead_round = false;
     while !live.is_empty() {
         let before = ARRIVALS.with(|a| a.get());
-        live.retain(|&i| matches!(threads[i].resume(()), CoroutineResult::Yield(())));
+        let lead_only = cluster_x > 1 && lead_round;
+        lead_round = !lead_round;
+        live.retain(|&i| (lead_only && i >= nthreads) || matches!(threads[i].resume(()), CoroutineResult::Yield(())));
         live.reverse();
+        if lead_only {
+            // Idleness (a deadlock, a dependency wait to release) is judged on full rounds.
+            continue;
+        }
         let idle = ARRIVALS.with(|a| a.get()) == before;
         // Threads held at their dependency wait while others cannot move (a barrier before
         // some thread's wait): the previous kernel may end now, as on the GPU.
