@@ -73,31 +73,37 @@ fn cluster_blocks_read_each_others_shared_memory() {
     }
 }
 
-/// A cluster's first block runs ahead of the others through its own barriers: its reads of
-/// the second block's shared memory after only a block barrier (no cluster barrier) find
-/// writes of the second block not yet made (the poison), so a missing cluster barrier fails.
+/// In each cluster one block runs ahead of the others through its own barriers (the `k`-th
+/// cluster's block `k mod 2`): its reads of the other block's shared memory after only a block
+/// barrier (no cluster barrier) find writes not yet made (the poison), so a missing cluster
+/// barrier fails, whichever block reads early.
 #[test]
 fn cluster_read_without_cluster_barrier_sees_the_poison() {
-    let threads = 64u32;
-    let out: Vec<AtomicU32> = (0..2 * threads).map(|_| AtomicU32::new(0)).collect();
-    cpu::launch_cluster((2, 1, 1), (threads, 1, 1), 2, threads * 4, || {
+    let (grid, threads) = (4u32, 64u32);
+    let out: Vec<AtomicU32> = (0..grid * threads).map(|_| AtomicU32::new(0)).collect();
+    cpu::launch_cluster((grid, 1, 1), (threads, 1, 1), 2, threads * 4, || {
         let t = prim::thread_idx_x();
+        let b = prim::block_idx_x();
         let rank = prim::cluster_ctarank();
         let sm = prim::dyn_smem::<u32>();
         prim::sync_threads();
         // SAFETY: one u32 per thread of the block's dynamic shared memory.
-        unsafe { *sm.add(t as usize) = 1000 * rank + t };
+        unsafe { *sm.add(t as usize) = 1000 * b + t };
         prim::sync_threads();
         let other = prim::mapa(sm as *const u32, 1 - rank);
         // SAFETY: the other block's buffer (the race under test is on its contents).
         let v = unsafe { *other.add(t as usize) };
-        out[(rank * threads + t) as usize].store(v, Ordering::Relaxed);
+        out[(b * threads + t) as usize].store(v, Ordering::Relaxed);
         // Neither block leaves while the other may still read its shared memory.
         prim::cluster_arrive();
         prim::cluster_wait();
     });
-    let poisoned = (0..threads).filter(|&t| out[t as usize].load(Ordering::Relaxed) == u32::MAX).count();
-    assert!(poisoned > 0, "every read of the first block saw the second block's write");
+    // Block 0 leads the first cluster, block 3 (rank 1) the second.
+    for b in [0, 3] {
+        let poisoned =
+            (0..threads).filter(|&t| out[(b * threads + t) as usize].load(Ordering::Relaxed) == u32::MAX).count();
+        assert!(poisoned > 0, "every read of block {b} saw the other block's write");
+    }
 }
 
 /// A warp sum reaches every lane of every warp.

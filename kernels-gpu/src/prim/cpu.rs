@@ -4,7 +4,7 @@
 //! stack of its own, all of them switched on the launching OS thread, the blocks (clusters) one
 //! after another. A thread runs until it waits at a barrier (`sync_threads`, a warp collective,
 //! the cluster barrier), then the next one runs (ascending order of thread in one round,
-//! descending in the next; in a cluster launch every other round runs the first block only),
+//! descending in the next; in a cluster launch every other round runs one block only),
 //! so `sync_threads` is a real barrier, warp collectives meet in a per-warp exchange area
 //! behind a per-warp barrier, and a last-block-done pattern sees every earlier block finished.
 //! (One OS thread per GPU thread, parked at each barrier, spent most of the tests' time
@@ -95,6 +95,10 @@ struct Cluster {
     smem_bytes: usize,
     /// In a dependent launch, the earlier launches' writes and the block round's phase.
     dep: Option<DependentPhase>,
+    /// The rank of the block that runs ahead in this block round (the `k`-th cluster's block
+    /// `k mod cluster_x`; see `launch_any`), set by the round's first thread.
+    lead: Cell<u32>,
+    lead_round: Cell<u64>,
 }
 
 /// One run of bytes that the launches since the dependent chain's first changed in a
@@ -358,6 +362,8 @@ fn launch_any(
             let rounds = (grid.0 / cluster_x) as u64 * grid.1 as u64 * grid.2 as u64;
             DependentPhase::new(spans, nthreads * cluster_x as usize, rounds)
         }),
+        lead: Cell::new(0),
+        lead_round: Cell::new(0),
     };
     let (f, cl) = (&f, &cl);
     let body = move |rank: u32, t: u32| {
@@ -387,6 +393,9 @@ fn launch_any(
                             me.dep_arrived.set(false);
                         }
                         me.bid.set((x0 + rank, yb, z));
+                        if cl.lead_round.replace(round) != round {
+                            cl.lead.set((round - 1) as u32 % cluster_x);
+                        }
                         let buf = me.buf.get();
                         if t == 0 {
                             // The other buffer: the previous block's, which every thread has
@@ -425,17 +434,20 @@ fn launch_any(
     // Rounds: each live thread runs to its next barrier wait (or its end), in ascending order of
     // thread in one round and descending in the next, so a read of another thread's write that
     // lacks a barrier sees the poison or a stale value whichever of the two threads comes first.
-    // In a cluster launch every other round resumes only the first block's threads, so that
-    // block runs ahead of the others through its own barriers until a cluster barrier holds it:
-    // its read of another block's shared memory that no cluster barrier orders after that
-    // block's writes sees the poison or stale data.
+    // In a cluster launch every other round resumes only one block's threads (block `k mod
+    // cluster_x` of the `k`-th cluster), so that block runs ahead of the others through its own
+    // barriers until a cluster barrier holds it: its read of another block's shared memory that
+    // no cluster barrier orders after that block's writes sees the poison or stale data.
     let mut live: Vec<usize> = (0..threads.len()).collect();
     let mut lead_round = false;
     while !live.is_empty() {
         let before = ARRIVALS.with(|a| a.get());
         let lead_only = cluster_x > 1 && lead_round;
         lead_round = !lead_round;
-        live.retain(|&i| (lead_only && i >= nthreads) || matches!(threads[i].resume(()), CoroutineResult::Yield(())));
+        let lead = cl.lead.get() as usize;
+        live.retain(|&i| {
+            (lead_only && i / nthreads != lead) || matches!(threads[i].resume(()), CoroutineResult::Yield(()))
+        });
         live.reverse();
         if lead_only {
             // Idleness (a deadlock, a dependency wait to release) is judged on full rounds.
