@@ -1,8 +1,9 @@
 //! The software GPU itself (`kernels_gpu::prim::cpu`): barriers order a block's threads, shared
 //! memory starts poisoned, warp collectives exchange lanes, a cluster's blocks see each other's
-//! shared memory (and, without a cluster barrier, not yet the others' writes), blocks run one after another, a launch that cannot finish (a deadlocked
-//! barrier, a panicking thread) fails instead of hanging, and a programmatic dependent launch
-//! sees the previous launch's writes only after its `griddepcontrol.wait`.
+//! shared memory (and, without a cluster barrier, not yet the others' writes), blocks run one
+//! after another, a launch that cannot finish (a deadlocked barrier, a panicking thread) fails
+//! instead of hanging, and a programmatic dependent launch sees the previous launch's writes
+//! only after its `griddepcontrol.wait`.
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use kernels_gpu::prim::{self, cpu};
@@ -44,10 +45,10 @@ fn barrier_orders_shared_memory_across_threads() {
     }
 }
 
-/// Thread-block clusters: each block writes its shared memory, the cluster barrier, then every
-/// thread reads the other block's through `mapa`, over two clusters of two blocks.
-#[test]
-fn cluster_blocks_read_each_others_shared_memory() {
+/// Two clusters of two 64-thread blocks: each thread writes its slot of its block's shared
+/// memory (after a block barrier), then `order` (the barrier under test), then reads slot
+/// `(t + 1) mod 64` of the other block's through `mapa`; the values read, by block and thread.
+fn read_the_other_blocks_shared_memory(order: fn()) -> Vec<u32> {
     let (grid, threads) = (4u32, 64u32);
     let out: Vec<AtomicU32> = (0..grid * threads).map(|_| AtomicU32::new(0)).collect();
     cpu::launch_cluster((grid, 1, 1), (threads, 1, 1), 2, threads * 4, || {
@@ -56,19 +57,34 @@ fn cluster_blocks_read_each_others_shared_memory() {
         let rank = prim::cluster_ctarank();
         assert_eq!((prim::cluster_nctarank(), rank), (2, b % 2));
         let sm = prim::dyn_smem::<u32>();
+        prim::sync_threads();
         // SAFETY: one u32 per thread of the block's dynamic shared memory.
         unsafe { *sm.add(t as usize) = 1000 * b + t };
-        prim::cluster_arrive();
-        prim::cluster_wait();
+        order();
         let other = prim::mapa(sm as *const u32, 1 - rank);
-        // SAFETY: the other block's buffer, written before the cluster barrier.
+        // SAFETY: the other block's buffer (written before `order`, or racing with the read).
         let v = unsafe { *other.add(((t + 1) % threads) as usize) };
         out[(b * threads + t) as usize].store(v, Ordering::Relaxed);
+        // Neither block leaves while the other may still read its shared memory.
+        prim::cluster_arrive();
+        prim::cluster_wait();
     });
-    for b in 0..grid {
+    out.into_iter().map(AtomicU32::into_inner).collect()
+}
+
+/// Thread-block clusters: each block writes its shared memory, the cluster barrier, then every
+/// thread reads the other block's through `mapa`, over two clusters of two blocks.
+#[test]
+fn cluster_blocks_read_each_others_shared_memory() {
+    let threads = 64;
+    let out = read_the_other_blocks_shared_memory(|| {
+        prim::cluster_arrive();
+        prim::cluster_wait();
+    });
+    for b in 0..4 {
         for t in 0..threads {
             let other = b ^ 1;
-            assert_eq!(out[(b * threads + t) as usize].load(Ordering::Relaxed), 1000 * other + (t + 1) % threads);
+            assert_eq!(out[(b * threads + t) as usize], 1000 * other + (t + 1) % threads);
         }
     }
 }
@@ -79,29 +95,11 @@ fn cluster_blocks_read_each_others_shared_memory() {
 /// barrier fails, whichever block reads early.
 #[test]
 fn cluster_read_without_cluster_barrier_sees_the_poison() {
-    let (grid, threads) = (4u32, 64u32);
-    let out: Vec<AtomicU32> = (0..grid * threads).map(|_| AtomicU32::new(0)).collect();
-    cpu::launch_cluster((grid, 1, 1), (threads, 1, 1), 2, threads * 4, || {
-        let t = prim::thread_idx_x();
-        let b = prim::block_idx_x();
-        let rank = prim::cluster_ctarank();
-        let sm = prim::dyn_smem::<u32>();
-        prim::sync_threads();
-        // SAFETY: one u32 per thread of the block's dynamic shared memory.
-        unsafe { *sm.add(t as usize) = 1000 * b + t };
-        prim::sync_threads();
-        let other = prim::mapa(sm as *const u32, 1 - rank);
-        // SAFETY: the other block's buffer (the race under test is on its contents).
-        let v = unsafe { *other.add(t as usize) };
-        out[(b * threads + t) as usize].store(v, Ordering::Relaxed);
-        // Neither block leaves while the other may still read its shared memory.
-        prim::cluster_arrive();
-        prim::cluster_wait();
-    });
+    let threads = 64;
+    let out = read_the_other_blocks_shared_memory(prim::sync_threads);
     // Block 0 leads the first cluster, block 3 (rank 1) the second.
     for b in [0, 3] {
-        let poisoned =
-            (0..threads).filter(|&t| out[(b * threads + t) as usize].load(Ordering::Relaxed) == u32::MAX).count();
+        let poisoned = (0..threads).filter(|&t| out[b * threads + t] == u32::MAX).count();
         assert!(poisoned > 0, "every read of block {b} saw the other block's write");
     }
 }

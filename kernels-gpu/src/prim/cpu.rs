@@ -96,9 +96,9 @@ struct Cluster {
     /// In a dependent launch, the earlier launches' writes and the block round's phase.
     dep: Option<DependentPhase>,
     /// The rank of the block that runs ahead in this block round (the `k`-th cluster's block
-    /// `k mod cluster_x`; see `launch_any`), set by the round's first thread.
+    /// `k mod cluster_x`; see `launch_any`), set by the round's first thread, and that round.
     lead: Cell<u32>,
-    lead_round: Cell<u64>,
+    lead_set_in: Cell<u64>,
 }
 
 /// One run of bytes that the launches since the dependent chain's first changed in a
@@ -363,7 +363,7 @@ fn launch_any(
             DependentPhase::new(spans, nthreads * cluster_x as usize, rounds)
         }),
         lead: Cell::new(0),
-        lead_round: Cell::new(0),
+        lead_set_in: Cell::new(0),
     };
     let (f, cl) = (&f, &cl);
     let body = move |rank: u32, t: u32| {
@@ -393,7 +393,7 @@ fn launch_any(
                             me.dep_arrived.set(false);
                         }
                         me.bid.set((x0 + rank, yb, z));
-                        if cl.lead_round.replace(round) != round {
+                        if cl.lead_set_in.replace(round) != round {
                             cl.lead.set((round - 1) as u32 % cluster_x);
                         }
                         let buf = me.buf.get();
@@ -439,11 +439,10 @@ fn launch_any(
     // barriers until a cluster barrier holds it: its read of another block's shared memory that
     // no cluster barrier orders after that block's writes sees the poison or stale data.
     let mut live: Vec<usize> = (0..threads.len()).collect();
-    let mut lead_round = false;
+    let mut lead_only = true;
     while !live.is_empty() {
         let before = ARRIVALS.with(|a| a.get());
-        let lead_only = cluster_x > 1 && lead_round;
-        lead_round = !lead_round;
+        lead_only = cluster_x > 1 && !lead_only;
         let lead = cl.lead.get() as usize;
         live.retain(|&i| {
             (lead_only && i / nthreads != lead) || matches!(threads[i].resume(()), CoroutineResult::Yield(()))
