@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU test of the device tools' Python parts: `bench/ab_compare.py --runs` (the A/B table of
 `run.sh abn` and `run.sh ab`) on runs written here, `bench/peer_profile.py`'s workload names,
-read from a stand-in for `rgk-bench --list`, and `xtask/kernel_diff.py` (the cubin an executable
+read from a bench manifest written here, and `xtask/kernel_diff.py` (the cubin an executable
 embeds; with a built cubin and nvdisasm, which kernels differ).
 
 Run:  python3 bench/test_bench_tools.py
@@ -11,7 +11,6 @@ import glob
 import io
 import json
 import os
-import stat
 import struct
 import sys
 import tempfile
@@ -95,51 +94,58 @@ def test_ab_compare_marks_failed_verification():
     assert mhc.endswith("| bitwise equal |"), mhc
 
 
-def fake_bench(d, rows):
-    path = os.path.join(d, "rgk-bench")
+def write_manifest(d, entries):
+    path = os.path.join(d, "manifest.json")
     with open(path, "w") as f:
-        f.write("#!/bin/sh\n")
-        f.write('[ "$1 $2 $3" = "--list --op FFTC2CFwd" ] || exit 2\n')
-        f.write("cat <<'EOF'\n" + "".join(json.dumps(r) + "\n" for r in rows) + "EOF\n")
-    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+        json.dump({"entries": entries}, f)
     return path
 
 
-def test_peer_profile_names_come_from_the_bench():
-    rows = [
-        {"op": "FFTC2CFwd", "workload": "latency-4k", "dtype": "c64", "shapes": "[4096]"},
-        {"op": "FFTC2CFwd", "workload": "throughput-4k", "dtype": "c64", "shapes": "[64, 4096]"},
-        {"op": "FFTC2CFwd", "workload": "throughput-4k", "dtype": "c128", "shapes": "[64, 4096]"},
+def test_peer_profile_names_come_from_the_manifest():
+    entries = [
+        {"op": "FFTC2CFwd", "workload": "latency-4k", "dtype": "c64", "file": "a.safetensors"},
+        {"op": "FFTC2CFwd", "workload": "throughput-4k", "dtype": "c64", "file": "b.safetensors"},
+        {"op": "FFTC2CFwd", "workload": "throughput-4k", "dtype": "c128", "file": "c.safetensors"},
+        {"op": "MHCPostFwd", "workload": "hidden-1280", "dtype": "bf16", "file": "d.safetensors"},
     ]
     with tempfile.TemporaryDirectory() as d:
-        table_ = peer_profile.fft_workloads(fake_bench(d, rows))
-        assert table_ == {
-            "latency-4k": ([4096], "c64"),
-            "throughput-4k-c64": ([64, 4096], "c64"),
-            "throughput-4k-c128": ([64, 4096], "c128"),
-        }, table_
+        manifest = write_manifest(d, entries)
+        fft = peer_profile.manifest_workloads(manifest, "FFTC2CFwd")
+        assert {k: v["file"] for k, v in fft.items()} == {
+            "latency-4k": "a.safetensors",
+            "throughput-4k-c64": "b.safetensors",
+            "throughput-4k-c128": "c.safetensors",
+        }, fft
+        mhc = peer_profile.manifest_workloads(manifest, "MHCPostFwd")
+        assert list(mhc) == ["hidden-1280"] and mhc["hidden-1280"]["dtype"] == "bf16", mhc
+        # An ambiguous name is refused with the names that are not (before torch is imported).
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
-            rc = peer_profile.main(["--bench", os.path.join(d, "rgk-bench"), "--workload", "throughput-4k"])
+            rc = peer_profile.main(["--manifest", manifest, "--workload", "throughput-4k"])
         assert rc == 2 and "throughput-4k-c64, throughput-4k-c128" in err.getvalue(), err.getvalue()
+        # A row of another op is not found under the default op.
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = peer_profile.main(["--manifest", manifest, "--workload", "hidden-1280"])
+        assert rc == 2 and "no FFTC2CFwd row 'hidden-1280'" in err.getvalue(), err.getvalue()
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = peer_profile.main(["--manifest", manifest, "--op", "MHCPostFwd", "--list"])
+        assert rc == 0 and out.getvalue().strip() == "hidden-1280: bf16 d.safetensors", out.getvalue()
+        # Each implementation named once.
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = peer_profile.main(["--manifest", manifest, "--workload", "latency-4k", "--impl", "tileops,tileops"])
+        assert rc == 2 and "name each implementation once" in err.getvalue(), err.getvalue()
 
 
-def test_peer_profile_takes_the_list_from_the_environment():
-    row = {"op": "FFTC2CFwd", "workload": "latency-4k", "dtype": "c64", "shapes": "[4096]"}
-    os.environ["RGK_BENCH_LIST"] = json.dumps(row) + "\n"
+def test_peer_profile_without_a_manifest_says_so():
     try:
-        assert peer_profile.fft_workloads("/nonexistent/rgk-bench") == {"latency-4k": ([4096], "c64")}
-    finally:
-        del os.environ["RGK_BENCH_LIST"]
-
-
-def test_peer_profile_without_a_bench_says_so():
-    try:
-        peer_profile.fft_workloads("/nonexistent/rgk-bench")
+        peer_profile.manifest_workloads("/nonexistent/manifest.json", "FFTC2CFwd")
     except SystemExit as e:
-        assert "cannot list the bench's workloads" in str(e), e
+        assert "cannot read the bench's manifest" in str(e), e
     else:
-        raise AssertionError("no error without a bench binary")
+        raise AssertionError("no error for a missing manifest")
 
 
 def elf(machine, body=b"\x11" * 40):

@@ -484,6 +484,10 @@ def test_script(with_compile):
                              capture_output=True, text=True)
         assert bad.returncode != 0
 
+        # The profiling script on the same manifest: the row's inputs, the implementations
+        # built by the same code, each output's error against the reference, then the calls.
+        check_peer_profile(manifest, cases)
+
     assert doc["torch"] == torch.__version__ and doc["device"] == "cpu"
     rows = doc["rows"]
     broken = [r for r in rows if r["workload"] == "missing-file"]
@@ -522,6 +526,35 @@ def test_script(with_compile):
         print("FAIL:", f_)
     assert not failures, f"{len(failures)} failures"
     print(f"script rows ok ({checked} output errors checked)")
+
+
+PEER_PROFILE = os.path.join(HERE, "peer_profile.py")
+
+
+def check_peer_profile(manifest, cases):
+    """`bench/peer_profile.py --device cpu` (its dry run: no flush, no NVTX) on one row of each
+    of two ops: it must find the row, build its eager alternative, report a finite error small
+    against the reference and make every call."""
+    done = 0
+    for op, impl in (("MHCPostFwd", "torch-ref"), ("FFTC2CFwd", "torch-cufft")):
+        entry = next(e for e, _, _ in cases if e["op"] == op)
+        names = [e["workload"] for e, _, _ in cases if e["op"] == op]
+        name = entry["workload"] if names.count(entry["workload"]) == 1 else f"{entry['workload']}-{entry['dtype']}"
+        cmd = [sys.executable, PEER_PROFILE, "--manifest", manifest, "--op", op, "--workload", name,
+               "--impl", impl, "--calls", "2", "--warmup", "1", "--device", "cpu"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        assert proc.returncode == 0, f"peer_profile {op} {name}: {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        lines = proc.stdout.strip().splitlines()
+        assert lines[-1] == f"peer_profile: {op} {name}: 2 profiled calls each of {impl}", lines
+        head = [ln for ln in lines if ln.startswith(f"{impl}: rel_l2 ")]
+        assert len(head) == 1 and "non-finite" not in head[0], lines
+        rel = float(head[0].split()[2].rstrip(","))
+        assert 0 <= rel < (1e-2 if op == "MHCPostFwd" else 1e-5), head
+        done += 1
+        # An implementation the op does not have is refused with the ones it has.
+        bad = subprocess.run(cmd[:-8] + ["--impl", "nope", "--device", "cpu"], capture_output=True, text=True)
+        assert bad.returncode == 2 and f"has no implementation nope (one of: {impl}" in bad.stderr, bad.stderr
+    print(f"peer_profile dry runs ok ({done} rows)")
 
 
 def main():

@@ -5,7 +5,7 @@
 #                                                          ab is abn "base cur cur base")
 #   bash .device/run.sh profile EXECUTABLE TEST KERNEL_REGEX [LAUNCHES]
 #   bash .device/run.sh source EXECUTABLE TEST KERNEL_REGEX [SKIP]
-#   bash .device/run.sh peer-profile WORKLOAD [CALLS]   (FFT: ours and TileOPs' after the bench's flush)
+#   bash .device/run.sh peer-profile WORKLOAD [CALLS]   (ours and the peers' kernels after the bench's flush)
 # tests: every test executable; sanitize: the sanitizer set under compute-sanitizer memcheck,
 # racecheck, synccheck and initcheck (fails on any report); python: the rgk Python package's
 # tests (python/tests) on the GPU; bench: the benchmark, one process per op (a failing op cannot
@@ -24,7 +24,9 @@
 # RGK_SANITIZE_LIST (default: tests/sanitize.list), RGK_BENCH_TAG (bench: the build of a
 # device-pack --variant tag instead of cur, its rows labelled with its spec; without the
 # rgk-torch column, whose wheel is cur's), RGK_PEER_METRICS (peer-profile: only these
-# comma-separated ncu metrics, no sections or samples).
+# comma-separated ncu metrics, no sections or samples), RGK_PEER_OP (peer-profile: the row's op,
+# default FFTC2CFwd), RGK_PEER_IMPLS (peer-profile: the implementations by their bench names,
+# default rgk-torch,tileops; e.g. rgk-torch,tileops,torch-compile).
 set -u
 cd "$(dirname "$0")/.."
 mode=${1:-all}
@@ -215,19 +217,27 @@ if [ "$mode" = source ]; then
 fi
 
 if [ "$mode" = peer-profile ]; then
-  # Our FFT kernels and TileOPs' on the same inputs in one process, each call after the bench's
-  # own flush (bench/peer_profile.py), under Nsight Compute with application replay and no cache
-  # control (each replay pass is a new process, ≈ 18 s: the full SourceCounters section took
-  # more than 14 passes, so only the sampled stall reasons and per-instruction counts are
-  # collected): warp states and the SASS source page of every profiled kernel, in
-  # $out/peer-profile.txt (details), $out/peer-source-N.csv and the per-kernel summary.
+  # Our kernels and the alternatives' (RGK_PEER_IMPLS) on the bench's own inputs in one process,
+  # each call after the bench's own flush (bench/peer_profile.py), under Nsight Compute with
+  # application replay and no cache control (each replay pass is a new process, ≈ 18 s: the full
+  # SourceCounters section took more than 14 passes, so only the sampled stall reasons and
+  # per-instruction counts are collected): warp states and the SASS source page of every
+  # profiled kernel, in $out/peer-profile.txt (details), $out/peer-source-N.csv and the
+  # per-kernel summary.
   if [ $# -lt 1 ]; then
-    echo "peer-profile: bash .device/run.sh peer-profile WORKLOAD [CALLS] (python3 bench/peer_profile.py --list)"; exit 2
+    echo "peer-profile: bash .device/run.sh peer-profile WORKLOAD [CALLS] (RGK_PEER_OP, RGK_PEER_IMPLS; rgk-bench --list names the rows)"; exit 2
   fi
   python_path_with_peers
-  # The workloads' shapes from the bench, listed here rather than from under the profiler.
-  RGK_BENCH_LIST=$(.device/rgk-bench --list --op FFTC2CFwd) || { echo "peer-profile: .device/rgk-bench --list failed"; exit 2; }
-  export RGK_BENCH_LIST
+  peer_op=${RGK_PEER_OP:-FFTC2CFwd}
+  # The inputs: the bench writes them (and the f64 references) before it times anything; its
+  # --workload filter takes the row's name without a -DTYPE suffix.
+  peer_work=$(mktemp -d "${TMPDIR:-/tmp}/rgk-peer-inputs.XXXXXX")
+  peer_row=$(printf '%s' "$1" | sed -E 's/-(c64|c128|bf16|f16)$//')
+  if ! .device/rgk-bench --op "$peer_op" --workload "$peer_row" --no-alternatives --min-calls 1 \
+      --max-calls 1 --budget-s 0.01 --out "$peer_work/bench.json" --work-dir "$peer_work" \
+      >"$out/peer-inputs.log" 2>&1; then
+    echo "peer-profile: the bench could not write the inputs of $peer_op $1:"; tail -5 "$out/peer-inputs.log"; exit 2
+  fi
   start=$(date +%s)
   rep=$(mktemp -d "${TMPDIR:-/tmp}/rgk-ncu.XXXXXX")/peer
   if [ -n "${RGK_PEER_METRICS:-}" ]; then
@@ -242,9 +252,10 @@ if [ "$mode" = peer-profile ]; then
   fi
   timeout "${RGK_TEST_TIMEOUT:-300}" ncu --replay-mode application --cache-control none --clock-control none \
     --nvtx --nvtx-include "profiled/" "${what[@]}" \
-    -o "$rep" -f python3 bench/peer_profile.py --workload "$1" --calls "${2:-1}" >"$out/peer-profile.log" 2>&1
+    -o "$rep" -f python3 bench/peer_profile.py --manifest "$peer_work/manifest.json" --op "$peer_op" \
+    --workload "$1" --impl "${RGK_PEER_IMPLS:-rgk-torch,tileops}" --calls "${2:-1}" >"$out/peer-profile.log" 2>&1
   rc=$?
-  echo "peer-profile $1: rc=$rc ($(( $(date +%s) - start )) s)"
+  echo "peer-profile $peer_op $1: rc=$rc ($(( $(date +%s) - start )) s)"
   tail -5 "$out/peer-profile.log"
   ncu -i "$rep.ncu-rep" --page details --print-details all >"$out/peer-profile.txt" 2>&1
   pm=${RGK_PEER_METRICS:-}; pm=${pm//,/|}
