@@ -85,16 +85,13 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("peer_profile: no CUDA device", file=sys.stderr)
         return 2
-    from safetensors.torch import load_file
     sys.path.insert(0, HERE)
     import torch_alternatives as ta
 
     entry = workloads[args.workload]
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
-    tensors = load_file(os.path.join(os.path.dirname(os.path.abspath(args.manifest)), entry["file"]), device="cpu")
-    refs = {k[len("ref."):]: v for k, v in tensors.items() if k.startswith("ref.")}
-    inputs = {k: v.to(dev) for k, v in tensors.items() if not k.startswith("ref.")}
+    inputs, refs = ta.load_entry(entry, os.path.dirname(os.path.abspath(args.manifest)), dev)
     packages = {}
     for name, load in ((ta.RGK_TORCH_NAME, ta.load_rgk_torch), (ta.TILEOPS_NAME, ta.load_tileops)):
         if name in wanted:

@@ -540,9 +540,9 @@ def check_peer_profile(manifest, cases):
         entry = next(e for e, _, _ in cases if e["op"] == op)
         names = [e["workload"] for e, _, _ in cases if e["op"] == op]
         name = entry["workload"] if names.count(entry["workload"]) == 1 else f"{entry['workload']}-{entry['dtype']}"
-        cmd = [sys.executable, PEER_PROFILE, "--manifest", manifest, "--op", op, "--workload", name,
-               "--impl", impl, "--calls", "2", "--warmup", "1", "--device", "cpu"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        row = [sys.executable, PEER_PROFILE, "--manifest", manifest, "--op", op, "--workload", name,
+               "--device", "cpu"]
+        proc = subprocess.run(row + ["--impl", impl, "--calls", "2", "--warmup", "1"], capture_output=True, text=True)
         assert proc.returncode == 0, f"peer_profile {op} {name}: {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         lines = proc.stdout.strip().splitlines()
         assert lines[-1] == f"peer_profile: {op} {name}: 2 profiled calls each of {impl}", lines
@@ -552,7 +552,7 @@ def check_peer_profile(manifest, cases):
         assert 0 <= rel < (1e-2 if op == "MHCPostFwd" else 1e-5), head
         done += 1
         # An implementation the op does not have is refused with the ones it has.
-        bad = subprocess.run(cmd[:-8] + ["--impl", "nope", "--device", "cpu"], capture_output=True, text=True)
+        bad = subprocess.run(row + ["--impl", "nope"], capture_output=True, text=True)
         assert bad.returncode == 2 and f"has no implementation nope (one of: {impl}" in bad.stderr, bad.stderr
     print(f"peer_profile dry runs ok ({done} rows)")
 

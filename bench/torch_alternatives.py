@@ -783,6 +783,17 @@ def _load_package(skip: bool, flag: str, device: torch.device, load):
     return load()
 
 
+def load_entry(entry: dict, base_dir: str, device: torch.device):
+    """(inputs on `device`, f64 references by output name) of a manifest entry: its safetensors
+    file (relative to `base_dir`), the references stored as ``ref.NAME``."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(os.path.join(base_dir, entry["file"]), device="cpu")
+    refs = {k[len("ref."):]: v for k, v in tensors.items() if k.startswith("ref.")}
+    inputs = {k: v.to(device) for k, v in tensors.items() if not k.startswith("ref.")}
+    return inputs, refs
+
+
 def package_host_times(entries: Sequence[dict], base_dir: str, device: torch.device,
                        name: str, ops: dict) -> Dict[tuple, float]:
     """Host time of one eager call through a Python package's op classes (`ops`: rgk's or
@@ -793,13 +804,10 @@ def package_host_times(entries: Sequence[dict], base_dir: str, device: torch.dev
     cost is charged to the package (a torch.profiler session left torch's allocations about
     3x slower for the process: empty_like 1.8 -> 5.5 us on the H200).  rgk's are measured
     before TileOPs is imported."""
-    from safetensors.torch import load_file
-
     times = {}
     for entry in entries:
         try:
-            tensors = load_file(os.path.join(base_dir, entry["file"]), device="cpu")
-            inputs = {k: v.to(device) for k, v in tensors.items() if not k.startswith("ref.")}
+            inputs, _ = load_entry(entry, base_dir, device)
             make = class_alternative(name, entry.get("op"), inputs, entry.get("params") or {},
                                      ops)[1]
             call = make()
@@ -821,14 +829,10 @@ def package_host_times(entries: Sequence[dict], base_dir: str, device: torch.dev
 def run_entry(entry: dict, base_dir: str, device: torch.device, timer: Optional[CudaTimer],
               args, tileops: Optional[dict] = None, rgk_torch: Optional[dict] = None,
               host_us: Optional[Dict[str, float]] = None) -> List[dict]:
-    from safetensors.torch import load_file
-
     op = entry.get("op")
     params = entry.get("params") or {}
     try:
-        tensors = load_file(os.path.join(base_dir, entry["file"]), device="cpu")
-        refs = {k[len("ref."):]: v for k, v in tensors.items() if k.startswith("ref.")}
-        inputs = {k: v.to(device) for k, v in tensors.items() if not k.startswith("ref.")}
+        inputs, refs = load_entry(entry, base_dir, device)
         torch._dynamo.reset()
         alts = build_alternatives(op, inputs, params, args.skip_compile, tileops, rgk_torch)
     except Exception as exc:
